@@ -1,0 +1,736 @@
+"""The one typed config tree: YAML file + ``--set dotted.key=value`` overrides -> ``RunConfig``.
+
+Every field carries its help text and bounds; every error names the dotted key, the bad value and
+what is allowed. Unknown keys get a did-you-mean. Cross-field rules live on the models. This module
+never imports torch: every CLI command loads configs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import ConfigError
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Values that end up in #SBATCH/#PBS directive lines: no whitespace, quotes or shell syntax.
+DIRECTIVE_VALUE_RE = re.compile(r"^[A-Za-z0-9._:@%+,=/-]+$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME_HMS = re.compile(r"^(?:(?P<d>\d+)-)?(?P<h>\d+):(?P<m>[0-5]?\d):(?P<s>[0-5]?\d)$")
+_TIME_UNIT = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<u>[smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> int:
+    """Seconds in ``[D-]HH:MM:SS`` or ``<number><s|m|h|d>``; ValueError otherwise."""
+    text = str(text).strip()
+    if m := _TIME_HMS.match(text):
+        d = int(m["d"] or 0)
+        return ((d * 24 + int(m["h"])) * 60 + int(m["m"])) * 60 + int(m["s"])
+    if m := _TIME_UNIT.match(text):
+        return round(float(m["n"]) * _UNIT_S[m["u"]])
+    raise ValueError(f"{text!r} is not a duration; use HH:MM:SS, D-HH:MM:SS or e.g. 90s, 30m, 2h")
+
+
+def format_hms(seconds: int) -> str:
+    """``HH:MM:SS`` (hours may exceed 24), the form both SLURM and PBS accept."""
+    h, rest = divmod(int(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{h:02d}:{m:02d}:{s:02d}"
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+
+
+class KeyedValueError(ValueError):
+    """A cross-field error that names the dotted key (relative to the model raising it)."""
+
+    def __init__(self, key: str, message: str):
+        super().__init__(message)
+        self.key = key
+
+
+def _check_directive_value(value: str | None, key: str) -> str | None:
+    if value is not None and not DIRECTIVE_VALUE_RE.match(value):
+        raise ValueError(
+            f"{value!r} cannot go into a #SBATCH/#PBS line ({key} allows letters, digits and ._:@%+,=/-)"
+        )
+    return value
+
+
+class SchedulerConfig(_Section):
+    kind: Literal["local", "slurm", "pbs"] = Field(
+        "local", description="Where the job runs: the embedded local scheduler, SLURM or PBS."
+    )
+    nodes: int = Field(1, ge=1, le=4096, description="Number of nodes (one node agent each).")
+    gpus_per_node: int = Field(
+        0, ge=0, le=64, description="GPUs per node; 0 = CPU ranks with gloo."
+    )
+    procs_per_node: int | None = Field(
+        None, ge=1, le=256, description="torchrun --nproc-per-node; default gpus_per_node, or 1."
+    )
+    cpus_per_task: int = Field(2, ge=1, le=1024, description="CPUs for the node agent's task.")
+    mem_gb: float | None = Field(
+        None, gt=0, description="Memory per node in GB; null = site default."
+    )
+    time_limit: str = Field(
+        "01:00:00", description="Wall time per attempt: HH:MM:SS, D-HH:MM:SS, or 90s / 30m / 2h."
+    )
+    partition: str | None = Field(None, description="SLURM partition / PBS queue.")
+    account: str | None = Field(None, description="Account to charge.")
+    qos: str | None = Field(None, description="SLURM QOS.")
+    constraint: str | None = Field(None, description="SLURM --constraint (node features).")
+    exclude: list[str] = Field(default_factory=list, description="Node names never to use.")
+    extra_directives: list[str] = Field(
+        default_factory=list,
+        description="Raw '#SBATCH ...' / '#PBS ...' lines added to the script (checked by the lint).",
+    )
+    setup: list[str] = Field(
+        default_factory=list,
+        description="Shell lines run before launch, one command each (module load, conda activate).",
+    )
+    pbs_dialect: Literal["pro", "torque"] = Field(
+        "pro", description="PBS flavour: pro (PBS Pro/OpenPBS select=) or torque (nodes=:ppn=)."
+    )
+    pbs_launcher: Literal["auto", "mpiexec", "pbsdsh"] = Field(
+        "auto",
+        description="How a multi-node PBS job starts one agent per node; auto = mpiexec (pro) / pbsdsh (torque).",
+    )
+    max_requeues: int = Field(
+        20, ge=0, le=10000, description="Requeues allowed for timeout, preemption and user stops."
+    )
+    max_failure_retries: int = Field(
+        1, ge=0, le=100, description="Restarts allowed after a crash (Python error, NCCL failure)."
+    )
+    kill_wait_s: int = Field(
+        30,
+        ge=1,
+        le=3600,
+        description="Local scheduler: seconds between SIGTERM at the limit and SIGKILL.",
+    )
+    array_parallelism: int | None = Field(
+        None, ge=1, description="Sweeps: at most this many points run at once (default all)."
+    )
+
+    @field_validator("time_limit")
+    @classmethod
+    def _time_limit_parses(cls, v: str) -> str:
+        if parse_duration(v) < 10:
+            raise ValueError(f"{v!r} is shorter than 10 seconds")
+        return v
+
+    @field_validator("partition", "account", "qos", "constraint")
+    @classmethod
+    def _directive_safe(cls, v: str | None, info: Any) -> str | None:
+        return _check_directive_value(v, f"scheduler.{info.field_name}")
+
+    @field_validator("exclude")
+    @classmethod
+    def _nodes_safe(cls, v: list[str]) -> list[str]:
+        for node in v:
+            _check_directive_value(node, "scheduler.exclude")
+        return v
+
+    @field_validator("setup", "extra_directives")
+    @classmethod
+    def _one_line_each(cls, v: list[str], info: Any) -> list[str]:
+        for i, line in enumerate(v):
+            if "\n" in line or "\r" in line:
+                raise ValueError(f"entry {i} spans several lines; give one line per entry")
+        return v
+
+    @property
+    def time_limit_s(self) -> int:
+        return parse_duration(self.time_limit)
+
+    @property
+    def nprocs(self) -> int:
+        """Processes (ranks) per node."""
+        if self.procs_per_node is not None:
+            return self.procs_per_node
+        return self.gpus_per_node or 1
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.nprocs
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> SchedulerConfig:
+        if self.gpus_per_node and self.procs_per_node and self.procs_per_node > self.gpus_per_node:
+            raise KeyedValueError(
+                "procs_per_node",
+                f"{self.procs_per_node} is more than gpus_per_node={self.gpus_per_node}; "
+                "one rank per GPU at most",
+            )
+        if self.kind == "local" and self.nodes != 1:
+            raise KeyedValueError(
+                "nodes", "the local scheduler runs one node; set nodes: 1 or kind: slurm/pbs"
+            )
+        if self.kind != "pbs":
+            for key in ("pbs_dialect", "pbs_launcher"):
+                if (
+                    key in self.model_fields_set
+                    and getattr(self, key) != type(self).model_fields[key].default
+                ):
+                    raise KeyedValueError(key, f"only applies to kind: pbs (kind is {self.kind})")
+        return self
+
+
+class LaunchConfig(_Section):
+    rdzv_port: int = Field(
+        29500, ge=1024, le=65535, description="c10d rendezvous port on the head node."
+    )
+    backend: Literal["auto", "nccl", "gloo"] = Field(
+        "auto", description="torch.distributed backend; auto = nccl with GPUs, gloo without."
+    )
+    stop_lead_s: int | None = Field(
+        None,
+        ge=5,
+        description="Seconds before the end to stop and save; null = measured checkpoint time + margin.",
+    )
+    stop_margin_s: int = Field(
+        10,
+        ge=0,
+        description="Safety margin added to the measured checkpoint time for the deadline.",
+    )
+    python: str | None = Field(
+        None, description="Python executable in the job; null = the one running hpclaunch."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra environment variables (not secrets: they are written into the script).",
+    )
+    pass_env: list[str] = Field(
+        default_factory=list,
+        description="Names of variables (secrets) passed from the submitting shell; values are never written.",
+    )
+    shutdown_timeout_s: int = Field(
+        60,
+        ge=1,
+        description="Seconds workers get to finish after a hard stop before they are killed.",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars_to_str(cls, v: Any) -> Any:
+        return _scalars_to_str(v)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, value in v.items():
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+            if not isinstance(value, str):
+                raise ValueError(f"{name}: value must be a string")
+        return v
+
+    @field_validator("pass_env")
+    @classmethod
+    def _pass_env_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"{name!r} is not a valid environment variable name")
+        return v
+
+
+def _scalars_to_str(v: Any) -> Any:
+    """YAML reads ``OMP_NUM_THREADS: 4`` as an int; environment values are strings."""
+    if isinstance(v, dict):
+        return {
+            k: (str(x).lower() if isinstance(x, bool) else str(x))
+            if isinstance(x, (int, float, bool))
+            else x
+            for k, x in v.items()
+        }
+    return v
+
+
+NcclPreset = Literal["auto", "ib", "roce", "ethernet", "nvlink", "efa", "debug", "none"]
+
+
+class NcclConfig(_Section):
+    preset: NcclPreset = Field(
+        "auto", description="Named NCCL preset; auto = chosen on each node from what it shows."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Extra or overriding NCCL_* / TORCH_NCCL_* variables (validated).",
+    )
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_scalars_to_str(cls, v: Any) -> Any:
+        return _scalars_to_str(v)
+
+
+class ModelConfig(_Section):
+    vocab_size: int = Field(
+        256, ge=4, le=1_000_000, description="Text vocabulary size (ids 0..vocab_size-1)."
+    )
+    text_len: int = Field(32, ge=1, le=65536, description="Tokens per sample.")
+    latent_len: int = Field(8, ge=1, le=65536, description="Latent vectors per sample.")
+    latent_dim: int = Field(
+        16, ge=1, le=65536, description="Channels of one latent vector in the data."
+    )
+    depth: int = Field(2, ge=1, le=256, description="MMDiT blocks.")
+    dim_text: int = Field(64, ge=8, description="Width of the text stream.")
+    dim_latent: int = Field(64, ge=8, description="Width of the latent stream.")
+    dim_cond: int = Field(64, ge=8, description="Width of the timestep embedding fed to time_cond.")
+    heads: int = Field(4, ge=1, description="Attention heads.")
+    dim_head: int = Field(16, ge=4, description="Width of one head.")
+    num_residual_streams: int = Field(
+        1, ge=1, le=8, description="mmdit hyper-connection streams; 1 = plain residual."
+    )
+    flash_attn: bool = Field(False, description="Use SDPA flash attention in the trunk.")
+
+
+class DataConfig(_Section):
+    token_dir: str = Field(
+        "data/tiny/tokens", description="Directory of *.npz shards with input_ids [N, text_len]."
+    )
+    latent_dir: str = Field(
+        "data/tiny/latents",
+        description="Directory of *.npy shards [N, latent_len, latent_dim], paired by stem.",
+    )
+
+
+class TrainConfig(_Section):
+    seed: int = Field(
+        0, ge=0, description="Seed of every random draw (init, order, masks, t, noise)."
+    )
+    steps: int = Field(200, ge=1, description="Optimizer steps in the whole run.")
+    global_batch: int = Field(16, ge=1, description="Samples per optimizer step across all ranks.")
+    micro_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Samples per rank per forward pass; null = no gradient accumulation.",
+    )
+    lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final LR as a fraction of lr (cosine)."
+    )
+    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps.")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
+    betas: list[float] = Field(
+        default_factory=lambda: [0.9, 0.95], description="AdamW betas (two values in [0, 1))."
+    )
+    grad_clip: float | None = Field(
+        1.0, gt=0, description="Clip the global grad norm to this; null = off."
+    )
+    mode: Literal["joint", "l2t", "t2l"] = Field(
+        "joint",
+        description="joint: both noised; l2t: latents clean, text generated; t2l: the reverse.",
+    )
+    text_weight: float = Field(1.0, ge=0, description="Weight of the masked-diffusion text loss.")
+    latent_weight: float = Field(1.0, ge=0, description="Weight of the flow-matching latent loss.")
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="auto = bf16 autocast on CUDA, fp32 on CPU."
+    )
+    log_every: int = Field(10, ge=1, description="Steps between metrics lines.")
+    max_nonfinite_skips: int = Field(
+        5, ge=1, description="Consecutive non-finite steps that end the run with an error."
+    )
+    inject_nonfinite_at: list[int] = Field(
+        default_factory=list, description="Test knob: make the loss non-finite at these steps."
+    )
+    step_sleep_s: float = Field(
+        0.0,
+        ge=0,
+        description="Test/demo knob: extra seconds per step (slows a tiny model; math unchanged).",
+    )
+
+    @field_validator("betas")
+    @classmethod
+    def _two_betas(cls, v: list[float]) -> list[float]:
+        if len(v) != 2 or not all(0 <= b < 1 for b in v):
+            raise ValueError(f"{v} must be two values in [0, 1)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_fields(self) -> TrainConfig:
+        if self.warmup_steps >= self.steps and self.steps > 1:
+            raise KeyedValueError(
+                "warmup_steps", f"{self.warmup_steps} must be smaller than steps={self.steps}"
+            )
+        if self.text_weight == 0 and self.latent_weight == 0:
+            raise KeyedValueError(
+                "latent_weight", "text_weight and latent_weight are both 0: nothing to train"
+            )
+        if self.mode == "l2t" and self.text_weight == 0:
+            raise KeyedValueError("text_weight", "is 0 but mode l2t generates text")
+        if self.mode == "t2l" and self.latent_weight == 0:
+            raise KeyedValueError("latent_weight", "is 0 but mode t2l generates latents")
+        return self
+
+
+class CheckpointConfig(_Section):
+    every_steps: int = Field(
+        50, ge=1, description="Periodic (asynchronous) save interval in steps."
+    )
+    keep_last: int = Field(2, ge=1, description="Checkpoints kept, newest first.")
+    keep_every: int | None = Field(
+        None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
+    )
+    async_save: bool = Field(
+        True, description="Periodic saves in the background (the stop save is always synchronous)."
+    )
+    dir: str | None = Field(None, description="Checkpoint directory; null = RUN/checkpoints.")
+
+
+class PreflightConfig(_Section):
+    node_checks: bool = Field(True, description="Run node-level checks in the job before torchrun.")
+    distributed_smoke: bool = Field(
+        True, description="all_reduce + barrier across all ranks before training."
+    )
+    smoke_timeout_s: int = Field(60, ge=1, description="Timeout of the distributed smoke test.")
+    max_node_excludes: int = Field(
+        2,
+        ge=0,
+        description="SLURM: nodes that failed a check may be excluded and the job requeued this often.",
+    )
+    min_free_disk_gb: float = Field(
+        1.0, ge=0, description="Free space required at the run directory besides checkpoints."
+    )
+
+
+class RunConfig(_Section):
+    name: str = Field("run", description="Run name; the run directory defaults to runs/<name>.")
+    run_dir: str | None = Field(None, description="Run directory; null = runs/<name>.")
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)  # type: ignore[arg-type]
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)  # type: ignore[arg-type]
+    nccl: NcclConfig = Field(default_factory=NcclConfig)  # type: ignore[arg-type]
+    model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
+    data: DataConfig = Field(default_factory=DataConfig)  # type: ignore[arg-type]
+    train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
+    preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
+
+    @field_validator("name")
+    @classmethod
+    def _name_safe(cls, v: str) -> str:
+        if not NAME_RE.match(v):
+            raise ValueError(f"{v!r} is not a run name: use letters, digits and ._- (at most 64)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_sections(self) -> RunConfig:
+        s, t = self.scheduler, self.train
+        world = s.world_size
+        micro = t.micro_batch if t.micro_batch is not None else t.global_batch // max(world, 1)
+        if t.global_batch % world:
+            raise KeyedValueError(
+                "train.global_batch",
+                f"{t.global_batch} is not divisible by the {world} ranks (scheduler.nodes x procs_per_node)",
+            )
+        if micro < 1 or (t.global_batch // world) % micro:
+            raise KeyedValueError(
+                "train.micro_batch",
+                f"{t.micro_batch} must divide the per-rank batch {t.global_batch // world}",
+            )
+        if self.launch.backend == "nccl" and s.gpus_per_node == 0:
+            raise KeyedValueError(
+                "launch.backend",
+                "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
+            )
+        if self.train.precision == "bf16" and s.gpus_per_node == 0:
+            raise KeyedValueError(
+                "train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)"
+            )
+        lead = self.launch.stop_lead_s
+        if lead is not None and lead >= s.time_limit_s:
+            raise KeyedValueError(
+                "launch.stop_lead_s",
+                f"{lead} is not shorter than scheduler.time_limit {s.time_limit} ({s.time_limit_s} s): "
+                "the run would stop before it starts",
+            )
+        for step in t.inject_nonfinite_at:
+            if not 1 <= step <= t.steps:
+                raise KeyedValueError(
+                    "train.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}"
+                )
+        return self
+
+    # ---- derived values -------------------------------------------------------------------
+
+    @property
+    def backend(self) -> Literal["nccl", "gloo"]:
+        if self.launch.backend != "auto":
+            return self.launch.backend
+        return "nccl" if self.scheduler.gpus_per_node > 0 else "gloo"
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.train.global_batch // self.scheduler.world_size
+
+    @property
+    def micro_batch(self) -> int:
+        return self.train.micro_batch or self.per_rank_batch
+
+    @property
+    def grad_accum(self) -> int:
+        return self.per_rank_batch // self.micro_batch
+
+    def run_path(self) -> Path:
+        return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
+
+    def resolved(self, base: Path) -> RunConfig:
+        """A copy whose paths (run_dir, data dirs, checkpoint dir) are absolute against ``base``."""
+
+        def absolute(p: str | Path) -> str:
+            p = Path(os.path.expanduser(str(p)))
+            return str(p if p.is_absolute() else (base / p).resolve())
+
+        update: dict[str, Any] = {"run_dir": absolute(self.run_path())}
+        data = self.data.model_copy(
+            update={
+                "token_dir": absolute(self.data.token_dir),
+                "latent_dir": absolute(self.data.latent_dir),
+            }
+        )
+        update["data"] = data
+        if self.checkpoint.dir:
+            update["checkpoint"] = self.checkpoint.model_copy(
+                update={"dir": absolute(self.checkpoint.dir)}
+            )
+        return self.model_copy(update=update)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+    def model_hash(self) -> str:
+        """Hash of what fixes parameter shapes; a checkpoint is only loadable into an equal one."""
+        return _hash(self.model.model_dump(mode="json"))
+
+    def config_hash(self) -> str:
+        """Hash of everything that changes the math of the run (not where or how it is scheduled)."""
+        math = {k: v for k, v in self.to_dict().items() if k in ("model", "data", "train")}
+        math["train"] = {
+            k: v for k, v in math["train"].items() if k not in ("step_sleep_s", "log_every")
+        }
+        return _hash(math)
+
+
+def _hash(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def load_config(
+    path: str | Path | None, overrides: Sequence[str] = (), *, base: Path | None = None
+) -> RunConfig:
+    """Read ``path`` (None = defaults), apply overrides, validate; paths resolved against ``base``."""
+    raw: dict[str, Any] = {}
+    where = "defaults"
+    if path is not None:
+        where = str(path)
+        raw = read_yaml_mapping(Path(path))
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = validate_config(raw, where=where)
+    return cfg.resolved(base) if base is not None else cfg
+
+
+def read_yaml_mapping(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError(
+            "config file not found",
+            where=str(path),
+            hint="check the path, or create one with 'hpclaunch init'",
+        ) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file ({e.strerror})", where=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(
+            f"not valid YAML ({problem})", where=loc, hint="fix the YAML syntax"
+        ) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"the top level must be a mapping of sections, not a {type(data).__name__}",
+            where=str(path),
+        )
+    return data
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map) in place."""
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(
+            f"override {item!r} is not of the form dotted.key=value",
+            where="--set",
+            hint="e.g. --set train.lr=1e-4",
+        )
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    parts = key.split(".")
+    _check_known_path(parts, where="--set")
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section", where=f"--set {key}")
+        node = child
+    node[parts[-1]] = value
+
+
+def _section_model(annotation: Any) -> type[BaseModel] | None:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in get_args(annotation):
+        found = _section_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _check_known_path(parts: Sequence[str], *, where: str) -> None:
+    model: type[BaseModel] | None = RunConfig
+    for i, part in enumerate(parts):
+        if model is None:
+            # below a dict-valued field (e.g. launch.env.NAME): any key is allowed
+            return
+        fields = model.model_fields
+        if part not in fields:
+            raise _unknown_key(parts[: i + 1], list(fields), where=where)
+        annotation = fields[part].annotation
+        if get_origin(annotation) is dict or annotation is dict:
+            return
+        model = _section_model(annotation)
+        if model is None and i < len(parts) - 1:
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section", where=where)
+
+
+def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) -> ConfigError:
+    dotted = ".".join(parts)
+    prefix = ".".join(parts[:-1])
+    allowed = list(allowed)
+    close = difflib.get_close_matches(parts[-1], allowed, n=1, cutoff=0.6)
+    hint = f"did you mean {(prefix + '.' if prefix else '') + close[0]}?" if close else None
+    listing = ", ".join(allowed)
+    return ConfigError(
+        f"unknown key {dotted!r}" + (f" ({hint})" if hint else f"; allowed here: {listing}"),
+        where=where,
+        hint=hint or f"allowed keys{' under ' + prefix if prefix else ''}: {listing}",
+    )
+
+
+def validate_config(raw: Mapping[str, Any], *, where: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _first_error(e, where) from None
+
+
+def _first_error(e: ValidationError, where: str) -> ConfigError:
+    err = e.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"]]
+    keyed = (err.get("ctx") or {}).get("error")
+    if isinstance(keyed, KeyedValueError):
+        dotted = ".".join([*loc, keyed.key])
+        return ConfigError(f"{dotted}: {keyed}", where=where, hint=_hint_for(dotted))
+    if err["type"] == "extra_forbidden":
+        model: type[BaseModel] = RunConfig
+        for part in loc[:-1]:
+            sub = (
+                _section_model(model.model_fields[part].annotation)
+                if part in model.model_fields
+                else None
+            )
+            if sub is None:
+                break
+            model = sub
+        return _unknown_key(loc, list(model.model_fields), where=where)
+    dotted = ".".join(p for p in loc if not p.isdigit()) or "config"
+    msg = str(err["msg"])
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    shown = err.get("input")
+    bad = (
+        ""
+        if isinstance(shown, dict) or err["type"] in ("value_error", "assertion_error")
+        else f" (got {shown!r})"
+    )
+    if err["type"] == "missing":
+        bad = ""
+    return ConfigError(f"{dotted}: {msg}{bad}", where=where, hint=_hint_for(dotted))
+
+
+def _hint_for(dotted: str) -> str:
+    field = _field_at(dotted.split("."))
+    if field is not None and field.description:
+        return f"{dotted}: {field.description}"
+    return "see 'hpclaunch config schema' for every key, its type and bounds"
+
+
+def _field_at(parts: Sequence[str]) -> Any:
+    model: type[BaseModel] | None = RunConfig
+    field = None
+    for part in parts:
+        if model is None or part not in model.model_fields:
+            return None
+        field = model.model_fields[part]
+        model = _section_model(field.annotation)
+    return field
+
+
+def json_schema() -> dict[str, Any]:
+    return RunConfig.model_json_schema()
+
+
+def iter_reference_rows() -> Iterable[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) for every leaf key: the README config reference."""
+
+    def walk(model: type[BaseModel], prefix: str) -> Iterable[tuple[str, str, str, str]]:
+        for name, field in model.model_fields.items():
+            dotted = f"{prefix}{name}"
+            sub = _section_model(field.annotation)
+            if sub is not None and get_origin(field.annotation) is not dict:
+                yield from walk(sub, dotted + ".")
+                continue
+            default = field.get_default(call_default_factory=True)
+            yield dotted, _type_name(field.annotation), json.dumps(default), field.description or ""
+
+    yield from walk(RunConfig, "")
+
+
+def _type_name(annotation: Any) -> str:
+    origin = get_origin(annotation)
+    if origin is Literal:
+        return " \\| ".join(str(a) for a in get_args(annotation))
+    if origin is None:
+        return getattr(annotation, "__name__", str(annotation))
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    name = " \\| ".join(_type_name(a) for a in args)
+    if origin in (list, tuple, dict):
+        return f"{origin.__name__}[{', '.join(_type_name(a) for a in args)}]"
+    return name + (" \\| null" if type(None) in get_args(annotation) else "")

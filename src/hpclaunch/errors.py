@@ -1,0 +1,66 @@
+"""Typed user-facing errors.
+
+Every error a user can cause is raised deep in the code as one of these and formatted once, at the
+CLI boundary, as a single line ``what: where`` plus a hint line (``what to do``). Tracebacks are
+only shown with ``HPCLAUNCH_DEBUG=1``.
+"""
+
+from __future__ import annotations
+
+
+class HpclaunchError(Exception):
+    """Base class. ``exit_code`` is what the CLI returns: 2 = bad input, 1 = a check/run failed."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, *, where: str | None = None, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.where = where
+        self.hint = hint
+
+    def one_line(self) -> str:
+        """``where: message`` on one line (newlines in values are made visible, never printed)."""
+        text = f"{self.where}: {self.message}" if self.where else self.message
+        return text.replace("\n", "\\n")
+
+    def __str__(self) -> str:
+        return self.one_line()
+
+
+class UserInputError(HpclaunchError):
+    """Bad input from the user (config, flags, paths): exit code 2, nothing written or submitted."""
+
+    exit_code = 2
+
+
+class ConfigError(UserInputError):
+    """A config value is missing, unknown, of the wrong type or contradicts another one."""
+
+
+class ScriptLintError(UserInputError):
+    """A rendered job script would not work as intended (refused before anything is written)."""
+
+
+class DataError(UserInputError):
+    """The training data is missing or malformed; ``where`` names the file."""
+
+
+class SchedulerError(HpclaunchError):
+    """The scheduler refused or failed a request (sbatch/qsub/scontrol returned an error)."""
+
+
+class RunNotFoundError(UserInputError):
+    """A run directory named on the command line does not exist or is not a run."""
+
+
+class CheckpointError(HpclaunchError):
+    """A checkpoint cannot be written, validated or loaded."""
+
+
+class PreflightFailed(HpclaunchError):
+    """At least one preflight check failed."""
+
+
+class TrainingError(HpclaunchError):
+    """The training run cannot continue (too many non-finite steps, incompatible checkpoint)."""
