@@ -73,16 +73,12 @@ class SchedulerConfig(_Section):
         "local", description="Where the job runs: the embedded local scheduler, SLURM or PBS."
     )
     nodes: int = Field(1, ge=1, le=4096, description="Number of nodes (one node agent each).")
-    gpus_per_node: int = Field(
-        0, ge=0, le=64, description="GPUs per node; 0 = CPU ranks with gloo."
-    )
+    gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU ranks with gloo.")
     procs_per_node: int | None = Field(
         None, ge=1, le=256, description="torchrun --nproc-per-node; default gpus_per_node, or 1."
     )
     cpus_per_task: int = Field(2, ge=1, le=1024, description="CPUs for the node agent's task.")
-    mem_gb: float | None = Field(
-        None, gt=0, description="Memory per node in GB; null = site default."
-    )
+    mem_gb: float | None = Field(None, gt=0, description="Memory per node in GB; null = site default.")
     time_limit: str = Field(
         "01:00:00", description="Wall time per attempt: HH:MM:SS, D-HH:MM:SS, or 90s / 30m / 2h."
     )
@@ -187,9 +183,7 @@ class SchedulerConfig(_Section):
 
 
 class LaunchConfig(_Section):
-    rdzv_port: int = Field(
-        29500, ge=1024, le=65535, description="c10d rendezvous port on the head node."
-    )
+    rdzv_port: int = Field(29500, ge=1024, le=65535, description="c10d rendezvous port on the head node.")
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="torch.distributed backend; auto = nccl with GPUs, gloo without."
     )
@@ -248,9 +242,7 @@ def _scalars_to_str(v: Any) -> Any:
     """YAML reads ``OMP_NUM_THREADS: 4`` as an int; environment values are strings."""
     if isinstance(v, dict):
         return {
-            k: (str(x).lower() if isinstance(x, bool) else str(x))
-            if isinstance(x, (int, float, bool))
-            else x
+            k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x
             for k, x in v.items()
         }
     return v
@@ -280,9 +272,7 @@ class ModelConfig(_Section):
     )
     text_len: int = Field(32, ge=1, le=65536, description="Tokens per sample.")
     latent_len: int = Field(8, ge=1, le=65536, description="Latent vectors per sample.")
-    latent_dim: int = Field(
-        16, ge=1, le=65536, description="Channels of one latent vector in the data."
-    )
+    latent_dim: int = Field(16, ge=1, le=65536, description="Channels of one latent vector in the data.")
     depth: int = Field(2, ge=1, le=256, description="MMDiT blocks.")
     dim_text: int = Field(64, ge=8, description="Width of the text stream.")
     dim_latent: int = Field(64, ge=8, description="Width of the latent stream.")
@@ -306,9 +296,7 @@ class DataConfig(_Section):
 
 
 class TrainConfig(_Section):
-    seed: int = Field(
-        0, ge=0, description="Seed of every random draw (init, order, masks, t, noise)."
-    )
+    seed: int = Field(0, ge=0, description="Seed of every random draw (init, order, masks, t, noise).")
     steps: int = Field(200, ge=1, description="Optimizer steps in the whole run.")
     global_batch: int = Field(16, ge=1, description="Samples per optimizer step across all ranks.")
     micro_batch: int | None = Field(
@@ -317,17 +305,13 @@ class TrainConfig(_Section):
         description="Samples per rank per forward pass; null = no gradient accumulation.",
     )
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
-    min_lr_ratio: float = Field(
-        0.1, ge=0, le=1, description="Final LR as a fraction of lr (cosine)."
-    )
+    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of lr (cosine).")
     warmup_steps: int = Field(10, ge=0, description="Linear warmup steps.")
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     betas: list[float] = Field(
         default_factory=lambda: [0.9, 0.95], description="AdamW betas (two values in [0, 1))."
     )
-    grad_clip: float | None = Field(
-        1.0, gt=0, description="Clip the global grad norm to this; null = off."
-    )
+    grad_clip: float | None = Field(1.0, gt=0, description="Clip the global grad norm to this; null = off.")
     mode: Literal["joint", "l2t", "t2l"] = Field(
         "joint",
         description="joint: both noised; l2t: latents clean, text generated; t2l: the reverse.",
@@ -375,9 +359,7 @@ class TrainConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    every_steps: int = Field(
-        50, ge=1, description="Periodic (asynchronous) save interval in steps."
-    )
+    every_steps: int = Field(50, ge=1, description="Periodic (asynchronous) save interval in steps.")
     keep_last: int = Field(2, ge=1, description="Checkpoints kept, newest first.")
     keep_every: int | None = Field(
         None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
@@ -444,9 +426,7 @@ class RunConfig(_Section):
                 "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
             )
         if self.train.precision == "bf16" and s.gpus_per_node == 0:
-            raise KeyedValueError(
-                "train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)"
-            )
+            raise KeyedValueError("train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)")
         lead = self.launch.stop_lead_s
         if lead is not None and lead >= s.time_limit_s:
             raise KeyedValueError(
@@ -456,9 +436,7 @@ class RunConfig(_Section):
             )
         for step in t.inject_nonfinite_at:
             if not 1 <= step <= t.steps:
-                raise KeyedValueError(
-                    "train.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}"
-                )
+                raise KeyedValueError("train.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
         return self
 
     # ---- derived values -------------------------------------------------------------------
@@ -500,9 +478,7 @@ class RunConfig(_Section):
         )
         update["data"] = data
         if self.checkpoint.dir:
-            update["checkpoint"] = self.checkpoint.model_copy(
-                update={"dir": absolute(self.checkpoint.dir)}
-            )
+            update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
         return self.model_copy(update=update)
 
     def to_dict(self) -> dict[str, Any]:
@@ -518,9 +494,7 @@ class RunConfig(_Section):
     def config_hash(self) -> str:
         """Hash of everything that changes the math of the run (not where or how it is scheduled)."""
         math = {k: v for k, v in self.to_dict().items() if k in ("model", "data", "train")}
-        math["train"] = {
-            k: v for k, v in math["train"].items() if k not in ("step_sleep_s", "log_every")
-        }
+        math["train"] = {k: v for k, v in math["train"].items() if k not in ("step_sleep_s", "log_every")}
         return _hash(math)
 
 
@@ -563,9 +537,7 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         loc = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(
-            f"not valid YAML ({problem})", where=loc, hint="fix the YAML syntax"
-        ) from None
+        raise ConfigError(f"not valid YAML ({problem})", where=loc, hint="fix the YAML syntax") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -661,11 +633,7 @@ def _first_error(e: ValidationError, where: str) -> ConfigError:
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = RunConfig
         for part in loc[:-1]:
-            sub = (
-                _section_model(model.model_fields[part].annotation)
-                if part in model.model_fields
-                else None
-            )
+            sub = _section_model(model.model_fields[part].annotation) if part in model.model_fields else None
             if sub is None:
                 break
             model = sub
