@@ -607,12 +607,11 @@ def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) ->
     prefix = ".".join(parts[:-1])
     allowed = list(allowed)
     close = difflib.get_close_matches(parts[-1], allowed, n=1, cutoff=0.6)
-    hint = f"did you mean {(prefix + '.' if prefix else '') + close[0]}?" if close else None
-    listing = ", ".join(allowed)
+    suggestion = f" (did you mean {(prefix + '.' if prefix else '') + close[0]}?)" if close else ""
     return ConfigError(
-        f"unknown key {dotted!r}" + (f" ({hint})" if hint else f"; allowed here: {listing}"),
+        f"unknown key {dotted!r}{suggestion}",
         where=where,
-        hint=hint or f"allowed keys{' under ' + prefix if prefix else ''}: {listing}",
+        hint=f"keys allowed {'under ' + prefix if prefix else 'at the top level'}: {', '.join(allowed)}",
     )
 
 

@@ -1,0 +1,3 @@
+from hpclaunch.cli import entrypoint
+
+entrypoint()

@@ -1,0 +1,77 @@
+"""The ``hpclaunch`` command line: wiring and error formatting only.
+
+One module per command group registers its commands on the app (``register(app)``). Typed errors
+raised anywhere below are formatted here, once: one line naming what and where, one hint line,
+exit code 2 for bad input and 1 for a failed check or run. ``HPCLAUNCH_DEBUG=1`` shows tracebacks.
+Commands that do not train never import torch (checked by a test with ``python -X importtime``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+from ..errors import HpclaunchError
+
+app = typer.Typer(
+    name="hpclaunch",
+    help="One YAML file to a SLURM or PBS MMDiT training run that survives time limits and preemption.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="rich",
+)
+
+
+def _register_all() -> None:
+    from . import common  # noqa: F401  (shared option definitions)
+
+    for name in ("config_cmd", "render_cmd", "run_cmd", "preflight_cmd", "nccl_cmd", "data_cmd"):
+        try:
+            module = __import__(f"{__name__}.{name}", fromlist=["register"])
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{name}":
+                continue  # command group not built yet
+            raise
+        module.register(app)
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("HPCLAUNCH_DEBUG", "") not in ("", "0", "false", "no")
+
+
+def report_error(err: HpclaunchError) -> int:
+    """Print ``hpclaunch: error: <where>: <what>`` and a hint; return the exit code."""
+    from .common import err_console
+
+    err_console.print(f"[bold red]hpclaunch: error:[/] {_escape(err.one_line())}", highlight=False)
+    if err.hint:
+        err_console.print(f"  hint: {_escape(err.hint)}", highlight=False)
+    return err.exit_code
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    _register_all()
+    try:
+        app(args=argv, prog_name="hpclaunch", standalone_mode=True)
+    except HpclaunchError as err:
+        if debug_enabled():
+            raise
+        return report_error(err)
+    except SystemExit as e:
+        return int(e.code or 0) if not isinstance(e.code, str) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+def entrypoint() -> None:
+    sys.exit(main())

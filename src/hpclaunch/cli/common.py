@@ -1,0 +1,39 @@
+"""Options and helpers shared by every command group (defined once)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from ..config import RunConfig, load_config
+
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+ConfigArg = Annotated[
+    Path, typer.Argument(help="The run's YAML config file.", show_default=False, metavar="CONFIG")
+]
+SetOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--set",
+        "--override",
+        help="Override a config value: dotted.key=value (repeatable). Values are YAML scalars or lists.",
+        metavar="KEY=VALUE",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+
+
+def load(config: Path, overrides: list[str] | None) -> RunConfig:
+    """Load and validate CONFIG with overrides; relative paths resolve against the current directory."""
+    return load_config(config, overrides or [], base=Path.cwd())
+
+
+def print_json(obj: Any) -> None:
+    """JSON for scripts: plain stdout, no rich markup or wrapping."""
+    typer.echo(json.dumps(obj, indent=2, sort_keys=False, default=str))

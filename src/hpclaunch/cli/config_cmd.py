@@ -1,0 +1,87 @@
+"""``hpclaunch init`` and ``hpclaunch config show|schema``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..config import iter_reference_rows, json_schema
+from ..errors import UserInputError
+from ..fsutil import atomic_write_text
+from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
+
+config_app = typer.Typer(help="Show the resolved config or its JSON Schema.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(init)
+    app.add_typer(config_app, name="config")
+
+
+def init(
+    path: Annotated[Path, typer.Argument(help="Where to write the example config.")] = Path("hpclaunch.yaml"),
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing file.")] = False,
+) -> None:
+    """Write a commented example config (every key, its default and what it does).
+
+    Example: hpclaunch init run.yaml && hpclaunch render run.yaml --scheduler slurm
+    """
+    if path.exists() and not force:
+        raise UserInputError(f"{path} exists", where="init", hint="pass --force to overwrite it")
+    atomic_write_text(path, commented_example())
+    console.print(f"wrote {path}; next: hpclaunch preflight {path}")
+
+
+@config_app.command("show")
+def show(config: ConfigArg, overrides: SetOpt = None, as_json: JsonOpt = False) -> None:
+    """Print the resolved config (defaults filled in, overrides applied, paths absolute).
+
+    Example: hpclaunch config show examples/tiny.yaml --set train.lr=1e-4
+    """
+    cfg = load(config, overrides)
+    if as_json:
+        print_json(cfg.to_dict())
+    else:
+        typer.echo(cfg.to_yaml(), nl=False)
+
+
+@config_app.command("schema")
+def schema(
+    markdown: Annotated[bool, typer.Option("--markdown", help="The README reference table instead.")] = False,
+) -> None:
+    """Print the config's JSON Schema (or the Markdown reference table).
+
+    Example: hpclaunch config schema > hpclaunch.schema.json
+    """
+    if markdown:
+        typer.echo(reference_markdown(), nl=False)
+    else:
+        typer.echo(json.dumps(json_schema(), indent=2))
+
+
+def reference_markdown() -> str:
+    lines = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key, type_name, default, description in iter_reference_rows():
+        lines.append(f"| `{key}` | {type_name} | `{default}` | {description} |")
+    return "\n".join(lines) + "\n"
+
+
+def commented_example() -> str:
+    """Every key with its default, each preceded by its description as a comment."""
+    out = ["# hpclaunch run config. Every key is shown with its default; delete what you do not change.", ""]
+    section = None
+    for key, _type, default, description in iter_reference_rows():
+        parts = key.split(".")
+        if len(parts) == 1:
+            out.append(f"# {description}")
+            out.append(f"{key}: {default if default != 'null' else 'null'}")
+            continue
+        if parts[0] != section:
+            section = parts[0]
+            out += ["", f"{section}:"]
+        out.append(f"  # {description}")
+        out.append(f"  {parts[1]}: {default}")
+    return "\n".join(out) + "\n"
