@@ -275,7 +275,7 @@ def resolve_address(host: str) -> str:
     except ValueError:
         pass
     try:
-        return socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        return str(socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0])
     except socket.gaierror as e:
         raise NodeContextError(f"cannot resolve host {host!r} ({e.strerror})") from None
 

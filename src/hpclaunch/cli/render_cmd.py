@@ -1,0 +1,50 @@
+"""``hpclaunch render``: the exact script ``submit`` would hand to the scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..fsutil import atomic_write_text
+from ..orchestrator.launch import prepare, with_scheduler
+from .common import ConfigArg, SetOpt, err_console, load
+
+
+def register(app: typer.Typer) -> None:
+    app.command("render")(render)
+
+
+def render(
+    config: ConfigArg,
+    overrides: SetOpt = None,
+    scheduler: Annotated[
+        str | None,
+        typer.Option("--scheduler", help="Render for this scheduler instead: local, slurm or pbs."),
+    ] = None,
+    pbs_dialect: Annotated[
+        str | None, typer.Option("--pbs-dialect", help="PBS flavour: pro (select=) or torque (nodes=:ppn=).")
+    ] = None,
+    sweep: Annotated[
+        list[str] | None, typer.Option("--sweep", help="Render the job array for key=v1,v2 (repeatable).")
+    ] = None,
+    output: Annotated[
+        Path | None, typer.Option("-o", "--output", help="Write the script here instead of stdout.")
+    ] = None,
+) -> None:
+    """Print the job script exactly as `hpclaunch submit` would submit it (lint included).
+
+    Examples:
+      hpclaunch render examples/slurm-8xh100.yaml
+      hpclaunch render examples/tiny.yaml --scheduler pbs --pbs-dialect torque -o job.pbs
+    """
+    cfg = with_scheduler(load(config, overrides), scheduler, pbs_dialect)
+    prepared = prepare(cfg, sweeps=sweep or [])
+    for warning in prepared.rendered.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if output is not None:
+        atomic_write_text(output, prepared.rendered.text, mode=0o755)
+        err_console.print(f"wrote {output}", highlight=False)
+    else:
+        typer.echo(prepared.rendered.text, nl=False)

@@ -1,0 +1,427 @@
+"""``hpclaunch submit | train | status | stop | cancel | logs``: a run's life cycle."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
+from ..orchestrator import runs
+from ..orchestrator.launch import load_existing_run, prepare, write_run_dir
+from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.runs import Ledger, RunPaths
+from .common import JsonOpt, SetOpt, console, err_console, load, print_json
+
+RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("submit")(submit)
+    app.command("train")(train)
+    app.command("status")(status)
+    app.command("stop")(stop)
+    app.command("cancel")(cancel)
+    app.command("logs")(logs)
+
+
+def _run_paths(run: Path) -> RunPaths:
+    paths = RunPaths(run.resolve())
+    if not paths.is_run():
+        raise RunNotFoundError(
+            f"{run} is not a hpclaunch run directory", where="RUN", hint="see runs/ for your runs"
+        )
+    return paths
+
+
+def _preflight_or_refuse(cfg: Any) -> None:
+    try:
+        from ..preflight import run_login_checks
+    except ImportError:
+        return
+    report = run_login_checks(cfg)
+    if report.failed:
+        from ..preflight.report import print_report
+
+        print_report(report, console=err_console)
+        first = next(c for c in report.checks if c.status == "fail")
+        raise PreflightFailed(
+            f"preflight check '{first.name}' failed: {first.finding}; nothing was submitted",
+            where="submit",
+            hint=first.hint or "fix it, or submit with --no-preflight to skip the checks",
+        )
+
+
+def submit(
+    config: Annotated[Path | None, typer.Argument(help="The run's YAML config.", metavar="[CONFIG]")] = None,
+    overrides: SetOpt = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option("--resume", help="Continue this existing run (its config + --set).", metavar="RUN"),
+    ] = None,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option("--sweep", help="One job array over key=v1,v2 (repeatable: cartesian product)."),
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option("--wait", help="Wait until the run ends, then print its status.")
+    ] = False,
+    no_preflight: Annotated[
+        bool, typer.Option("--no-preflight", help="Skip the preflight checks (recorded).")
+    ] = False,
+) -> None:
+    """Check, render and submit a run to its scheduler (local by default).
+
+    Examples:
+      hpclaunch submit examples/tiny.yaml --wait
+      hpclaunch submit run.yaml --sweep train.lr=1e-4,3e-4 --sweep model.depth=2,4
+      hpclaunch submit --resume runs/tiny
+    """
+    if resume is not None:
+        cfg = load_existing_run(_run_paths(resume).root, overrides or [])
+    elif config is not None:
+        cfg = load(config, overrides)
+    else:
+        raise UserInputError(
+            "give a CONFIG file or --resume RUN", where="submit", hint="hpclaunch submit examples/tiny.yaml"
+        )
+    prepared = prepare(cfg, sweeps=sweep or [])
+    for warning in prepared.rendered.warnings:
+        err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    if resume is not None:
+        _refuse_if_active(RunPaths(Path(prepared.plan.run_dir)))
+    if not no_preflight:
+        _preflight_or_refuse(cfg)
+    paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
+    console.print(
+        f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}",
+        highlight=False,
+    )
+    console.print(f"  follow it: hpclaunch status {paths.root} --watch", highlight=False)
+    if wait:
+        code = _wait(paths)
+        raise typer.Exit(code)
+
+
+def _refuse_if_active(paths: RunPaths) -> None:
+    from ..orchestrator.schedulers.base import get_scheduler
+    from ..orchestrator.status import current_job_id
+
+    events = Ledger(paths.events).events()
+    job_id = current_job_id(events)
+    kind = _plan_scheduler(paths)
+    if job_id and kind and get_scheduler(kind).status(paths, job_id).state.active:
+        raise UserInputError(
+            f"job {job_id} of this run is still active",
+            where=str(paths.root),
+            hint=f"hpclaunch stop {paths.root} first",
+        )
+
+
+def _plan_scheduler(paths: RunPaths) -> str | None:
+    import json
+
+    try:
+        return str(json.loads(paths.plan.read_text())["scheduler"])
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+
+def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
+    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'."""
+    from ..orchestrator.status import summarize
+
+    roots = _sweep_points(paths) or [paths.root]
+    while True:
+        states = [_status_dict(RunPaths(r))["state"] for r in roots]
+        if all(s not in ("pending", "running", "requeued") for s in states):
+            break
+        time.sleep(poll_s)
+    for r in roots:
+        _print_status(summarize(r, scheduler_status=_scheduler_status(RunPaths(r))))
+    return 0 if all(s == "finished" for s in states) else 1
+
+
+def _sweep_points(paths: RunPaths) -> list[Path]:
+    import json
+
+    sweep = paths.root / "sweep.json"
+    if not sweep.exists():
+        return []
+    return [Path(p["run_dir"]) for p in json.loads(sweep.read_text())["points"]]
+
+
+def _scheduler_status(paths: RunPaths) -> Any:
+    from ..orchestrator.schedulers.base import get_scheduler
+    from ..orchestrator.status import current_job_id
+
+    job_id = current_job_id(Ledger(paths.events).events())
+    kind = _plan_scheduler(paths)
+    if not job_id or not kind:
+        return None
+    try:
+        return get_scheduler(kind).status(paths, job_id)
+    except SchedulerError:
+        return None
+
+
+def _status_dict(paths: RunPaths) -> dict[str, Any]:
+    from ..orchestrator.status import summarize
+
+    return summarize(paths.root, scheduler_status=_scheduler_status(paths))
+
+
+def train(
+    config: Annotated[Path, typer.Argument(help="The run's YAML config.", metavar="CONFIG")],
+    overrides: SetOpt = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in its existing directory.")
+    ] = False,
+) -> None:
+    """Train in the foreground on this machine through torchrun (no scheduler).
+
+    Ctrl-C stops all ranks at the same step and saves; run the same command with --resume to continue.
+
+    Example: hpclaunch train examples/tiny.yaml --set train.steps=50
+    """
+    from ..jobs.agent import agent_main
+
+    cfg = load(config, overrides)
+    raw = cfg.to_dict()
+    raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
+    from ..config import validate_config
+
+    cfg = validate_config(raw, where=str(config))
+    prepared = prepare(cfg)
+    paths = RunPaths(Path(prepared.plan.run_dir))
+    if paths.is_run() and not resume:
+        raise UserInputError(
+            f"a run already exists in {paths.root}",
+            where="run_dir",
+            hint="add --resume to continue it, or change name/run_dir",
+        )
+    write_run_dir(cfg, prepared.plan, prepared.rendered)
+    Ledger(paths.events).append(runs.SUBMITTED, job_id="foreground", scheduler="foreground", resume=resume)
+    code = agent_main(str(paths.root))
+    outcome = _last_outcome(paths)
+    if outcome:
+        console.print(
+            f"{outcome.get('status')} at step {outcome.get('step')}"
+            + (f" ({outcome.get('cause')})" if outcome.get("cause") else ""),
+            highlight=False,
+        )
+    raise typer.Exit(_train_exit_code(outcome, code))
+
+
+def _last_outcome(paths: RunPaths) -> dict[str, Any] | None:
+    import json
+
+    files = sorted(paths.attempts.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        return None
+    data = json.loads(files[-1].read_text())
+    return data if isinstance(data, dict) else None
+
+
+# Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
+_STOP_EXIT = {"user": 3, "timeout": 4, "preemption": 5}
+
+
+def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
+    if outcome is None:
+        return agent_code or 1
+    if outcome.get("status") == "finished":
+        return 0
+    if outcome.get("status") == "stopped":
+        return _STOP_EXIT.get(str(outcome.get("cause")), 3)
+    return 1
+
+
+def status(
+    run: RunArg,
+    as_json: JsonOpt = False,
+    watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s until the run ends.")] = False,
+) -> None:
+    """Attempts (how each ended and why), current step, loss, throughput, ETA and goodput.
+
+    Examples:
+      hpclaunch status runs/tiny
+      hpclaunch status runs/tiny --json | jq .goodput
+    """
+    paths = _run_paths(run)
+    points = _sweep_points(paths)
+    if points:
+        rows = [_status_dict(RunPaths(p)) for p in points]
+        if as_json:
+            print_json({"sweep": str(paths.root), "points": rows})
+        else:
+            _print_sweep(rows)
+        return
+    if watch and not as_json:
+        from rich.live import Live
+
+        with Live(_status_table(_status_dict(paths)), console=console, refresh_per_second=1) as live:
+            while True:
+                data = _status_dict(paths)
+                live.update(_status_table(data))
+                if data["state"] not in ("pending", "running", "requeued"):
+                    break
+                time.sleep(2)
+        return
+    data = _status_dict(paths)
+    if as_json:
+        print_json(data)
+    else:
+        _print_status(data)
+
+
+def _print_status(data: dict[str, Any]) -> None:
+    console.print(_status_table(data))
+
+
+def _fmt_time(ts: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def _status_table(data: dict[str, Any]) -> Any:
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    sched = data.get("scheduler") or {}
+    head = Text.assemble(
+        (f"{data['run']}", "bold"),
+        f"  state: {data['state']}",
+        f"  job: {data.get('job_id') or '-'}",
+        f" ({sched.get('raw') or sched.get('state') or 'n/a'})" if sched else "",
+    )
+    loss = data.get("loss")
+    progress = Text(
+        f"step {data['step']}/{data.get('steps') or '?'}"
+        + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+        + (f"  {data['samples_per_s']:.1f} samples/s" if data.get("samples_per_s") else "")
+        + (f"  ETA {data['eta_s']:.0f} s" if data.get("eta_s") else "")
+    )
+    table = Table(title="attempts", title_justify="left")
+    for col in ("#", "job", "nodes", "started", "steps", "checkpoint", "end", "cause"):
+        table.add_column(col)
+    for i, a in enumerate(data["attempts"], 1):
+        steps = f"{a['resumed_step']}→{a['last_step']}" if a.get("resumed_step") is not None else "-"
+        end = a["end"] + (f": {a['error']}" if a.get("error") else "")
+        table.add_row(
+            str(i),
+            str(a.get("job_id") or "-"),
+            str(a.get("nodes") or "-"),
+            _fmt_time(a.get("started")),
+            steps,
+            str(a.get("checkpoint_step") or "-"),
+            end,
+            a.get("cause") or "",
+        )
+    gp = data["goodput"]
+    good = Text(
+        f"goodput {gp['ratio']:.1%}: {gp['useful_steps']} useful of {gp['computed_steps']} computed steps, "
+        f"{gp['repeated_steps']} repeated, {gp['lost_steps']} lost; requeues {data['requeues']}"
+    )
+    return Group(head, progress, table, good)
+
+
+def _print_sweep(rows: list[dict[str, Any]]) -> None:
+    from rich.table import Table
+
+    table = Table(title="sweep", title_justify="left")
+    for col in ("point", "state", "job", "step", "loss", "attempts"):
+        table.add_column(col)
+    for r in rows:
+        loss = r.get("loss")
+        table.add_row(
+            Path(r["run"]).name,
+            r["state"],
+            str(r.get("job_id") or "-"),
+            f"{r['step']}/{r.get('steps') or '?'}",
+            f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
+            str(len(r["attempts"])),
+        )
+    console.print(table)
+
+
+def stop(
+    run: RunArg,
+    continue_: Annotated[
+        bool,
+        typer.Option(
+            "--continue", help="After the save, continue automatically (requeue) instead of ending."
+        ),
+    ] = False,
+) -> None:
+    """Stop a running run gracefully: every rank stops at the same step and saves a checkpoint.
+
+    Continue later with 'hpclaunch submit --resume RUN' (or at once with --continue).
+
+    Example: hpclaunch stop runs/tiny
+    """
+    from ..fsutil import atomic_write_text
+    from ..jobs.stop import write_stop_request
+
+    paths = _run_paths(run)
+    if continue_:
+        atomic_write_text(paths.continue_file, "continue\n")
+    write_stop_request(paths.stop_file, "user", by="hpclaunch stop")
+    Ledger(paths.events).append(
+        runs.STOP_REQUESTED, cause="user", source="hpclaunch stop", continue_=continue_
+    )
+    console.print(f"stop requested for {paths.root}: all ranks will save at the next check", highlight=False)
+
+
+def cancel(run: RunArg) -> None:
+    """Cancel the run's job at once (scancel / qdel / local kill); no checkpoint is guaranteed.
+
+    Example: hpclaunch cancel runs/tiny
+    """
+    from ..orchestrator.schedulers.base import get_scheduler
+    from ..orchestrator.status import current_job_id
+
+    paths = _run_paths(run)
+    job_id = current_job_id(Ledger(paths.events).events())
+    kind = _plan_scheduler(paths)
+    if not job_id or not kind:
+        raise UserInputError("this run has no submitted job", where=str(paths.root))
+    get_scheduler(kind).cancel(paths, job_id)
+    Ledger(paths.events).append(runs.CANCELLED, job_id=job_id, by="hpclaunch cancel")
+    console.print(f"cancelled job {job_id}", highlight=False)
+
+
+def logs(
+    run: RunArg,
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as the log grows.")] = False,
+    attempt: Annotated[
+        int | None, typer.Option("--attempt", help="Attempt number (1 = first; default latest).")
+    ] = None,
+    node: Annotated[int, typer.Option("--node", help="Node rank.")] = 0,
+) -> None:
+    """Print one node's log of one attempt (torchrun and all ranks' output).
+
+    Examples:
+      hpclaunch logs runs/tiny --attempt 1
+      hpclaunch logs runs/tiny -f
+    """
+    paths = _run_paths(run)
+    dirs = sorted((d for d in paths.logs.glob("attempt-*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    if not dirs:
+        raise UserInputError("no logs yet (the job has not started)", where=str(paths.logs))
+    if attempt is not None and not 1 <= attempt <= len(dirs):
+        raise UserInputError(f"attempt {attempt} does not exist (1..{len(dirs)})", where="--attempt")
+    log = dirs[(attempt or len(dirs)) - 1] / f"node{node}.log"
+    if not log.exists():
+        raise UserInputError(f"no log for node {node}", where=str(log))
+    with open(log, "rb") as f:
+        while True:
+            chunk = f.read(65536)
+            if chunk:
+                typer.echo(chunk.decode(errors="replace"), nl=False)
+                continue
+            if not follow:
+                break
+            time.sleep(0.5)

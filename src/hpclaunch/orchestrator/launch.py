@@ -1,0 +1,198 @@
+"""Login-node flow: config -> plan -> script -> (preflight) -> run directory -> submit.
+
+``render`` and ``submit`` share this code path, so what ``hpclaunch render`` prints is byte for byte
+what ``submit`` hands to the scheduler. Nothing is written before every check has passed: a bad
+input leaves no half-made run directory behind.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..config import RunConfig, apply_override, validate_config
+from ..errors import ConfigError, UserInputError
+from ..fsutil import atomic_write_json, atomic_write_text
+from . import plan as plan_mod
+from . import runs
+from .plan import JobPlan, SweepPoint
+from .runs import Ledger, RunPaths
+from .schedulers.base import RenderedJob, get_scheduler
+
+
+@dataclass
+class Prepared:
+    cfg: RunConfig
+    plan: JobPlan
+    rendered: RenderedJob
+    point_cfgs: list[RunConfig] = field(default_factory=list)  # one per sweep point
+
+
+def with_scheduler(cfg: RunConfig, kind: str | None, dialect: str | None) -> RunConfig:
+    """``render --scheduler/--pbs-dialect`` as if they were config overrides (validated the same way)."""
+    if kind is None and dialect is None:
+        return cfg
+    raw = cfg.to_dict()
+    if kind is not None:
+        apply_override(raw, f"scheduler.kind={kind}")
+    if dialect is not None:
+        apply_override(raw, f"scheduler.pbs_dialect={dialect}")
+    return validate_config(raw, where="--scheduler")
+
+
+def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
+    """Variables of an explicitly named preset + the user's; ``auto`` is resolved on each node."""
+    env: dict[str, str] = {}
+    if cfg.backend == "nccl" and cfg.nccl.preset not in ("auto", "none"):
+        try:
+            from ..jobs.nccl import resolve_preset
+
+            env.update(resolve_preset(cfg.nccl.preset).env)
+        except ImportError:
+            pass
+    env.update(cfg.nccl.env)
+    return env
+
+
+def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str], RunConfig]]:
+    """``k=a,b`` x ``j=c,d`` -> the cartesian product: (point name, overrides, config) each."""
+    axes: list[list[str]] = []
+    for item in sweeps:
+        key, sep, values = item.partition("=")
+        if not sep or not key.strip() or not values.strip():
+            raise UserInputError(
+                f"--sweep {item!r} is not key=v1,v2,...",
+                where="--sweep",
+                hint="e.g. --sweep train.lr=1e-4,3e-4",
+            )
+        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
+    points = []
+    root = cfg.run_path()
+    for index, combo in enumerate(itertools.product(*axes)):
+        raw = cfg.to_dict()
+        for override in combo:
+            apply_override(raw, override)
+        label = "-".join(o.split("=", 1)[0].rsplit(".", 1)[-1] + o.split("=", 1)[1] for o in combo)
+        name = f"p{index}-{label}"[:60].replace("/", "_")
+        raw["run_dir"] = str(root / name)
+        raw["name"] = _safe_name(f"{cfg.name}-{name}")
+        points.append((name, list(combo), validate_config(raw, where=f"--sweep point {index}")))
+    return points
+
+
+def _safe_name(name: str) -> str:
+    cleaned = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    return cleaned[:64]
+
+
+def prepare(cfg: RunConfig, *, sweeps: list[str] | None = None) -> Prepared:
+    """Plan + rendered script (lint included). Pure apart from reading templates."""
+    python = sys.executable
+    if sweeps:
+        points = expand_sweep(cfg, sweeps)
+        sweep = [
+            SweepPoint(index=i, name=n, run_dir=str(c.run_path()), overrides=o)
+            for i, (n, o, c) in enumerate(points)
+        ]
+        base = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
+        plan = base.model_copy(update={"sweep": sweep})
+        rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+        return Prepared(cfg, plan, rendered, [c for _, _, c in points])
+    plan = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
+    rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+    return Prepared(cfg, plan, rendered)
+
+
+def _check_new_run_dir(root: Path) -> None:
+    if RunPaths(root).is_run():
+        raise UserInputError(
+            f"a run already exists in {root}",
+            where="run_dir",
+            hint=f"continue it with 'hpclaunch submit --resume {root}', or choose another name/run_dir",
+        )
+
+
+def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -> RunPaths:
+    """config.yaml (what actually runs), plan.json and the job script."""
+    paths = RunPaths(Path(plan.run_dir), Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None).ensure()
+    atomic_write_text(paths.config, cfg.to_yaml())
+    atomic_write_json(paths.plan, plan.model_dump(mode="json"))
+    if rendered is not None:
+        atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+    return paths
+
+
+def point_plan(plan: JobPlan, cfg: RunConfig) -> JobPlan:
+    """The plan of one sweep point: the array's resources, the point's own run directory."""
+    own = plan_mod.build(cfg, python=plan.python, nccl_env=nccl_plan_env(cfg))
+    return own
+
+
+def submit(
+    prepared: Prepared, *, run_preflight: bool = True, resume: bool = False, preflight_report: Any = None
+) -> tuple[RunPaths, str]:
+    """Write the run directory(ies) and hand the rendered script to the scheduler."""
+    plan, cfg, rendered = prepared.plan, prepared.cfg, prepared.rendered
+    scheduler = get_scheduler(plan.scheduler)
+    if not resume:
+        _check_new_run_dir(Path(plan.run_dir))
+        for point in plan.sweep:
+            _check_new_run_dir(Path(point.run_dir))
+    paths = write_run_dir(cfg, plan, rendered)
+    for point_cfg in prepared.point_cfgs:
+        pplan = point_plan(plan, point_cfg)
+        # Each point keeps a plain (non-array) script of its own: its continuation jobs submit it.
+        write_run_dir(point_cfg, pplan, scheduler.render(pplan))
+    if plan.scheduler == "local" and plan.sweep:
+        job_ids = [
+            scheduler.submit(point_plan(plan, c), scheduler.render(point_plan(plan, c)))
+            for c in prepared.point_cfgs
+        ]
+        job_id = ",".join(job_ids)
+    else:
+        job_id = scheduler.submit(plan, rendered)
+    note: dict[str, Any] = {"preflight": "passed" if run_preflight else "skipped"}
+    targets = [RunPaths(Path(p.run_dir)) for p in plan.sweep] or [paths]
+    for i, target in enumerate(targets):
+        point_job = (
+            job_id.split(",")[i]
+            if "," in job_id
+            else (f"{job_id}_{i}" if plan.sweep and plan.scheduler == "slurm" else job_id)
+        )
+        ledger = Ledger(target.events)
+        if not run_preflight:
+            ledger.append(runs.PREFLIGHT_SKIPPED, by="--no-preflight")
+        ledger.append(
+            runs.SUBMITTED,
+            job_id=point_job,
+            scheduler=plan.scheduler,
+            script=rendered.filename,
+            resume=resume,
+            world_size=plan.world_size,
+            **note,
+        )
+    if plan.sweep:
+        atomic_write_json(
+            paths.root / "sweep.json",
+            {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]},
+        )
+    return paths, job_id
+
+
+def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
+    """The config a run was started with, plus new overrides (``submit --resume RUN``)."""
+    paths = RunPaths(run)
+    if not paths.config.exists():
+        raise UserInputError(f"{run} is not a hpclaunch run (no config.yaml)", where="--resume")
+    raw = yaml.safe_load(paths.config.read_text()) or {}
+    for item in overrides:
+        apply_override(raw, item)
+    try:
+        return validate_config(raw, where=str(paths.config))
+    except ConfigError:
+        raise

@@ -1,0 +1,249 @@
+"""The embedded local scheduler: the default, for a workstation or laptop with no cluster.
+
+It keeps SLURM's contract on one machine, so the whole stop -> save -> requeue -> resume cycle runs
+here for real: a detached controller process runs the rendered ``job.local.sh`` once per attempt,
+sends SIGUSR2 to the node agent ``warn_lead_s`` before the time limit, SIGTERM at the limit and
+SIGKILL to the whole process tree ``kill_wait_s`` later; when the agent exits with
+``LOCAL_REQUEUE_EXIT`` it starts the next attempt with the restart count increased.
+
+Why not submitit's LocalExecutor: it caps restarts at 6 whatever ``max_requeues`` says, its
+job id is the pid of a process that pickles our callable, and it kills at the limit without a
+kill wait. The contract (warning signal, requeue exit code, restart counter) is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import SchedulerError
+from ...fsutil import atomic_write_json
+from ...templates import jinja
+from ...templates.shell import Raw, export_line, join
+from .base import LOCAL_REQUEUE_EXIT, JobState, RenderedJob, SchedulerStatus
+
+if TYPE_CHECKING:
+    from ...jobs.env import NodeContext
+    from ..plan import JobPlan
+    from ..runs import RunPaths
+
+SCRIPT_NAME = "job.local.sh"
+STATE_FILE = "local.json"
+
+
+def render_local(plan: JobPlan) -> RenderedJob:
+    text = jinja.render(
+        "local.sh.j2",
+        version=plan.hpclaunch_version,
+        config_hash=plan.config_hash,
+        run_dir=plan.run_dir,
+        setup=plan.setup,
+        exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
+        agent_cmd=Raw(join(plan.agent_argv()[:-1])),
+    )
+    return RenderedJob(text=text, filename=SCRIPT_NAME)
+
+
+class LocalScheduler:
+    kind = "local"
+
+    def render(self, plan: JobPlan) -> RenderedJob:
+        return render_local(plan)
+
+    def submit(self, plan: JobPlan, rendered: RenderedJob) -> str:
+        """Start the controller detached (it outlives this command) and return its job id."""
+        root = Path(plan.run_dir)
+        sched = root / "scheduler"
+        sched.mkdir(parents=True, exist_ok=True)
+        log = open(sched / "controller.log", "ab")  # noqa: SIM115 (handed to the child)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", __name__, str(root)],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # Ctrl-C in the submitting shell must not reach the job
+            cwd=str(root),
+        )
+        log.close()
+        job_id = f"local{proc.pid}"
+        # The controller writes its state file at start; wait for it so `status` right after works.
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            state = read_state(sched)
+            if state.get("job_id") == job_id:
+                return job_id
+            if proc.poll() is not None:
+                raise SchedulerError(
+                    f"the local controller exited at once (code {proc.returncode})",
+                    where=str(sched / "controller.log"),
+                )
+            time.sleep(0.05)
+        raise SchedulerError(
+            "the local controller did not start within 30 s", where=str(sched / "controller.log")
+        )
+
+    def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
+        state = read_state(paths.scheduler_dir)
+        if state.get("job_id") != job_id:
+            return SchedulerStatus(JobState.UNKNOWN, "", "no local controller state for this job")
+        word = str(state.get("state", "unknown"))
+        if word == "running" and not _alive(int(state.get("pid", 0))):
+            return SchedulerStatus(JobState.FAILED, "lost", "the controller died without recording an end")
+        return SchedulerStatus(_STATES.get(word, JobState.UNKNOWN), word, str(state.get("reason", "")))
+
+    def cancel(self, paths: RunPaths, job_id: str) -> None:
+        state = read_state(paths.scheduler_dir)
+        pid = int(state.get("pid", 0))
+        if state.get("job_id") != job_id or not _alive(pid):
+            raise SchedulerError(f"local job {job_id} is not running", where="cancel")
+        os.kill(pid, signal.SIGTERM)
+
+    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
+        # The agent asks by exiting with LOCAL_REQUEUE_EXIT; the controller restarts the attempt.
+        return ctx.job_id
+
+
+_STATES = {
+    "running": JobState.RUNNING,
+    "requeued": JobState.REQUEUED,
+    "completed": JobState.COMPLETED,
+    "failed": JobState.FAILED,
+    "timeout": JobState.TIMEOUT,
+    "cancelled": JobState.CANCELLED,
+}
+
+
+def read_state(sched_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((sched_dir / STATE_FILE).read_text())
+        return data if isinstance(data, dict) else {}
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+# ---- the controller (runs detached: python -m hpclaunch.orchestrator.schedulers.local RUN_DIR) ----
+
+
+class Controller:
+    def __init__(self, run_dir: Path, *, clock: Any = time.time):
+        from ..plan import JobPlan
+
+        self.root = run_dir
+        self.sched = run_dir / "scheduler"
+        self.plan = JobPlan.model_validate_json((run_dir / "plan.json").read_text())
+        self.job_id = f"local{os.getpid()}"
+        self.clock = clock
+        self.cancelled = False
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def _state(self, state: str, **extra: Any) -> None:
+        atomic_write_json(
+            self.sched / STATE_FILE,
+            {"job_id": self.job_id, "pid": os.getpid(), "state": state, "updated": time.time(), **extra},
+        )
+
+    def _on_cancel(self, signum: int, frame: Any) -> None:
+        self.cancelled = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_cancel)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        restart = 0
+        self._state("running", restart_count=restart)
+        while True:
+            code, how = self._attempt(restart)
+            if self.cancelled:
+                self._state("cancelled", restart_count=restart, exit_code=code)
+                return 0
+            if code == LOCAL_REQUEUE_EXIT:
+                restart += 1
+                self._state("running", restart_count=restart, reason="requeued")
+                continue
+            final = "completed" if code == 0 else ("timeout" if how == "timeout" else "failed")
+            self._state(final, restart_count=restart, exit_code=code)
+            return code
+
+    def _attempt(self, restart: int) -> tuple[int, str]:
+        start = self.clock()
+        end = start + self.plan.time_limit_s
+        env = dict(os.environ)
+        env.update(
+            HPCLAUNCH_JOB_ID=self.job_id,
+            HPCLAUNCH_RESTART_COUNT=str(restart),
+            HPCLAUNCH_JOB_END_TIME=f"{end:.3f}",
+        )
+        out = open(self.sched / f"{self.job_id}.out", "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            ["bash", str(self.root / SCRIPT_NAME)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        out.close()
+        warned = terminated = False
+        how = "exit"
+        while self.proc.poll() is None:
+            now = self.clock()
+            if self.cancelled and not terminated:
+                self._signal_agent(signal.SIGTERM)
+                terminated, end = True, now  # kill wait starts now
+            if not warned and now >= end - self.plan.warn_lead_s:
+                self._signal_agent(signal.SIGUSR2)
+                warned = True
+            if not terminated and now >= end:
+                self._signal_agent(signal.SIGTERM)
+                terminated, how = True, "timeout"
+            if terminated and now >= end + self.plan.kill_wait_s:
+                self._kill_tree()
+                how = "timeout" if not self.cancelled else "cancelled"
+            time.sleep(0.1)
+        return self.proc.returncode, how
+
+    def _signal_agent(self, signum: int) -> None:
+        # Like SLURM under proctrack/cgroup: only the launched task gets the signal; the agent relays.
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signum)
+
+    def _kill_tree(self) -> None:
+        import psutil
+
+        if self.proc is None:
+            return
+        try:
+            parent = psutil.Process(self.proc.pid)
+            procs = [parent, *parent.children(recursive=True)]
+        except psutil.NoSuchProcess:
+            return
+        for p in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        print("usage: python -m hpclaunch.orchestrator.schedulers.local RUN_DIR", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(Controller(Path(sys.argv[1])).run())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,180 @@
+"""What ``hpclaunch status`` shows: the story of a run from its ledger, metrics and the scheduler.
+
+Pure functions over the ledger's events (tests feed them lists); one call asks the scheduler for its
+own view of the current job. Never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import read_jsonl
+from . import runs
+from .runs import RunPaths
+
+END_EVENTS = (runs.FINISHED, runs.FAILED, runs.CANCELLED, runs.REQUEUED, runs.STOPPED)
+
+
+@dataclass
+class Attempt:
+    attempt: str
+    job_id: str | None = None
+    restart_count: int | None = None
+    nodes: int | None = None
+    hosts: list[str] = field(default_factory=list)
+    world_size: int | None = None
+    started: float | None = None
+    ended: float | None = None
+    resumed_step: int | None = None
+    last_step: int | None = None  # last step this attempt completed
+    checkpoint_step: int | None = None  # newest checkpoint saved during this attempt
+    end: str = "running"  # running | finished | stopped | requeued | failed | cancelled
+    cause: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Goodput:
+    useful_steps: int
+    computed_steps: int
+    repeated_steps: int  # computed more than once (work lost to a stop without a save)
+    lost_steps: int  # never computed (a resume that skipped ahead): data silently not trained on
+    ratio: float
+
+
+def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
+    by_key: dict[str, Attempt] = {}
+    order: list[str] = []
+    for e in events:
+        key = e.get("attempt")
+        if not key:
+            continue
+        if key not in by_key:
+            by_key[key] = Attempt(attempt=key)
+            order.append(key)
+        a = by_key[key]
+        kind = e.get("event")
+        if kind == runs.STARTED and (a.started is None or e.get("node", 0) == 0):
+            a.started = a.started or e.get("ts")
+            a.job_id = e.get("job_id", a.job_id)
+            a.restart_count = e.get("restart_count", a.restart_count)
+            a.nodes = e.get("nodes", a.nodes)
+            a.hosts = e.get("hosts", a.hosts)
+            a.world_size = e.get("world_size", a.world_size)
+        elif kind == runs.RESUMED:
+            a.resumed_step = int(e.get("step", 0))
+            a.world_size = e.get("world_size", a.world_size)
+            a.last_step = max(a.last_step or 0, a.resumed_step)
+        elif kind == runs.CHECKPOINT_SAVED:
+            step = int(e.get("step", 0))
+            a.checkpoint_step = max(a.checkpoint_step or 0, step)
+            a.last_step = max(a.last_step or 0, step)
+        elif kind == runs.STOPPED:
+            a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
+            a.end, a.cause, a.ended = "stopped", e.get("cause"), e.get("ts")
+        elif kind == runs.FINISHED:
+            if e.get("step") is not None:
+                a.last_step = max(a.last_step or 0, int(e["step"]))
+            a.end, a.ended = "finished", e.get("ts")
+        elif kind == runs.REQUEUED:
+            a.end, a.cause, a.ended = "requeued", e.get("cause"), e.get("ts")
+            a.error = e.get("error")
+        elif kind == runs.FAILED:
+            a.end, a.cause, a.ended, a.error = "failed", e.get("cause"), e.get("ts"), e.get("error")
+        elif kind == runs.CANCELLED:
+            a.end, a.cause, a.ended = "cancelled", "cancelled", e.get("ts")
+        elif kind == runs.STOP_REQUESTED and a.cause is None:
+            a.cause = e.get("cause")
+    return [by_key[k] for k in order]
+
+
+def goodput(attempts: list[Attempt]) -> Goodput:
+    """Steps are computed in [resumed_step+1, last_step] per attempt."""
+    computed = repeated = lost = 0
+    frontier = 0  # highest step computed so far
+    for a in attempts:
+        if a.resumed_step is None or a.last_step is None:
+            continue
+        start, end = a.resumed_step, a.last_step
+        computed += max(0, end - start)
+        repeated += max(0, min(end, frontier) - start)
+        lost += max(0, start - frontier)
+        frontier = max(frontier, end)
+    useful = frontier - lost
+    return Goodput(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
+
+
+def current_job_id(events: list[dict[str, Any]]) -> str | None:
+    """The job id to ask the scheduler about: the latest submission or continuation."""
+    job_id = None
+    for e in events:
+        if e.get("event") == runs.SUBMITTED or (e.get("event") == runs.REQUEUED and e.get("job_id")):
+            job_id = str(e["job_id"])
+    return job_id
+
+
+def run_state(attempts: list[Attempt], events: list[dict[str, Any]], scheduler_state: str | None) -> str:
+    if not attempts:
+        if any(e.get("event") == runs.CANCELLED for e in events):
+            return "cancelled"
+        return "pending" if any(e.get("event") == runs.SUBMITTED for e in events) else "unknown"
+    last = attempts[-1]
+    if last.end == "running":
+        if scheduler_state in ("running", None):
+            return "running"
+        if scheduler_state in ("cancelled",):
+            return "cancelled"
+        if scheduler_state in ("timeout", "failed", "node_fail", "completed", "unknown", "preempted"):
+            return f"lost ({scheduler_state})"  # ended without the agent recording why
+        return scheduler_state
+    if last.end == "requeued":
+        return "requeued"
+    return last.end
+
+
+def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
+    paths = RunPaths(run)
+    events = read_jsonl(paths.events)
+    metrics = read_jsonl(paths.metrics)
+    attempts = attempts_from_events(events)
+    last_metric = metrics[-1] if metrics else {}
+    total_steps = _total_steps(paths)
+    step = max([a.last_step or 0 for a in attempts] + [int(last_metric.get("step", 0))])
+    sched = None
+    if scheduler_status is not None:
+        sched = {
+            "state": scheduler_status.state.value,
+            "raw": scheduler_status.raw,
+            "reason": scheduler_status.reason,
+        }
+    speed = last_metric.get("step_time_s")
+    eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
+    gp = goodput(attempts)
+    return {
+        "run": str(run),
+        "state": run_state(attempts, events, sched["state"] if sched else None),
+        "job_id": current_job_id(events),
+        "scheduler": sched,
+        "step": step,
+        "steps": total_steps,
+        "loss": last_metric.get("loss"),
+        "text_loss": last_metric.get("text_loss"),
+        "latent_loss": last_metric.get("latent_loss"),
+        "samples_per_s": last_metric.get("samples_per_s"),
+        "eta_s": eta,
+        "requeues": sum(1 for e in events if e.get("event") == runs.REQUEUED),
+        "attempts": [asdict(a) for a in attempts],
+        "goodput": asdict(gp),
+    }
+
+
+def _total_steps(paths: RunPaths) -> int | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(paths.config.read_text()) or {}
+        return int(data.get("train", {}).get("steps"))
+    except (FileNotFoundError, TypeError, ValueError):
+        return None
