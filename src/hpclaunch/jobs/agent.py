@@ -185,6 +185,9 @@ class NodeAgent:
 
     def _environment(self) -> dict[str, str]:
         env = dict(os.environ)
+        # The batch script exports these too, but launchers such as pbsdsh start agents with a
+        # minimal environment: the plan is the source of truth.
+        env.update(self.plan.env)
         env.update(self._nccl_env())
         env[job_env.ATTEMPT_VAR] = self.attempt
         env[job_env.RUN_DIR_VAR] = str(self.paths.root)

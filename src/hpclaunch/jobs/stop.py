@@ -8,9 +8,10 @@ Sources only *set a flag*; nothing here does I/O or collectives inside a signal 
   gets the scheduler's warning, by the batch shell's trap); polled by rank 0 at check steps;
 - the deadline: the job's end time minus the time a checkpoint takes (measured) minus a margin.
 
-Every ``k`` steps all ranks ``all_reduce(MAX)`` a two-element CPU tensor ``[cause, k_proposal]`` on
-a gloo group, so one rank that heard a signal stops all of them after the same step, and all ranks
-agree on the next ``k``. ``k`` is chosen so the check costs under 1 % of step time while keeping the
+Every ``k`` steps all ranks ``all_reduce(MAX)`` a small CPU tensor ``[file cause, signal cause,
+deadline cause, k proposal]`` on a gloo group, so one rank that heard a signal stops all of them
+after the same step, all ranks agree on the cause (control file first: whoever wrote it knew why),
+and all agree on the next ``k``. ``k`` is chosen so the check costs under 1 % of step time while keeping the
 reaction time under ``max_reaction_s``.
 """
 
@@ -153,13 +154,15 @@ class StopController:
         # Room for the save (with slack), the steps until the next check, and a margin.
         return 1.5 * self.checkpoint_s + self.k * self._step_time_s + self.margin_s
 
-    def _local_cause(self) -> StopCause:
-        cause = self.signal_cause
+    def _local_causes(self) -> list[int]:
+        """[control file, signal, deadline] as seen by this rank."""
+        from_file = StopCause.NONE
         if self.rank == 0 and self.stop_file is not None:
-            cause = max(cause, read_stop_request(self.stop_file))
+            from_file = read_stop_request(self.stop_file)
+        deadline = StopCause.NONE
         if self.end_time is not None and self.clock() >= self.end_time - self.lead_s:
-            cause = max(cause, StopCause.TIMEOUT)
-        return StopCause(cause)
+            deadline = StopCause.TIMEOUT
+        return [int(from_file), int(self.signal_cause), int(deadline)]
 
     # ---- the collective check -----------------------------------------------------------------
 
@@ -170,10 +173,15 @@ class StopController:
             self._step_time_s = (1 - a) * self._step_time_s + a * step_time_s
         if step < self.next_check:
             return StopCause.NONE
-        cause, k = self._agree(self._local_cause(), self._propose_k())
-        self.k = max(1, k)
+        agreed = self._agree([*self._local_causes(), self._propose_k()])
+        self.k = max(1, agreed[-1])
         self.next_check = step + self.k
-        return cause
+        # The control file is authoritative: the agent that wrote it knew why (a worker that only
+        # saw SIGTERM guesses "preemption"). Then signals, then the deadline.
+        for cause in agreed[:-1]:
+            if cause:
+                return StopCause(cause)
+        return StopCause.NONE
 
     def _propose_k(self) -> int:
         s = self._step_time_s
@@ -183,19 +191,20 @@ class StopController:
         k_react = max(1, math.floor(self.max_reaction_s / s))
         return max(1, min(k_cost, k_react))
 
-    def _agree(self, cause: StopCause, k: int) -> tuple[StopCause, int]:
+    def _agree(self, values: list[int]) -> list[int]:
+        """Element-wise MAX over all ranks (one tiny CPU all_reduce on a gloo group)."""
         if self.world_size <= 1:
-            return cause, k
+            return values
         import torch
         import torch.distributed as dist
 
         t0 = time.perf_counter()
-        flag = torch.tensor([int(cause), k], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        flags = torch.tensor(values, dtype=torch.int64)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group)
         cost = time.perf_counter() - t0
         self.checks += 1
         self.check_cost_s = cost if self.checks == 1 else 0.9 * self.check_cost_s + 0.1 * cost
-        return StopCause(int(flag[0])), int(flag[1])
+        return [int(v) for v in flags.tolist()]
 
     def overhead_fraction(self) -> float:
         """Estimated share of step time spent in stop checks."""

@@ -1,0 +1,65 @@
+# README's two commands: `make demo` (set up + run the main job on the embedded local scheduler)
+# and `make test` (set up + lint + type check + the whole test suite).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: venv test lint typecheck unit cluster demo golden docs bench cluster-up cluster-down clean
+
+# torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+lint: venv
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: venv
+	$(BIN)/mypy
+
+# Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM;
+# skipped with a reason when it cannot start, an error when HPCLAUNCH_REQUIRE_SLURM=1 as in CI).
+test: lint typecheck
+	$(BIN)/pytest -q --durations=15
+
+unit: venv
+	$(BIN)/pytest -q -m "not slow and not slurm"
+
+cluster: venv
+	$(BIN)/pytest -q -m slurm
+
+# Accept changed golden job scripts after reviewing the diff.
+golden: venv
+	HPCLAUNCH_UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/unit/test_render_golden.py
+
+# Regenerate the config reference in README from the schema.
+docs: venv
+	$(BIN)/python scripts/update_readme_reference.py
+
+DEMO_RUN := runs/tiny-demo
+demo: venv
+	$(BIN)/hpclaunch data synth data/tiny --samples 1024
+	rm -rf $(DEMO_RUN)
+	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=25s --wait || true
+	$(BIN)/hpclaunch status $(DEMO_RUN)
+
+bench: venv
+	$(BIN)/python bench/trainer_overhead.py
+	$(BIN)/python bench/checkpoint_stall.py
+	$(BIN)/python bench/preemption_tax.py
+
+cluster-up:
+	scripts/local-slurm up
+
+cluster-down:
+	scripts/local-slurm down
+
+clean:
+	rm -rf $(VENV) runs data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,145 @@
+"""Bad input: exit code 2, one readable line naming the key, no traceback, nothing written."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GOOD = """\
+name: ok
+scheduler: {kind: slurm, nodes: 2, cpus_per_task: 4}
+train: {global_batch: 8}
+"""
+
+# (id, YAML text or None for GOOD, extra --set overrides, text the error line must contain)
+CASES = [
+    ("malformed-yaml", "name: [unclosed\n", [], "not valid YAML"),
+    ("top-level-list", "- a\n- b\n", [], "top level must be a mapping"),
+    ("unknown-top-key", "nmae: x\n", [], "unknown key 'nmae' (did you mean name?)"),
+    (
+        "unknown-nested-key",
+        None,
+        ["scheduler.nodse=3"],
+        "unknown key 'scheduler.nodse' (did you mean scheduler.nodes?)",
+    ),
+    (
+        "unknown-section-key",
+        "train: {stpes: 3}\n",
+        [],
+        "unknown key 'train.stpes' (did you mean train.steps?)",
+    ),
+    ("wrong-type", None, ["scheduler.nodes=two"], "scheduler.nodes: Input should be a valid integer"),
+    (
+        "zero-nodes",
+        None,
+        ["scheduler.nodes=0"],
+        "scheduler.nodes: Input should be greater than or equal to 1",
+    ),
+    ("negative-cpus", None, ["scheduler.cpus_per_task=-4"], "scheduler.cpus_per_task"),
+    ("negative-lr", None, ["train.lr=-1"], "train.lr: Input should be greater than 0"),
+    (
+        "bad-time-format",
+        None,
+        ["scheduler.time_limit=1h30"],
+        "scheduler.time_limit: '1h30' is not a duration",
+    ),
+    ("time-too-short", None, ["scheduler.time_limit=5s"], "scheduler.time_limit"),
+    (
+        "bad-scheduler-kind",
+        None,
+        ["scheduler.kind=lsf"],
+        "scheduler.kind: Input should be 'local', 'slurm' or 'pbs'",
+    ),
+    ("bad-nccl-preset", None, ["nccl.preset=infiniband"], "nccl.preset"),
+    ("bad-run-name", None, ["name=my run; rm -rf /"], "is not a run name"),
+    ("partition-shell", None, ["scheduler.partition=gpu;reboot"], "scheduler.partition"),
+    (
+        "batch-not-divisible",
+        None,
+        ["train.global_batch=9"],
+        "train.global_batch: 9 is not divisible by the 2 ranks",
+    ),
+    (
+        "lead-longer-than-walltime",
+        None,
+        ["scheduler.time_limit=00:05:00", "launch.stop_lead_s=600"],
+        "launch.stop_lead_s: 600 is not shorter",
+    ),
+    (
+        "pbs-dialect-on-slurm",
+        None,
+        ["scheduler.pbs_dialect=torque"],
+        "scheduler.pbs_dialect: only applies to kind: pbs",
+    ),
+    ("bf16-on-cpu", None, ["train.precision=bf16"], "train.precision: bf16 needs GPUs"),
+    ("nccl-backend-on-cpu", None, ["launch.backend=nccl"], "launch.backend: nccl needs GPUs"),
+    (
+        "procs-over-gpus",
+        None,
+        ["scheduler.gpus_per_node=2", "scheduler.procs_per_node=4", "train.global_batch=16"],
+        "scheduler.procs_per_node: 4 is more than gpus_per_node=2",
+    ),
+    (
+        "bad-env-name",
+        None,
+        ["launch.env={BAD-NAME: x}"],
+        "launch.env: 'BAD-NAME' is not a valid environment variable name",
+    ),
+    ("override-without-equals", None, ["train.lr"], "is not of the form dotted.key=value"),
+    (
+        "warmup-too-long",
+        None,
+        ["train.warmup_steps=500"],
+        "train.warmup_steps: 500 must be smaller than steps=200",
+    ),
+    ("betas-length", None, ["train.betas=[0.9]"], "train.betas: [0.9] must be two values"),
+    ("multiline-setup", None, ['scheduler.setup=["a\\nb"]'], "scheduler.setup: entry 0 spans several lines"),
+]
+
+
+def run_cli(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "HPCLAUNCH_DEBUG"}
+    return subprocess.run(
+        [sys.executable, "-m", "hpclaunch", *args], cwd=cwd, capture_output=True, text=True, env=env
+    )
+
+
+@pytest.mark.parametrize("case_id,text,overrides,expected", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_gives_exit_2_and_one_line(
+    tmp_path: Path, case_id: str, text: str | None, overrides: list[str], expected: str
+) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text(text if text is not None else GOOD)
+    args = ["render", str(config)]
+    for item in overrides:
+        args += ["--set", item]
+    result = run_cli(args, tmp_path)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("hpclaunch: error:"), result.stderr
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in result.stderr
+    assert len(lines) <= 2  # the error line and a hint line
+    assert result.stdout == ""
+    assert not (tmp_path / "runs").exists()  # nothing written
+
+
+def test_debug_variable_shows_the_traceback(tmp_path: Path) -> None:
+    config = tmp_path / "run.yaml"
+    config.write_text("nmae: x\n")
+    env = {**os.environ, "HPCLAUNCH_DEBUG": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "hpclaunch", "render", str(config)], capture_output=True, text=True, env=env
+    )
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    result = run_cli(["render", str(tmp_path / "nope.yaml")], tmp_path)
+    assert result.returncode == 2
+    assert "config file not found" in result.stderr

@@ -1,0 +1,77 @@
+"""Rendered job scripts for the examples, pinned by golden files; `make golden` accepts a change.
+
+Paths that differ between machines (run directory, the job's Python) are fixed by overrides so
+the goldens are byte-stable; everything else is exactly what `hpclaunch render` prints.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.config import load_config
+from hpclaunch.orchestrator.launch import prepare, with_scheduler
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+FIXED = ["launch.python=/opt/venv/bin/python"]
+
+CASES = [
+    ("slurm-8xh100.sbatch", "examples/slurm-8xh100.yaml", None, None, ["run_dir=/runs/mmdit-8xh100"]),
+    ("pbs-pro.pbs", "examples/pbs-pro.yaml", None, None, ["run_dir=/runs/mmdit-pbs"]),
+    ("pbs-torque.pbs", "examples/pbs-pro.yaml", None, "torque", ["run_dir=/runs/mmdit-pbs"]),
+    ("slurm-8xh100-as-pbs.pbs", "examples/slurm-8xh100.yaml", "pbs", None, ["run_dir=/runs/mmdit-8xh100"]),
+    ("tiny.local.sh", "examples/tiny.yaml", None, None, ["run_dir=/runs/tiny"]),
+    ("tiny-as-slurm.sbatch", "examples/tiny.yaml", "slurm", None, ["run_dir=/runs/tiny"]),
+]
+
+
+def render(example: str, scheduler: str | None, dialect: str | None, overrides: list[str]) -> str:
+    cfg = load_config(ROOT / example, [*FIXED, *overrides], base=ROOT)
+    return prepare(with_scheduler(cfg, scheduler, dialect)).rendered.text
+
+
+@pytest.mark.parametrize("golden,example,scheduler,dialect,overrides", CASES, ids=[c[0] for c in CASES])
+def test_rendered_script_matches_golden(
+    golden: str, example: str, scheduler: str | None, dialect: str | None, overrides: list[str]
+) -> None:
+    text = render(example, scheduler, dialect, overrides)
+    path = GOLDEN / golden
+    if os.environ.get("HPCLAUNCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run `make golden` and review it"
+    assert text == path.read_text(), f"{golden} changed; review the diff and run `make golden` to accept it"
+
+
+@pytest.mark.parametrize("golden", [c[0] for c in CASES])
+def test_golden_scripts_are_valid_bash(golden: str) -> None:
+    result = subprocess.run(["bash", "-n", str(GOLDEN / golden)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_number_comes_from_the_plan() -> None:
+    text = render(
+        "examples/slurm-8xh100.yaml",
+        None,
+        None,
+        [
+            "run_dir=/runs/x",
+            "scheduler.nodes=3",
+            "scheduler.cpus_per_task=77",
+            "train.global_batch=48",
+            "train.micro_batch=null",
+        ],
+    )
+    assert "#SBATCH --nodes=3" in text
+    assert "#SBATCH --cpus-per-task=77" in text
+    assert text.count("=3\n") == 1  # the node count is written once; torchrun gets it from the plan
+    pbs = render(
+        "examples/pbs-pro.yaml",
+        None,
+        None,
+        ["run_dir=/runs/x", "scheduler.nodes=3", "train.global_batch=48", "train.micro_batch=null"],
+    )
+    assert "select=3:ncpus=64:ngpus=4:mpiprocs=1" in pbs and "mpiexec -n 3 --ppn 1" in pbs

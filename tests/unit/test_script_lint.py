@@ -1,0 +1,73 @@
+"""The lint that runs on every render refuses or warns with a reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpclaunch.config import load_config
+from hpclaunch.errors import ScriptLintError
+from hpclaunch.orchestrator.launch import prepare
+from hpclaunch.templates.lint import lint_slurm, sbatch_directives
+
+SLURM = ["scheduler.kind=slurm", "run_dir=/runs/x"]
+PBS = ["scheduler.kind=pbs", "run_dir=/runs/x"]
+
+
+def render(overrides: list[str]) -> object:
+    return prepare(load_config(None, overrides))
+
+
+@pytest.mark.parametrize(
+    "directive,match",
+    [
+        ("#SBATCH --nodes=4", "contradicts the generated one"),
+        ("#SBATCH --ntasks-per-node=8", "contradicts"),
+        ("#SBATCH --signal=B:USR1@60", "contradicts"),
+        ("#SBATCH --open-mode=truncate", "contradicts"),
+        ("#SBATCH --no-requeue", "contradicts"),
+        ("#SBATCH -t 10", "contradicts"),
+    ],
+)
+def test_extra_directives_that_contradict_are_refused(directive: str, match: str) -> None:
+    with pytest.raises(ScriptLintError, match=match):
+        render([*SLURM, f"scheduler.extra_directives=['{directive}']"])
+
+
+def test_harmless_extra_directive_is_kept_after_the_generated_ones() -> None:
+    text = render([*SLURM, "scheduler.extra_directives=['#SBATCH --mail-type=END']"]).rendered.text  # type: ignore[attr-defined]
+    keys = [k for k, _, _ in sbatch_directives(text)]
+    assert keys[-1] == "--mail-type" and "--signal" in keys
+
+
+def test_pbs_contradicting_walltime_is_refused() -> None:
+    with pytest.raises(ScriptLintError, match="contradicts"):
+        render([*PBS, "scheduler.extra_directives=['#PBS -l walltime=100:00:00']"])
+
+
+def test_walltime_shorter_than_warning_lead_is_refused() -> None:
+    script = "#!/bin/bash\n#SBATCH --ntasks-per-node=1\n#SBATCH --open-mode=append\n#SBATCH --signal=USR2@120\n#SBATCH --time=1\n"
+    findings = lint_slurm(script, generated_lines=5, time_limit_s=60, stop_lead_s=None, warn_lead_s=120)
+    assert any(f.severity == "error" and "not longer than the stop lead time" in f.message for f in findings)
+
+
+def test_missing_append_and_batch_signal_are_errors() -> None:
+    script = "#!/bin/bash\n#SBATCH --ntasks-per-node=2\n#SBATCH --signal=B:USR1@60\n#SBATCH --time=60\n"
+    messages = [
+        f.message
+        for f in lint_slurm(script, generated_lines=4, time_limit_s=3600, stop_lead_s=None, warn_lead_s=60)
+    ]
+    assert any("one task per node" in m for m in messages)
+    assert any("--open-mode=append is missing" in m for m in messages)
+    assert any("reaches only the batch shell" in m for m in messages)
+
+
+def test_sub_minute_limit_on_slurm_warns_about_rounding() -> None:
+    warnings = render([*SLURM, "scheduler.time_limit=90s", "launch.stop_lead_s=20"]).rendered.warnings  # type: ignore[attr-defined]
+    assert any("whole minutes" in w for w in warnings)
+
+
+def test_multi_node_pbs_starts_one_agent_per_node() -> None:
+    text = render([*PBS, "scheduler.nodes=2", "scheduler.pbs_launcher=pbsdsh"]).rendered.text  # type: ignore[attr-defined]
+    assert "pbsdsh -u --" in text
+    text = render([*PBS, "scheduler.nodes=2"]).rendered.text  # type: ignore[attr-defined]
+    assert "mpiexec -n 2 --ppn 1" in text

@@ -1,0 +1,79 @@
+"""Attempts, causes and goodput from a ledger (pure functions over events)."""
+
+from __future__ import annotations
+
+from hpclaunch.orchestrator.status import attempts_from_events, current_job_id, goodput, run_state
+
+
+def ev(event: str, attempt: str | None = None, **fields: object) -> dict[str, object]:
+    out: dict[str, object] = {"event": event, "ts": 0.0, **fields}
+    if attempt:
+        out["attempt"] = attempt
+    return out
+
+
+LEDGER = [
+    ev("submitted", job_id="7"),
+    ev("started", "7.0", job_id="7", restart_count=0, nodes=1, node=0),
+    ev("resumed", "7.0", step=0, world_size=2),
+    ev("checkpoint_saved", "7.0", step=50),
+    ev("stop_requested", "7.0", cause="timeout"),
+    ev("stopped", "7.0", cause="timeout", step=63),
+    ev("checkpoint_saved", "7.0", step=63),
+    ev("requeued", "7.0", cause="timeout", by="agent"),
+    ev("started", "7.1", job_id="7", restart_count=1, nodes=1, node=0),
+    ev("resumed", "7.1", step=63, world_size=2),
+    ev("stopped", "7.1", cause="preemption", step=120),
+    ev("requeued", "7.1", cause="preemption", by="scheduler"),
+    ev("started", "7.2", job_id="7", restart_count=2, nodes=1, node=0),
+    ev("resumed", "7.2", step=120, world_size=4),
+    ev("finished", "7.2", step=200),
+]
+
+
+def test_attempts_keep_their_causes() -> None:
+    attempts = attempts_from_events(LEDGER)
+    assert [(a.attempt, a.end, a.cause) for a in attempts] == [
+        ("7.0", "requeued", "timeout"),
+        ("7.1", "requeued", "preemption"),
+        ("7.2", "finished", None),
+    ]
+    assert [(a.resumed_step, a.last_step) for a in attempts] == [(0, 63), (63, 120), (120, 200)]
+    assert attempts[2].world_size == 4
+
+
+def test_exact_resume_has_full_goodput() -> None:
+    gp = goodput(attempts_from_events(LEDGER))
+    assert (gp.useful_steps, gp.computed_steps, gp.repeated_steps, gp.lost_steps, gp.ratio) == (
+        200,
+        200,
+        0,
+        0,
+        1.0,
+    )
+
+
+def test_resume_from_an_older_checkpoint_repeats_steps() -> None:
+    events = [
+        ev("started", "1.0", node=0),
+        ev("resumed", "1.0", step=0),
+        ev("checkpoint_saved", "1.0", step=50),
+        ev("failed", "1.0", cause="crash"),
+        ev("started", "1.1", node=0),
+        ev("resumed", "1.1", step=50),
+        ev("finished", "1.1", step=100),
+    ]
+    # The crashed attempt is only known to have reached its checkpoint; a stop at 63 would show 13 repeated.
+    events.insert(3, ev("stopped", "1.0", step=63, cause="user"))
+    gp = goodput(attempts_from_events(events))
+    assert gp.repeated_steps == 13 and gp.computed_steps == 113 and gp.lost_steps == 0
+    assert gp.ratio == round(100 / 113, 4)
+
+
+def test_run_state_and_current_job() -> None:
+    attempts = attempts_from_events(LEDGER)
+    assert run_state(attempts, LEDGER, "completed") == "finished"
+    assert run_state(attempts[:1], LEDGER, "running") == "requeued"
+    pbs = [ev("submitted", job_id="10"), ev("requeued", "10.0", job_id="11", cause="timeout")]
+    assert current_job_id(pbs) == "11"
+    assert run_state([], [ev("submitted", job_id="1")], "pending") == "pending"
