@@ -135,8 +135,15 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
 
     roots = _sweep_points(paths) or [paths.root]
     while True:
-        states = [_status_dict(RunPaths(r))["state"] for r in roots]
-        if all(s not in ("pending", "running", "requeued") for s in states):
+        views = [_status_dict(RunPaths(r)) for r in roots]
+        states = [v["state"] for v in views]
+        # Done when no run is mid-flight by our ledger AND the scheduler holds no active job for it
+        # (between a trainer's stop and the agent's requeue decision the ledger alone says "stopped").
+        busy = any(
+            s in ("pending", "running", "requeued") or (v.get("scheduler") or {}).get("state") in ("pending", "running", "requeued")
+            for s, v in zip(states, views, strict=True)
+        )
+        if not busy:
             break
         time.sleep(poll_s)
     for r in roots:

@@ -345,12 +345,17 @@ class NodeAgent:
         return self._continue("crash", budget=self.plan.max_failure_retries, counted=("crash",), error=error)
 
     def _refine_cause(self, cause: str) -> str:
-        """On SLURM a SIGTERM may be a cancellation (scancel) rather than a preemption."""
-        if cause != "preemption" or self.ctx.scheduler != "slurm":
-            return cause
-        from ..orchestrator.schedulers.slurm import termination_cause
+        """A SIGTERM may have been a cancellation (scancel, `hpclaunch cancel`): never requeue that."""
+        if self.stop_cause == StopCause.NONE and cause == "user":
+            return cause  # a `hpclaunch stop` through the control file, no signal involved
+        if any(e.get("event") == runs.CANCELLED for e in self._events_since_start()):
+            return "cancelled"
+        return get_scheduler(self.ctx.scheduler).termination_cause(self.paths, self.ctx) or cause
 
-        return termination_cause(self.ctx.job_id) or cause
+    def _events_since_start(self) -> list[dict[str, Any]]:
+        events = self.ledger.events()
+        starts = [i for i, e in enumerate(events) if e.get("event") == runs.STARTED and e.get("attempt") == self.attempt]
+        return events[starts[0] :] if starts else events
 
     def _continue(
         self, cause: str, *, budget: int, counted: tuple[str, ...], error: str | None = None

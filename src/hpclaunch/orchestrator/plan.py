@@ -139,7 +139,7 @@ def warn_lead_seconds(cfg: RunConfig) -> int:
     """How long before the end the scheduler warns (SLURM --signal). At least the stop lead time."""
     if cfg.launch.stop_lead_s is not None:
         return cfg.launch.stop_lead_s
-    return int(min(300, max(30, cfg.scheduler.time_limit_s // 5)))
+    return int(min(300, max(5, cfg.scheduler.time_limit_s // 5)))
 
 
 def default_threads(cfg: RunConfig) -> int:

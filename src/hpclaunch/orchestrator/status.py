@@ -121,6 +121,8 @@ def run_state(attempts: list[Attempt], events: list[dict[str, Any]], scheduler_s
             return "cancelled"
         return "pending" if any(e.get("event") == runs.SUBMITTED for e in events) else "unknown"
     last = attempts[-1]
+    if _cancelled_after(events, last):
+        return "cancelled"
     if last.end == "running":
         if scheduler_state in ("running", None):
             return "running"
@@ -132,6 +134,12 @@ def run_state(attempts: list[Attempt], events: list[dict[str, Any]], scheduler_s
     if last.end == "requeued":
         return "requeued"
     return last.end
+
+
+def _cancelled_after(events: list[dict[str, Any]], last: Attempt) -> bool:
+    """`hpclaunch cancel` writes an event outside any attempt: it ends the run."""
+    start = last.started or 0
+    return any(e.get("event") == runs.CANCELLED and (e.get("ts") or 0) >= start for e in events)
 
 
 def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:

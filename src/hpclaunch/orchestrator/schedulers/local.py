@@ -105,6 +105,9 @@ class LocalScheduler:
             raise SchedulerError(f"local job {job_id} is not running", where="cancel")
         os.kill(pid, signal.SIGTERM)
 
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
+        return "cancelled" if read_state(paths.scheduler_dir).get("state") == "cancelling" else None
+
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
         # The agent asks by exiting with LOCAL_REQUEUE_EXIT; the controller restarts the attempt.
         return ctx.job_id
@@ -112,6 +115,7 @@ class LocalScheduler:
 
 _STATES = {
     "running": JobState.RUNNING,
+    "cancelling": JobState.RUNNING,
     "requeued": JobState.REQUEUED,
     "completed": JobState.COMPLETED,
     "failed": JobState.FAILED,
@@ -203,9 +207,12 @@ class Controller:
         while self.proc.poll() is None:
             now = self.clock()
             if self.cancelled and not terminated:
+                # Like scancel: TERM now, KILL after the kill wait. The state file says why, so
+                # the agent does not mistake it for a preemption and ask for another attempt.
+                self._state("cancelling", restart_count=restart)
                 self._signal_agent(signal.SIGTERM)
-                terminated, end = True, now  # kill wait starts now
-            if not warned and now >= end - self.plan.warn_lead_s:
+                terminated, end = True, now
+            if not warned and not terminated and now >= end - self.plan.warn_lead_s:
                 self._signal_agent(signal.SIGUSR2)
                 warned = True
             if not terminated and now >= end:

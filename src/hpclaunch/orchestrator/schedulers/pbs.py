@@ -135,6 +135,10 @@ class PbsScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["qdel", job_id], what="qdel")
 
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
+        # qdel and a preemption both arrive as SIGTERM; `hpclaunch cancel` records its own event.
+        return None
+
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
         """Submit the continuation: the same run's script, starting once this job has ended."""
         script = paths.root / SCRIPT_NAME

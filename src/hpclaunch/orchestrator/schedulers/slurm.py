@@ -232,6 +232,9 @@ class SlurmScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["scancel", job_id], what="scancel")
 
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
+        return termination_cause(ctx.job_id)
+
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
         """Requeue this very job (same id; SLURM_RESTART_COUNT grows). Arrays requeue their task."""
         _run(["scontrol", "requeue", ctx.job_id], what="scontrol requeue")
