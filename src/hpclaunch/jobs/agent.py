@@ -350,11 +350,15 @@ class NodeAgent:
             return cause  # a `hpclaunch stop` through the control file, no signal involved
         if any(e.get("event") == runs.CANCELLED for e in self._events_since_start()):
             return "cancelled"
-        return get_scheduler(self.ctx.scheduler).termination_cause(self.paths, self.ctx) or cause
+        return get_scheduler(self.ctx.scheduler).termination_cause(self.paths, self.ctx, cause) or cause
 
     def _events_since_start(self) -> list[dict[str, Any]]:
         events = self.ledger.events()
-        starts = [i for i, e in enumerate(events) if e.get("event") == runs.STARTED and e.get("attempt") == self.attempt]
+        starts = [
+            i
+            for i, e in enumerate(events)
+            if e.get("event") == runs.STARTED and e.get("attempt") == self.attempt
+        ]
         return events[starts[0] :] if starts else events
 
     def _continue(

@@ -67,8 +67,8 @@ class Scheduler(Protocol):
 
     def cancel(self, paths: RunPaths, job_id: str) -> None: ...
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
-        """'cancelled' when the SIGTERM this job got was a cancellation, else None."""
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
+        """'cancelled' when the stop (``cause`` as the agent saw it) was a cancellation, else None."""
         ...
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str: ...

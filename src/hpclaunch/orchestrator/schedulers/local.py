@@ -105,7 +105,7 @@ class LocalScheduler:
             raise SchedulerError(f"local job {job_id} is not running", where="cancel")
         os.kill(pid, signal.SIGTERM)
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
         return "cancelled" if read_state(paths.scheduler_dir).get("state") == "cancelling" else None
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:

@@ -135,7 +135,7 @@ class PbsScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["qdel", job_id], what="qdel")
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
         # qdel and a preemption both arrive as SIGTERM; `hpclaunch cancel` records its own event.
         return None
 

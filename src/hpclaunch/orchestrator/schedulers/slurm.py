@@ -232,8 +232,9 @@ class SlurmScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["scancel", job_id], what="scancel")
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext) -> str | None:
-        return termination_cause(ctx.job_id)
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
+        # After a warning, a SIGTERM is the time limit itself; only an unannounced one is ambiguous.
+        return termination_cause(ctx.job_id, ctx.restart_count) if cause == "preemption" else None
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
         """Requeue this very job (same id; SLURM_RESTART_COUNT grows). Arrays requeue their task."""
@@ -337,10 +338,19 @@ def job_end_time(job_id: str) -> float | None:
         return None
 
 
-def termination_cause(job_id: str) -> str | None:
-    """'cancelled' when the SIGTERM we got came from scancel; None when it was a requeue/preemption."""
-    state = show_job(job_id).get("JobState", "")
-    return "cancelled" if state.startswith("CANCELLED") else None
+def termination_cause(job_id: str, restart_count: int) -> str | None:
+    """'cancelled' when a SIGTERM (without a prior warning) came from scancel; None for a requeue.
+
+    Both show JobState=COMPLETING while the job's processes are killed (measured on Slurm 22.05),
+    but a requeue has already raised ``Restarts`` past this attempt's restart count.
+    """
+    job = show_job(job_id)
+    if not job:
+        return None
+    if int(job.get("Restarts", "0") or 0) > restart_count:
+        return None
+    state = job.get("JobState", "")
+    return "cancelled" if state.startswith(("CANCELLED", "COMPLETING")) else None
 
 
 def requeue_excluding(job_id: str, nodes: list[str]) -> None:
