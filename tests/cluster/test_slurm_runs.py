@@ -1,0 +1,146 @@
+"""Real clusters end to end, on the real local SLURM (and Slurm's Torque qsub for PBS).
+
+Each test submits through the real `hpclaunch` CLI and checks the ledger, `status --json` and the
+trainer's final parameter hash against an uninterrupted `hpclaunch train` of the same config.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    status,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# Long enough that a 1-minute SLURM limit cannot hold it: the run must be stopped and continued.
+LONG = ("train.steps=360", "train.step_sleep_s=0.1", "train.log_every=20", "checkpoint.every_steps=100", "launch.stop_margin_s=4")
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cluster-runs")
+
+
+@pytest.fixture(scope="module")
+def data(work: Path) -> Path:
+    return synth_data(work / "data")
+
+
+@pytest.fixture(scope="module")
+def reference_sha(work: Path, data: Path) -> str:
+    """The same run, uninterrupted, in the foreground (no sleep: the math does not change)."""
+    overrides = tiny_overrides(work, data, "reference", *LONG[:1], "train.step_sleep_s=0", *LONG[2:])
+    hpclaunch("train", str(TINY), *overrides, cwd=work, timeout=600)
+    return final_params_sha(work / "runs" / "reference")
+
+
+def _submit(work: Path, data: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> Path:
+    hpclaunch("submit", str(TINY), *tiny_overrides(work, data, name, *extra), "--no-preflight", cwd=work, env=env)
+    return work / "runs" / name
+
+
+def _attempt_causes(s: dict[str, Any]) -> list[tuple[str, str | None]]:
+    return [(a["end"], a["cause"]) for a in s["attempts"]]
+
+
+def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+    run = _submit(work, data, "timeout", "scheduler.kind=slurm", "scheduler.time_limit=00:01:00", *LONG)
+    s = wait_run_done(run, work, timeout=480)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    causes = _attempt_causes(s)
+    assert len(causes) >= 2 and all(c == ("requeued", "timeout") for c in causes[:-1]), causes
+    assert causes[-1][0] == "finished"
+    job_ids = {a["job_id"] for a in s["attempts"]}
+    assert len(job_ids) == 1  # the same SLURM job came back (scontrol requeue), restart counts grow
+    assert [a["restart_count"] for a in s["attempts"]] == list(range(len(causes)))
+    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert final_params_sha(run) == reference_sha
+    # logs survive restarts: one log per node per attempt
+    assert len(list((run / "logs").glob("attempt-*/node0.log"))) == len(causes)
+
+
+def test_scontrol_requeue_is_a_preemption_with_nothing_lost(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+    run = _submit(work, data, "preempt", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
+    job_id = wait_for(lambda: next((e["job_id"] for e in events(run) if e["event"] == "submitted"), None), timeout=30, what="submission")
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" for e in events(run)), timeout=120, what="first checkpoint")
+    slurm_cluster.run("scontrol", "requeue", str(job_id))
+    s = wait_run_done(run, work, timeout=480)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert _attempt_causes(s)[0] == ("requeued", "preemption")
+    stopped = [e for e in events(run) if e["event"] == "stopped"]
+    assert stopped and stopped[0]["cause"] == "preemption"  # every rank saved within the kill wait
+    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert final_params_sha(run) == reference_sha
+
+
+def test_pbs_run_continues_through_a_continuation_job(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+    run = _submit(work, data, "pbs", "scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG)
+    s = wait_run_done(run, work, timeout=480)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    causes = _attempt_causes(s)
+    assert len(causes) >= 2 and causes[0] == ("requeued", "timeout"), causes
+    job_ids = [a["job_id"] for a in s["attempts"]]
+    assert len(set(job_ids)) == len(job_ids)  # each continuation is its own PBS job
+    requeues = [e for e in events(run) if e["event"] == "requeued"]
+    assert all(e.get("job_id") for e in requeues)  # qsub -W depend=afterany:... answered a job id
+    assert final_params_sha(run) == reference_sha
+
+
+def test_sweep_is_one_array_and_every_point_finishes(slurm_cluster: SlurmCluster, work: Path, data: Path) -> None:
+    overrides = tiny_overrides(work, data, "sweep", "scheduler.kind=slurm", "train.steps=25", "train.warmup_steps=5")
+    hpclaunch("submit", str(TINY), *overrides, "--sweep", "train.lr=1e-3,5e-4", "--no-preflight", cwd=work)
+    root = work / "runs" / "sweep"
+    sweep = json.loads((root / "sweep.json").read_text())
+    assert len(sweep["points"]) == 2 and "," not in sweep["job_id"]  # one array job
+    for point in sweep["points"]:
+        s = wait_run_done(Path(point["run_dir"]), work, timeout=300)
+        assert s["state"] == "finished", s
+    info = slurm_cluster.job_info(f"{sweep['job_id']}_0")
+    assert info.get("ArrayJobId") == sweep["job_id"]
+    table = json.loads(hpclaunch("status", str(root), "--json", cwd=work).stdout)
+    assert [Path(p["run"]).name for p in table["points"]] == [p["name"] for p in sweep["points"]]
+
+
+def test_scancel_is_cancelled_not_failed_nor_requeued(slurm_cluster: SlurmCluster, work: Path, data: Path) -> None:
+    run = _submit(work, data, "cancel", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
+    job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
+    wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
+    slurm_cluster.run("scancel", str(job_id))
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "cancelled", json.dumps(s, indent=1)[-3000:]
+    assert not any(e["event"] == "requeued" for e in events(run))
+    assert not any(e["event"] == "failed" for e in events(run))
+
+
+def test_two_node_job_trains_with_world_size_four(slurm_cluster_2nodes: SlurmCluster, work: Path, data: Path) -> None:
+    run = _submit(
+        work, data, "twonode", "scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.procs_per_node=2",
+        "train.global_batch=16", "train.micro_batch=2", "train.steps=25", "train.warmup_steps=5",
+    )
+    s = wait_run_done(run, work, timeout=300)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    started = [e for e in events(run) if e["event"] == "started"]
+    assert sorted(e["node"] for e in started) == [0, 1]
+    assert {tuple(e["hosts"]) for e in started} == {("n1", "n2")}
+    resumed = next(e for e in events(run) if e["event"] == "resumed")
+    assert resumed["world_size"] == 4
+    log = (run / "logs").glob("attempt-*/node0.log")
+    text = next(log).read_text()
+    assert "--rdzv-endpoint=10.200.0.11:" in text  # the head's NodeAddr, never localhost

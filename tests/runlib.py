@@ -1,0 +1,90 @@
+"""Helpers for tests that run whole hpclaunch runs through the real CLI (subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny.yaml"
+
+
+def hpclaunch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("HPCLAUNCH_DEBUG", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "hpclaunch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"hpclaunch {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+    return result
+
+
+def synth_data(directory: Path, samples: int = 512) -> Path:
+    if not (directory / "tokens").exists():
+        hpclaunch("data", "synth", str(directory), "--samples", str(samples), "--seed", "0", cwd=directory.parent)
+    return directory
+
+
+def sets(*overrides: str) -> list[str]:
+    out: list[str] = []
+    for item in overrides:
+        out += ["--set", item]
+    return out
+
+
+def tiny_overrides(work: Path, data: Path, name: str, *extra: str) -> list[str]:
+    return sets(
+        f"name={name}",
+        f"run_dir={work / 'runs' / name}",
+        f"data.token_dir={data / 'tokens'}",
+        f"data.latent_dir={data / 'latents'}",
+        *extra,
+    )
+
+
+def status(run: Path, cwd: Path) -> dict[str, Any]:
+    return json.loads(hpclaunch("status", str(run), "--json", cwd=cwd).stdout)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    path = run / "events.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate: Any, *, timeout: float, poll: float = 0.5, what: str = "condition") -> Any:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def wait_run_done(run: Path, cwd: Path, timeout: float) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        s = status(run, cwd)
+        sched = (s.get("scheduler") or {}).get("state")
+        if s["state"] not in ("pending", "running", "requeued") and sched not in ("pending", "running", "requeued"):
+            return s
+        return None
+
+    result: dict[str, Any] = wait_for(done, timeout=timeout, poll=2.0, what=f"run {run.name} to end")
+    return result
+
+
+def final_params_sha(run: Path) -> str:
+    """The parameter hash the trainer wrote in the outcome of the attempt that finished."""
+    for path in sorted((run / "attempts").glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+        data = json.loads(path.read_text())
+        if data.get("status") == "finished":
+            return str(data["params_sha256"])
+    raise AssertionError(f"no finished attempt in {run}")
