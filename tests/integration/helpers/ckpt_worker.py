@@ -1,0 +1,213 @@
+"""torchrun worker for the checkpoint integration tests (gloo, CPU).
+
+Usage: torchrun --standalone --nproc-per-node=N ckpt_worker.py MODE RUN_DIR
+       python ckpt_worker.py MODE RUN_DIR      (one process, torch.distributed not initialized)
+
+Modes:
+  roundtrip  uninterrupted run vs. run saved at step K (async, live tensors mutated right after
+             the save returns) and resumed into freshly built objects: must match bitwise.
+  crash      blocking save of step 10, then an async save of step 20 during which the test hook
+             HPCLAUNCH_TEST_CKPT_KILL (set by the test) SIGKILLs one rank.
+  resume     load_latest into fresh state and report what was loaded.
+
+Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from hpclaunch.orchestrator.runs import Ledger
+from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, RANK_LOCAL, Checkpointer, rank_local_key
+
+K = 4  # save after K steps, then K more
+
+
+def main() -> None:
+    mode, run_dir = sys.argv[1], Path(sys.argv[2])
+    distributed = "RANK" in os.environ  # started by torchrun
+    if distributed:
+        dist.init_process_group("gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s: %(message)s")
+    result = {"roundtrip": roundtrip, "crash": crash, "resume": resume}[mode](run_dir, rank, world)
+    (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
+    if distributed:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
+    return Checkpointer(
+        run_dir / "checkpoints",
+        rank=rank,
+        world_size=world,
+        config_hash="cfg",
+        model_hash="toy-v1",
+        keep_last=3,
+        ledger=Ledger(run_dir / "events.jsonl") if rank == 0 else None,
+    )
+
+
+# ---- roundtrip ----------------------------------------------------------------------------------
+
+
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def build(rank: int, init_seed: int) -> tuple[DDP, torch.optim.Optimizer]:
+    torch.manual_seed(init_seed)  # same init on every rank (DDP broadcasts rank 0's anyway)
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 4))
+    model = DDP(net)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    return model, opt
+
+
+def train_step(model: DDP, opt: torch.optim.Optimizer) -> None:
+    # Draws from the torch RNG (data, dropout) and Python's random: both must be restored.
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    loss = ((model(x) - y) ** 2).mean() * (1.0 + random.random())
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+
+def build_state(model: DDP, opt: torch.optim.Optimizer, step: int, rank: int) -> dict[str, Any]:
+    model_sd, optim_sd = get_state_dict(model, opt)
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        "progress": {"step": torch.tensor(step), "samples": torch.tensor(step * 8)},
+        RANK_LOCAL: {
+            rank_local_key(rank): {
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            }
+        },
+    }
+
+
+def snapshot(model: DDP, opt: torch.optim.Optimizer) -> dict[str, torch.Tensor]:
+    model_sd, optim_sd = get_state_dict(model, opt)
+    out = {f"model.{k}": v.detach().clone() for k, v in model_sd.items()}
+    for fqn, per_param in optim_sd["state"].items():
+        for name, value in per_param.items():
+            out[f"optim.{fqn}.{name}"] = torch.as_tensor(value).clone()
+    return out
+
+
+def bitwise_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> list[str]:
+    assert a.keys() == b.keys(), (sorted(a), sorted(b))
+    return [k for k in a if not torch.equal(a[k], b[k])]
+
+
+def roundtrip(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    # A: uninterrupted, 2K steps.
+    seed_all(100 + rank)
+    model, opt = build(rank, init_seed=0)
+    for _ in range(2 * K):
+        train_step(model, opt)
+    reference = snapshot(model, opt)
+
+    # B: same start, K steps, async save; the writer waits so that the in-place updates of the
+    # following steps happen before it writes: staging must have copied.
+    seed_all(100 + rank)
+    model, opt = build(rank, init_seed=0)
+    for _ in range(K):
+        train_step(model, opt)
+    at_save = snapshot(model, opt)
+    ckpt = checkpointer(run_dir, rank, world)
+    os.environ[ENV_DELAY_WRITE] = "1.0"
+    ckpt.save(K, build_state(model, opt, K, rank), blocking=False, extra={"samples_consumed": K * 8})
+    stall = ckpt.last_stall_seconds
+    for _ in range(K):
+        train_step(model, opt)  # mutates the live parameters and Adam moments in place
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1000.0)
+    ckpt.wait()
+    del os.environ[ENV_DELAY_WRITE]
+    save_seconds = ckpt.last_save_seconds
+    ckpt.close()
+
+    # C: fresh objects, different init and RNG; load step K, continue K steps.
+    seed_all(999 + rank)
+    model, opt = build(rank, init_seed=12345)
+    ckpt = checkpointer(run_dir, rank, world)
+    state = build_state(model, opt, 0, rank)
+    loaded = ckpt.load_latest(state)
+    assert loaded is not None
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    mine = state[RANK_LOCAL][rank_local_key(rank)]
+    torch.set_rng_state(mine["torch_rng"])
+    random.setstate(mine["python_rng"])
+    after_load = snapshot(model, opt)
+    for _ in range(K):
+        train_step(model, opt)
+    ckpt.close()
+    return {
+        "loaded_step": loaded.info.step,
+        "progress_step": int(state["progress"]["step"]),
+        "samples": int(state["progress"]["samples"]),
+        "manifest_extra": loaded.info.manifest["extra"],
+        "staged_mismatch": bitwise_equal(at_save, after_load),
+        "final_mismatch": bitwise_equal(reference, snapshot(model, opt)),
+        "stall_s": stall,
+        "save_s": save_seconds,
+    }
+
+
+# ---- crash / resume -----------------------------------------------------------------------------
+
+
+def big_state(rank: int, step: int) -> dict[str, Any]:
+    # ~8 MB shared + 2 MB per rank, values a function of the step so a load can be checked.
+    return {
+        "model": {"w": torch.full((2_000_000,), float(step)), "b": torch.arange(10.0) + step},
+        "progress": {"step": torch.tensor(step)},
+        RANK_LOCAL: {rank_local_key(rank): {"buf": torch.full((500_000,), float(step * 100 + rank))}},
+    }
+
+
+def crash(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    ckpt = checkpointer(run_dir, rank, world)
+    ckpt.save(10, big_state(rank, 10), blocking=True)
+    ckpt.save(20, big_state(rank, 20), blocking=False)  # the kill hook fires in here
+    ckpt.wait()
+    return {"survived": True}  # not reached when the hook works
+
+
+def resume(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    ckpt = checkpointer(run_dir, rank, world)
+    state = big_state(rank, -1)
+    loaded = ckpt.load_latest(state)
+    ckpt.close()
+    if loaded is None:
+        return {"loaded_step": None}
+    local = state[RANK_LOCAL][rank_local_key(rank)]["buf"]
+    return {
+        "loaded_step": loaded.info.step,
+        "skipped": [[str(p), reason] for p, reason in loaded.skipped],
+        "ranks_without_rank_local": loaded.ranks_without_rank_local,
+        "model_ok": bool((state["model"]["w"] == 10.0).all()),
+        "progress_step": int(state["progress"]["step"]),
+        "rank_local_value": float(local[0]),
+    }
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Checkpointer in one process (torch.distributed not initialized): save, publish, load, retain."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hpclaunch.errors import CheckpointError
+from hpclaunch.orchestrator.runs import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger
+from hpclaunch.trainer import checkpoint as ckpt_mod
+from hpclaunch.trainer.checkpoint import (
+    ENV_DELAY_WRITE,
+    MANIFEST_NAME,
+    RANK_LOCAL,
+    Checkpointer,
+    file_digest,
+    rank_local_key,
+    step_dir_name,
+)
+
+
+def make(tmp_path: Path, **kw: Any) -> Checkpointer:
+    args: dict[str, Any] = {
+        "rank": 0,
+        "world_size": 1,
+        "config_hash": "cfg",
+        "model_hash": "model-a",
+        "keep_last": 10,
+        "ledger": Ledger(tmp_path / "events.jsonl"),
+    }
+    args.update(kw)
+    return Checkpointer(tmp_path / "ckpt", **args)
+
+
+def state_at(step: int) -> dict[str, Any]:
+    return {
+        "model": {"w": torch.full((64, 64), float(step)), "h": torch.arange(5, dtype=torch.bfloat16)},
+        "progress": {"step": torch.tensor(step), "samples": step * 10, "tag": f"s{step}"},
+        "sched": {"last_epoch": step, "base_lrs": [0.1, 0.2], "betas": (0.9, 0.99), "none": None},
+        RANK_LOCAL: {rank_local_key(0): {"torch_rng": torch.get_rng_state(), "py": random.getstate()}},
+    }
+
+
+def blank() -> dict[str, Any]:
+    return {
+        "model": {"w": torch.zeros(64, 64), "h": torch.zeros(5, dtype=torch.bfloat16)},
+        "progress": {"step": torch.tensor(-1), "samples": 0, "tag": ""},
+        "sched": {"last_epoch": 0, "base_lrs": [], "betas": (0.0, 0.0), "none": 1},
+        RANK_LOCAL: {rank_local_key(0): {"torch_rng": torch.zeros(5056, dtype=torch.uint8), "py": None}},
+    }
+
+
+def events(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    return [e for e in Ledger(tmp_path / "events.jsonl").events() if e["event"] == name]
+
+
+def test_blocking_save_publishes_a_complete_directory_and_loads_back_exactly(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    saved = state_at(12)
+    ck.save(12, saved, blocking=True, extra={"samples_consumed": 120})
+    path = tmp_path / "ckpt" / "step_000012"
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000012"]  # no tmp dirs
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    on_disk = {p.name for p in path.iterdir()} - {MANIFEST_NAME}
+    assert set(manifest["files"]) == on_disk and ".metadata" in on_disk
+    for name, entry in manifest["files"].items():
+        assert file_digest(path / name) == (entry["bytes"], entry["sha256"])
+    assert manifest["extra"] == {"samples_consumed": 120}
+    assert manifest["torch_version"] == torch.__version__
+
+    into = blank()
+    result = make(tmp_path).load_latest(into)
+    assert result is not None and result.info.step == 12 and result.skipped == []
+    assert torch.equal(into["model"]["w"], saved["model"]["w"])
+    assert torch.equal(into["model"]["h"], saved["model"]["h"])
+    assert into["progress"] == {"step": torch.tensor(12), "samples": 120, "tag": "s12"}
+    assert into["sched"] == saved["sched"]
+    local = into[RANK_LOCAL][rank_local_key(0)]
+    assert torch.equal(local["torch_rng"], saved[RANK_LOCAL]["rank0"]["torch_rng"])
+    assert local["py"] == saved[RANK_LOCAL]["rank0"]["py"]
+    random.setstate(local["py"])  # the Python RNG state survives weights_only loading
+
+    (saved_event,) = events(tmp_path, CHECKPOINT_SAVED)
+    assert saved_event["step"] == 12 and saved_event["blocking"] is True
+    assert saved_event["bytes"] == manifest["total_bytes"] and saved_event["seconds"] >= 0
+    assert saved_event["stall_s"] + 0.001 >= saved_event["seconds"]  # blocking: stall covers it
+    assert ck.last_save_seconds is not None and ck.last_stall_seconds is not None
+
+
+def test_async_save_stages_a_copy_and_returns_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_DELAY_WRITE, "0.5")  # the writer starts after the mutation below
+    ck = make(tmp_path)
+    live = state_at(5)
+    ck.save(5, live, blocking=False)
+    live["model"]["w"].add_(100.0)  # in place, as an optimizer step would
+    live["progress"]["step"].fill_(99)
+    assert ck.last_stall_seconds is not None and ck.last_stall_seconds < 0.5
+    assert not (tmp_path / "ckpt" / "step_000005").exists()  # not published yet
+    ck.wait()
+    assert ck.last_save_seconds is not None and ck.last_save_seconds >= 0.5
+    into = blank()
+    assert make(tmp_path).load_latest(into) is not None
+    assert torch.equal(into["model"]["w"], torch.full((64, 64), 5.0))
+    assert int(into["progress"]["step"]) == 5
+    (event,) = events(tmp_path, CHECKPOINT_SAVED)
+    assert event["blocking"] is False and event["stall_s"] < 0.5 <= event["seconds"]
+
+
+def test_next_save_waits_for_the_previous_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(ENV_DELAY_WRITE, "0.3")
+    ck = make(tmp_path)
+    ck.save(1, state_at(1), blocking=False)
+    monkeypatch.delenv(ENV_DELAY_WRITE)
+    ck.save(2, state_at(2), blocking=False)  # first waits for step 1 to be published
+    assert (tmp_path / "ckpt" / "step_000001" / MANIFEST_NAME).exists()
+    assert ck.last_stall_seconds is not None and ck.last_stall_seconds > 0.2
+    ck.close()
+    assert [i.step for i in ck.list_valid()] == [1, 2]
+
+
+def test_saving_an_already_published_step_is_skipped(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    ck.save(3, state_at(3), blocking=False)
+    ck.save(3, state_at(333), blocking=True)  # the stop save right after a periodic one
+    into = blank()
+    assert make(tmp_path).load_latest(into) is not None
+    assert float(into["model"]["w"][0, 0]) == 3.0
+    assert len(events(tmp_path, CHECKPOINT_SAVED)) == 1
+
+
+def test_a_published_directory_without_manifest_is_replaced_atomically(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    stale = tmp_path / "ckpt" / step_dir_name(4)
+    stale.mkdir(parents=True)
+    (stale / "junk").write_text("not a checkpoint")
+    ck.save(4, state_at(4), blocking=True)
+    assert not (stale / "junk").exists() and (stale / MANIFEST_NAME).exists()
+    assert sorted(p.name for p in stale.parent.iterdir()) == ["step_000004"]
+
+
+def test_retention_keeps_last_k_and_every_nth(tmp_path: Path) -> None:
+    ck = make(tmp_path, keep_last=2, keep_every=3)
+    for step in range(1, 8):
+        ck.save(step, state_at(step), blocking=False)
+    ck.close()
+    remaining = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert remaining == ["step_000003", "step_000006", "step_000007"]
+
+
+def test_retention_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> None:
+    ck = make(tmp_path, keep_last=1)
+    ck.save(100, state_at(100), blocking=True)
+    ck.save(50, state_at(50), blocking=True)  # older step number, still just written
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000050", "step_000100"]
+
+
+def test_background_error_surfaces_on_wait_and_the_next_save_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ck = make(tmp_path)
+
+    def disk_full(path: Path, obj: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(ckpt_mod, "atomic_write_json", disk_full)
+    ck.save(1, state_at(1), blocking=False)
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        ck.wait()
+    monkeypatch.undo()
+    ck.save(2, state_at(2), blocking=True)
+    assert [i.step for i in ck.list_valid()] == [2]
+    ck.close()
+
+
+def test_extra_must_be_json(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not JSON-serializable"):
+        make(tmp_path).save(1, state_at(1), blocking=True, extra={"x": object()})
+
+
+def test_load_skips_truncated_and_altered_checkpoints_and_reports_them(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    for step in (10, 20, 30):
+        ck.save(step, state_at(step), blocking=True)
+    data30 = tmp_path / "ckpt" / "step_000030" / "__0_0.distcp"
+    data30.write_bytes(data30.read_bytes()[:-100])  # truncated
+    data20 = tmp_path / "ckpt" / "step_000020" / "__0_0.distcp"
+    raw = bytearray(data20.read_bytes())
+    raw[-10] ^= 0xFF  # altered in place, same size
+    data20.write_bytes(bytes(raw))
+
+    into = blank()
+    result = make(tmp_path).load_latest(into)
+    assert result is not None and result.info.step == 10
+    assert float(into["model"]["w"][0, 0]) == 10.0
+    size = data30.stat().st_size
+    assert [(p.name, reason) for p, reason in result.skipped] == [
+        ("step_000030", f"file __0_0.distcp is {size} bytes, manifest says {size + 100} (truncated?)"),
+        ("step_000020", "sha256 mismatch in __0_0.distcp (altered after it was written)"),
+    ]
+    reported = events(tmp_path, CHECKPOINT_INVALID)
+    assert [Path(e["path"]).name for e in reported] == ["step_000030", "step_000020"]
+    assert reported[0]["reason"] == result.skipped[0][1]
+
+
+def test_leftover_temporary_directories_are_reported_once_and_removed(tmp_path: Path) -> None:
+    ck = make(tmp_path)
+    ck.save(1, state_at(1), blocking=True)
+    (tmp_path / "ckpt" / ".step_000002.tmp-0123abcd").mkdir()
+    (tmp_path / "ckpt" / ".step_000002.tmp-0123abcd" / "__0_0.distcp").write_bytes(b"partial")
+    (tmp_path / "ckpt" / ".step_000000.del-00ff").mkdir()
+
+    result = make(tmp_path).load_latest(blank())
+    assert result is not None and result.info.step == 1
+    ((path, reason),) = result.skipped
+    assert path.name == ".step_000002.tmp-0123abcd" and "never published" in reason
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000001"]
+    second = make(tmp_path).load_latest(blank())
+    assert second is not None and second.skipped == []
+    assert len(events(tmp_path, CHECKPOINT_INVALID)) == 1
+
+
+def test_no_checkpoint_means_none(tmp_path: Path) -> None:
+    assert make(tmp_path).load_latest(blank()) is None
+
+
+def test_a_different_model_shape_is_refused_in_one_line(tmp_path: Path) -> None:
+    make(tmp_path).save(120, state_at(120), blocking=True)
+    with pytest.raises(CheckpointError) as err:
+        make(tmp_path, model_hash="model-b").load_latest(blank())
+    text = str(err.value)
+    assert "\n" not in text
+    assert text.startswith("checkpoint step_000120 was written for a different model shape")
+    assert text.endswith("start a new run or restore the old model config")
+
+
+def test_rank_local_keys_may_be_missing_or_extra_other_keys_may_not(tmp_path: Path) -> None:
+    # Saved by a "world" whose rank-local entries are rank1 and rank2 (fake names in one process).
+    saved = state_at(7)
+    saved[RANK_LOCAL] = {"rank1": {"buf": torch.ones(3)}, "rank2": {"buf": torch.ones(3)}}
+    make(tmp_path).save(7, saved, blocking=True)
+
+    into = blank()
+    fresh = into[RANK_LOCAL]["rank0"]["torch_rng"].clone()
+    result = make(tmp_path).load_latest(into)
+    assert result is not None and result.ranks_without_rank_local == [0]
+    assert torch.equal(into[RANK_LOCAL]["rank0"]["torch_rng"], fresh)  # kept, not clobbered
+    assert float(into["model"]["w"][0, 0]) == 7.0
+
+    needs_more = blank()
+    needs_more["ema"] = {"w": torch.zeros(3)}
+    with pytest.raises(CheckpointError, match=r"lacks 1 key\(s\) this trainer needs: ema\.w"):
+        make(tmp_path).load_latest(needs_more)
+
+
+def test_constructor_refuses_a_world_without_torch_distributed(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not initialized"):
+        make(tmp_path, rank=1, world_size=2)
+    with pytest.raises(CheckpointError, match="keep_last"):
+        make(tmp_path, keep_last=0)
