@@ -1,0 +1,166 @@
+"""Training metrics: on-device accumulation, ``RUN/metrics.jsonl``, and what rank 0 shows.
+
+Per-step values stay on the device and are summed there (``MetricsWindow.add``); the host reads
+them only at log steps (``MetricsWindow.collect``), so ``log_every`` > 1 forces no host sync per
+step. Each ``metrics.jsonl`` line describes the window of steps since the previous line:
+
+- ``loss``, ``text_loss``, ``latent_loss``, ``grad_norm``: means over the window's non-skipped
+  steps, averaged over ranks (null when every step of the window was skipped);
+- ``step_time_s``: mean wall time of a step on rank 0 (``step_sleep_s`` included);
+- ``samples_per_s`` = global batch / step time; ``tokens_per_s`` counts text tokens plus latent
+  vectors per sample;
+- ``lr``: the learning rate of the last step; ``skipped``: non-finite steps so far (cumulative).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..fsutil import append_line
+
+FIELDS = (
+    "step",
+    "loss",
+    "text_loss",
+    "latent_loss",
+    "grad_norm",
+    "lr",
+    "samples_per_s",
+    "tokens_per_s",
+    "step_time_s",
+    "skipped",
+)
+
+
+class MetricsWindow:
+    """Sums of (loss, text, latent, grad_norm, good steps) kept on ``device`` between log steps."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._sums = torch.zeros(5, dtype=torch.float64, device=device)
+        self._one = torch.ones((), dtype=torch.float64, device=device)
+        self.steps = 0
+        self.time_s = 0.0
+
+    def add(
+        self, loss: Tensor, text: Tensor, latent: Tensor, grad_norm: Tensor, *, ok: bool, step_time_s: float
+    ) -> None:
+        self.steps += 1
+        self.time_s += step_time_s
+        if ok:
+            vals = torch.stack([loss.double(), text.double(), latent.double(), grad_norm.double(), self._one])
+            self._sums += vals
+
+    def collect(
+        self, all_reduce: Callable[[Tensor], None] | None = None, world_size: int = 1
+    ) -> dict[str, Any]:
+        """Window means (reduced over ranks with ``all_reduce``, a SUM in place), then reset."""
+        sums = self._sums
+        if all_reduce is not None and world_size > 1:
+            sums = sums.clone()
+            all_reduce(sums)
+            sums[:4] /= world_size
+            sums[4] /= world_size
+        loss, text, latent, gnorm, good = sums.tolist()
+        out = {
+            "loss": _mean(loss, good),
+            "text_loss": _mean(text, good),
+            "latent_loss": _mean(latent, good),
+            "grad_norm": _mean(gnorm, good),
+            "step_time_s": self.time_s / self.steps if self.steps else None,
+        }
+        self._sums.zero_()
+        self.steps = 0
+        self.time_s = 0.0
+        return out
+
+
+def _mean(total: float, count: float) -> float | None:
+    if count <= 0:
+        return None
+    value = total / count
+    return value if math.isfinite(value) else None
+
+
+def json_safe(value: Any) -> Any:
+    """JSON has no NaN/Infinity: non-finite floats become null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLog:
+    """Rank 0's writer: ``metrics.jsonl`` plus a progress bar (terminal) or plain lines."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        total_steps: int,
+        start_step: int,
+        tty: bool | None = None,
+        echo: bool = True,
+    ):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.total = total_steps
+        self.echo = echo
+        self.tty = echo and (sys.stdout.isatty() if tty is None else tty)
+        self._progress: Any = None
+        self._task: Any = None
+        if self.tty:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+            )
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+            self._progress.start()
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = {k: json_safe(record.get(k)) for k in FIELDS}
+        append_line(self.path, json.dumps(line))
+        if not self.echo:
+            return
+        info = describe(line)
+        if self._progress is not None:
+            self._progress.update(self._task, completed=line["step"], info=info)
+        else:
+            print(f"step {line['step']}/{self.total} {info}", flush=True)
+
+    def message(self, text: str) -> None:
+        if self._progress is not None:
+            self._progress.console.print(text)
+        else:
+            print(text, flush=True)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+
+
+def describe(line: dict[str, Any]) -> str:
+    def f(key: str, fmt: str) -> str:
+        v = line.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    text = (
+        f"loss {f('loss', '.4f')} (text {f('text_loss', '.4f')}, latent {f('latent_loss', '.4f')}) "
+        f"gnorm {f('grad_norm', '.3f')} lr {f('lr', '.2e')} {f('samples_per_s', '.1f')} samples/s"
+    )
+    if line.get("skipped"):
+        text += f" skipped {line['skipped']}"
+    return text

@@ -1,0 +1,129 @@
+"""Helpers for the trainer's integration tests: a synthetic dataset, a run directory, torchrun.
+
+Imported by path (``sys.path``) from ``tests/integration/test_trainer_*.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from hpclaunch.config import load_config
+from hpclaunch.fsutil import read_jsonl
+from hpclaunch.orchestrator.runs import RunPaths
+from hpclaunch.trainer.data import synth_dataset
+
+# A small model and run: ~40 ms a step with 2 gloo ranks on 2 cores.
+BASE = [
+    "scheduler.gpus_per_node=0",
+    "scheduler.procs_per_node=2",
+    "train.steps=60",
+    "train.global_batch=16",
+    "train.micro_batch=4",  # 8 per rank -> 2 micro-batches: accumulation and no_sync run too
+    "train.lr=1e-3",
+    "train.warmup_steps=5",
+    "train.log_every=1",
+    "checkpoint.every_steps=1000",
+    "preflight.distributed_smoke=false",
+]
+
+
+def make_data(root: Path, samples: int = 512, seed: int = 0) -> Path:
+    out = root / "data"
+    if not (out / "tokens").exists():
+        synth_dataset(out, samples=samples, seed=seed, model_cfg=load_config(None).model, shard_size=128)
+    return out
+
+
+def make_run(root: Path, name: str, data: Path, overrides: list[str] = ()) -> Path:  # type: ignore[assignment]
+    run = root / name
+    cfg = load_config(
+        None,
+        [
+            *BASE,
+            f"data.token_dir={data / 'tokens'}",
+            f"data.latent_dir={data / 'latents'}",
+            f"run_dir={run}",
+            *overrides,
+        ],
+        base=root,
+    )
+    RunPaths(run).ensure()
+    (run / "config.yaml").write_text(cfg.to_yaml())
+    return run
+
+
+def command(run: Path, nproc: int = 2) -> list[str]:
+    if nproc == 0:  # plain single process, no torchrun
+        return [sys.executable, "-m", "hpclaunch.trainer", str(run)]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "hpclaunch.trainer",
+        str(run),
+    ]
+
+
+def env_for(attempt: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("HPCLAUNCH_JOB_END_TIME", None)
+    env.update({"HPCLAUNCH_ATTEMPT": attempt, "OMP_NUM_THREADS": "1"})
+    env.update(extra or {})
+    return env
+
+
+def train(
+    run: Path, *, nproc: int = 2, attempt: str = "a1", timeout: float = 180
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command(run, nproc), env=env_for(attempt), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def start(run: Path, *, nproc: int = 2, attempt: str = "a1") -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        command(run, nproc),
+        env=env_for(attempt),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def outcome(run: Path, attempt: str = "a1") -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(RunPaths(run).outcome_file(attempt).read_text())
+    return data
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    return read_jsonl(RunPaths(run).metrics)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    return read_jsonl(RunPaths(run).events)
+
+
+def wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> int:
+    """Block until metrics.jsonl shows ``step`` (or later); return the step seen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = metrics(run)
+        if lines and lines[-1]["step"] >= step:
+            return int(lines[-1]["step"])
+        if proc.poll() is not None:
+            raise AssertionError(f"trainer exited early ({proc.returncode}): {proc.communicate()[1][-3000:]}")
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} not reached in {timeout} s")
+
+
+def describe(proc: subprocess.CompletedProcess[str]) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout[-3000:]}\n--- stderr\n{proc.stderr[-5000:]}"

@@ -1,0 +1,178 @@
+"""The loop in one process (world size 1): LR schedule, NaN guard bookkeeping, modes, metrics."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpclaunch.config import RunConfig, load_config
+from hpclaunch.errors import TrainingError
+from hpclaunch.fsutil import read_jsonl
+from hpclaunch.orchestrator.runs import RunPaths
+from hpclaunch.trainer.data import synth_dataset
+from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
+from hpclaunch.trainer.metrics import FIELDS
+
+MODEL = [
+    "model.depth=1",
+    "model.dim_text=32",
+    "model.dim_latent=32",
+    "model.dim_cond=32",
+    "model.heads=2",
+    "model.text_len=16",
+    "model.latent_len=4",
+    "model.latent_dim=8",
+    "model.vocab_size=64",
+]
+
+
+@pytest.fixture(autouse=True)
+def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+    torch.use_deterministic_algorithms(False)  # the trainer turns it on for the whole process
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    synth_dataset(root, samples=256, seed=0, model_cfg=load_config(None, MODEL).model, shard_size=100)
+    return root
+
+
+def config(tmp_path: Path, data: Path, *overrides: str) -> RunConfig:
+    return load_config(
+        None,
+        [
+            *MODEL,
+            "scheduler.procs_per_node=1",
+            "train.steps=40",
+            "train.global_batch=16",
+            "train.lr=3e-3",
+            "train.warmup_steps=3",
+            "train.log_every=1",
+            "preflight.distributed_smoke=false",
+            f"data.token_dir={data / 'tokens'}",
+            f"data.latent_dir={data / 'latents'}",
+            *overrides,
+        ],
+        base=tmp_path,
+    )
+
+
+def trainer(tmp_path: Path, data: Path, *overrides: str) -> Trainer:
+    cfg = config(tmp_path, data, *overrides)
+    return Trainer(cfg, RunPaths(tmp_path / "run").ensure(), checkpoints=False, echo=False)
+
+
+def mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+def test_lr_warmup_then_cosine_to_min_ratio() -> None:
+    t = load_config(
+        None, ["train.lr=1.0", "train.warmup_steps=10", "train.steps=110", "train.min_lr_ratio=0.1"]
+    ).train
+    assert lr_at(1, t) == pytest.approx(0.1)
+    assert lr_at(10, t) == pytest.approx(1.0)
+    assert lr_at(60, t) == pytest.approx(0.55)  # half way down the cosine
+    assert lr_at(110, t) == pytest.approx(0.1)
+    steps = [lr_at(s, t) for s in range(10, 111)]
+    assert all(a >= b for a, b in itertools.pairwise(steps))
+    no_warmup = load_config(None, ["train.lr=2.0", "train.warmup_steps=0", "train.steps=5"]).train
+    assert lr_at(1, no_warmup) == pytest.approx(0.1 * 2 + 0.9 * 2 * 0.5 * (1 + math.cos(math.pi / 5)))
+
+
+def test_skipped_step_leaves_model_and_optimizer_untouched(tmp_path: Path, data: Path) -> None:
+    tr = trainer(tmp_path, data, "train.inject_nonfinite_at=[2]")
+    applied, *_ = tr.train_step()
+    assert applied
+    before = params_sha256(tr.model)
+    adam_steps = {float(s["step"]) for s in tr.opt.state.values()}
+    applied, _, _, _, norm = tr.train_step()
+    assert not applied and not math.isfinite(norm.item())
+    assert params_sha256(tr.model) == before
+    assert {float(s["step"]) for s in tr.opt.state.values()} == adam_steps == {1.0}
+    c = tr.counters
+    assert (c.step, c.samples_consumed, c.skipped_total, c.nonfinite_consecutive) == (2, 32, 1, 1)
+    assert all(p.grad is None for p in tr.model.parameters())
+    applied, *_ = tr.train_step()
+    assert applied and tr.counters.nonfinite_consecutive == 0 and tr.counters.skipped_total == 1
+
+
+def test_injected_steps_are_skipped_counted_and_logged(tmp_path: Path, data: Path) -> None:
+    tr = trainer(tmp_path, data, "train.steps=8", "train.inject_nonfinite_at=[3, 4, 7]")
+    out = tr.run()
+    tr.close()
+    assert out.status == "finished" and out.step == 8
+    assert out.extra["skipped"] == 3 and out.extra["ranks"][0]["params_finite"]
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert [line["step"] for line in lines] == list(range(1, 9))
+    assert [line["skipped"] for line in lines] == [0, 0, 1, 2, 2, 2, 3, 3]
+    assert [line["loss"] is None for line in lines] == [s in (3, 4, 7) for s in range(1, 9)]
+    assert all(set(line) == set(FIELDS) for line in lines)
+    json.dumps(lines, allow_nan=False)  # strict JSON: no NaN ever written
+
+
+def test_too_many_consecutive_skips_fail_the_run(tmp_path: Path, data: Path) -> None:
+    tr = trainer(
+        tmp_path,
+        data,
+        "train.steps=10",
+        "train.inject_nonfinite_at=[2, 4, 5, 6]",
+        "train.max_nonfinite_skips=3",
+    )
+    with pytest.raises(TrainingError, match=r"3 consecutive non-finite steps \(the last at step 6\)"):
+        tr.run()
+    tr.close()
+    assert tr.counters.step == 6 and tr.counters.skipped_total == 4
+    assert read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]["step"] == 6
+
+
+@pytest.mark.parametrize(("mode", "live", "clean", "head"), [("l2t", "text_loss", "latent_loss", "latent_head"), ("t2l", "latent_loss", "text_loss", "text_head")])  # fmt: skip
+def test_modes_train_the_generated_side_only(
+    tmp_path: Path, data: Path, mode: str, live: str, clean: str, head: str
+) -> None:
+    tr = trainer(tmp_path, data, f"train.mode={mode}")
+    head_before = {k: v.clone() for k, v in getattr(tr.model, head).state_dict().items()}
+    trunk_before = params_sha256(tr.model.trunk)
+    out = tr.run()
+    tr.close()
+    assert out.status == "finished"
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert all(line[clean] == 0.0 for line in lines)
+    values = [line[live] for line in lines]
+    assert mean(values[-10:]) < 0.9 * mean(values[:10]), values
+    after = getattr(tr.model, head).state_dict()
+    assert all(torch.equal(after[k], v) for k, v in head_before.items())  # no gradient, no decay
+    assert params_sha256(tr.model.trunk) != trunk_before
+
+
+def test_joint_mode_both_losses_fall_in_process(tmp_path: Path, data: Path) -> None:
+    tr = trainer(tmp_path, data, "train.steps=60")
+    tr.run()
+    tr.close()
+    lines = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    for key in ("text_loss", "latent_loss"):
+        values = [line[key] for line in lines]
+        assert mean(values[-10:]) < 0.9 * mean(values[:10]), (key, values)
+    assert lines[-1]["samples_per_s"] > 0 and lines[-1]["tokens_per_s"] == pytest.approx(
+        lines[-1]["samples_per_s"] * (16 + 4)
+    )
+
+
+def test_same_seed_same_parameters_in_process(tmp_path: Path, data: Path) -> None:
+    def final(seed: int, sub: str) -> str:
+        tr = trainer(tmp_path / sub, data, "train.steps=5", f"train.seed={seed}", "train.micro_batch=4")
+        out = tr.run()
+        tr.close()
+        return str(out.extra["params_sha256"])
+
+    assert final(0, "a") == final(0, "b") != final(1, "c")
