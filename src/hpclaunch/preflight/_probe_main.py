@@ -1,0 +1,113 @@
+"""Runs in the JOB's Python (``launch.python``) as a plain script: what that interpreter can do.
+
+Kept free of relative imports so that it runs even where hpclaunch itself is not importable (which
+it then reports). Reads ``{"model": {...}}`` on stdin, prints one JSON object as its last stdout
+line: python, torch (version, CUDA build, devices, NCCL/gloo), mmdit, hpclaunch, and the model's
+parameter count built on the meta device (no memory, no init cost). Every part reports its own
+error instead of failing the whole probe. This is the only preflight code that imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+import time
+from typing import Any
+
+
+def _torch() -> dict[str, Any]:
+    import torch
+
+    info: dict[str, Any] = {"version": torch.__version__, "cuda_build": torch.version.cuda}
+    info["cuda_available"] = bool(torch.cuda.is_available())
+    devices = []
+    if info["cuda_available"]:
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            devices.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "total_memory": int(p.total_memory),
+                    "capability": [p.major, p.minor],
+                }
+            )
+    info["device_count"] = len(devices)
+    info["devices"] = devices
+    import torch.distributed as dist
+
+    info["distributed"] = bool(dist.is_available())
+    info["gloo_available"] = bool(dist.is_available() and dist.is_gloo_available())
+    info["nccl_available"] = bool(dist.is_available() and dist.is_nccl_available())
+    info["nccl_version"] = None
+    if info["nccl_available"]:
+        try:
+            v = torch.cuda.nccl.version()
+            info["nccl_version"] = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
+        except Exception as e:  # NCCL present in the build but not loadable
+            info["nccl_error"] = f"{type(e).__name__}: {e}"
+    return info
+
+
+def _version(dist_name: str, module: Any) -> str:
+    v = getattr(module, "__version__", None)
+    if v:
+        return str(v)
+    from importlib.metadata import version
+
+    return version(dist_name)
+
+
+def _mmdit() -> dict[str, Any]:
+    import mmdit
+
+    return {"version": _version("mmdit", mmdit)}
+
+
+def _hpclaunch() -> dict[str, Any]:
+    import hpclaunch
+
+    return {"version": hpclaunch.__version__, "path": str(getattr(hpclaunch, "__file__", ""))}
+
+
+def _model(model_cfg: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from hpclaunch.config import ModelConfig
+    from hpclaunch.trainer import model as model_mod
+
+    mc = ModelConfig.model_validate(model_cfg)
+    with torch.device("meta"):
+        model = model_mod.build_model(mc, seed=0)
+    count = getattr(model_mod, "count_parameters", None)
+    params = int(count(model)) if count else sum(p.numel() for p in model.parameters())
+    return {"params": params, "source": "build_model on the meta device"}
+
+
+def _guard(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return dict(fn(*args))
+    except BaseException as e:  # report anything (ImportError, CUDA init errors, SystemExit)
+        return {"error": f"{type(e).__name__}: {e}".strip()[:500]}
+
+
+def main() -> None:
+    start = time.monotonic()
+    try:
+        request = json.loads(sys.stdin.read() or "{}")
+    except ValueError:
+        request = {}
+    out: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
+    out["torch"] = _guard(_torch)
+    out["mmdit"] = _guard(_mmdit)
+    out["hpclaunch"] = _guard(_hpclaunch)
+    if request.get("model") is not None and "error" not in out["torch"]:
+        out["model"] = _guard(_model, request["model"])
+    out["seconds"] = round(time.monotonic() - start, 3)
+    sys.stdout.write("\n" + json.dumps(out) + "\n")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

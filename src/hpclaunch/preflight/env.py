@@ -1,0 +1,110 @@
+"""The ``env`` check: the job's Python can run the trainer (torch, CUDA/NCCL or gloo, mmdit, hpclaunch)."""
+
+from __future__ import annotations
+
+import re
+
+from .. import __version__
+from .base import CheckContext, Findings, Outcome
+from .probe import ProbeError
+
+MIN_TORCH = (2, 4)
+
+
+def _torch_version(text: str) -> tuple[int, int]:
+    m = re.match(r"(\d+)\.(\d+)", text)
+    return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def check_env(ctx: CheckContext) -> Outcome:
+    """Python, torch, CUDA + NCCL (or gloo), mmdit and hpclaunch as the job's interpreter sees them."""
+    f = Findings()
+    cfg = ctx.cfg
+    python = cfg.launch.python or "this interpreter"
+    try:
+        info = ctx.probe.result()
+    except ProbeError as e:
+        if ctx.probe.python is None and not ctx.on_node:
+            # e.g. a path that only exists after the job's setup lines (module load, conda activate)
+            f.warn(
+                f"launch.python {python} is not found on this machine; it is checked on each node",
+                "make sure scheduler.setup puts it on PATH in the job",
+            )
+            return f.outcome()
+        f.fail(f"cannot probe {python}: {e}", "check launch.python and that it can import torch")
+        return f.outcome()
+
+    torch = info.get("torch", {})
+    if "error" in torch:
+        f.fail(
+            f"torch is not importable by {python}: {torch['error']}", "install torch>=2.4 into the job's env"
+        )
+        return f.outcome()
+    version = str(torch.get("version"))
+    if _torch_version(version) < MIN_TORCH:
+        f.fail(
+            f"torch {version} is older than {MIN_TORCH[0]}.{MIN_TORCH[1]}", "upgrade torch in the job's env"
+        )
+    desc = [f"python {info.get('python')}", f"torch {version}"]
+
+    if cfg.backend == "nccl":
+        _nccl(ctx, f, torch, desc)
+    elif not torch.get("gloo_available"):
+        f.fail("this torch build has no gloo backend (CPU ranks need it)", "install a standard torch build")
+    else:
+        desc.append("gloo")
+
+    mmdit = info.get("mmdit", {})
+    if "error" in mmdit:
+        f.fail(f"mmdit is not importable: {mmdit['error']}", "pip install 'mmdit>=0.3,<0.4' in the job's env")
+    else:
+        desc.append(f"mmdit {mmdit.get('version')}")
+
+    ours = info.get("hpclaunch", {})
+    if "error" in ours:
+        f.fail(
+            f"hpclaunch is not importable by {python}: {ours['error']}",
+            "install hpclaunch into the job's env (the trainer runs as python -m hpclaunch.trainer)",
+        )
+    elif ours.get("version") != __version__:
+        f.warn(
+            f"the job's hpclaunch is {ours.get('version')} but this one is {__version__}",
+            "install the same hpclaunch version in both environments",
+        )
+    else:
+        desc.append(f"hpclaunch {__version__}")
+
+    model = info.get("model", {})
+    if "error" in model:
+        f.warn(
+            f"the model could not be built on the meta device ({model['error']}); sizes are estimated",
+            "check the model section; the trainer will fail the same way",
+        )
+    f.ok(", ".join(desc))
+    return f.outcome()
+
+
+def _nccl(ctx: CheckContext, f: Findings, torch: dict, desc: list[str]) -> None:
+    if not torch.get("cuda_build"):
+        f.fail(
+            f"torch {torch.get('version')} is a CPU-only build but the run uses NCCL on "
+            f"{ctx.cfg.scheduler.gpus_per_node} GPU(s) per node",
+            "install a CUDA build of torch in the job's env",
+        )
+        return
+    if not torch.get("nccl_available"):
+        f.fail(
+            "this torch build has no NCCL backend",
+            "install a torch build with NCCL (the pip CUDA wheels have it)",
+        )
+        return
+    desc.append(f"CUDA {torch['cuda_build']}")
+    if torch.get("nccl_version"):
+        desc.append(f"NCCL {torch['nccl_version']}")
+    elif torch.get("nccl_error"):
+        f.fail(f"NCCL cannot be loaded: {torch['nccl_error']}", "check the CUDA driver and the NCCL library")
+    if not torch.get("cuda_available"):
+        if ctx.sees_compute_hardware:
+            f.fail("CUDA is not available (no GPU visible or the driver cannot be used)", "check nvidia-smi")
+        else:
+            desc.append("no GPU on this login node (checked on each node)")

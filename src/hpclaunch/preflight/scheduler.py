@@ -1,0 +1,265 @@
+"""The ``scheduler`` check (login node): the batch system is there and can ever run this job.
+
+SLURM: ``sbatch``/``squeue``/``sinfo`` installed; one ``sinfo -N`` call in an explicit ``-o`` format
+(one line per node and partition) tells whether the partition exists, its MaxTime, and how many of
+its nodes have the GPUs (gres), the features (a plain ``constraint``) and are not excluded. A job
+that asks for more than a partition has would pend forever; more time than MaxTime is refused
+(EnforcePartLimits) or pends forever.
+PBS: ``qsub`` installed; the queue exists and its ``resources_max.walltime`` allows the time limit,
+when ``qstat -Q`` answers (Slurm's Torque emulation knows ``qstat -Q [-f]``; some sites hide it).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass, field
+
+from ..config import format_hms
+from .base import CheckContext, Findings, Outcome, skip
+
+SINFO_FORMAT = "%P|%a|%l|%N|%T|%G|%f"
+_FLAGS = "*~#!%$@^-+"
+# Base node states that can run a job now or soon (power-saved nodes are woken up).
+_USABLE = {"idle", "mixed", "allocated", "completing", "planned", "powered_down", "powering_up", "cloud"}
+
+
+@dataclass
+class SlurmNode:
+    name: str
+    state: str
+    gpus: int
+    features: frozenset[str]
+
+    @property
+    def usable(self) -> bool:
+        return self.state.lower().rstrip(_FLAGS).split("+")[0] in _USABLE
+
+
+@dataclass
+class SlurmPartition:
+    name: str
+    default: bool
+    avail: str
+    max_time_s: int | None  # None = no limit
+    nodes: list[SlurmNode] = field(default_factory=list)
+
+
+def parse_slurm_time(text: str) -> int | None:
+    """``sinfo %l``: infinite/UNLIMITED -> None; ``[D-]H:MM:SS``, ``M:SS``, ``D-H``, ``D-H:MM``, ``M``."""
+    t = text.strip()
+    if t.lower() in ("infinite", "unlimited", "n/a", ""):
+        return None
+    days = 0
+    if "-" in t:
+        d, t = t.split("-", 1)
+        days = int(d)
+        parts = [int(x) for x in t.split(":")]
+        h, m, s = [*parts, 0, 0, 0][:3]
+        return ((days * 24 + h) * 60 + m) * 60 + s
+    parts = [int(x) for x in t.split(":")]
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    h, m, s = parts[:3]
+    return (h * 60 + m) * 60 + s
+
+
+def gres_gpus(gres: str) -> int:
+    """GPUs in a gres string: ``gpu:8``, ``gpu:h100:8(S:0-1)``, ``gpu:a100:4,shard:8``, ``(null)``."""
+    return sum(int(m.group(1)) for m in re.finditer(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)", gres.strip()))
+
+
+def parse_sinfo(text: str) -> dict[str, SlurmPartition]:
+    """Output of ``sinfo -h -a -N -o SINFO_FORMAT`` -> partitions by name (nodes deduplicated)."""
+    parts: dict[str, SlurmPartition] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        fields = line.split("|")
+        if len(fields) < 6:
+            raise ValueError(f"unexpected sinfo line {line!r}")
+        pname, avail, limit, node, state, gres = (x.strip() for x in fields[:6])
+        features = frozenset(
+            x for x in (fields[6].strip().split(",") if len(fields) > 6 else []) if x and x != "(null)"
+        )
+        default = pname.endswith("*")
+        pname = pname.rstrip("*")
+        p = parts.get(pname)
+        if p is None:
+            p = parts[pname] = SlurmPartition(pname, default, avail, parse_slurm_time(limit))
+        if node not in (n.name for n in p.nodes):
+            p.nodes.append(SlurmNode(node, state, gres_gpus(gres), features))
+    return parts
+
+
+def _plain_features(constraint: str | None) -> set[str] | None:
+    """``a&b`` / ``a`` -> {a, b}; None when the expression is richer than we evaluate (| [ ] *)."""
+    if not constraint:
+        return set()
+    if re.search(r"[|\[\]*()]", constraint):
+        return None
+    return {c.strip() for c in constraint.split("&") if c.strip()}
+
+
+def check_scheduler(ctx: CheckContext) -> Outcome:
+    """The batch system's tools, the partition/queue, its time limit and nodes (sinfo / qstat -Q)."""
+    kind = ctx.cfg.scheduler.kind
+    if kind == "local":
+        return skip("local scheduler: no batch system needed")
+    if kind == "slurm":
+        return _slurm(ctx)
+    return _pbs(ctx)
+
+
+def _slurm(ctx: CheckContext) -> Outcome:
+    s = ctx.cfg.scheduler
+    f = Findings()
+    missing = [t for t in ("sbatch", "squeue", "sinfo") if ctx.which(t) is None]
+    if missing:
+        f.fail(
+            f"{', '.join(missing)} not found on PATH", "run on a SLURM login node (or load the slurm module)"
+        )
+        return f.outcome()
+    res = ctx.run(["sinfo", "-h", "-a", "-N", "-o", SINFO_FORMAT], 20)
+    if res is None or not res.ok:
+        f.fail(
+            f"sinfo failed: {res.error_line() if res else 'not found'}", "is slurmctld reachable from here?"
+        )
+        return f.outcome()
+    try:
+        parts = parse_sinfo(res.stdout)
+    except ValueError as e:
+        f.fail(f"cannot read sinfo output ({e})")
+        return f.outcome()
+    if s.partition is None:
+        default = next((p for p in parts.values() if p.default), None)
+        if default is None:
+            f.fail(
+                f"no scheduler.partition given and the cluster has no default partition ({', '.join(parts) or 'none'})",
+                "set scheduler.partition",
+            )
+            return f.outcome()
+        part = default
+    elif s.partition not in parts:
+        close = difflib.get_close_matches(s.partition, list(parts), n=1)
+        f.fail(
+            f"partition {s.partition!r} does not exist"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; partitions: {', '.join(parts) or 'none'}",
+            "set scheduler.partition to one of them (sinfo -s lists them)",
+        )
+        return f.outcome()
+    else:
+        part = parts[s.partition]
+    label = f"partition {part.name}" + (" (default)" if s.partition is None else "")
+
+    if part.avail.lower() != "up":
+        f.warn(
+            f"{label} is {part.avail}: jobs queue but do not start",
+            "ask the admins or pick another partition",
+        )
+    asked = math.ceil(s.time_limit_s / 60) * 60  # SLURM counts whole minutes
+    if part.max_time_s is not None and asked > part.max_time_s:
+        f.fail(
+            f"scheduler.time_limit {s.time_limit} exceeds {label}'s MaxTime {format_hms(part.max_time_s)}",
+            "lower scheduler.time_limit (the run continues in the next attempt) or pick another partition",
+        )
+
+    nodes = [n for n in part.nodes if n.name not in set(s.exclude)]
+    feats = _plain_features(s.constraint)
+    if feats:
+        nodes = [n for n in nodes if feats <= n.features]
+    if s.gpus_per_node:
+        nodes = [n for n in nodes if n.gpus >= s.gpus_per_node]
+    what = "node(s)" + (f" with >= {s.gpus_per_node} GPUs (gres)" if s.gpus_per_node else "")
+    what += f" and features {'&'.join(sorted(feats))}" if feats else ""
+    what += f" outside exclude {','.join(s.exclude)}" if s.exclude else ""
+    usable = [n for n in nodes if n.usable]
+    if len(nodes) < s.nodes:
+        f.fail(
+            f"{label} has {len(nodes)} {what}; the run asks for {s.nodes}",
+            "lower scheduler.nodes / gpus_per_node, or pick a partition with more nodes",
+        )
+    elif len(usable) < s.nodes:
+        down = ", ".join(f"{n.name} {n.state}" for n in nodes if not n.usable)
+        f.warn(
+            f"{label}: only {len(usable)} of {len(nodes)} {what} are up now ({down}); the job waits",
+            "sinfo -R shows why nodes are down",
+        )
+    limit = "no MaxTime" if part.max_time_s is None else f"MaxTime {format_hms(part.max_time_s)}"
+    if feats is None:
+        f.skip(f"constraint {s.constraint!r} not evaluated")
+    f.ok(f"{label}: {len(usable)} {what} up, {limit}; run needs {s.nodes} for {s.time_limit}")
+    return f.outcome()
+
+
+def parse_qstat_queues(text: str) -> dict[str, dict[str, str]]:
+    """``qstat -Q -f`` (``Queue: name`` blocks of ``key = value``) -> {queue: {key: value}}."""
+    queues: dict[str, dict[str, str]] = {}
+    current: dict[str, str] | None = None
+    for line in text.splitlines():
+        m = re.match(r"^Queue:\s*(\S+)", line.strip())
+        if m:
+            current = queues.setdefault(m.group(1), {})
+            continue
+        if current is not None and "=" in line:
+            key, _, value = line.partition("=")
+            current[key.strip()] = value.strip()
+    return queues
+
+
+def parse_qstat_table(text: str) -> list[str]:
+    """``qstat -Q`` table -> queue names (first column of the rows after the ``----`` line)."""
+    names, seen_rule = [], False
+    for line in text.splitlines():
+        if line.startswith("---"):
+            seen_rule = True
+            continue
+        if seen_rule and line.strip():
+            names.append(line.split()[0])
+    return names
+
+
+def _pbs(ctx: CheckContext) -> Outcome:
+    s = ctx.cfg.scheduler
+    f = Findings()
+    if ctx.which("qsub") is None:
+        f.fail("qsub not found on PATH", "run on a PBS login node (or load the PBS module)")
+        return f.outcome()
+    queues: dict[str, dict[str, str]] = {}
+    res = ctx.run(["qstat", "-Q", "-f"], 20)
+    if res is not None and res.ok:
+        queues = parse_qstat_queues(res.stdout)
+    if not queues:
+        res = ctx.run(["qstat", "-Q"], 20)
+        if res is not None and res.ok:
+            queues = {q: {} for q in parse_qstat_table(res.stdout)}
+    if not queues:
+        why = "qstat not found" if res is None else f"qstat -Q: {res.error_line()}"
+        f.ok("qsub found")
+        f.skip(f"queues not checked ({why})")
+        return f.outcome()
+    if s.partition is None:
+        f.ok(f"qsub found; default queue (queues: {', '.join(queues)})")
+        return f.outcome()
+    if s.partition not in queues:
+        close = difflib.get_close_matches(s.partition, list(queues), n=1)
+        f.fail(
+            f"queue {s.partition!r} does not exist"
+            + (f" (did you mean {close[0]}?)" if close else "")
+            + f"; queues: {', '.join(queues)}",
+            "set scheduler.partition to one of them (qstat -Q lists them)",
+        )
+        return f.outcome()
+    wmax = queues[s.partition].get("resources_max.walltime")
+    limit = parse_slurm_time(wmax) if wmax else None
+    if limit is not None and s.time_limit_s > limit:
+        f.fail(
+            f"scheduler.time_limit {s.time_limit} exceeds queue {s.partition}'s resources_max.walltime {wmax}",
+            "lower scheduler.time_limit or pick another queue",
+        )
+    f.ok(f"queue {s.partition}" + (f", max walltime {wmax}" if wmax else ", no max walltime"))
+    return f.outcome()
