@@ -521,6 +521,14 @@ def test_config_step_sleep_gives_a_lower_bound(tmp_path: Path) -> None:
     assert out.status is Status.WARN and "one checkpoint interval takes at least 500 s" in out.finding
 
 
+def test_config_reports_doubtful_nccl_variables(tmp_path: Path) -> None:
+    cfg = config(tmp_path, nccl={"env": {"NCCL_ASYNC_ERROR_HANDLING": "1"}})
+    out = check_config(context(cfg))
+    assert out.status is Status.WARN
+    assert "nccl.env.NCCL_ASYNC_ERROR_HANDLING: is a deprecated alias" in out.finding
+    assert out.hint == "use TORCH_NCCL_ASYNC_ERROR_HANDLING"
+
+
 # ---- node marker ----------------------------------------------------------------------------
 
 

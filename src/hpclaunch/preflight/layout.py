@@ -1,5 +1,8 @@
 """The ``config`` check: the run's layout and its time budget, as far as they can be known before it runs.
 
+It also reports the NCCL variables' warnings (deprecated aliases, names newer than our table): the
+config loader refuses only what is certainly wrong, so doubtful settings surface here.
+
 What is exact: ranks, per-rank batch and accumulation (the config loader already refuses a global
 batch that does not divide). What is estimated, and said so: the checkpoint size (from the
 parameter count, exact when the probe built the model) and its save time (at an assumed
@@ -9,6 +12,7 @@ lower bound). Doubts are warnings, never failures: they cannot be proven before 
 
 from __future__ import annotations
 
+from ..jobs.nccl import validate_nccl_env
 from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
@@ -72,5 +76,8 @@ def check_config(ctx: CheckContext) -> Outcome:
                 "and each attempt relies on its stop save",
                 "lower checkpoint.every_steps or raise scheduler.time_limit",
             )
+    for issue in validate_nccl_env(cfg.nccl.env):
+        hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
+        (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
     f.ok(f"{layout}; {lead_text}; {est}")
     return f.outcome()

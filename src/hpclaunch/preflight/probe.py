@@ -51,8 +51,10 @@ class Probe:
         env.pop("PYTHONPROFILEIMPORTTIME", None)
         env["PYTHONDONTWRITEBYTECODE"] = "1"
         try:
+            # -c, not the file path: a script's directory goes first on sys.path, and this one
+            # holds modules (env, data, network, ...) that would shadow real ones in the probe.
             self._proc = subprocess.Popen(
-                [python, str(_SCRIPT)],
+                [python, "-c", _SCRIPT.read_text()],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
