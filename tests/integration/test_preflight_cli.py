@@ -75,20 +75,20 @@ def test_cli_process_never_imports_torch(workdir: Path) -> None:
 
 def test_failing_check_exits_1_with_json(workdir: Path) -> None:
     result = hpclaunch(
-        workdir, "preflight", "tiny.yaml", "--json", "--only", "data,disk", "--set", "data.latent_dir=nope"
+        workdir, "preflight", "tiny.yaml", "--json", "--only", "data,network", "--set", "data.latent_dir=nope"
     )
     assert result.returncode == 1
     report = json.loads(result.stdout)
-    assert report["ok"] is False and [c["name"] for c in report["checks"]] == ["data", "disk"]
+    assert report["ok"] is False and [c["name"] for c in report["checks"]] == ["data", "network"]
     data = report["checks"][0]
     assert data["status"] == "fail" and "latent directory does not exist" in data["finding"] and data["hint"]
     assert "1 check(s) failed: data" in result.stderr
 
 
 def test_table_output(workdir: Path) -> None:
-    result = hpclaunch(workdir, "preflight", "tiny.yaml", "--only", "config,network")
+    result = hpclaunch(workdir, "preflight", "tiny.yaml", "--only", "network,data")  # no probe: fast
     assert result.returncode == 0, result.stderr
-    assert "preflight (login) ok" in result.stdout and "samples/rank" in result.stdout
+    assert "preflight (login) ok: 2 pass" in result.stdout and "shard pair(s)" in result.stdout
 
 
 @pytest.mark.parametrize(
