@@ -14,20 +14,31 @@ ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny.yaml"
 
 
-def hpclaunch(*args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+def hpclaunch(
+    *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600, check: bool = True
+) -> subprocess.CompletedProcess[str]:
     full_env = {**os.environ, **(env or {})}
     full_env.pop("HPCLAUNCH_DEBUG", None)
     result = subprocess.run(
-        [sys.executable, "-m", "hpclaunch", *args], cwd=cwd, capture_output=True, text=True, timeout=timeout, env=full_env
+        [sys.executable, "-m", "hpclaunch", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
     )
     if check and result.returncode != 0:
-        raise AssertionError(f"hpclaunch {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        raise AssertionError(
+            f"hpclaunch {' '.join(args)} exited {result.returncode}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        )
     return result
 
 
 def synth_data(directory: Path, samples: int = 512) -> Path:
     if not (directory / "tokens").exists():
-        hpclaunch("data", "synth", str(directory), "--samples", str(samples), "--seed", "0", cwd=directory.parent)
+        hpclaunch(
+            "data", "synth", str(directory), "--samples", str(samples), "--seed", "0", cwd=directory.parent
+        )
     return directory
 
 
@@ -73,7 +84,11 @@ def wait_run_done(run: Path, cwd: Path, timeout: float) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         s = status(run, cwd)
         sched = (s.get("scheduler") or {}).get("state")
-        if s["state"] not in ("pending", "running", "requeued") and sched not in ("pending", "running", "requeued"):
+        if s["state"] not in ("pending", "running", "requeued") and sched not in (
+            "pending",
+            "running",
+            "requeued",
+        ):
             return s
         return None
 

@@ -265,6 +265,18 @@ class NcclConfig(_Section):
     def _env_scalars_to_str(cls, v: Any) -> Any:
         return _scalars_to_str(v)
 
+    @field_validator("env")
+    @classmethod
+    def _nccl_values_known(cls, v: dict[str, str]) -> dict[str, str]:
+        # Certain mistakes only (removed/non-existent variables, values NCCL silently ignores);
+        # doubtful settings are reported as warnings by `hpclaunch preflight`.
+        from .jobs.nccl import validate_nccl_env
+
+        errors = [issue for issue in validate_nccl_env(v) if issue.severity == "error"]
+        if errors:
+            raise ValueError(str(errors[0]))
+        return v
+
 
 class ModelConfig(_Section):
     vocab_size: int = Field(

@@ -30,7 +30,13 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Long enough that a 1-minute SLURM limit cannot hold it: the run must be stopped and continued.
-LONG = ("train.steps=360", "train.step_sleep_s=0.1", "train.log_every=20", "checkpoint.every_steps=100", "launch.stop_margin_s=4")
+LONG = (
+    "train.steps=360",
+    "train.step_sleep_s=0.1",
+    "train.log_every=20",
+    "checkpoint.every_steps=100",
+    "launch.stop_margin_s=4",
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +58,9 @@ def reference_sha(work: Path, data: Path) -> str:
 
 
 def _submit(work: Path, data: Path, name: str, *extra: str, env: dict[str, str] | None = None) -> Path:
-    hpclaunch("submit", str(TINY), *tiny_overrides(work, data, name, *extra), "--no-preflight", cwd=work, env=env)
+    hpclaunch(
+        "submit", str(TINY), *tiny_overrides(work, data, name, *extra), "--no-preflight", cwd=work, env=env
+    )
     return work / "runs" / name
 
 
@@ -60,7 +68,9 @@ def _attempt_causes(s: dict[str, Any]) -> list[tuple[str, str | None]]:
     return [(a["end"], a["cause"]) for a in s["attempts"]]
 
 
-def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(
+    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+) -> None:
     run = _submit(work, data, "timeout", "scheduler.kind=slurm", "scheduler.time_limit=00:01:00", *LONG)
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -76,10 +86,20 @@ def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(slurm_cluster: Slur
     assert len(list((run / "logs").glob("attempt-*/node0.log"))) == len(causes)
 
 
-def test_scontrol_requeue_is_a_preemption_with_nothing_lost(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+def test_scontrol_requeue_is_a_preemption_with_nothing_lost(
+    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+) -> None:
     run = _submit(work, data, "preempt", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
-    job_id = wait_for(lambda: next((e["job_id"] for e in events(run) if e["event"] == "submitted"), None), timeout=30, what="submission")
-    wait_for(lambda: any(e["event"] == "checkpoint_saved" for e in events(run)), timeout=120, what="first checkpoint")
+    job_id = wait_for(
+        lambda: next((e["job_id"] for e in events(run) if e["event"] == "submitted"), None),
+        timeout=30,
+        what="submission",
+    )
+    wait_for(
+        lambda: any(e["event"] == "checkpoint_saved" for e in events(run)),
+        timeout=120,
+        what="first checkpoint",
+    )
     slurm_cluster.run("scontrol", "requeue", str(job_id))
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -90,7 +110,9 @@ def test_scontrol_requeue_is_a_preemption_with_nothing_lost(slurm_cluster: Slurm
     assert final_params_sha(run) == reference_sha
 
 
-def test_pbs_run_continues_through_a_continuation_job(slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str) -> None:
+def test_pbs_run_continues_through_a_continuation_job(
+    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+) -> None:
     run = _submit(work, data, "pbs", "scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG)
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -103,8 +125,12 @@ def test_pbs_run_continues_through_a_continuation_job(slurm_cluster: SlurmCluste
     assert final_params_sha(run) == reference_sha
 
 
-def test_sweep_is_one_array_and_every_point_finishes(slurm_cluster: SlurmCluster, work: Path, data: Path) -> None:
-    overrides = tiny_overrides(work, data, "sweep", "scheduler.kind=slurm", "train.steps=25", "train.warmup_steps=5")
+def test_sweep_is_one_array_and_every_point_finishes(
+    slurm_cluster: SlurmCluster, work: Path, data: Path
+) -> None:
+    overrides = tiny_overrides(
+        work, data, "sweep", "scheduler.kind=slurm", "train.steps=25", "train.warmup_steps=5"
+    )
     hpclaunch("submit", str(TINY), *overrides, "--sweep", "train.lr=1e-3,5e-4", "--no-preflight", cwd=work)
     root = work / "runs" / "sweep"
     sweep = json.loads((root / "sweep.json").read_text())
@@ -118,7 +144,9 @@ def test_sweep_is_one_array_and_every_point_finishes(slurm_cluster: SlurmCluster
     assert [Path(p["run"]).name for p in table["points"]] == [p["name"] for p in sweep["points"]]
 
 
-def test_scancel_is_cancelled_not_failed_nor_requeued(slurm_cluster: SlurmCluster, work: Path, data: Path) -> None:
+def test_scancel_is_cancelled_not_failed_nor_requeued(
+    slurm_cluster: SlurmCluster, work: Path, data: Path
+) -> None:
     run = _submit(work, data, "cancel", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
     job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
     wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
@@ -129,10 +157,20 @@ def test_scancel_is_cancelled_not_failed_nor_requeued(slurm_cluster: SlurmCluste
     assert not any(e["event"] == "failed" for e in events(run))
 
 
-def test_two_node_job_trains_with_world_size_four(slurm_cluster_2nodes: SlurmCluster, work: Path, data: Path) -> None:
+def test_two_node_job_trains_with_world_size_four(
+    slurm_cluster_2nodes: SlurmCluster, work: Path, data: Path
+) -> None:
     run = _submit(
-        work, data, "twonode", "scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.procs_per_node=2",
-        "train.global_batch=16", "train.micro_batch=2", "train.steps=25", "train.warmup_steps=5",
+        work,
+        data,
+        "twonode",
+        "scheduler.kind=slurm",
+        "scheduler.nodes=2",
+        "scheduler.procs_per_node=2",
+        "train.global_batch=16",
+        "train.micro_batch=2",
+        "train.steps=25",
+        "train.warmup_steps=5",
     )
     s = wait_run_done(run, work, timeout=300)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]

@@ -97,6 +97,14 @@ CASES = [
         "train.warmup_steps: 500 must be smaller than steps=200",
     ),
     ("betas-length", None, ["train.betas=[0.9]"], "train.betas: [0.9] must be two values"),
+    (
+        "nccl-ignored-value",
+        None,
+        ["nccl.env.NCCL_NET_GDR_LEVEL=PBH"],
+        "'PBH' is not a level NCCL knows (did you mean PHB?)",
+    ),
+    ("nccl-nonexistent", None, ["nccl.env.NCCL_TIMEOUT=1800"], "NCCL_TIMEOUT: does not exist"),
+    ("nccl-removed", None, ["nccl.env.NCCL_TREE_THRESHOLD=0"], "NCCL_TREE_THRESHOLD"),
     ("multiline-setup", None, ['scheduler.setup=["a\\nb"]'], "scheduler.setup: entry 0 spans several lines"),
 ]
 

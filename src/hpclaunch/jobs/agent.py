@@ -144,10 +144,12 @@ class NodeAgent:
         if not self.cfg.preflight.node_checks:
             return True
         try:
-            from ..preflight import run_node_checks
+            from ..preflight import NODE_CHECKS, run_node_checks
         except ImportError:
             return True
-        report = run_node_checks(self.cfg, self.ctx)
+        # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
+        # fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
+        report = run_node_checks(self.cfg, self.ctx, only=set(NODE_CHECKS) - {"env"})
         failed = [c for c in report.checks if c.status == "fail"]
         self.ledger.append(
             runs.NODE_PREFLIGHT,
@@ -200,10 +202,8 @@ class NodeAgent:
     def _nccl_env(self) -> dict[str, str]:
         if self.plan.backend != "nccl":
             return {}
-        try:
-            from .nccl import nccl_environment
-        except ImportError:
-            return dict(self.cfg.nccl.env)
+        from .nccl import nccl_environment
+
         resolved = nccl_environment(self.cfg.nccl)
         self.ledger.append("nccl_preset", preset=resolved.name, reason=resolved.reason, env=resolved.env)
         return dict(resolved.env)

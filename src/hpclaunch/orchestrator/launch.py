@@ -47,14 +47,12 @@ def with_scheduler(cfg: RunConfig, kind: str | None, dialect: str | None) -> Run
 
 def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
     """Variables of an explicitly named preset + the user's; ``auto`` is resolved on each node."""
-    env: dict[str, str] = {}
-    if cfg.backend == "nccl" and cfg.nccl.preset not in ("auto", "none"):
-        try:
-            from ..jobs.nccl import resolve_preset
+    from ..jobs.nccl import static_preset_env
 
-            env.update(resolve_preset(cfg.nccl.preset).env)
-        except ImportError:
-            pass
+    env: dict[str, str] = {}
+    if cfg.backend == "nccl":
+        # Never detect on the login node: its fabric is not the compute nodes'.
+        env.update(static_preset_env(cfg.nccl.preset))
     env.update(cfg.nccl.env)
     return env
 
