@@ -11,13 +11,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-
 from tests.runlib import (
     TINY,
     events,
     final_params_sha,
     hpclaunch,
-    status,
     synth_data,
     tiny_overrides,
     wait_for,
