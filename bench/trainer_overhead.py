@@ -12,7 +12,7 @@ each, and the medians of the per-round ratios by wall time and by process CPU ti
 see similar background load; CPU time is the least sensitive to other processes on the box).
 Figures only, no assertions.
 
-    .venv/bin/python bench/trainer_overhead.py [--steps 40] [--rounds 8] [--set model.depth=4 ...]
+    .venv/bin/python bench/trainer_overhead.py [--steps 60] [--rounds 8] [--set model.depth=4 ...]
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -35,24 +34,20 @@ from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import Draws, compute_losses
 
 
-def bare_loop(cfg: RunConfig, steps: int, state: dict[str, Any]) -> tuple[float, float]:
-    """(wall s, CPU s) of ``steps`` steps of the plainest loop that does the same work."""
+def bare_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
+    """(wall s, CPU s) of ``steps`` steps of the plainest loop doing the same work (set-up excluded)."""
     t, m = cfg.train, cfg.model
-    if not state:
-        state["data"] = ShardedDataset(validate_dataset(cfg.data.token_dir, cfg.data.latent_dir, m), m)
-        state["model"] = model = build_model(m, seed=t.seed)
-        params = list(model.parameters())
-        state["opt"] = torch.optim.AdamW(
-            [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
-             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
-            lr=t.lr, betas=(t.betas[0], t.betas[1]),
-        )  # fmt: skip
-        state["step"] = 0
-    data, model, opt = state["data"], state["model"], state["opt"]
+    data = ShardedDataset(validate_dataset(cfg.data.token_dir, cfg.data.latent_dir, m), m)
+    model = build_model(m, seed=t.seed)
     params = list(model.parameters())
+    opt = torch.optim.AdamW(
+        [{"params": [p for p in params if p.ndim >= 2], "weight_decay": t.weight_decay},
+         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}],
+        lr=t.lr, betas=(t.betas[0], t.betas[1]),
+    )  # fmt: skip
     b = t.global_batch
     wall, cpu = time.perf_counter(), time.process_time()
-    for step in range(state["step"], state["step"] + steps):
+    for step in range(steps):
         ids, lat = data.get((np.arange(b) + step * b) % len(data))
         d = Draws(
             torch.rand(b),
@@ -68,7 +63,6 @@ def bare_loop(cfg: RunConfig, steps: int, state: dict[str, Any]) -> tuple[float,
         torch.nn.utils.clip_grad_norm_(params, t.grad_clip or float("inf"))
         opt.step()
         opt.zero_grad(set_to_none=True)
-    state["step"] += steps
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
@@ -84,7 +78,7 @@ def hpclaunch_loop(cfg: RunConfig, run_dir: Path) -> tuple[float, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--steps", type=int, default=40, help="steps per round (each loop)")
+    ap.add_argument("--steps", type=int, default=60, help="steps per round (each loop)")
     ap.add_argument("--rounds", type=int, default=8, help="alternating rounds")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noise)")
     ap.add_argument("--log-every", type=int, default=10)
@@ -111,12 +105,11 @@ def main() -> None:
             f"{m.latent_len}x{m.latent_dim}, batch {cfg.train.global_batch}, {args.steps} steps x "
             f"{args.rounds} rounds per loop, log_every {args.log_every}, torch threads {args.threads}"
         )
-        state: dict[str, Any] = {}
-        bare_loop(cfg, 5, state)  # warm-up: allocator, kernels
+        bare_loop(cfg, 5)  # warm-up: allocator, kernels
         hpclaunch_loop(cfg, root / "warmup")
         rows = []
         for r in range(args.rounds):
-            a = bare_loop(cfg, args.steps, state)
+            a = bare_loop(cfg, args.steps)
             b = hpclaunch_loop(cfg, root / f"run{r}")
             rows.append((a, b))
             print(

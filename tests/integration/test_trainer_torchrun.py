@@ -82,6 +82,17 @@ def test_same_seed_is_bitwise_identical_and_another_seed_is_not(
     assert h.outcome(other)["params_sha256"] != ref
 
 
+@pytest.mark.parametrize(("mode", "clean"), [("l2t", "latent_loss"), ("t2l", "text_loss")])
+def test_one_sided_modes_train_under_ddp(root: Path, data: Path, mode: str, clean: str) -> None:
+    """DDP copes with the clean side's unused head and last-block branch (find_unused_parameters)."""
+    run = h.make_run(root, f"mode-{mode}", data, ["train.steps=10", f"train.mode={mode}"])
+    proc = h.train(run)
+    assert proc.returncode == 0, h.describe(proc)
+    out = h.outcome(run)
+    assert out["status"] == "finished" and len({r["params_sha256"] for r in out["ranks"]}) == 1
+    assert all(line[clean] == 0.0 for line in h.metrics(run))
+
+
 def test_injected_nonfinite_steps_are_skipped_together_on_every_rank(root: Path, data: Path) -> None:
     run = h.make_run(root, "inject", data, ["train.steps=12", "train.inject_nonfinite_at=[3, 7, 8]"])
     proc = h.train(run)

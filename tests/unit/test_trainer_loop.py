@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,9 +15,10 @@ import torch
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import TrainingError
 from hpclaunch.fsutil import read_jsonl
+from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.orchestrator.runs import RunPaths
 from hpclaunch.trainer.data import synth_dataset
-from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
+from hpclaunch.trainer.loop import Trainer, lr_at, main, params_sha256
 from hpclaunch.trainer.metrics import FIELDS
 
 MODEL = [
@@ -176,3 +178,66 @@ def test_same_seed_same_parameters_in_process(tmp_path: Path, data: Path) -> Non
         return str(out.extra["params_sha256"])
 
     assert final(0, "a") == final(0, "b") != final(1, "c")
+
+
+def write_run(tmp_path: Path, data: Path, *overrides: str) -> Path:
+    cfg = config(tmp_path, data, *overrides)
+    run = RunPaths(tmp_path / "run").ensure()
+    run.config.write_text(cfg.to_yaml())
+    return run.root
+
+
+def test_entry_point_reads_attempt_and_deadline_from_the_environment(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = write_run(tmp_path, data, "train.steps=20")
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "job7.1")
+    monkeypatch.setenv("HPCLAUNCH_JOB_END_TIME", str(time.time() - 1))  # already past: stop at once
+    assert main([str(run)]) == 0
+    out = json.loads(RunPaths(run).outcome_file("job7.1").read_text())
+    assert {k: out[k] for k in ("status", "cause", "step", "error", "world_size")} == {
+        "status": "stopped",
+        "cause": "timeout",
+        "step": 1,
+        "error": None,
+        "world_size": 1,
+    }
+    events = read_jsonl(run / "events.jsonl")
+    assert [e["event"] for e in events if e["event"] != "checkpoint_saved"] == ["resumed", "stopped"]
+    assert events[-1]["cause"] == "timeout" and events[-1]["attempt"] == "job7.1"
+    assert (RunPaths(run).checkpoints / "step_000001").is_dir()
+
+
+def test_entry_point_stops_on_the_control_file_and_resumes(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run = write_run(tmp_path, data, "train.steps=6")
+    monkeypatch.delenv("HPCLAUNCH_JOB_END_TIME", raising=False)
+    write_stop_request(RunPaths(run).stop_file, "user", by="test")
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "first")
+    assert main([str(run)]) == 0
+    first = json.loads(RunPaths(run).outcome_file("first").read_text())
+    assert (first["status"], first["cause"], first["step"]) == ("stopped", "user", 1)
+    RunPaths(run).stop_file.unlink()
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "second")
+    assert main([str(run)]) == 0
+    second = json.loads(RunPaths(run).outcome_file("second").read_text())
+    assert (second["status"], second["step"], second["samples_consumed"]) == ("finished", 6, 96)
+    resumed = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resumed"]
+    assert [(e["attempt"], e["step"], e["samples_consumed"]) for e in resumed] == [
+        ("first", 0, 0),
+        ("second", 1, 16),
+    ]
+    assert resumed[1]["checkpoint"] == str(RunPaths(run).checkpoints / "step_000001")
+
+
+def test_entry_point_reports_bad_data_in_one_line(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = write_run(tmp_path, data, f"data.token_dir={tmp_path / 'nowhere'}")
+    monkeypatch.delenv("HPCLAUNCH_ATTEMPT", raising=False)
+    assert main([str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"hpclaunch: training failed: {tmp_path / 'nowhere'}: token directory does not exist"]
+    out = json.loads(RunPaths(run).outcome_file("local").read_text())
+    assert out["status"] == "failed" and "token directory does not exist" in out["error"]

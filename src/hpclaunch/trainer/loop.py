@@ -11,8 +11,9 @@ What happens, top to bottom (``Trainer.run``):
    shard and broadcasts the result), model (a pure function of the seed), DDP, AdamW;
 2. resume: the newest valid checkpoint, if any (``Trainer.resume``); rank 0 appends ``resumed``;
 3. steps: ``grad_accum`` micro-batches (DDP ``no_sync`` on all but the last), global grad norm,
-   the NaN guard, clipping, the optimizer step; metrics; the stop check after every step;
-   periodic non-blocking saves every ``checkpoint.every_steps``;
+   the NaN guard, clipping, the optimizer step; metrics; the stop check after every step (but
+   the last: a run that has done all its steps is finished); periodic non-blocking saves every
+   ``checkpoint.every_steps`` (a step that stops saves once, blocking);
 4. the end: finished (all steps done), stopped (a stop cause; blocking save, ``stopped`` event),
    or failed (``train.max_nonfinite_skips`` consecutive non-finite steps, or an error). Rank 0
    writes ``RUN/attempts/<attempt>.json``; every rank exits 0 unless the run failed.
@@ -642,6 +643,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m hpclaunch.trainer RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[0]).resolve()
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
     attempt = os.environ.get(ATTEMPT_VAR) or "local"
     end_time = float(os.environ[END_TIME_VAR]) if os.environ.get(END_TIME_VAR) else None
     rank = int(os.environ.get("RANK", 0))
