@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,6 +109,7 @@ def test_skipped_step_leaves_model_and_optimizer_untouched(tmp_path: Path, data:
     assert all(p.grad is None for p in tr.model.parameters())
     applied, *_ = tr.train_step()
     assert applied and tr.counters.nonfinite_consecutive == 0 and tr.counters.skipped_total == 1
+    tr.close()
 
 
 def test_injected_steps_are_skipped_counted_and_logged(tmp_path: Path, data: Path) -> None:
@@ -241,3 +244,14 @@ def test_entry_point_reports_bad_data_in_one_line(
     assert err == [f"hpclaunch: training failed: {tmp_path / 'nowhere'}: token directory does not exist"]
     out = json.loads(RunPaths(run).outcome_file("local").read_text())
     assert out["status"] == "failed" and "token directory does not exist" in out["error"]
+
+
+def test_a_signal_during_set_up_stops_after_the_first_step(tmp_path: Path, data: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    tr = trainer(tmp_path, data, "train.steps=10")
+    os.kill(os.getpid(), signal.SIGTERM)  # e.g. preemption while the data was being checked
+    out = tr.run()
+    tr.close()
+    assert (out.status, out.cause, out.step) == ("stopped", "preemption", 1)
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+    assert "stopped" in [e["event"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]

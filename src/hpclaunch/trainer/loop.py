@@ -245,6 +245,30 @@ class Trainer:
         self.end_time = end_time
         self.counters = Counters()
         self.ctx = setup_distributed(cfg)
+        # Handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
+        # after the first step instead of killing the rank with no outcome.
+        self.stop = StopController(
+            stop_file=paths.stop_file,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            group=self.ctx.cpu_group,
+            end_time=end_time,
+            stop_lead_s=cfg.launch.stop_lead_s,
+            margin_s=cfg.launch.stop_margin_s,
+        )
+        self.stop.install_signal_handlers()
+        try:
+            self._build(checkpoints)
+        except BaseException:
+            self.stop.restore_signal_handlers()
+            raise
+        self.echo = echo
+        self.tty = tty
+        self.log: MetricsLog | None = None
+        self.last_lr = 0.0
+
+    def _build(self, checkpoints: bool) -> None:
+        cfg, paths = self.cfg, self.paths
         set_deterministic()
         self._smoke()
         t = cfg.train
@@ -254,7 +278,7 @@ class Trainer:
             self.micro = self.per_rank  # a resume on another rank count: no accumulation then
         self.accum = self.per_rank // self.micro
         self.inject = set(t.inject_nonfinite_at)
-        self.ledger = Ledger(paths.events, attempt=attempt) if self.ctx.is_main else None
+        self.ledger = Ledger(paths.events, attempt=self.attempt) if self.ctx.is_main else None
 
         self.data_info = self._validated_data()
         self.dataset = ShardedDataset(self.data_info, cfg.model)
@@ -287,15 +311,6 @@ class Trainer:
         if bf16:
             self.autocast = lambda: torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
 
-        self.stop = StopController(
-            stop_file=paths.stop_file,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            group=self.ctx.cpu_group,
-            end_time=end_time,
-            stop_lead_s=cfg.launch.stop_lead_s,
-            margin_s=cfg.launch.stop_margin_s,
-        )
         self.checkpointer: Any = None
         if checkpoints and Checkpointer is not None:
             c = cfg.checkpoint
@@ -311,10 +326,6 @@ class Trainer:
                 ledger=self.ledger,
             )
         self.window = MetricsWindow(self.ctx.device)
-        self.echo = echo
-        self.tty = tty
-        self.log: MetricsLog | None = None
-        self.last_lr = 0.0
 
     # ---- set-up helpers -----------------------------------------------------------------------
 
@@ -504,7 +515,6 @@ class Trainer:
 
     def run(self) -> Outcome:
         t, c = self.cfg.train, self.counters
-        self.stop.install_signal_handlers()
         try:
             self.resume()
             c = self.counters
@@ -604,6 +614,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self.stop.restore_signal_handlers()
         if self.log is not None:
             self.log.close()
         if self.checkpointer is not None:
