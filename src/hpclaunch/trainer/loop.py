@@ -60,26 +60,19 @@ from ..fsutil import atomic_write_json
 from ..jobs.env import ATTEMPT_VAR, END_TIME_VAR
 from ..jobs.stop import StopCause, StopController
 from ..orchestrator.runs import RESUMED, STOPPED, Ledger, RunPaths
+from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
 from .data import DatasetInfo, SampleOrder, ShardedDataset, validate_dataset
 from .metrics import MetricsLog, MetricsWindow
 from .model import build_model
 from .objective import compute_losses, draw
 
-try:
-    from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
-except ImportError:  # pragma: no cover - only while checkpoint.py is being written
-    Checkpointer = None  # type: ignore[assignment,misc]
-    RANK_LOCAL = "rank_local"
-
-    def rank_local_key(rank: int) -> str:
-        return f"rank{rank}"
-
-
 _Smoke = Callable[..., None]
 run_distributed_smoke: _Smoke | None
 try:
     from ..preflight.smoke import run_distributed_smoke
-except ImportError:  # the preflight package is built separately
+except ModuleNotFoundError as e:  # only while preflight/smoke.py is being written
+    if e.name != "hpclaunch.preflight.smoke":
+        raise
     run_distributed_smoke = None
 
 DEBUG_VAR = "HPCLAUNCH_DEBUG"
@@ -312,7 +305,7 @@ class Trainer:
             self.autocast = lambda: torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
 
         self.checkpointer: Any = None
-        if checkpoints and Checkpointer is not None:
+        if checkpoints:
             c = cfg.checkpoint
             self.checkpointer = Checkpointer(
                 paths.checkpoints,
