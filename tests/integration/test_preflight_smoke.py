@@ -28,6 +28,10 @@ except PreflightFailed as e:
     out["error"] = e.one_line()
 with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as f:
     json.dump(out, f)
+if out["ok"]:
+    # Leaving with live gloo threads can abort the process ("terminate called without an active
+    # exception"); a rank whose peer is gone cannot tear down cleanly, so only the good path does.
+    dist.destroy_process_group()
 sys.exit(0 if out["ok"] else 3)
 """
 

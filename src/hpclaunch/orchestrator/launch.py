@@ -11,12 +11,11 @@ import itertools
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from ..config import RunConfig, apply_override, validate_config
-from ..errors import ConfigError, UserInputError
+from ..errors import UserInputError
 from ..fsutil import atomic_write_json, atomic_write_text
 from . import plan as plan_mod
 from . import runs
@@ -67,6 +66,12 @@ def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str]
                 f"--sweep {item!r} is not key=v1,v2,...",
                 where="--sweep",
                 hint="e.g. --sweep train.lr=1e-4,3e-4",
+            )
+        if key.strip().split(".")[0] in ("scheduler", "name", "run_dir"):
+            raise UserInputError(
+                f"--sweep {key.strip()}: one job array shares its resources and name",
+                where="--sweep",
+                hint="sweep model/train/data/checkpoint keys; submit separate runs for other resources",
             )
         axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
     points = []
@@ -125,59 +130,47 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     return paths
 
 
-def point_plan(plan: JobPlan, cfg: RunConfig) -> JobPlan:
-    """The plan of one sweep point: the array's resources, the point's own run directory."""
-    own = plan_mod.build(cfg, python=plan.python, nccl_env=nccl_plan_env(cfg))
-    return own
-
-
-def submit(
-    prepared: Prepared, *, run_preflight: bool = True, resume: bool = False, preflight_report: Any = None
-) -> tuple[RunPaths, str]:
-    """Write the run directory(ies) and hand the rendered script to the scheduler."""
+def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = False) -> tuple[RunPaths, str]:
+    """Write the run directory (one per sweep point) and hand the rendered script to the scheduler."""
     plan, cfg, rendered = prepared.plan, prepared.cfg, prepared.rendered
     scheduler = get_scheduler(plan.scheduler)
     if not resume:
-        _check_new_run_dir(Path(plan.run_dir))
-        for point in plan.sweep:
-            _check_new_run_dir(Path(point.run_dir))
+        for root in [Path(plan.run_dir), *(Path(p.run_dir) for p in plan.sweep)]:
+            _check_new_run_dir(root)
     paths = write_run_dir(cfg, plan, rendered)
+    points = []
     for point_cfg in prepared.point_cfgs:
-        pplan = point_plan(plan, point_cfg)
-        # Each point keeps a plain (non-array) script of its own: its continuation jobs submit it.
-        write_run_dir(point_cfg, pplan, scheduler.render(pplan))
-    if plan.scheduler == "local" and plan.sweep:
-        job_ids = [
-            scheduler.submit(point_plan(plan, c), scheduler.render(point_plan(plan, c)))
-            for c in prepared.point_cfgs
-        ]
-        job_id = ",".join(job_ids)
+        # Each point has its own plan and a plain (non-array) script: continuation jobs submit it.
+        point_plan = plan_mod.build(point_cfg, python=plan.python, nccl_env=nccl_plan_env(point_cfg))
+        point_script = scheduler.render(point_plan)
+        points.append((write_run_dir(point_cfg, point_plan, point_script), point_plan, point_script))
+
+    if not plan.sweep:
+        job_id = scheduler.submit(plan, rendered)
+        targets = [(paths, job_id)]
+    elif plan.scheduler == "local":  # no arrays here: one controller per point
+        targets = [(p, scheduler.submit(pp, ps)) for p, pp, ps in points]
+        job_id = ",".join(j for _, j in targets)
     else:
         job_id = scheduler.submit(plan, rendered)
-    note: dict[str, Any] = {"preflight": "passed" if run_preflight else "skipped"}
-    targets = [RunPaths(Path(p.run_dir)) for p in plan.sweep] or [paths]
-    for i, target in enumerate(targets):
-        point_job = (
-            job_id.split(",")[i]
-            if "," in job_id
-            else (f"{job_id}_{i}" if plan.sweep and plan.scheduler == "slurm" else job_id)
+        task = "{}_{}" if plan.scheduler == "slurm" else "{}[{}]"
+        targets = [(p, task.format(job_id, i)) for i, (p, _, _) in enumerate(points)]
+    if plan.sweep:
+        atomic_write_json(
+            paths.root / "sweep.json", {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]}
         )
+    for target, target_job in targets:
         ledger = Ledger(target.events)
         if not run_preflight:
             ledger.append(runs.PREFLIGHT_SKIPPED, by="--no-preflight")
         ledger.append(
             runs.SUBMITTED,
-            job_id=point_job,
+            job_id=target_job,
             scheduler=plan.scheduler,
             script=rendered.filename,
             resume=resume,
             world_size=plan.world_size,
-            **note,
-        )
-    if plan.sweep:
-        atomic_write_json(
-            paths.root / "sweep.json",
-            {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]},
+            preflight="passed" if run_preflight else "skipped",
         )
     return paths, job_id
 
@@ -190,7 +183,4 @@ def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
     raw = yaml.safe_load(paths.config.read_text()) or {}
     for item in overrides:
         apply_override(raw, item)
-    try:
-        return validate_config(raw, where=str(paths.config))
-    except ConfigError:
-        raise
+    return validate_config(raw, where=str(paths.config))

@@ -77,7 +77,8 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
         elif kind == runs.FINISHED:
             if e.get("step") is not None:
                 a.last_step = max(a.last_step or 0, int(e["step"]))
-            a.end, a.ended = "finished", e.get("ts")
+            # a warning that came after the last step does not make the attempt's end a stop
+            a.end, a.ended, a.cause = "finished", e.get("ts"), None
         elif kind == runs.REQUEUED:
             a.end, a.cause, a.ended = "requeued", e.get("cause"), e.get("ts")
             a.error = e.get("error")

@@ -43,7 +43,6 @@ import random
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,20 +59,12 @@ from ..fsutil import atomic_write_json
 from ..jobs.env import ATTEMPT_VAR, END_TIME_VAR
 from ..jobs.stop import StopCause, StopController
 from ..orchestrator.runs import RESUMED, STOPPED, Ledger, RunPaths
+from ..preflight.smoke import run_distributed_smoke
 from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
 from .data import DatasetInfo, SampleOrder, ShardedDataset, validate_dataset
 from .metrics import MetricsLog, MetricsWindow
 from .model import build_model
 from .objective import compute_losses, draw
-
-_Smoke = Callable[..., None]
-run_distributed_smoke: _Smoke | None
-try:
-    from ..preflight.smoke import run_distributed_smoke
-except ModuleNotFoundError as e:  # only while preflight/smoke.py is being written
-    if e.name != "hpclaunch.preflight.smoke":
-        raise
-    run_distributed_smoke = None
 
 DEBUG_VAR = "HPCLAUNCH_DEBUG"
 
@@ -323,11 +314,7 @@ class Trainer:
     # ---- set-up helpers -----------------------------------------------------------------------
 
     def _smoke(self) -> None:
-        if (
-            self.ctx.initialized
-            and self.cfg.preflight.distributed_smoke
-            and run_distributed_smoke is not None
-        ):
+        if self.ctx.initialized and self.cfg.preflight.distributed_smoke:
             run_distributed_smoke(float(self.cfg.preflight.smoke_timeout_s), group=self.ctx.cpu_group)
 
     def _validated_data(self) -> DatasetInfo:

@@ -1,0 +1,208 @@
+"""The whole stop -> save -> requeue -> resume cycle on the embedded local scheduler, for real:
+the CLI, the detached controller, the node agent, torchrun with 2 gloo ranks, DCP checkpoints."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    status,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+pytestmark = pytest.mark.slow
+
+STEPS = 300
+SLOW = (
+    f"train.steps={STEPS}",
+    "train.step_sleep_s=0.1",
+    "train.log_every=1",
+    "checkpoint.every_steps=30",
+    "launch.stop_margin_s=3",
+)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("local-runs")
+
+
+@pytest.fixture(scope="module")
+def data(work: Path) -> Path:
+    return synth_data(work / "data")
+
+
+def _last_step(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return 0
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return int(lines[-1]["step"]) if lines else 0
+
+
+def _attempts(run: Path) -> int:
+    return len({e["attempt"] for e in events(run) if e["event"] == "started"})
+
+
+def _worker(run: Path, rank: int) -> psutil.Process:
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if "hpclaunch.trainer" in cmd and str(run) in cmd:
+            try:
+                if p.environ().get("RANK") == str(rank):
+                    return p
+            except psutil.Error:
+                continue
+    raise LookupError(f"no rank {rank} worker for {run}")
+
+
+def _wait_step(run: Path, step: int, attempt: int) -> None:
+    def reached() -> bool:
+        return _attempts(run) >= attempt and _last_step(run) >= step
+
+    wait_for(reached, timeout=180, poll=0.2, what=f"step {step} in attempt {attempt}")
+
+
+def _load_final_checkpoint(run: Path, tmp: Path) -> dict[str, Any]:
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    newest = sorted((run / "checkpoints").glob("step_*"))[-1]
+    out = tmp / f"{run.name}.pt"
+    dcp_to_torch_save(newest, out)
+    state: dict[str, Any] = torch.load(out, weights_only=False)  # our own conversion of our own file
+    return state
+
+
+def _flat(prefix: str, obj: Any) -> dict[str, Any]:
+    if isinstance(obj, dict):
+        out: dict[str, Any] = {}
+        for k, v in obj.items():
+            out.update(_flat(f"{prefix}.{k}", v))
+        return out
+    return {prefix: obj}
+
+
+def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
+    work: Path, data: Path, tmp_path: Path
+) -> None:
+    """Stopped by the control file, by SIGTERM to ONE worker, and by the deadline; resumed each time."""
+    import torch
+
+    ref = tiny_overrides(work, data, "uninterrupted", *SLOW, "train.step_sleep_s=0")
+    hpclaunch("train", str(TINY), *ref, cwd=work, timeout=600)
+
+    run = work / "runs" / "stopped3"
+    overrides = tiny_overrides(
+        work, data, "stopped3", *SLOW, "scheduler.time_limit=45s", "scheduler.kill_wait_s=20"
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+
+    # the first two stops come early in their attempts, far from the deadline whatever the start-up
+    _wait_step(run, 5, attempt=1)
+    hpclaunch("stop", str(run), "--continue", cwd=work)  # 1: the control file (user, continue)
+
+    _wait_step(run, _last_step(run) + 5, attempt=2)
+    _worker(run, rank=1).send_signal(signal.SIGTERM)  # 2: a signal that reaches one rank only
+
+    # 3: attempt 3 runs into its deadline (45 s limit minus the measured save time and a margin):
+    # the ~290 steps left take ~35 s of training at 0.1 s/step, more than one attempt holds
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    causes = [(a["end"], a["cause"]) for a in s["attempts"]]
+    story = "\n".join(json.dumps(e) for e in events(run))
+    assert causes[:3] == [("requeued", "user"), ("requeued", "preemption"), ("requeued", "timeout")], story
+    assert causes[-1] == ("finished", None)
+    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert s["goodput"]["useful_steps"] == STEPS
+
+    # every rank stopped after the same step, although only rank 1 got the signal
+    outcomes = [json.loads(p.read_text()) for p in (run / "attempts").glob("*.json")]
+    for o in outcomes:
+        assert len({r["step"] for r in o["ranks"]}) == 1, o
+
+    assert final_params_sha(run) == final_params_sha(work / "runs" / "uninterrupted")
+    a = _flat("", _load_final_checkpoint(run, tmp_path))
+    b = _flat("", _load_final_checkpoint(work / "runs" / "uninterrupted", tmp_path))
+    tensors = [
+        k for k in a if isinstance(a[k], torch.Tensor) and (k.startswith(".optim") or k.startswith(".model"))
+    ]
+    assert any(".optim.state" in k for k in tensors)
+    for key in tensors:
+        assert torch.equal(a[key], b[key]), key
+
+
+def test_a_crash_is_retried_within_its_own_budget_and_not_called_a_preemption(work: Path, data: Path) -> None:
+    run = work / "runs" / "crash"
+    overrides = tiny_overrides(
+        work, data, "crash", *SLOW, "train.steps=60", "scheduler.max_failure_retries=1"
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    _wait_step(run, 20, attempt=1)
+    _worker(run, rank=0).send_signal(signal.SIGKILL)  # what an OOM kill or a segfault looks like
+    s = wait_run_done(run, work, timeout=300)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"]) == ("requeued", "crash")
+    assert "preemption" not in {a["cause"] for a in s["attempts"]}
+
+
+def test_max_requeues_is_honoured(work: Path, data: Path) -> None:
+    run = work / "runs" / "budget"
+    # ~50 s of training at 0.1 s/step: at least three 30 s attempts, but only one requeue is allowed
+    overrides = tiny_overrides(
+        work, data, "budget", *SLOW, "train.steps=400", "scheduler.time_limit=30s", "scheduler.max_requeues=1"
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    s = wait_run_done(run, work, timeout=300)
+    assert s["state"] == "failed", json.dumps(s, indent=1)[-3000:]
+    ends = [(a["end"], a["cause"]) for a in s["attempts"]]
+    assert ends == [("requeued", "timeout"), ("failed", "timeout")], ends
+    assert "1 requeues used of 1" in s["attempts"][-1]["error"]
+    # the run kept its progress: a later `submit --resume` continues from the last save
+    assert s["attempts"][-1]["checkpoint_step"] == s["step"]
+
+
+def test_user_stop_ends_the_run_and_resume_continues_it(work: Path, data: Path) -> None:
+    run = work / "runs" / "userstop"
+    overrides = tiny_overrides(work, data, "userstop", *SLOW, "train.steps=60")
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    _wait_step(run, 10, attempt=1)
+    hpclaunch("stop", str(run), cwd=work)
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "stopped" and s["attempts"][0]["cause"] == "user"
+    assert not (run / "control" / "stop").exists()  # consumed: the next attempt starts clean
+    hpclaunch("submit", "--resume", str(run), "--no-preflight", cwd=work)
+    s = wait_run_done(run, work, timeout=300)
+    assert s["state"] == "finished" and s["step"] == 60
+    assert s["attempts"][1]["resumed_step"] == s["attempts"][0]["last_step"]
+
+
+def test_status_json_and_logs_of_a_run(work: Path) -> None:
+    run = work / "runs" / "userstop"
+    data = status(run, work)
+    assert {"state", "attempts", "goodput", "step", "loss", "eta_s"} <= set(data)
+    log = hpclaunch("logs", str(run), "--attempt", "1", cwd=work).stdout
+    assert "hpclaunch attempt" in log and "step" in log
+    bad = hpclaunch("logs", str(run), "--attempt", "9", cwd=work, check=False)
+    assert bad.returncode == 2 and "attempt 9 does not exist" in bad.stderr
+
+
+def test_submit_refuses_a_config_whose_preflight_fails(work: Path, data: Path) -> None:
+    overrides = tiny_overrides(work, data, "refused", "data.token_dir=/nonexistent/tokens")
+    result = hpclaunch("submit", str(TINY), *overrides, cwd=work, check=False)
+    assert result.returncode == 1, result.stderr
+    assert "preflight check 'data' failed" in result.stderr and "nothing was submitted" in result.stderr
+    assert not (work / "runs" / "refused").exists()
