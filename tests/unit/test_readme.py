@@ -9,7 +9,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _script() -> object:
-    spec = importlib.util.spec_from_file_location("update_readme_reference", ROOT / "scripts" / "update_readme_reference.py")
+    spec = importlib.util.spec_from_file_location(
+        "update_readme_reference", ROOT / "scripts" / "update_readme_reference.py"
+    )
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -140,7 +140,8 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         # Done when no run is mid-flight by our ledger AND the scheduler holds no active job for it
         # (between a trainer's stop and the agent's requeue decision the ledger alone says "stopped").
         busy = any(
-            s in ("pending", "running", "requeued") or (v.get("scheduler") or {}).get("state") in ("pending", "running", "requeued")
+            s in ("pending", "running", "requeued")
+            or (v.get("scheduler") or {}).get("state") in ("pending", "running", "requeued")
             for s, v in zip(states, views, strict=True)
         )
         if not busy:
