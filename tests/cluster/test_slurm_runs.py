@@ -180,3 +180,35 @@ def test_two_node_job_trains_with_world_size_four(
     log = (run / "logs").glob("attempt-*/node0.log")
     text = next(log).read_text()
     assert "--rdzv-endpoint=10.200.0.11:" in text  # the head's NodeAddr, never localhost
+
+
+def test_a_node_that_fails_a_check_is_excluded_and_the_run_finishes_on_another(
+    slurm_cluster_2nodes: SlurmCluster, work: Path, data: Path, tmp_path: Path
+) -> None:
+    """The node check's admin marker (`unhealthy-<node>`) on n1: the job requeues without n1."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "unhealthy-n1").write_text("test: ECC errors reported by the admin\n")
+    run = _submit(
+        work,
+        data,
+        "exclude",
+        "scheduler.kind=slurm",
+        "train.steps=20",
+        "train.warmup_steps=5",
+        env={"HPCLAUNCH_NODE_MARKER_DIR": str(markers)},
+    )
+    s = wait_run_done(run, work, timeout=300)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    story = events(run)
+    started = [e for e in story if e["event"] == "started"]
+    assert started[0]["hosts"] == ["n1"], "SLURM placed the first attempt elsewhere; nothing to exclude"
+    assert started[-1]["hosts"] == ["n2"]
+    excluded = [e for e in story if e["event"] == "node_excluded"]
+    assert [e["excluded"] for e in excluded] == ["n1"] and excluded[0]["exclude"] == ["n1"]
+    failed_check = next(e for e in story if e["event"] == "node_preflight" and not e["ok"])
+    assert any(c["name"] == "node" and c["status"] == "fail" for c in failed_check["checks"])
+    assert (s["attempts"][0]["end"], s["attempts"][0]["cause"]) == ("requeued", "node_failure")
+    assert started[-1]["job_id"] != started[0]["job_id"]  # a new job, submitted with --exclude=n1
+    assert "n1" in slurm_cluster_2nodes.job_info(str(started[-1]["job_id"])).get("ExcNodeList", "")
+    assert "#SBATCH --exclude=n1" in (run / "job.sbatch").read_text()

@@ -109,3 +109,18 @@ def test_multi_node_head_on_loopback_is_refused(monkeypatch: pytest.MonkeyPatch)
         scheduler="slurm", job_id="1", node_rank=0, num_nodes=1, hostname="localhost", hosts=("localhost",)
     )
     assert job_env.rendezvous_address(one) == "127.0.0.1"  # fine when nobody else must reach it
+
+
+def test_the_plans_scheduler_wins_over_detection() -> None:
+    """Slurm's Torque emulation sets SLURM_* and PBS_* at once: a PBS plan reads the PBS side."""
+    environ = {
+        "SLURM_JOB_ID": "26",
+        "SLURM_JOB_NODELIST": "vm",
+        "PBS_JOBID": "26",
+        "HPCLAUNCH_RESTART_COUNT": "1",
+    }
+    assert node_context(environ).scheduler == "slurm"
+    ctx = node_context(environ, kind="pbs")
+    assert (ctx.scheduler, ctx.job_id, ctx.restart_count) == ("pbs", "26", 1)
+    with pytest.raises(NodeContextError, match="PBS_JOBID is not set"):
+        node_context({"SLURM_JOB_ID": "1"}, kind="pbs")

@@ -171,14 +171,16 @@ class NodeAgent:
         if self.ctx.scheduler == "slurm":
             excluded = [e for e in self.ledger.events() if e.get("event") == runs.NODE_EXCLUDED]
             if len(excluded) < self.cfg.preflight.max_node_excludes:
-                from ..orchestrator.schedulers.slurm import requeue_excluding
+                from ..orchestrator.schedulers.slurm import resubmit_excluding
 
                 nodes = sorted({*self.plan.exclude, *(e["excluded"] for e in excluded), self.ctx.hostname})
                 self.ledger.append(
                     runs.NODE_EXCLUDED, excluded=self.ctx.hostname, exclude=nodes, reason=reason
                 )
-                requeue_excluding(self.ctx.job_id, nodes)
-                self.ledger.append(runs.REQUEUED, cause="node_failure", by="agent", exclude=nodes)
+                new_id = resubmit_excluding(self.plan, self.paths, nodes)
+                self.ledger.append(
+                    runs.REQUEUED, cause="node_failure", by="agent", job_id=new_id, exclude=nodes
+                )
                 return 0
         self.ledger.append(runs.FAILED, cause="node_failure", error=reason)
         return 1
@@ -191,6 +193,12 @@ class NodeAgent:
         # minimal environment: the plan is the source of truth.
         env.update(self.plan.env)
         env.update(self._nccl_env())
+        if self.ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
+            # gloo advertises the address its hostname resolves to, which may be loopback or a
+            # network the other nodes cannot reach; pin it to the interface of our own address.
+            iface = job_env.interface_of(job_env.node_address(self.ctx, self.ctx.hostname))
+            if iface:
+                env["GLOO_SOCKET_IFNAME"] = iface
         env[job_env.ATTEMPT_VAR] = self.attempt
         env[job_env.RUN_DIR_VAR] = str(self.paths.root)
         if self.ctx.end_time is not None:
@@ -412,7 +420,7 @@ def agent_main(run_dir: str) -> int:
     cfg = load_config(paths.config)
     paths = RunPaths(Path(run_dir), Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None)
     try:
-        ctx = job_env.node_context(time_limit_s=plan.time_limit_s)
+        ctx = job_env.node_context(kind=plan.scheduler, time_limit_s=plan.time_limit_s)
         if ctx.scheduler == "slurm":
             # SLURM's EndTime is authoritative (it restarts with every requeue).
             from ..orchestrator.schedulers.slurm import job_end_time
@@ -420,6 +428,12 @@ def agent_main(run_dir: str) -> int:
             end = job_end_time(ctx.job_id)
             if end is not None:
                 ctx = dataclasses.replace(ctx, end_time=end)
+        elif ctx.scheduler == "pbs":
+            # PBS has no restart counter; each continuation is a new job, counted in the ledger.
+            earlier = {
+                e.get("job_id") for e in Ledger(paths.events).events() if e.get("event") == runs.STARTED
+            }
+            ctx = dataclasses.replace(ctx, restart_count=len(earlier - {ctx.job_id}))
         code = NodeAgent(paths, plan, cfg, ctx).run()
     except HpclaunchError as e:
         Ledger(paths.events).append(runs.FAILED, cause="crash", error=e.one_line(), retry=False)

@@ -83,15 +83,25 @@ def detect_scheduler(environ: Mapping[str, str]) -> str:
 
 
 def node_context(
-    environ: Mapping[str, str] | None = None, *, time_limit_s: int | None = None, now: float | None = None
+    environ: Mapping[str, str] | None = None,
+    *,
+    kind: str | None = None,
+    time_limit_s: int | None = None,
+    now: float | None = None,
 ) -> NodeContext:
-    """The context of this node from its environment (``os.environ`` by default)."""
+    """The context of this node from its environment (``os.environ`` by default).
+
+    ``kind``: the scheduler the plan was submitted to. Pass it: detection is ambiguous where one
+    scheduler emulates another (Slurm's Torque wrappers set both SLURM_* and PBS_* variables).
+    """
     env = os.environ if environ is None else environ
     now = time.time() if now is None else now
-    kind = detect_scheduler(env)
+    kind = kind or detect_scheduler(env)
     if kind == "slurm":
         return _slurm(env, time_limit_s, now)
     if kind == "pbs":
+        if "PBS_JOBID" not in env:
+            raise NodeContextError("PBS_JOBID is not set", hint="is this running inside a PBS job?")
         return _pbs(env, time_limit_s, now)
     return _local(env, now)
 
@@ -300,3 +310,13 @@ def rendezvous_address(ctx: NodeContext) -> str:
             hint="fix the node's address in DNS//etc/hosts (or SLURM NodeAddr)",
         )
     return addr
+
+
+def interface_of(address: str) -> str | None:
+    """The network interface that holds ``address`` on this host (None when none does)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None

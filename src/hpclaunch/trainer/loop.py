@@ -657,10 +657,14 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
         step = trainer.counters.step if trainer is not None else 0
         world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
-        outcome = Outcome("failed", None, step, _one_line(err), world)
+        # "training": the run's own verdict (bad data, non-finite steps, incompatible checkpoint)
+        # that a retry would repeat; "crash": anything else (a network error, a bug), which the
+        # node agent may retry within scheduler.max_failure_retries.
+        cause = "training" if isinstance(err, HpclaunchError) else "crash"
+        outcome = Outcome("failed", cause, step, _one_line(err), world)
         if isinstance(err, TrainingError) and trainer is not None:
             with suppress(Exception):  # best effort: the failure itself is what matters
-                outcome = trainer.outcome("failed", None, _one_line(err))
+                outcome = trainer.outcome("failed", cause, _one_line(err))
         code = err.exit_code if isinstance(err, HpclaunchError) else 1
         if not collective:
             _write_outcome(paths, attempt, outcome, rank)

@@ -353,8 +353,20 @@ def termination_cause(job_id: str, restart_count: int) -> str | None:
     return "cancelled" if state.startswith(("CANCELLED", "COMPLETING")) else None
 
 
-def requeue_excluding(job_id: str, nodes: list[str]) -> None:
-    """Requeue this job so that it never lands on ``nodes`` again (hold, update, release)."""
-    _run(["scontrol", "requeuehold", job_id], what="scontrol requeuehold")
-    _run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={','.join(nodes)}"], what="scontrol update")
-    _run(["scontrol", "release", job_id], what="scontrol release")
+def resubmit_excluding(plan: JobPlan, paths: RunPaths, nodes: list[str]) -> str:
+    """Submit this run again as a new job that never lands on ``nodes``; returns its job id.
+
+    Not ``scontrol requeuehold`` + ``update ExcNodeList`` + ``release``: a requeued job stays
+    COMPLETING until all of its processes have exited, and the update and the release both fail
+    before that (measured on Slurm 22.05), so the job cannot do it for itself.
+    """
+    from submitit.helpers import clean_env
+
+    from ...fsutil import atomic_write_json, atomic_write_text
+
+    new_plan = plan.model_copy(update={"exclude": sorted(set(plan.exclude) | set(nodes))})
+    rendered = render_sbatch(new_plan)
+    atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
+    atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+    with clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
+        return SlurmScheduler().submit(new_plan, rendered)
