@@ -47,7 +47,7 @@ DEMO_RUN := runs/tiny-demo
 demo: venv
 	$(BIN)/hpclaunch data synth data/tiny --samples 1024
 	rm -rf $(DEMO_RUN)
-	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=25s --wait || true
+	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=40s --set train.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait || true
 	$(BIN)/hpclaunch status $(DEMO_RUN)
 
 bench: venv
