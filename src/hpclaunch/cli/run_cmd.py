@@ -95,11 +95,8 @@ def submit(
     if not no_preflight:
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
-    console.print(
-        f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}",
-        highlight=False,
-    )
-    console.print(f"  follow it: hpclaunch status {paths.root} --watch", highlight=False)
+    typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
+    typer.echo(f"  follow it: hpclaunch status {paths.root} --watch")
     if wait:
         code = _wait(paths)
         raise typer.Exit(code)
@@ -313,7 +310,7 @@ def _status_table(data: dict[str, Any]) -> Any:
         + (f"  ETA {data['eta_s']:.0f} s" if data.get("eta_s") else "")
     )
     table = Table(title="attempts", title_justify="left")
-    for col in ("#", "job", "nodes", "started", "steps", "checkpoint", "end", "cause"):
+    for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):
         table.add_column(col)
     for i, a in enumerate(data["attempts"], 1):
         steps = f"{a['resumed_step']}→{a['last_step']}" if a.get("resumed_step") is not None else "-"
