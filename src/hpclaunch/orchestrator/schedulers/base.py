@@ -7,9 +7,13 @@ back after a stop: SLURM requeues itself, PBS submits a continuation job, local 
 
 from __future__ import annotations
 
+import subprocess
 from dataclasses import dataclass, field
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
+
+from ...errors import SchedulerError
 
 if TYPE_CHECKING:
     from ...jobs.env import NodeContext
@@ -72,6 +76,21 @@ class Scheduler(Protocol):
         ...
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str: ...
+
+
+def run_command(
+    argv: list[str], *, what: str, hint: str, cwd: Path | None = None, timeout: float = 60
+) -> str:
+    """Run a scheduler command (sbatch, scontrol, qsub, qdel...); its failure is a SchedulerError."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except FileNotFoundError:
+        raise SchedulerError(f"{argv[0]} not found", where=what, hint=hint) from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"{what} did not answer within {timeout:.0f} s", where=what) from None
+    if out.returncode != 0:
+        raise SchedulerError(f"{what} failed: {out.stderr.strip() or out.stdout.strip()}", where=what)
+    return out.stdout
 
 
 def get_scheduler(kind: str) -> Scheduler:

@@ -18,7 +18,7 @@ from ...config import format_hms
 from ...errors import SchedulerError
 from ...templates import jinja, lint
 from ...templates.shell import Raw, directive_value, export_line, join
-from .base import JobState, RenderedJob, SchedulerStatus
+from .base import JobState, RenderedJob, SchedulerStatus, run_command
 
 if TYPE_CHECKING:
     from ...jobs.env import NodeContext
@@ -155,17 +155,7 @@ def qsub(args: list[str], *, cwd: Path) -> str:
 
 
 def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
-    except FileNotFoundError:
-        raise SchedulerError(
-            f"{argv[0]} not found", where=what, hint="is PBS (or Torque) installed here?"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise SchedulerError(f"{what} did not answer within {timeout:.0f} s", where=what) from None
-    if out.returncode != 0:
-        raise SchedulerError(f"{what} failed: {out.stderr.strip() or out.stdout.strip()}", where=what)
-    return out.stdout
+    return run_command(argv, what=what, hint="is PBS (or Torque) installed here?", cwd=cwd, timeout=timeout)
 
 
 def pbs_status(job_id: str) -> SchedulerStatus:

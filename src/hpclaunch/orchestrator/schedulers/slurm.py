@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import SchedulerError
 from ...templates import lint
 from ...templates.shell import Raw, directive_value, export_line, quote
-from .base import JobState, RenderedJob, SchedulerStatus
+from .base import JobState, RenderedJob, SchedulerStatus, run_command
 
 if TYPE_CHECKING:
     from ...jobs.env import NodeContext
@@ -242,18 +242,8 @@ class SlurmScheduler:
         return ctx.job_id
 
 
-def _run(argv: list[str], *, what: str, timeout: float = 60) -> str:
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        raise SchedulerError(
-            f"{argv[0]} not found", where=what, hint="is SLURM installed on this host?"
-        ) from None
-    except subprocess.TimeoutExpired:
-        raise SchedulerError(f"{what} did not answer within {timeout:.0f} s", where=what) from None
-    if out.returncode != 0:
-        raise SchedulerError(f"{what} failed: {out.stderr.strip() or out.stdout.strip()}", where=what)
-    return out.stdout
+def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
+    return run_command(argv, what=what, hint="is SLURM installed on this host?", cwd=cwd, timeout=timeout)
 
 
 def _state_word(value: Any) -> str:
