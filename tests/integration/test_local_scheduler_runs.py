@@ -206,3 +206,25 @@ def test_submit_refuses_a_config_whose_preflight_fails(work: Path, data: Path) -
     assert result.returncode == 1, result.stderr
     assert "preflight check 'data' failed" in result.stderr and "nothing was submitted" in result.stderr
     assert not (work / "runs" / "refused").exists()
+
+
+def test_hpclaunch_cancel_ends_the_run_as_cancelled_not_requeued(work: Path, data: Path) -> None:
+    run = work / "runs" / "cancelme"
+    hpclaunch("submit", str(TINY), *tiny_overrides(work, data, "cancelme", *SLOW), "--no-preflight", cwd=work)
+    wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
+    hpclaunch("cancel", str(run), cwd=work)
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "cancelled", json.dumps(s, indent=1)[-3000:]
+    assert not any(e["event"] in ("requeued", "failed") for e in events(run))
+
+
+def test_a_local_sweep_runs_every_point_to_the_end(work: Path, data: Path) -> None:
+    overrides = tiny_overrides(work, data, "lsweep", "train.steps=20", "train.warmup_steps=5")
+    hpclaunch(
+        "submit", str(TINY), *overrides, "--sweep", "train.lr=1e-3,5e-4", "--no-preflight", "--wait", cwd=work
+    )
+    table = json.loads(hpclaunch("status", str(work / "runs" / "lsweep"), "--json", cwd=work).stdout)
+    assert [(Path(p["run"]).name, p["state"], p["step"]) for p in table["points"]] == [
+        ("p0-lr1e-3", "finished", 20),
+        ("p1-lr5e-4", "finished", 20),
+    ]
