@@ -26,16 +26,9 @@ app = typer.Typer(
 
 
 def _register_all() -> None:
-    from . import common  # noqa: F401  (shared option definitions)
 
     for name in ("config_cmd", "render_cmd", "run_cmd", "preflight_cmd", "nccl_cmd", "data_cmd"):
-        try:
-            module = __import__(f"{__name__}.{name}", fromlist=["register"])
-        except ModuleNotFoundError as e:
-            if e.name == f"{__name__}.{name}":
-                continue  # command group not built yet
-            raise
-        module.register(app)
+        __import__(f"{__name__}.{name}", fromlist=["register"]).register(app)
 
 
 def debug_enabled() -> bool:

@@ -37,10 +37,8 @@ def _run_paths(run: Path) -> RunPaths:
 
 
 def _preflight_or_refuse(cfg: Any) -> None:
-    try:
-        from ..preflight import run_login_checks
-    except ImportError:
-        return
+    from ..preflight import run_login_checks
+
     report = run_login_checks(cfg)
     if report.failed:
         from ..preflight.report import print_report

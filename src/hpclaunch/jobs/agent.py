@@ -143,10 +143,8 @@ class NodeAgent:
     def _node_checks_pass(self) -> bool:
         if not self.cfg.preflight.node_checks:
             return True
-        try:
-            from ..preflight import NODE_CHECKS, run_node_checks
-        except ImportError:
-            return True
+        from ..preflight import NODE_CHECKS, run_node_checks
+
         # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
         # fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
         report = run_node_checks(self.cfg, self.ctx, only=set(NODE_CHECKS) - {"env"})
