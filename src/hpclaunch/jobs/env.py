@@ -15,7 +15,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HpclaunchError
@@ -45,7 +45,6 @@ class NodeContext:
     restart_count: int = 0
     end_time: float | None = None  # time.time() at which the scheduler ends this attempt
     array_task: int | None = None
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def head(self) -> str:
@@ -59,19 +58,6 @@ class NodeContext:
     def attempt(self) -> str:
         """Unique per attempt of this run: job id + restart count."""
         return f"{self.job_id}.{self.restart_count}"
-
-    def describe(self) -> dict[str, object]:
-        return {
-            "scheduler": self.scheduler,
-            "job_id": self.job_id,
-            "node_rank": self.node_rank,
-            "num_nodes": self.num_nodes,
-            "hostname": self.hostname,
-            "hosts": list(self.hosts),
-            "restart_count": self.restart_count,
-            "end_time": self.end_time,
-            "array_task": self.array_task,
-        }
 
 
 def detect_scheduler(environ: Mapping[str, str]) -> str:

@@ -205,9 +205,3 @@ class StopController:
         self.checks += 1
         self.check_cost_s = cost if self.checks == 1 else 0.9 * self.check_cost_s + 0.1 * cost
         return [int(v) for v in flags.tolist()]
-
-    def overhead_fraction(self) -> float:
-        """Estimated share of step time spent in stop checks."""
-        if self._step_time_s <= 0:
-            return 0.0
-        return self.check_cost_s / (self.k * self._step_time_s)

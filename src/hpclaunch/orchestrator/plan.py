@@ -8,7 +8,6 @@ inside the allocation (head address, node rank, job id).
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
@@ -89,14 +88,6 @@ class JobPlan(BaseModel):
     def time_limit_minutes(self) -> int:
         """SLURM counts whole minutes; round up so the run never gets less than asked."""
         return max(1, math.ceil(self.time_limit_s / 60))
-
-    @property
-    def paths_root(self) -> Path:
-        return Path(self.run_dir)
-
-    @property
-    def is_array(self) -> bool:
-        return bool(self.sweep)
 
     def agent_argv(self, run_dir: str | None = None) -> list[str]:
         """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""

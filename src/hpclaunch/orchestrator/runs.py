@@ -33,8 +33,8 @@ FAILED = "failed"
 CANCELLED = "cancelled"
 NODE_EXCLUDED = "node_excluded"
 
-# Why an attempt ended. Kept distinct all the way to `status` (never collapsed into "failed").
-CAUSES = ("timeout", "preemption", "user", "node_failure", "crash", "cancelled")
+# Causes an attempt can end with, kept distinct all the way to `status` (never collapsed into
+# "failed"): timeout, preemption, user, cancelled, node_failure, crash, training.
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,6 @@ from ..fsutil import read_jsonl
 from . import runs
 from .runs import RunPaths
 
-END_EVENTS = (runs.FINISHED, runs.FAILED, runs.CANCELLED, runs.REQUEUED, runs.STOPPED)
-
 
 @dataclass
 class Attempt:
