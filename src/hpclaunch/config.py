@@ -504,8 +504,13 @@ class RunConfig(_Section):
         return _hash(self.model.model_dump(mode="json"))
 
     def config_hash(self) -> str:
-        """Hash of everything that changes the math of the run (not where or how it is scheduled)."""
-        math = {k: v for k, v in self.to_dict().items() if k in ("model", "data", "train")}
+        """Hash of everything that changes the math of the run (not where or how it is scheduled).
+
+        Data *locations* are left out: the same shards staged to node-local scratch, or a
+        checkout in another directory, are the same run (and rendered scripts stay byte-stable
+        across machines). What the shards contain is checked by the data validation instead.
+        """
+        math = {k: v for k, v in self.to_dict().items() if k in ("model", "train")}
         math["train"] = {k: v for k, v in math["train"].items() if k not in ("step_sleep_s", "log_every")}
         return _hash(math)
 

@@ -75,3 +75,18 @@ def test_every_number_comes_from_the_plan() -> None:
         ["run_dir=/runs/x", "scheduler.nodes=3", "train.global_batch=48", "train.micro_batch=null"],
     )
     assert "select=3:ncpus=64:ngpus=4:mpiprocs=1" in pbs and "mpiexec -n 3 --ppn 1" in pbs
+
+
+def test_config_hash_ignores_where_the_checkout_and_data_live(tmp_path: Path) -> None:
+    # CI checks the repo out elsewhere; relative data paths then resolve to other absolute
+    # paths. The hash (printed in every script, compared on resume) must not move with them.
+    here = load_config(ROOT / "examples/tiny.yaml", FIXED, base=ROOT)
+    there = load_config(ROOT / "examples/tiny.yaml", FIXED, base=tmp_path)
+    assert here.data.token_dir != there.data.token_dir
+    assert here.config_hash() == there.config_hash()
+    assert prepare(here).rendered.text.replace(str(ROOT), "") == prepare(there).rendered.text.replace(
+        str(tmp_path), ""
+    )
+    # ...while a change to the math still changes it.
+    other_lr = load_config(ROOT / "examples/tiny.yaml", [*FIXED, "train.lr=5e-4"], base=ROOT)
+    assert other_lr.config_hash() != here.config_hash()
