@@ -45,7 +45,7 @@ def test_sbatch_wrap_completes(slurm_cluster: SlurmCluster, tmp_path: Path) -> N
     info = slurm_cluster.job_info(job)
     assert info["Partition"] == "debug"
     assert info["ExitCode"] == "0:0"
-    # jobcomp/filetxt is the only record of finished jobs without slurmdbd.
+    # jobcomp/filetxt: a plain-text record of finished jobs, kept next to accounting (slurmdbd).
     assert f"JobId={job} " in (slurm_cluster.state_dir / "jobcomp.txt").read_text()
 
 

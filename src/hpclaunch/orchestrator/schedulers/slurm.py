@@ -278,7 +278,46 @@ def parse_squeue_json(text: str, job_id: str) -> SchedulerStatus | None:
     return None
 
 
+def parse_sacct_json(text: str, job_id: str) -> SchedulerStatus | None:
+    """The job's latest record in ``sacct --json`` (a requeued job has one record per run)."""
+    data = json.loads(text)
+    array_id, _, task = job_id.partition("_")
+    records = []
+    for job in data.get("jobs", []):
+        array = job.get("array") or {}
+        if task:
+            match = _number(array.get("job_id")) == array_id and _number(array.get("task_id")) == task
+        else:
+            match = _number(job.get("job_id")) == job_id
+        if match:
+            records.append(job)
+    if not records:
+        return None
+
+    def started(i: int) -> tuple[int, int]:
+        times = records[i].get("time") or {}
+        value = _number(times.get("start")) or _number(times.get("submission"))
+        return (int(value) if value.isdigit() else 0, i)
+
+    latest = records[max(range(len(records)), key=started)]
+    state = latest.get("state")
+    word = _state_word(state).upper()
+    reason = str(state.get("reason") or "") if isinstance(state, dict) else ""
+    requeues = sum(1 for r in records if _state_word(r.get("state")).upper() == "REQUEUED")
+    detail = f"{reason}; " if reason and reason != "None" else ""
+    if requeues:
+        detail += f"requeued {requeues}x (sacct)"
+    return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word, detail.rstrip("; "))
+
+
+def sacct_status(job_id: str) -> SchedulerStatus | None:
+    """From accounting; None when there is none (no slurmdbd) or it does not know the job."""
+    out = subprocess.run(["sacct", "--json", "-j", job_id], capture_output=True, text=True, timeout=30)
+    return parse_sacct_json(out.stdout, job_id) if out.returncode == 0 else None
+
+
 def slurm_status(job_id: str) -> SchedulerStatus:
+    """squeue first (live, and it keeps finished jobs for MinJobAge), then accounting."""
     try:
         out = subprocess.run(
             ["squeue", "--json", "--jobs", job_id], capture_output=True, text=True, timeout=30
@@ -287,14 +326,9 @@ def slurm_status(job_id: str) -> SchedulerStatus:
             found = parse_squeue_json(out.stdout, job_id)
             if found is not None:
                 return found
-        acct = subprocess.run(["sacct", "--json", "-j", job_id], capture_output=True, text=True, timeout=30)
-        if acct.returncode == 0:
-            data = json.loads(acct.stdout)
-            jobs = data.get("jobs", [])
-            if jobs:
-                word = _state_word(jobs[-1].get("state")).upper()
-                return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word)
-        return SchedulerStatus(JobState.UNKNOWN, "", "SLURM no longer lists the job (no accounting)")
+        return sacct_status(job_id) or SchedulerStatus(
+            JobState.UNKNOWN, "", "SLURM no longer lists the job (no accounting)"
+        )
     except (FileNotFoundError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
         return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask SLURM: {e}")
 
