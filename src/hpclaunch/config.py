@@ -7,7 +7,6 @@ never imports torch: every CLI command loads configs.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -19,7 +18,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigError
+from .errors import ConfigError, did_you_mean
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Values that end up in #SBATCH/#PBS directive lines: no whitespace, quotes or shell syntax.
@@ -623,8 +622,7 @@ def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) ->
     dotted = ".".join(parts)
     prefix = ".".join(parts[:-1])
     allowed = list(allowed)
-    close = difflib.get_close_matches(parts[-1], allowed, n=1, cutoff=0.6)
-    suggestion = f" (did you mean {(prefix + '.' if prefix else '') + close[0]}?)" if close else ""
+    suggestion = did_you_mean(parts[-1], allowed, prefix=prefix + "." if prefix else "")
     return ConfigError(
         f"unknown key {dotted!r}{suggestion}",
         where=where,

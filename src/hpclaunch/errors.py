@@ -7,6 +7,15 @@ only shown with ``HPCLAUNCH_DEBUG=1``.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(word: str, choices: Iterable[str], *, prefix: str = "") -> str:
+    """`` (did you mean X?)`` naming the closest choice, or ``""``: every "unknown name" error's tail."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {prefix}{close[0]}?)" if close else ""
+
 
 class HpclaunchError(Exception):
     """Base class. ``exit_code`` is what the CLI returns: 2 = bad input, 1 = a check/run failed."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ..errors import UserInputError
+from ..errors import UserInputError, did_you_mean
 
 # ---- presets -----------------------------------------------------------------------------------
 
@@ -152,9 +152,8 @@ def _preset(name: str) -> Preset:
     try:
         return PRESETS[name]
     except KeyError:
-        close = difflib.get_close_matches(name, PRESET_NAMES, n=1)
         raise UserInputError(
-            f"unknown NCCL preset {name!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+            f"unknown NCCL preset {name!r}{did_you_mean(name, PRESET_NAMES)}",
             where="nccl.preset",
             hint=f"presets: {', '.join(PRESET_NAMES)}",
         ) from None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig
-from ..errors import HpclaunchError, UserInputError
+from ..errors import HpclaunchError, UserInputError, did_you_mean
 from ..jobs.env import NodeContext
 from .base import CheckContext, Outcome, RunCommand, run_command
 from .data import check_data
@@ -72,12 +72,10 @@ def select(names: Iterable[str], only: Iterable[str] | None, *, where: str) -> l
     wanted = {n.strip() for n in only if n.strip()}
     unknown = sorted(wanted - set(names))
     if unknown or not wanted:
-        import difflib
-
-        close = difflib.get_close_matches(unknown[0], names, n=1) if unknown else []
         raise UserInputError(
-            (f"unknown {where} check {unknown[0]!r}" if unknown else "no check named")
-            + (f" (did you mean {close[0]}?)" if close else ""),
+            f"unknown {where} check {unknown[0]!r}{did_you_mean(unknown[0], names)}"
+            if unknown
+            else "no check named",
             where="--only",
             hint=f"{where} checks: {', '.join(names)}",
         )

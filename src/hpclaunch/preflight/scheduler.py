@@ -11,12 +11,12 @@ when ``qstat -Q`` answers (Slurm's Torque emulation knows ``qstat -Q [-f]``; som
 
 from __future__ import annotations
 
-import difflib
 import math
 import re
 from dataclasses import dataclass, field
 
 from ..config import format_hms
+from ..errors import did_you_mean
 from .base import CheckContext, Findings, Outcome, skip
 
 SINFO_FORMAT = "%P|%a|%l|%N|%T|%G|%f"
@@ -144,10 +144,8 @@ def _slurm(ctx: CheckContext) -> Outcome:
             return f.outcome()
         part = default
     elif s.partition not in parts:
-        close = difflib.get_close_matches(s.partition, list(parts), n=1)
         f.fail(
-            f"partition {s.partition!r} does not exist"
-            + (f" (did you mean {close[0]}?)" if close else "")
+            f"partition {s.partition!r} does not exist{did_you_mean(s.partition, parts)}"
             + f"; partitions: {', '.join(parts) or 'none'}",
             "set scheduler.partition to one of them (sinfo -s lists them)",
         )
@@ -246,10 +244,8 @@ def _pbs(ctx: CheckContext) -> Outcome:
         f.ok(f"qsub found; default queue (queues: {', '.join(queues)})")
         return f.outcome()
     if s.partition not in queues:
-        close = difflib.get_close_matches(s.partition, list(queues), n=1)
         f.fail(
-            f"queue {s.partition!r} does not exist"
-            + (f" (did you mean {close[0]}?)" if close else "")
+            f"queue {s.partition!r} does not exist{did_you_mean(s.partition, queues)}"
             + f"; queues: {', '.join(queues)}",
             "set scheduler.partition to one of them (qstat -Q lists them)",
         )

@@ -303,11 +303,11 @@ def parse_sacct_json(text: str, job_id: str) -> SchedulerStatus | None:
     state = latest.get("state")
     word = _state_word(state).upper()
     reason = str(state.get("reason") or "") if isinstance(state, dict) else ""
+    notes = [reason] if reason not in ("", "None") else []
     requeues = sum(1 for r in records if _state_word(r.get("state")).upper() == "REQUEUED")
-    detail = f"{reason}; " if reason and reason != "None" else ""
     if requeues:
-        detail += f"requeued {requeues}x (sacct)"
-    return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word, detail.rstrip("; "))
+        notes.append(f"requeued {requeues}x (sacct)")
+    return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word, "; ".join(notes))
 
 
 def sacct_status(job_id: str) -> SchedulerStatus | None:
