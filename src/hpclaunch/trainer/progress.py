@@ -159,23 +159,28 @@ class Progress:
             self.step = step
         if name != self.current:
             now = time.time()
-            if self._open_step >= 0 and self.current in self._step_phases:
-                self._step_phases[self.current] += now - self.since
-            if name == "data" and self.step != self._open_step:
-                self._open_step = self.step
-                self._step_phases = dict.fromkeys(TRAINING_PHASES, 0.0)
-                self._cpu0 = time.thread_time() if self.cpu_time else 0.0
+            if self.steptimes is not None:
+                self._account(name, now)
             self.current = name
             self.since = now
         if self.on_phase is not None:
             self.on_phase(name, self.step)
+
+    def _account(self, name: str, now: float) -> None:
+        """Time per phase within a step; a step opens with its first ``data`` phase."""
+        if self._open_step >= 0 and self.current in self._step_phases:
+            self._step_phases[self.current] += now - self.since
+        if name == "data" and self.step != self._open_step:
+            self._open_step = self.step
+            self._step_phases = dict.fromkeys(TRAINING_PHASES, 0.0)
+            self._cpu0 = time.thread_time() if self.cpu_time else 0.0
 
     def stepped(self, step: int, seconds: float) -> None:
         """Step ``step`` is done after ``seconds`` of wall time."""
         self.step = step
         self.last_step_s = seconds
         self._recent.append(seconds)
-        if self._open_step < 0:
+        if self._open_step < 0:  # no step open: not accounting (watchdog off) or a step without data
             return
         if self.current in self._step_phases:
             self._step_phases[self.current] += time.time() - self.since

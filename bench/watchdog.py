@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""What the watchdog costs, and how long a hang takes from its start to the continuation's first step.
+
+1. Cost on step time, two ways:
+   (a) the trainer's side in isolation: the progress reporter's calls a step makes (four phase
+       changes and ``stepped``) timed in a tight loop with its heartbeat thread running, as a
+       fraction of the tiny model's step time;
+   (b) end to end: ``hpclaunch train`` of the same tiny run with ``watchdog.enabled`` true and
+       false, alternating for ``--rounds`` pairs (paired runs see similar background load); per
+       run the median of rank 0's per-window step times (first window left out); printed: every
+       pair's ratio and their median.
+2. A hang: the tiny run on the local scheduler with rank 1 made to hang in the data phase of step
+   ``--hang-at``, the watchdog at its defaults unless ``--step-min-s`` says otherwise. Printed, from
+   the ledger, the hung rank's own report and the metrics file (watched every 50 ms):
+   detection (the rank stops -> the verdict), dump (stacks written), teardown (workers stopped,
+   torchrun gone, decision recorded), restart (the next attempt's process start, start-up with
+   checkpoint load, and its first step).
+
+    .venv/bin/python bench/watchdog.py [--rounds 3] [--steps 200] [--hang-at 30] [--step-min-s 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny.yaml"
+
+
+def cli(*args: str, cwd: Path) -> str:
+    out = subprocess.run([sys.executable, "-m", "hpclaunch", *args], cwd=cwd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(
+            f"hpclaunch {' '.join(args[:2])} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
+        )
+    return out.stdout
+
+
+def sets(*items: str) -> list[str]:
+    return [x for item in items for x in ("--set", item)]
+
+
+def common(work: Path, data: Path, name: str) -> list[str]:
+    return sets(
+        f"name={name}",
+        f"run_dir={work / 'runs' / name}",
+        f"data.token_dir={data / 'tokens'}",
+        f"data.latent_dir={data / 'latents'}",
+    )
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    from hpclaunch.rundir import RunPaths, read_events
+
+    return read_events(RunPaths(run)).events
+
+
+# ---- 1. cost -----------------------------------------------------------------------------------
+
+
+def reporter_cost_us(steps: int = 200_000) -> float:
+    """Microseconds the progress reporter adds to one step (its thread writing meanwhile)."""
+    from hpclaunch.trainer.progress import Progress
+
+    with tempfile.TemporaryDirectory() as tmp:
+        p = Progress(
+            Path(tmp) / "rank0.progress.json", rank=0, steptimes=Path(tmp) / "rank0.jsonl", summary_every=50
+        ).start()
+        t0 = time.perf_counter()
+        for step in range(1, steps + 1):
+            p.phase("data", step)
+            p.phase("compute")
+            p.phase("collective")
+            p.stepped(step, 0.01)
+            p.phase("collective")  # the stop check
+        elapsed = time.perf_counter() - t0
+        p.close()
+    return elapsed / steps * 1e6
+
+
+def median_step_s(run: Path) -> float:
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return statistics.median(x["step_time_s"] for x in lines[1:] if x.get("step_time_s"))
+
+
+def cost(work: Path, data: Path, rounds: int, steps: int) -> None:
+    per_step_us = reporter_cost_us()
+    ratios = []
+    on_times = []
+    for i in range(rounds):
+        times = {}
+        for enabled in (True, False) if i % 2 == 0 else (False, True):
+            name = f"cost{i}-{'on' if enabled else 'off'}"
+            knobs = sets(
+                f"train.steps={steps}", "train.log_every=10", f"watchdog.enabled={str(enabled).lower()}"
+            )
+            cli("train", str(TINY), *common(work, data, name), *knobs, cwd=work)
+            times[enabled] = median_step_s(work / "runs" / name)
+        ratios.append(times[True] / times[False])
+        on_times.append(times[True])
+        print(
+            f"  pair {i + 1}: step {times[True] * 1000:.1f} ms on, {times[False] * 1000:.1f} ms off: ratio {ratios[-1]:.4f}"
+        )
+    step = statistics.median(on_times)
+    print(
+        f"(a) progress reporter: {per_step_us:.2f} us per step = {per_step_us / 1e6 / step:.4%} of the "
+        f"tiny model's {step * 1000:.1f} ms step"
+    )
+    print(
+        f"(b) end to end, watchdog on / off: median ratio {statistics.median(ratios):.4f} over {rounds} pairs"
+    )
+
+
+# ---- 2. a hang ---------------------------------------------------------------------------------
+
+
+def metric_lines(run: Path) -> int:
+    try:
+        return (run / "metrics.jsonl").read_bytes().count(b"\n")
+    except FileNotFoundError:
+        return 0
+
+
+def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None) -> None:
+    name = "hang"
+    run = work / "runs" / name
+    knobs = [
+        "train.steps=60",
+        "train.log_every=1",
+        "checkpoint.every_steps=20",
+        f"testing.hang=[{{rank: 1, phase: data, step: {hang_at}}}]",
+    ]
+    if step_min_s is not None:
+        knobs.append(f"watchdog.step_min_s={step_min_s}")
+    cli("submit", str(TINY), "--no-preflight", *common(work, data, name), *sets(*knobs), cwd=work)
+    requeued = first_step_at = None
+    lines_before = 0
+    while first_step_at is None:
+        if requeued is None:
+            story = events(run)
+            requeued = next((e for e in story if e["event"] == "requeued"), None)
+            if any(e["event"] in ("failed", "finished") for e in story):
+                raise SystemExit("the run ended without the hang being continued")
+            lines_before = metric_lines(run)
+        elif metric_lines(run) > lines_before:  # the continuation's first step (log_every=1)
+            first_step_at = time.time()
+        time.sleep(0.05)
+    story = events(run)
+    verdict = next(e for e in story if e["event"] == "hang")
+    report = json.loads((run / "attempts" / verdict["attempt"] / "rank1.progress.json").read_text())
+    started = [e for e in story if e["event"] == "started"][1]
+    resumed = [e for e in story if e["event"] == "resumed"][1]
+    stopped_at = report["phase_since"]
+    parts = [
+        (
+            "detection (rank stops -> verdict)",
+            verdict["detected_at"] - stopped_at,
+            f"window {verdict['window_s']:.0f} s",
+        ),
+        ("dump (every rank's stacks)", verdict["dump_s"], ""),
+        ("teardown (kill, torchrun exits, decision)", requeued["ts"] - verdict["ts"], ""),
+        ("restart: next attempt's process", started["ts"] - requeued["ts"], ""),
+        (
+            "restart: start-up + checkpoint load",
+            resumed["ts"] - started["ts"],
+            f"resumed at step {resumed['step']}",
+        ),
+        ("restart: first step", first_step_at - resumed["ts"], ""),
+    ]
+    print(f"hang of rank 1 at step {hang_at}: {verdict['reason']}")
+    for label, seconds, note in parts:
+        print(f"  {label:44s} {seconds:7.2f} s  {note}")
+    print(f"  {'total: hang -> the continuation first step':44s} {first_step_at - stopped_at:7.2f} s")
+    status = json.loads(cli("status", str(run), "--json", cwd=work))
+    while status["state"] not in ("finished", "failed", "lost"):
+        time.sleep(1)
+        status = json.loads(cli("status", str(run), "--json", cwd=work))
+    print(f"  run {status['state']}; attempts: {[(a['end'], a['cause']) for a in status['attempts']]}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3, help="on/off pairs for the end-to-end cost")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--hang-at", type=int, default=30)
+    parser.add_argument("--step-min-s", type=int, default=None, help="watchdog.step_min_s (default: 60)")
+    parser.add_argument("--skip-cost", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        data = work / "data"
+        cli("data", "synth", str(data), "--samples", "1024", cwd=work)
+        if not args.skip_cost:
+            cost(work, data, args.rounds, args.steps)
+        hang(work, data, args.hang_at, args.step_min_s)
+
+
+if __name__ == "__main__":
+    main()
