@@ -92,10 +92,16 @@ def test_hangs_at_startup_in_a_step_and_in_a_save_are_caught_dumped_and_continue
     s = wait_run_done(run, work, timeout=600)
     story = events(run)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("requeued", "hang")] * 3 + [("finished", None)]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("requeued", "hang")] * 3 + [
+        ("finished", None)
+    ]
 
     hangs = [e for e in story if e["event"] == "hang"]
-    assert [(h["phase"], h["step"], h["ranks"]) for h in hangs] == [("startup", 0, [1]), ("data", 12, [0]), ("save", 20, [1])]
+    assert [(h["phase"], h["step"], h["ranks"]) for h in hangs] == [
+        ("startup", 0, [1]),
+        ("data", 12, [0]),
+        ("save", 20, [1]),
+    ]
     host = story[0]["host"]
     for h in hangs:
         _check_one_hang(run, h, host)

@@ -270,3 +270,16 @@ def test_stacks_are_dumped_from_a_stuck_process_and_it_is_stopped(tmp_path: Path
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_flight_recorder_variables_are_known_and_point_into_the_attempt_logs(tmp_path: Path) -> None:
+    from hpclaunch.jobs.watchdog import flight_recorder_env
+    from hpclaunch.nccl import validate_nccl_env
+
+    paths = RunPaths(tmp_path).ensure()
+    env = flight_recorder_env(paths, "j.0")
+    assert validate_nccl_env(env) == []  # current names, valid values: no warning either
+    assert env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1" and int(env["TORCH_FR_BUFFER_SIZE"]) > 0
+    for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
+        assert Path(env[name]).parent == paths.attempt_logs("j.0") / "nccl"
+    assert Path(env["TORCH_FR_DUMP_TEMP_FILE"]).parent.is_dir()

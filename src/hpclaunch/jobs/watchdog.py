@@ -59,6 +59,7 @@ from ..schedulers.base import NodeContext
 from .stragglers import StragglerTracker
 
 LONG_PHASES = ("load", "save", "eval", "done")
+LEDGER_STATES = 64  # ranks whose state the hang event lists (all of them are in hang.json)
 
 
 def window_s(cfg: WatchdogConfig, phase: str, *, stepped: bool, recent_max_step_s: float | None) -> float:
@@ -178,7 +179,9 @@ def find_hang(states: Sequence[RankState], *, attempt: str, now: float) -> Verdi
 
 
 def _who(states: Sequence[RankState]) -> str:
-    ranks = ", ".join(str(s.rank) for s in states)
+    ranks = ", ".join(str(s.rank) for s in states[:8]) + (
+        f" ... ({len(states)} ranks)" if len(states) > 8 else ""
+    )
     label = f"rank {ranks}" if len(states) == 1 else f"ranks {ranks}"
     nodes = sorted({s.node for s in states if s.node is not None})
     return f"{label} on {', '.join(nodes)}" if nodes else label
@@ -289,6 +292,13 @@ class Watchdog:
                 found = sorted(nccl_dump_dir(self.paths, self.attempt).glob(f"{NCCL_TRACE_STEM}*"))
                 recorder = [str(p.relative_to(self.paths.root)) for p in found] or "no dump arrived"
             fields = {k: v for k, v in verdict.to_json().items() if k != "attempt"}
+            if len(verdict.states) > LEDGER_STATES:  # one ledger line: the culprits and a sample
+                keep = [
+                    st
+                    for st in verdict.states
+                    if st["rank"] in verdict.ranks or st["rank"] < LEDGER_STATES // 2
+                ]
+                fields["states"] = keep[:LEDGER_STATES]  # hang.json keeps every rank
             self.ledger.append(
                 HANG, **fields, stacks=stacks, flight_recorder=recorder, dump_s=round(time.time() - began, 3)
             )
