@@ -237,7 +237,8 @@ class Watchdog:
             self._note_stragglers()
             verdict = find_hang(self.observe(now), attempt=self.attempt, now=now)
             if verdict is not None:
-                atomic_write_json(hang_file(self.paths, self.attempt), verdict.to_json())
+                with contextlib.suppress(OSError):  # the other nodes then only see their peers fail
+                    atomic_write_json(hang_file(self.paths, self.attempt), verdict.to_json())
         else:
             verdict = read_verdict(self.paths, self.attempt)
         if verdict is not None:
@@ -272,8 +273,16 @@ class Watchdog:
     # ---- a hang: evidence, then stop ---------------------------------------------------------
 
     def _respond(self, verdict: Verdict, pids: list[int]) -> None:
-        began = time.time()
         print(f"hpclaunch: watchdog: {verdict.reason}; dumping stacks", file=sys.stderr, flush=True)
+        try:
+            self._gather_evidence(verdict, pids)
+        except OSError as e:  # evidence is worth a lot, but never a run that stays hung
+            print(f"hpclaunch: watchdog: gathering the evidence failed: {e}", file=sys.stderr, flush=True)
+        finally:
+            stop_workers(pids)
+
+    def _gather_evidence(self, verdict: Verdict, pids: list[int]) -> None:
+        began = time.time()
         dumped = dump_stacks(self.paths, self.attempt, pids, verdict.reason, wait_s=self.cfg.dump_wait_s)
         traces = (
             trigger_flight_recorder(self.paths, self.attempt, sorted(dumped), self.cfg.dump_wait_s)
@@ -302,7 +311,6 @@ class Watchdog:
             self.ledger.append(
                 HANG, **fields, stacks=stacks, flight_recorder=recorder, dump_s=round(time.time() - began, 3)
             )
-        stop_workers(pids)
 
     def _ack(self, node_rank: int) -> Path:
         return self.paths.attempt_dir(self.attempt) / f"hang.node{node_rank}.json"
