@@ -235,6 +235,16 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         "finished at step 200",
     ),
     (
+        # `hpclaunch stop` while a rank hung: nobody could save, but the user's wish still ends the run
+        "a user stop during a hang ends the run",
+        Facts(None, returncode=1, hang="rank 1 hung in data at step 3", hang_node="n1", user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "hang",
+        "stopped by the user: resume with submit --resume",
+    ),
+    (
         "a cancellation wins over a hang",
         Facts(None, returncode=1, cancelled=True, hang="rank 1 hung in data at step 3", hang_node="n1"),
         History(),

@@ -391,6 +391,7 @@ class NodeAgent:
             continue_requested=self.paths.continue_file.exists(),
             hang=self.hang.reason if self.hang is not None else None,
             hang_node=self.hang.culprit_node if self.hang is not None else None,
+            user_stop=read_stop_request(self.paths.stop_file) == StopCause.USER,
         )
         return self._decision(facts, events)
 

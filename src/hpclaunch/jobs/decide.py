@@ -57,6 +57,7 @@ class Facts:
     data_error: str | None = None  # the data check failed everywhere it ran: the data, not a node
     hang: str | None = None  # the watchdog's verdict in words (phase, step, culprit); None: no hang
     hang_node: str | None = None  # the one node the hang's evidence names, if it names one
+    user_stop: bool = False  # `hpclaunch stop` was asked for (a hung attempt could not honour it)
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,8 @@ def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -
     """A hang: the workers were stopped without a save, so the run continues from its last
     checkpoint, within its own budget; off the hung node where the scheduler can say so."""
     what = facts.hang or "a rank stopped making progress"
+    if facts.user_stop and not facts.continue_requested:
+        return Decision(Action.END, "hang", f"{what}; stopped by the user: resume with submit --resume")
     if history.hang_retries >= budgets.max_hang_retries:
         return Decision(
             Action.FAIL,

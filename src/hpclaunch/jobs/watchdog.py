@@ -48,6 +48,7 @@ from ..rundir.progress import (
     NCCL_TRACE_STEM,
     PHASE_ORDER,
     STACK_SIGNAL,
+    ProgressRecord,
     hang_file,
     nccl_dump_dir,
     read_new_lines,
@@ -212,6 +213,7 @@ class Watchdog:
         self.verdict: Verdict | None = None
         self._next_poll = self.launched_at + cfg.poll_s
         self._seen: dict[int, tuple[tuple[Any, ...], float]] = {}
+        self._records: dict[int, ProgressRecord] = {}
         self.tracker: StragglerTracker | None = None
         self._offsets: dict[int, int] = {}
         if ctx.is_head:
@@ -248,7 +250,8 @@ class Watchdog:
 
     def observe(self, now: float) -> list[RankState]:
         """Every rank's state now (node 0; a rank without a heartbeat is still launching)."""
-        records = read_progress(self.paths, self.attempt)
+        records = {**self._records, **read_progress(self.paths, self.attempt)}
+        self._records = records  # a file unreadable for one poll keeps its last record
         states = []
         for rank in range(self.world_size):
             rec = records.get(rank)
