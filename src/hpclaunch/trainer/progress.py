@@ -151,7 +151,7 @@ class Progress:
             self.on_phase(self.current, self.step)
         return self
 
-    # ---- the hot path: attribute writes and a clock read ----------------------------------------
+    # ---- the hot path: attribute writes and clock reads (microseconds a step) -------------------
 
     def phase(self, name: str, step: int | None = None) -> None:
         """Enter phase ``name`` (of ``step``, when given). Safe in the hot loop."""
