@@ -56,6 +56,7 @@ bench: venv
 	$(BIN)/python bench/trainer_overhead.py
 	$(BIN)/python bench/checkpoint_stall.py
 	$(BIN)/python bench/preemption_tax.py
+	$(BIN)/python bench/watchdog.py
 
 cluster-up:
 	scripts/local-slurm up

@@ -11,6 +11,7 @@ import typer
 from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
@@ -315,6 +316,8 @@ def _status_table(data: dict[str, Any]) -> Any:
         f"{gp['repeated_steps']} repeated, {gp['lost_steps']} lost; requeues {data['requeues']}"
     )
     parts: list[Any] = [head, progress, table, good]
+    if stragglers := describe_stragglers(data.get("stragglers")):
+        parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):
         parts.append(Text(f"hint: {data['hint']}", style="yellow"))
     for warning in data.get("ledger_warnings") or []:

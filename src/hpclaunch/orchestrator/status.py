@@ -30,6 +30,7 @@ from ..rundir import (
     read_events,
 )
 from ..schedulers.base import ACTIVE_STATES
+from .stragglers import straggler_summary
 
 # A continuation the scheduler does not show as pending or running this long after the ledger
 # said "requeued" never came: the run is reported as lost (and `submit --wait` ends).
@@ -229,6 +230,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
         "attempts": [asdict(a) for a in attempts],
         "goodput": asdict(gp),
+        "stragglers": straggler_summary(paths, events),
     }
 
 
