@@ -309,12 +309,7 @@ def _status_table(data: dict[str, Any]) -> Any:
             end,
             a.get("cause") or "",
         )
-    gp = data["goodput"]
-    good = Text(
-        f"goodput {gp['ratio']:.1%}: {gp['useful_steps']} useful of {gp['computed_steps']} computed steps, "
-        f"{gp['repeated_steps']} repeated, {gp['lost_steps']} lost; requeues {data['requeues']}"
-    )
-    parts: list[Any] = [head, progress, table, good]
+    parts: list[Any] = [head, progress, table, *_time_parts(data)]
     if data.get("hint"):
         parts.append(Text(f"hint: {data['hint']}", style="yellow"))
     for warning in data.get("ledger_warnings") or []:
@@ -322,14 +317,103 @@ def _status_table(data: dict[str, Any]) -> Any:
     return Group(*parts)
 
 
+# ---- where the time went (orchestrator.accounting) ------------------------------------------------
+
+_PHASE_COLUMNS = (
+    ("queue", "queue"),
+    ("startup", "start-up"),
+    ("training", "training"),
+    ("stall", "ckpt stall"),
+    ("lost", "lost"),
+    ("end_save", "end save"),
+    ("idle", "idle"),
+)
+
+
+def _time_parts(data: dict[str, Any]) -> list[Any]:
+    """The time table (per attempt and the run) and the goodput lines: time first, steps beside."""
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..orchestrator.accounting import fmt_seconds
+
+    spent = data.get("time") or {"attempts": []}
+    table = Table(title="time (wall clock)", title_justify="left")
+    for col in ("#", *(label for _, label in _PHASE_COLUMNS), "allocated", "goodput"):
+        table.add_column(col, justify="left" if col == "#" else "right")
+
+    def row(label: str, t: dict[str, Any], *, style: str | None = None) -> None:
+        cells = []
+        for phase, _ in _PHASE_COLUMNS:
+            value = t.get(f"{phase}_s")
+            cell = fmt_seconds(value) if value else "-"
+            if phase == "lost" and t.get("lost_steps"):
+                cell = f"{t['lost_steps']} steps, {fmt_seconds(value)}"
+            cells.append(cell)
+        ratio = t.get("goodput")
+        table.add_row(
+            label,
+            *cells,
+            fmt_seconds(t.get("allocated_s")),
+            f"{ratio:.1%}" if ratio is not None else "-",
+            style=style,
+        )
+
+    for i, a in enumerate(spent["attempts"], 1):
+        row(f"{i}" + (" (running)" if a.get("running") else ""), a)
+    if len(spent["attempts"]) > 1:
+        row("run", spent, style="bold")
+    gp = data["goodput"]
+    ratio = spent.get("goodput")
+    lines: list[Any] = [table] if spent["attempts"] else []
+    if ratio is not None:
+        lines.append(
+            Text(
+                f"goodput {ratio:.1%} of {fmt_seconds(spent['allocated_s'])} allocated became kept training"
+                f" (queue {fmt_seconds(spent.get('queue_s') or 0.0)} apart)",
+                style="bold",
+            )
+        )
+    lines.append(
+        Text(
+            f"steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed ({gp['ratio']:.1%}); "
+            f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped; "
+            f"requeues {data['requeues']}"
+        )
+    )
+    startup = _startup_summary(spent["attempts"])
+    if startup:
+        lines.append(Text(f"start-up, all attempts: {startup}"))
+    return lines
+
+
+_STARTUP_LABELS = {
+    "scheduler": "job start",
+    "node_checks": "node checks",
+    "launch": "torchrun",
+    "trainer": "trainer (torchrun, imports, rendezvous, smoke test, data, model, load)",
+}
+
+
+def _startup_summary(attempts: list[dict[str, Any]]) -> str:
+    from ..orchestrator.accounting import fmt_seconds
+
+    total: dict[str, float] = {}
+    for a in attempts:
+        for name, seconds in (a.get("startup_parts") or {}).items():
+            total[name] = total.get(name, 0.0) + float(seconds)
+    return ", ".join(f"{_STARTUP_LABELS.get(k, k)} {fmt_seconds(v)}" for k, v in total.items() if v >= 0.05)
+
+
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
-    for col in ("point", "state", "job", "step", "loss", "attempts"):
+    for col in ("point", "state", "job", "step", "loss", "attempts", "goodput"):
         table.add_column(col)
     for r in rows:
         loss = r.get("loss")
+        ratio = (r.get("time") or {}).get("goodput")
         table.add_row(
             Path(r["run"]).name,
             r["state"],
@@ -337,6 +421,7 @@ def _print_sweep(rows: list[dict[str, Any]]) -> None:
             f"{r['step']}/{r.get('steps') or '?'}",
             f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
             str(len(r["attempts"])),
+            f"{ratio:.1%}" if ratio is not None else "-",
         )
     console.print(table)
 
