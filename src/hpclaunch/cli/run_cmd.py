@@ -15,6 +15,7 @@ from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, rea
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .common import JsonOpt, SetOpt, console, err_console, load, print_json
+from .follow import attempt_log_dirs, copy_out, follow_logs
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
 
@@ -116,18 +117,25 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
     while True:
         views = [_status_dict(RunPaths(r)) for r in roots]
         states = [v["state"] for v in views]
-        # Done when no run is mid-flight by our ledger AND the scheduler holds no active job for it
-        # (between a trainer's stop and the agent's requeue decision the ledger alone says "stopped").
-        busy = any(
-            s in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES
-            for s, v in zip(states, views, strict=True)
-        )
-        if not busy:
+        if not _busy(views):
             break
         time.sleep(poll_s)
     for r in roots:
         _print_status(summarize(r, scheduler_status=_scheduler_status(RunPaths(r))))
     return 0 if all(s == "finished" for s in states) else 1
+
+
+def _busy(views: list[dict[str, Any]]) -> bool:
+    """Some run is mid-flight by our ledger OR its scheduler still holds an active job (between a
+    trainer's stop and the agent's requeue decision the ledger alone says "stopped")."""
+    return any(
+        v["state"] in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES for v in views
+    )
+
+
+def _ended_code(views: list[dict[str, Any]]) -> int:
+    """Once the run has ended: 1 when it (or a sweep point) failed or was lost, else 0."""
+    return 1 if any(v["state"] == "failed" or v["state"].startswith("lost") for v in views) else 0
 
 
 def _sweep_points(paths: RunPaths) -> list[Path]:
@@ -231,7 +239,10 @@ def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
 def status(
     run: RunArg,
     as_json: JsonOpt = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s until the run ends.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", help="Refresh in place every 2 s until the run ends; exit 1 if it failed."),
+    ] = False,
 ) -> None:
     """Attempts (how each ended and why), current step, loss, throughput, ETA and goodput.
 
@@ -241,6 +252,8 @@ def status(
     """
     paths = _run_paths(run)
     points = _sweep_points(paths)
+    if watch and not as_json:
+        raise typer.Exit(_watch(paths, points))
     if points:
         rows = [_status_dict(RunPaths(p)) for p in points]
         if as_json:
@@ -248,22 +261,31 @@ def status(
         else:
             _print_sweep(rows)
         return
-    if watch and not as_json:
-        from rich.live import Live
-
-        with Live(_status_table(_status_dict(paths)), console=console, refresh_per_second=1) as live:
-            while True:
-                data = _status_dict(paths)
-                live.update(_status_table(data))
-                if data["state"] not in ("pending", "running", "requeued"):
-                    break
-                time.sleep(2)
-        return
     data = _status_dict(paths)
     if as_json:
         print_json(data)
     else:
         _print_status(data)
+
+
+def _watch(paths: RunPaths, points: list[Path], poll_s: float = 2.0) -> int:
+    """Redraw the status in place until the run (every sweep point) has ended; its exit code."""
+    from rich.live import Live
+
+    def view() -> tuple[list[dict[str, Any]], Any]:
+        if points:
+            rows = [_status_dict(RunPaths(p)) for p in points]
+            return rows, _sweep_table(rows)
+        data = _status_dict(paths)
+        return [data], _status_table(data)
+
+    views, shown = view()
+    with Live(shown, console=console, auto_refresh=False) as live:
+        while _busy(views):
+            time.sleep(poll_s)
+            views, shown = view()
+            live.update(shown, refresh=True)
+    return _ended_code(views)
 
 
 def _print_status(data: dict[str, Any]) -> None:
@@ -278,6 +300,8 @@ def _status_table(data: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from .time_view import time_parts
 
     sched = data.get("scheduler") or {}
     head = Text.assemble(
@@ -309,7 +333,7 @@ def _status_table(data: dict[str, Any]) -> Any:
             end,
             a.get("cause") or "",
         )
-    parts: list[Any] = [head, progress, table, *_time_parts(data)]
+    parts: list[Any] = [head, progress, table, *time_parts(data)]
     if data.get("hint"):
         parts.append(Text(f"hint: {data['hint']}", style="yellow"))
     for warning in data.get("ledger_warnings") or []:
@@ -317,95 +341,11 @@ def _status_table(data: dict[str, Any]) -> Any:
     return Group(*parts)
 
 
-# ---- where the time went (orchestrator.accounting) ------------------------------------------------
-
-_PHASE_COLUMNS = (
-    ("queue", "queue"),
-    ("startup", "start-up"),
-    ("training", "training"),
-    ("stall", "ckpt stall"),
-    ("lost", "lost"),
-    ("end_save", "end save"),
-    ("idle", "idle"),
-)
-
-
-def _time_parts(data: dict[str, Any]) -> list[Any]:
-    """The time table (per attempt and the run) and the goodput lines: time first, steps beside."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from ..orchestrator.accounting import fmt_seconds
-
-    spent = data.get("time") or {"attempts": []}
-    table = Table(title="time (wall clock)", title_justify="left")
-    for col in ("#", *(label for _, label in _PHASE_COLUMNS), "allocated", "goodput"):
-        table.add_column(col, justify="left" if col == "#" else "right")
-
-    def row(label: str, t: dict[str, Any], *, style: str | None = None) -> None:
-        cells = []
-        for phase, _ in _PHASE_COLUMNS:
-            value = t.get(f"{phase}_s")
-            cell = fmt_seconds(value) if value else "-"
-            if phase == "lost" and t.get("lost_steps"):
-                cell = f"{t['lost_steps']} steps, {fmt_seconds(value)}"
-            cells.append(cell)
-        ratio = t.get("goodput")
-        table.add_row(
-            label,
-            *cells,
-            fmt_seconds(t.get("allocated_s")),
-            f"{ratio:.1%}" if ratio is not None else "-",
-            style=style,
-        )
-
-    for i, a in enumerate(spent["attempts"], 1):
-        row(f"{i}" + (" (running)" if a.get("running") else ""), a)
-    if len(spent["attempts"]) > 1:
-        row("run", spent, style="bold")
-    gp = data["goodput"]
-    ratio = spent.get("goodput")
-    lines: list[Any] = [table] if spent["attempts"] else []
-    if ratio is not None:
-        lines.append(
-            Text(
-                f"goodput {ratio:.1%} of {fmt_seconds(spent['allocated_s'])} allocated became kept training"
-                f" (queue {fmt_seconds(spent.get('queue_s') or 0.0)} apart)",
-                style="bold",
-            )
-        )
-    lines.append(
-        Text(
-            f"steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed ({gp['ratio']:.1%}); "
-            f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped; "
-            f"requeues {data['requeues']}"
-        )
-    )
-    startup = _startup_summary(spent["attempts"])
-    if startup:
-        lines.append(Text(f"start-up, all attempts: {startup}"))
-    return lines
-
-
-_STARTUP_LABELS = {
-    "scheduler": "job start",
-    "node_checks": "node checks",
-    "launch": "torchrun",
-    "trainer": "trainer (torchrun, imports, rendezvous, smoke test, data, model, load)",
-}
-
-
-def _startup_summary(attempts: list[dict[str, Any]]) -> str:
-    from ..orchestrator.accounting import fmt_seconds
-
-    total: dict[str, float] = {}
-    for a in attempts:
-        for name, seconds in (a.get("startup_parts") or {}).items():
-            total[name] = total.get(name, 0.0) + float(seconds)
-    return ", ".join(f"{_STARTUP_LABELS.get(k, k)} {fmt_seconds(v)}" for k, v in total.items() if v >= 0.05)
-
-
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
+    console.print(_sweep_table(rows))
+
+
+def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
@@ -423,7 +363,7 @@ def _print_sweep(rows: list[dict[str, Any]]) -> None:
             str(len(r["attempts"])),
             f"{ratio:.1%}" if ratio is not None else "-",
         )
-    console.print(table)
+    return table
 
 
 def stop(
@@ -475,7 +415,15 @@ def cancel(run: RunArg) -> None:
 
 def logs(
     run: RunArg,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as the log grows.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f",
+            "--follow",
+            help="Keep printing as the log grows, move on to the next attempt when the run is requeued, "
+            "stop when the run ends (exit 1 if it failed).",
+        ),
+    ] = False,
     attempt: Annotated[
         int | None, typer.Option("--attempt", help="Attempt number (1 = first; default latest).")
     ] = None,
@@ -488,20 +436,26 @@ def logs(
       hpclaunch logs runs/tiny -f
     """
     paths = _run_paths(run)
-    dirs = sorted((d for d in paths.logs.glob("attempt-*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    dirs = attempt_log_dirs(paths)
+    if not dirs and follow:
+        err_console.print("waiting for the job to start ...", highlight=False)
+        while not dirs and _busy([_status_dict(paths)]):
+            time.sleep(1.0)
+            dirs = attempt_log_dirs(paths)
     if not dirs:
         raise UserInputError("no logs yet (the job has not started)", where=str(paths.logs))
     if attempt is not None and not 1 <= attempt <= len(dirs):
         raise UserInputError(f"attempt {attempt} does not exist (1..{len(dirs)})", where="--attempt")
-    log = dirs[(attempt or len(dirs)) - 1] / f"node{node}.log"
-    if not log.exists():
+    index = (attempt or len(dirs)) - 1
+    log = dirs[index] / f"node{node}.log"
+    if not log.exists() and not follow:
         raise UserInputError(f"no log for node {node}", where=str(log))
-    with open(log, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                typer.echo(chunk.decode(errors="replace"), nl=False)
-                continue
-            if not follow:
-                break
-            time.sleep(0.5)
+    if not follow:
+        copy_out(log)
+        return
+
+    def ended() -> int | None:
+        view = _status_dict(paths)
+        return None if _busy([view]) else _ended_code([view])
+
+    raise typer.Exit(follow_logs(paths, dirs, index, node, pinned=attempt is not None, ended=ended))
