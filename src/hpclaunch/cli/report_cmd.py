@@ -7,8 +7,6 @@ from typing import Annotated
 
 import typer
 
-from .common import console
-
 
 def register(app: typer.Typer) -> None:
     app.command("report")(report)
@@ -23,7 +21,7 @@ def report(
         typer.Option("-o", "--out", help="Where to write the report (default RUN/report).", metavar="DIR"),
     ] = None,
 ) -> None:
-    """Loss curves with every stop marked, where the wall-clock time went, throughput: PNGs + one HTML page.
+    """Loss with every stop marked, where the wall-clock time went, throughput: PNGs + one HTML page.
 
     Works on a running run, a finished one, and a sweep (its points compared in one figure).
 
@@ -31,18 +29,16 @@ def report(
       hpclaunch report runs/tiny
       hpclaunch report runs/tiny -o /tmp/tiny-report
     """
+    from ..orchestrator.report import build_report
     from .run_cmd import _run_paths, _scheduler_status
 
     paths = _run_paths(run)
-    from ..orchestrator.report import build_report
-
     result = build_report(paths.root, out, scheduler_status=_scheduler_status(paths))
-    console.print(f"report: {result.page}", highlight=False)
+    # plain lines: paths must not be wrapped (scripts and terminals copy them)
+    typer.echo(f"report: {result.page}")
     for fig in result.figures:
-        console.print(f"  {fig}", highlight=False)
+        typer.echo(f"  {fig}")
     for point in result.points:
-        console.print(
-            f"  point {point.directory.name}: {point.page} ({len(point.figures)} figures)", highlight=False
-        )
+        typer.echo(f"  point {point.directory.name}: {point.page} ({len(point.figures)} figures)")
     for note in result.notes:
-        console.print(f"  note: {note}", highlight=False)
+        typer.echo(f"  note: {note}")

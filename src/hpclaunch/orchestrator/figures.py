@@ -30,6 +30,7 @@ PHASE_STYLE: dict[str, tuple[str, str]] = {
     "end_save": ("#1f77b4", "stop + save"),
     "idle": ("#9a9a9a", "idle"),
 }
+VAL_COLOURS = ("#9467bd", "#2ca02c", "#8c564b")
 LOSS_KEYS = (
     ("loss", "loss", "#222222"),
     ("text_loss", "text", "#1f77b4"),
@@ -108,11 +109,20 @@ def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes |
                 labelled.add(label)
             if len(lost) > 1:
                 ax.plot(*zip(*lost, strict=True), color=colour, lw=1.2, ls=":", alpha=0.6)
-        for name in val_keys:
+        for j, name in enumerate(val_keys):
             pts = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
             if pts:
-                tag = name.replace("_loss", "").replace("_", " ")
-                ax.plot(*zip(*pts, strict=True), "o--", ms=4, lw=1, label=None if tag in labelled else tag)
+                core = name.removeprefix("val").removesuffix("loss").strip("_").replace("_", " ")
+                tag = f"validation {core}".strip()
+                colour = VAL_COLOURS[j % len(VAL_COLOURS)]
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    "s--",
+                    color=colour,
+                    ms=4,
+                    lw=1,
+                    label=None if tag in labelled else tag,
+                )
                 labelled.add(tag)
     _mark_attempts(ax, summary)
     ax.set_xlabel("step")
@@ -125,7 +135,10 @@ def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes |
         labels.append("steps lost (dotted: computed, then discarded)")
     handles.append(plt.Line2D([], [], color="#555555", ls="--", lw=1))
     labels.append("attempt boundary (label: why the previous one ended)")
-    ax.legend(handles, labels, loc="upper right", fontsize=8, framealpha=0.9)
+    # below the axes: the curves keep the whole plot
+    ax.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=3, fontsize=8, frameon=False
+    )
     return _png(fig)
 
 
@@ -285,7 +298,7 @@ def ranks_figure(lines: list[dict[str, Any]]) -> bytes | None:
         ax.plot(*zip(*series[rank], strict=True), lw=1, label=f"rank {rank}")
     ax.set_xlabel("step")
     ax.set_ylabel("step time (s)")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.15 * max(t for pts in series.values() for _, t in pts))
     ax.set_title("step time per rank (a straggler stands out above the others)", loc="left", fontsize=11)
     ax.grid(alpha=0.3)
     if len(series) <= 16:
