@@ -17,7 +17,7 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.runlib import TINY, events, hpclaunch, status, synth_data, tiny_overrides, wait_for, wait_run_done
+from tests.runlib import TINY, events, hpclaunch, synth_data, tiny_overrides, wait_for, wait_run_done
 
 pytestmark = pytest.mark.slow
 
