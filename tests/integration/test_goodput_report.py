@@ -62,7 +62,9 @@ class Terminal:
         master, slave = pty.openpty()
         env = {**os.environ, "COLUMNS": "120", "LINES": "60", "TERM": "xterm-256color"}
         env.pop("HPCLAUNCH_DEBUG", None)
-        self.proc = subprocess.Popen(argv, cwd=cwd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env)
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, env=env
+        )
         os.close(slave)
         self.master = master
         self.chunks: list[bytes] = []
@@ -103,7 +105,9 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
     watch = Terminal(_cli("status", str(run), "--watch"), cwd=work)
     follow_out = open(work / "follow.txt", "wb")  # noqa: SIM115 (closed below)
-    follow = subprocess.Popen(_cli("logs", str(run), "-f"), cwd=work, stdout=follow_out, stderr=subprocess.STDOUT)
+    follow = subprocess.Popen(
+        _cli("logs", str(run), "-f"), cwd=work, stdout=follow_out, stderr=subprocess.STDOUT
+    )
 
     # attempt 1: a user stop that continues
     wait_for(lambda: _last_step(run) >= 8, timeout=180, poll=0.2, what="step 8")
@@ -112,9 +116,12 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     wait_for(lambda: len(_attempt_keys(run)) >= 2, timeout=180, poll=0.2, what="attempt 2")
     second = _attempt_keys(run)[1]
     saved_40 = lambda: any(  # noqa: E731
-        e["event"] == "checkpoint_saved" and e.get("step") == 40 and e.get("attempt") == second for e in events(run)
+        e["event"] == "checkpoint_saved" and e.get("step") == 40 and e.get("attempt") == second
+        for e in events(run)
     )
-    wait_for(lambda: saved_40() and _last_step(run, second) >= CRASH_AFTER, timeout=180, poll=0.1, what="step 46")
+    wait_for(
+        lambda: saved_40() and _last_step(run, second) >= CRASH_AFTER, timeout=180, poll=0.1, what="step 46"
+    )
     _rank0(run).send_signal(signal.SIGKILL)
     killed_after = _last_step(run, second)
     # attempt 3 resumes from 40 and finishes
@@ -152,7 +159,9 @@ def test_status_counts_the_crashed_attempts_lost_steps_and_their_time(story: dic
     assert crashed["kept_step"] == 40 and crashed["last_step"] >= story["killed_after"] >= CRASH_AFTER
     assert crashed["lost_steps"] == crashed["last_step"] - 40
     assert crashed["lost_s"] >= 0.1 * crashed["lost_steps"]  # each step sleeps 0.1 s
-    assert first["lost_steps"] == 0 and last["lost_steps"] == 0 and spent["lost_steps"] == crashed["lost_steps"]
+    assert (
+        first["lost_steps"] == 0 and last["lost_steps"] == 0 and spent["lost_steps"] == crashed["lost_steps"]
+    )
     # the step figures see the same steps computed twice
     assert s["goodput"]["repeated_steps"] == crashed["lost_steps"]
     for a in spent["attempts"]:
