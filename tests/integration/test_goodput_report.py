@@ -115,6 +115,10 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # attempt 2: SIGKILL rank 0 (an OOM kill, a segfault) after steps past the checkpoint at 40
     wait_for(lambda: len(_attempt_keys(run)) >= 2, timeout=180, poll=0.2, what="attempt 2")
     second = _attempt_keys(run)[1]
+    # a report of the run while it runs (in the background: the crash below must not wait for it)
+    live = subprocess.Popen(
+        _cli("report", str(run), "-o", str(work / "live-report")), cwd=work, stdout=subprocess.PIPE, text=True
+    )
     saved_40 = lambda: any(  # noqa: E731
         e["event"] == "checkpoint_saved" and e.get("step") == 40 and e.get("attempt") == second
         for e in events(run)
@@ -124,6 +128,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     _rank0(run).send_signal(signal.SIGKILL)
     killed_after = _last_step(run, second)
+    live_out, _ = live.communicate(timeout=120)
     # attempt 3 resumes from 40 and finishes
     final = wait_run_done(run, work, timeout=300)
     ended_at = time.time()
@@ -138,6 +143,7 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         "killed_after": killed_after,
         "watch": (watch_code, watch.output(), watch_done - ended_at),
         "follow": (follow_code, (work / "follow.txt").read_text(errors="replace")),
+        "live_report": (live.returncode, live_out),
     }
 
 
@@ -214,3 +220,12 @@ def test_report_of_the_stopped_and_resumed_run(story: dict[str, Any]) -> None:
     assert page.count("data:image/png;base64,") == 3
     assert "crash" in page and "user" in page and "lost steps" in page
     assert "per-rank step times are not recorded" in page
+
+
+def test_a_report_of_the_run_while_it_was_running(story: dict[str, Any]) -> None:
+    code, printed = story["live_report"]
+    out = story["work"] / "live-report"
+    assert code == 0 and f"report: {out / 'index.html'}" in printed
+    page = (out / "index.html").read_text()
+    assert "<b>running</b>" in page and page.count("data:image/png;base64,") == 3
+    assert (out / "timeline.png").stat().st_size > 10_000
