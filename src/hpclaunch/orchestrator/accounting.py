@@ -17,21 +17,17 @@ come from the scheduler), else when node 0's agent started. The end of a step is
 metrics line that closes its window (interpolated inside a window); a crashed attempt's steps after
 its last metrics line come from rank 0's progress file and are marked estimated.
 
-``account()`` is pure (tests feed it lists); ``run_time()`` reads the run directory's files for it.
+``account()`` is pure (tests feed it lists); ``time_inputs.run_time()`` reads a run directory for it.
 Never imports torch.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-from ..fsutil import read_jsonl
 from ..rundir import (
     CANCELLED,
     CHECKPOINT_SAVED,
@@ -46,8 +42,6 @@ from ..rundir import (
     STARTED,
     STOPPED,
     SUBMITTED,
-    RunPaths,
-    read_events,
 )
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
@@ -132,7 +126,7 @@ def account(
     ``live``: the last attempt is still running (its unsaved steps are not lost yet).
     """
     now = time.time() if now is None else now
-    keys = _attempt_keys(events)
+    keys = attempt_keys(events)
     by_attempt = _group(events, keys)
     lines = _metrics_by_attempt(metrics, by_attempt, keys)
     resumed_at = [_resumed_step(by_attempt[k]) for k in keys]
@@ -158,7 +152,7 @@ def account(
     return _totals(out)
 
 
-def _attempt_keys(events: list[dict[str, Any]]) -> list[str]:
+def attempt_keys(events: list[dict[str, Any]]) -> list[str]:
     keys: list[str] = []
     for e in events:
         key = e.get("attempt")
@@ -231,7 +225,9 @@ def _attempt_time(
     prev_end: float | None,
 ) -> AttemptTime:
     a = AttemptTime(attempt=key, running=live)
-    started = _first(events, STARTED, node0=True) or _first(events, STARTED) or now
+    started = _first(events, STARTED, node0=True)
+    started = started if started is not None else _first(events, STARTED)
+    started = started if started is not None else now
     alloc_start = _allocation_start(events, started, time_limit_s, prev_end)
     if queue_from is not None:
         queue_from = min(queue_from, alloc_start)  # `submit` records the job id after it has started
@@ -239,26 +235,12 @@ def _attempt_time(
     alloc_end = max(alloc_end, alloc_start)
     resumed = next((e for e in events if e.get("event") == RESUMED), None)
 
-    # Step ends: (step, time) points, from the resume and every metrics line of this attempt.
-    points: list[tuple[int, float]] = []
     if resumed is not None:
         a.first_step = int(resumed.get("step") or 0)
-        points.append((a.first_step, float(resumed["ts"])))
-    for line in lines:
-        if line.get("ts") is not None and (not points or int(line["step"]) > points[-1][0]):
-            points.append((int(line["step"]), float(line["ts"])))
+    points, note = _step_ends(resumed, lines, progress, live=live, alloc_end=alloc_end)
     last_step, last_end = points[-1] if points else (None, None)
-    step_time = _last_step_time(lines, progress)
-    unlogged = _completed_step(progress) if not live else None
-    if last_step is not None and last_end is not None and unlogged is not None and unlogged > last_step:
-        # steps a crash computed after its last metrics line: known from rank 0's progress file
-        last_end = min(alloc_end, last_end + (unlogged - last_step) * (step_time or 0.0))
-        last_step = unlogged
-        points.append((last_step, last_end))
-        a.estimated.append(
-            f"steps {points[-2][0] + 1}-{last_step} were not logged; their time is estimated "
-            f"from the last step time"
-        )
+    if note:
+        a.estimated.append(note)
     a.last_step = last_step
 
     saves = [e for e in events if e.get("event") == CHECKPOINT_SAVED]
@@ -305,6 +287,34 @@ def _attempt_time(
     ]
     a.segments = [s for s in a.segments if s.end > s.start or s.phase == "startup"]
     return a
+
+
+def _step_ends(
+    resumed: dict[str, Any] | None,
+    lines: list[dict[str, Any]],
+    progress: dict[str, Any] | None,
+    *,
+    live: bool,
+    alloc_end: float,
+) -> tuple[list[tuple[int, float]], str | None]:
+    """(step, when it ended) from the resume and every metrics line; a crash's steps after its last
+    line from rank 0's progress file, their time estimated (the note says so)."""
+    points: list[tuple[int, float]] = []
+    if resumed is not None:
+        points.append((int(resumed.get("step") or 0), float(resumed["ts"])))
+    for line in lines:
+        if line.get("ts") is not None and (not points or int(line["step"]) > points[-1][0]):
+            points.append((int(line["step"]), float(line["ts"])))
+    unlogged = None if live else _completed_step(progress)
+    if not points or unlogged is None or unlogged <= points[-1][0]:
+        return points, None
+    last_step, last_end = points[-1]
+    step_time = _last_step_time(lines, progress) or 0.0
+    points.append((unlogged, min(alloc_end, last_end + (unlogged - last_step) * step_time)))
+    return (
+        points,
+        f"steps {last_step + 1}-{unlogged} were not logged; their time is estimated from the last step time",
+    )
 
 
 def _allocation_start(
@@ -478,44 +488,6 @@ def _rounded(obj: Any) -> Any:
     if isinstance(obj, list):
         return [_rounded(v) for v in obj]
     return obj
-
-
-# ---- reading a run directory ------------------------------------------------------------------
-
-
-def read_progress(paths: RunPaths, attempt: str) -> dict[str, Any] | None:
-    """Rank 0's last progress record of ``attempt`` (written about once a second by the trainer)."""
-    try:
-        data = json.loads((paths.attempt_dir(attempt) / "rank0.progress.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def time_limit_of(paths: RunPaths) -> float | None:
-    """The limit the scheduler applies to each attempt (SLURM counts whole minutes)."""
-    try:
-        data = json.loads(paths.plan.read_text())
-        limit = float(data["time_limit_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return max(1, math.ceil(limit / 60)) * 60.0 if data.get("scheduler") == "slurm" else limit
-
-
-def run_time(
-    run: Path,
-    *,
-    events: list[dict[str, Any]] | None = None,
-    metrics: list[dict[str, Any]] | None = None,
-    live: bool = False,
-    now: float | None = None,
-) -> RunTime:
-    """``account()`` of the run directory ``run`` (events and metrics may be passed in when read)."""
-    paths = RunPaths(run)
-    events = read_events(paths).events if events is None else events
-    metrics = read_jsonl(paths.metrics) if metrics is None else metrics
-    progress = {k: p for k in _attempt_keys(events) if (p := read_progress(paths, k)) is not None}
-    return account(events, metrics, time_limit_s=time_limit_of(paths), progress=progress, live=live, now=now)
 
 
 def metrics_steps_by_attempt(metrics: list[dict[str, Any]]) -> dict[str, int]:

@@ -30,7 +30,8 @@ from ..rundir import (
     read_events,
 )
 from ..schedulers.base import ACTIVE_STATES
-from .accounting import metrics_steps_by_attempt, run_time
+from .accounting import metrics_steps_by_attempt
+from .time_inputs import run_time
 
 # A continuation the scheduler does not show as pending or running this long after the ledger
 # said "requeued" never came: the run is reported as lost (and `submit --wait` ends).
