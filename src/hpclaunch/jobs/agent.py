@@ -551,7 +551,17 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m hpclaunch.jobs.agent RUN_DIR", file=sys.stderr)
         sys.exit(2)
-    sys.exit(agent_main(sys.argv[1]))
+    code = agent_main(sys.argv[1])
+    ignore_late_signals()
+    sys.exit(code)
+
+
+def ignore_late_signals() -> None:
+    """The decision is made and recorded: a warning or SIGTERM that the scheduler sends while this
+    process exits must not turn its exit code (75 = continue me) into a death by signal. Python's
+    shutdown resets the handlers it installed to the default action (terminate) but leaves SIG_IGN."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

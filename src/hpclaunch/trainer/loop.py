@@ -425,7 +425,12 @@ class Trainer:
             c = self.counters
             if self.ctx.is_main:
                 self.log = MetricsLog(
-                    self.paths.metrics, total_steps=t.steps, start_step=c.step, tty=self.tty, echo=self.echo
+                    self.paths.metrics,
+                    total_steps=t.steps,
+                    start_step=c.step,
+                    tty=self.tty,
+                    echo=self.echo,
+                    attempt=self.attempt,
                 )
             cause = StopCause.NONE
             while c.step < t.steps:
