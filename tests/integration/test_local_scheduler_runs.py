@@ -296,3 +296,32 @@ def test_train_ends_with_the_trainers_reason_and_keeps_torchruns_report_in_the_l
     assert "ChildFailedError" not in shown and "Traceback" not in shown
     log = next((work / "runs" / "fgfail" / "logs").glob("attempt-*/node0.log")).read_text()
     assert "ChildFailedError" in log  # torchrun's own report is kept, in the log
+
+
+def test_train_in_the_foreground_retries_a_crash_like_the_local_scheduler(work: Path, data: Path) -> None:
+    import subprocess
+    import sys
+
+    run = work / "runs" / "fgcrash"
+    overrides = tiny_overrides(
+        work, data, "fgcrash", *SLOW, "train.steps=40", "scheduler.max_failure_retries=1"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpclaunch", "train", str(TINY), *overrides],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_step(run, 10, attempt=1)
+        _worker(run, rank=0).send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert "continuing in the foreground (attempt 2)" in err
+    story = events(run)
+    assert [e["cause"] for e in story if e["event"] == "requeued"] == ["crash"]
+    assert [e["restart_count"] for e in story if e["event"] == "started"] == [0, 1]
+    assert any(e["event"] == "finished" for e in story)

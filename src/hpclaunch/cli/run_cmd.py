@@ -179,7 +179,7 @@ def train(
     import os
 
     from ..config import validate_config
-    from ..jobs.agent import FOREGROUND_VAR, agent_main
+    from ..jobs.agent import FOREGROUND_VAR
     from ..orchestrator.launch import scheduler_says_active
     from ..rundir import RunLock, latest_outcome
 
@@ -204,7 +204,7 @@ def train(
         write_run_dir(cfg, prepared.plan, prepared.rendered)
         Ledger(paths, role="cli").append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
         os.environ[FOREGROUND_VAR] = "1"
-        code = agent_main(str(paths.root))
+        code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
     outcome = latest_outcome(paths)
@@ -221,6 +221,25 @@ def train(
             highlight=False,
         )
     raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
+
+
+def _attempts_in_the_foreground(run_dir: str) -> int:
+    """What the local controller does for a submitted job: another attempt (restart count + 1)
+    for as long as the agent's decision is to continue (a crash or a hang within its budget)."""
+    import os
+
+    from ..jobs.agent import agent_main
+    from ..rundir.env import RESTART_VAR
+    from ..schedulers.base import LOCAL_REQUEUE_EXIT
+
+    restart = 0
+    while True:
+        os.environ[RESTART_VAR] = str(restart)
+        code = agent_main(run_dir)
+        if code != LOCAL_REQUEUE_EXIT:
+            return code
+        restart += 1
+        err_console.print(f"hpclaunch: continuing in the foreground (attempt {restart + 1})", highlight=False)
 
 
 # Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
