@@ -325,3 +325,32 @@ def test_train_in_the_foreground_retries_a_crash_like_the_local_scheduler(work: 
     assert [e["cause"] for e in story if e["event"] == "requeued"] == ["crash"]
     assert [e["restart_count"] for e in story if e["event"] == "started"] == [0, 1]
     assert any(e["event"] == "finished" for e in story)
+
+
+def test_a_stop_save_that_overruns_the_kill_wait_is_cut_short_and_decided(work: Path, data: Path) -> None:
+    """The stop save takes longer than the scheduler's kill wait (a test hook delays the writer):
+    node 0 ends the attempt a few seconds before the SIGKILL and still decides, instead of dying
+    undecided and leaving the run lost."""
+    run = work / "runs" / "overrun"
+    overrides = tiny_overrides(
+        work,
+        data,
+        "overrun",
+        "train.steps=2000",
+        "testing.step_sleep_s=0.05",
+        "checkpoint.every_steps=5000",
+        "scheduler.time_limit=20s",
+        "scheduler.kill_wait_s=8",
+        "scheduler.max_requeues=1",
+        "launch.stop_margin_s=2",
+        "launch.env.HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=30",
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    s = wait_run_done(run, work, timeout=240)
+    story = events(run)
+    assert [e["cause"] for e in story if e["event"] == "stop_overdue"] == ["timeout", "timeout"], story
+    requeued = [e for e in story if e["event"] == "requeued"]
+    assert [e["cause"] for e in requeued] == ["timeout"] and "before the attempt could save" in requeued[0][
+        "reason"
+    ]
+    assert s["state"] == "failed" and "1 requeues used of 1" in s["attempts"][-1]["error"], s

@@ -102,6 +102,26 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         "cancelled",
     ),
     (
+        # The scheduler's SIGKILL was seconds away and the stop save had not finished: node 0 ended
+        # the attempt itself; it continues from the last checkpoint as the timeout it was.
+        "stop cut short before the scheduler's kill",
+        Facts(None, returncode=-9, interrupted="timeout"),
+        History(),
+        True,
+        Action.CONTINUE,
+        "timeout",
+        "before the attempt could save",
+    ),
+    (
+        "preemption cut short, over budget",
+        Facts(None, returncode=-9, interrupted="preemption"),
+        History(requeues=3),
+        True,
+        Action.FAIL,
+        "preemption",
+        "3 requeues used of 3",
+    ),
+    (
         "crash within budget",
         Facts(failed("crash", "RuntimeError: NCCL error")),
         History(),

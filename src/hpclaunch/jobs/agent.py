@@ -57,6 +57,7 @@ from .stop import StopCause, read_stop_request, write_stop_request
 from .watchdog import Verdict, Watchdog, flight_recorder_env
 
 POLL_S = 0.2
+CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 FOREGROUND_VAR = (
     "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep torchrun's own report off the terminal
 )
@@ -119,6 +120,11 @@ class NodeAgent:
         self.stop_cause: StopCause = StopCause.NONE
         self.cancelled = False
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
+        # After the scheduler's SIGTERM its SIGKILL follows (KillWait, kill_delay): if the workers
+        # have not finished their stop save by shortly before it, node 0 ends the attempt itself so
+        # that it can still decide (continue from the last checkpoint) instead of dying undecided.
+        self.cut_off_at: float | None = None
+        self.interrupted: str | None = None
 
     # ---- main ----------------------------------------------------------------------------------
 
@@ -295,6 +301,12 @@ class NodeAgent:
                 self._handle_signals()
                 if watchdog is not None and self.hang is None:
                     self.hang = watchdog.check(self._worker_pids)
+                if (
+                    self.cut_off_at is not None
+                    and time.time() >= self.cut_off_at
+                    and self.interrupted is None
+                ):
+                    self._cut_short()
                 time.sleep(POLL_S)
             self._handle_signals()
             for pump in pumps:
@@ -339,6 +351,18 @@ class NodeAgent:
             if signum == signal.SIGINT and not first:
                 self._escalate()
 
+    def _cut_short(self) -> None:
+        """The scheduler's kill is seconds away and the workers are still at it: end them now."""
+        self.interrupted = "preemption" if self.stop_cause == StopCause.PREEMPTION else "timeout"
+        self.ledger.append(
+            "stop_overdue",
+            cause=self.interrupted,
+            reason="the stop save did not finish before the scheduler's kill; the workers were ended",
+        )
+        for pid in self._worker_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def _classify(self, signum: int, at: float) -> tuple[StopCause, int]:
         if signum in (signal.SIGUSR1, signal.SIGUSR2):
             return StopCause.TIMEOUT, signal.SIGUSR1
@@ -348,6 +372,8 @@ class NodeAgent:
             # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
             # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
             what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
+            if self.cut_off_at is None and self.ctx.is_head:
+                self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
             if what == "cancelled":
                 self.cancelled = True
                 return StopCause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
@@ -392,6 +418,7 @@ class NodeAgent:
             hang=self.hang.reason if self.hang is not None else None,
             hang_node=self.hang.culprit_node if self.hang is not None else None,
             user_stop=read_stop_request(self.paths.stop_file) == StopCause.USER,
+            interrupted=self.interrupted,
         )
         return self._decision(facts, events)
 

@@ -58,6 +58,9 @@ class Facts:
     hang: str | None = None  # the watchdog's verdict in words (phase, step, culprit); None: no hang
     hang_node: str | None = None  # the one node the hang's evidence names, if it names one
     user_stop: bool = False  # `hpclaunch stop` was asked for (a hung attempt could not honour it)
+    # The stop the agent was relaying (timeout/preemption) when it had to end the attempt before
+    # the scheduler's kill: the trainer never finished its stop save (or never began training).
+    interrupted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,14 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
     out = facts.outcome
     if facts.hang is not None and (out is None or out.status != "finished"):
         return _hang(facts, history, budgets, can_exclude_nodes)
+    if out is None and facts.interrupted in STOP_CAUSES:
+        return _within(
+            str(facts.interrupted),
+            f"the {facts.interrupted} came before the attempt could save; it resumes from its last checkpoint",
+            used=history.requeues,
+            budget=budgets.max_requeues,
+            what="requeues",
+        )
     if out is None or (out.status == "failed" and out.cause == "crash"):
         error = (out.error if out is not None else None) or (
             f"torchrun exited with {facts.returncode} and the trainer left no outcome"

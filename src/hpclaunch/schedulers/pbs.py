@@ -153,6 +153,11 @@ class PbsScheduler:
     ) -> Continuation:
         raise SchedulerError("PBS cannot keep a continuation off named nodes", where="exclude")
 
+    def kill_grace_s(self, plan: JobPlan) -> float:
+        # The queue's kill_delay; PBS's default is 10 s (preflight names a queue whose delay is
+        # shorter than a save).
+        return 10.0
+
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["qdel", ctx.job_id], what="qdel")
         return f"deleted job {ctx.job_id}"
