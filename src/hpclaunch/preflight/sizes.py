@@ -9,6 +9,7 @@ add about 1 %), and every figure built on it is labelled as an estimate.
 from __future__ import annotations
 
 from ..config import ModelConfig, RunConfig
+from ..fsutil import human_bytes as human_bytes  # the checks import it from here
 
 # fp32 weights + AdamW's two moments; DCP metadata, manifest and RNG state are small.
 BYTES_PER_PARAM = 4 * 3
@@ -51,14 +52,6 @@ def kept_checkpoints(cfg: RunConfig) -> int:
 
 def estimated_save_s(ckpt_bytes: int) -> float:
     return 2.0 + ckpt_bytes / ASSUMED_WRITE_BPS
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 def human_count(n: int) -> str:
