@@ -165,7 +165,11 @@ def test_resume_on_another_world_size_reshards_at_the_exact_sample(
     assert out["status"] == "finished" and out["world_size"] == nproc
     assert out["samples_consumed"] == STEPS * GLOBAL
     (resumed,) = [e for e in h.events(run) if e["event"] == "resumed" and e["attempt"] == "b1"]
-    assert (resumed["step"], resumed["samples_consumed"], resumed["world_size"]) == (first, first * GLOBAL, nproc)
+    assert (resumed["step"], resumed["samples_consumed"], resumed["world_size"]) == (
+        first,
+        first * GLOBAL,
+        nproc,
+    )
     assert [line["step"] for line in h.metrics(run)] == list(range(1, STEPS + 1))
     ours, theirs = tail_loss(run), tail_loss(reference)
     assert abs(ours - theirs) <= LOSS_TOLERANCE * theirs, (ours, theirs)

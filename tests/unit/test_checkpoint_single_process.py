@@ -174,7 +174,9 @@ def test_background_error_surfaces_on_wait_and_the_next_save_works(
 
     monkeypatch.setattr(ckpt_mod, "atomic_write_json", disk_full)
     ck.save(1, state_at(1), blocking=False)
-    with pytest.raises(CheckpointError, match=r"no space left on .*/ckpt: .* free, the checkpoint needs about"):
+    with pytest.raises(
+        CheckpointError, match=r"no space left on .*/ckpt: .* free, the checkpoint needs about"
+    ):
         ck.wait()
     monkeypatch.undo()
     ck.save(2, state_at(2), blocking=True)

@@ -256,12 +256,7 @@ class Checkpointer:
         """Every rank: DCP write, hash own files; rank 0: manifest + publish. Collective."""
         begun = time.monotonic()
         delay_write_hook()
-        try:
-            self._dcp_save(job, state)
-        except BaseException:
-            if self._is_coordinator:  # free the space a half-written save holds
-                shutil.rmtree(job.tmp, ignore_errors=True)
-            raise
+        self._dcp_save(job, state)
         kill_hook(job.step, self.rank, "publish")
         reports = all_gather_json(self._own_digests(job.tmp), self._pg)
         status: dict[str, Any] = {}
@@ -283,6 +278,8 @@ class Checkpointer:
                 state, storage_writer=self._writer(job), process_group=self._pg, no_dist=self._pg is None
             )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+            if self._is_coordinator:  # free the space a half-written save holds, then measure
+                shutil.rmtree(job.tmp, ignore_errors=True)
             raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
 
     def _writer(self, job: _SaveJob) -> Any:

@@ -82,14 +82,18 @@ def save_error(
     if isinstance(exc, CheckpointError) and exc.hint:
         return exc
     oserr = os_error(exc)
-    if oserr is not None and oserr.errno in _NO_SPACE:
-        try:
-            free = human_bytes(shutil.disk_usage(directory).free)
-        except OSError:
-            free = "unknown"
+    try:
+        free: int | None = shutil.disk_usage(directory).free
+    except OSError:
+        free = None
+    # torch's zip writer sometimes reports a full disk as "unexpected pos ..." without the errno:
+    # then the filesystem itself says what happened.
+    full = free is not None and needed_bytes is not None and free < needed_bytes
+    if (oserr is not None and oserr.errno in _NO_SPACE) or (oserr is None and full):
         need = f", the checkpoint needs about {human_bytes(needed_bytes)}" if needed_bytes else ""
+        free_text = human_bytes(free) if free is not None else "unknown"
         return CheckpointError(
-            f"no space left on {directory}: {free} free{need} (saving step {step})",
+            f"no space left on {directory}: {free_text} free{need} (saving step {step})",
             hint="free space there, lower checkpoint.keep_last, or set checkpoint.dir to a larger "
             "filesystem; then resume: the last good checkpoint is kept",
         )
