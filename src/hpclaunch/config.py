@@ -603,7 +603,7 @@ class RunConfig(_Section):
         across machines). What the shards contain is checked by the data validation instead.
         """
         math = {k: v for k, v in self.to_dict().items() if k in ("model", "train")}
-        defaults = TrainConfig().model_dump(mode="json")
+        defaults = TrainConfig.model_validate({}).model_dump(mode="json")
         math["train"] = {
             k: v
             for k, v in math["train"].items()

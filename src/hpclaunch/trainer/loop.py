@@ -275,6 +275,7 @@ class Trainer:
                 "skipped_total": c.skipped_total,
                 "parallel": self.cfg.train.parallel,
                 "ema": self.ema is not None,
+                "model": self.cfg.model.model_dump(mode="json"),  # names what differs on a refusal
             },
         )
         if blocking:
