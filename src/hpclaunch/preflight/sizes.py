@@ -62,3 +62,87 @@ def human_count(n: int) -> str:
     if n >= 1e3:
         return f"{n / 1e3:.1f}k"
     return str(n)
+
+
+# ---- memory per GPU ------------------------------------------------------------------------------
+
+# CUDA context, NCCL buffers and cuBLAS workspaces, measured at 1-2 GiB per rank on H100s (assumed).
+GPU_RUNTIME_BYTES = int(1.5 * (1 << 30))
+# The caching allocator's fragmentation on top of what tensors hold (assumed).
+FRAGMENTATION = 0.10
+# Activation values each MMDiT block keeps for the backward pass, per token of a modality of width
+# d (inner = heads x dim_head): the two AdaLN norms and modulations (6 d), q/k/v and the attention
+# output and its projection's input (5 inner), the gates and residuals (2 d) and the feed-forward's
+# input, hidden pre-activation and activation (d + 4 d + 4 d). Counted, not measured: an estimate.
+ACT_PER_D = 17
+ACT_PER_INNER = 5
+
+
+def block_parameters(m: ModelConfig) -> int:
+    """Parameters of one MMDiT block (both modalities), by the formula of ``estimate_parameters``."""
+    with_one = estimate_parameters(m.model_copy(update={"depth": 1}))
+    with_two = estimate_parameters(m.model_copy(update={"depth": 2}))
+    return with_two - with_one
+
+
+class MemoryEstimate:
+    """Bytes per GPU of one training rank, by part (see ``estimate_memory``)."""
+
+    PARTS = ("parameters", "gradients", "optimizer", "ema", "fsdp_gathered", "activations", "runtime")
+
+    def __init__(self, **parts: int):
+        self.parts = {k: int(parts.get(k, 0)) for k in self.PARTS}
+
+    @property
+    def total(self) -> int:
+        tensors = sum(v for k, v in self.parts.items() if k != "runtime")
+        return int(tensors * (1 + FRAGMENTATION)) + self.parts["runtime"]
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in self.parts.items() if v)
+        return f"{human_bytes(self.total)} ({shown}, +{FRAGMENTATION:.0%} fragmentation)"
+
+
+def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
+    """Memory per GPU for ``cfg`` with ``params`` parameters, under its sharding and precision.
+
+    Weights, gradients and AdamW's two moments are fp32 (4 + 4 + 8 bytes a parameter), the EMA 4;
+    FSDP divides all four by the shard group (``train.fsdp_shard_size``, else every rank) and adds
+    the unsharded blocks in flight (the block computing, the next one prefetched, and one block's
+    unsharded gradients, in the compute dtype); DDP keeps everything whole, plus its gradient
+    buckets (4 bytes a parameter) and, under bf16 autocast, bf16 copies of the weights. Activations:
+    per micro-batch sample, every block keeps ``ACT_PER_D * d + ACT_PER_INNER * inner`` values a
+    token of each modality, plus the attention matrix ``2 * heads * N^2`` without flash attention;
+    with activation checkpointing only each block's inputs are kept and one block is recomputed at
+    a time. The text head's logits, their fp32 copy and their gradient add ``text_len x vocab``
+    values of 10 bytes (bf16) a sample.
+    """
+    m, t, s = cfg.model, cfg.train, cfg.scheduler
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and s.gpus_per_node > 0)
+    act = 2 if bf16 else 4
+    micro = cfg.micro_batch
+    block = block_parameters(m)
+    fsdp = t.parallel == "fsdp"
+    shard = (t.fsdp_shard_size or s.world_size) if fsdp else 1
+    parts: dict[str, int] = {
+        "parameters": 4 * params // shard,
+        "gradients": 4 * params // shard,
+        "optimizer": 8 * params // shard,
+        "ema": (4 * params // shard) if t.ema_decay else 0,
+    }
+    if fsdp:
+        parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else 0
+    else:
+        parts["gradients"] += 4 * params  # DDP's gradient buckets
+        parts["parameters"] += 2 * params if bf16 else 0  # autocast's bf16 weight copies
+    inner = m.heads * m.dim_head
+    n = m.text_len + m.latent_len
+    per_token = [(m.text_len, m.dim_text), (m.latent_len, m.dim_latent)]
+    full_block = sum(tokens * (ACT_PER_D * d + ACT_PER_INNER * inner) for tokens, d in per_token)
+    full_block += m.heads * n if m.flash_attn else 2 * m.heads * n * n
+    inputs = sum(tokens * d for tokens, d in per_token) + m.dim_cond
+    per_sample = (m.depth * inputs + full_block) if t.activation_checkpointing else m.depth * full_block
+    logits_bytes = m.text_len * m.vocab_size * (10 if bf16 else 12)
+    parts["activations"] = micro * (per_sample * act + logits_bytes)
+    parts["runtime"] = GPU_RUNTIME_BYTES if s.gpus_per_node > 0 else 0
+    return MemoryEstimate(**parts)

@@ -99,6 +99,9 @@ def load_readonly(
         if info is None:
             raise CheckpointError("no valid checkpoint", where=str(directory), hint="train the run first")
     assert info is not None
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
     state = {k: v for k, v in state.items() if k != RANK_LOCAL}
     _, sections = dcp_load(info, state, None)
     return info, sections
