@@ -13,14 +13,16 @@ import torch
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
-from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.shards import checked as record
+from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data import SampleOrder, ShardedDataset, holdout_split
 from hpclaunch.trainer.loader import StepBatches, StepPlan, make_loader
 from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import compute_losses, draw
 
-M = load_config(None, ["model.text_len=12", "model.latent_len=3", "model.latent_dim=4", "model.vocab_size=50"]).model
+M = load_config(
+    None, ["model.text_len=12", "model.latent_len=3", "model.latent_dim=4", "model.vocab_size=50"]
+).model
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +111,7 @@ def test_synthetic_variable_length_text_pads_the_tail_and_never_uses_the_pad_id_
     real = ids != 0
     lengths = real.sum(axis=1)
     assert lengths.min() >= 3 and lengths.max() == 12 and len(set(lengths.tolist())) > 5
-    assert all(row[: n].all() and not row[n:].any() for row, n in zip(real, lengths, strict=True))
+    assert all(row[:n].all() and not row[n:].any() for row, n in zip(real, lengths, strict=True))
 
 
 def test_padding_is_never_masked_scored_or_attended_to(data: Path) -> None:
@@ -118,7 +120,13 @@ def test_padding_is_never_masked_scored_or_attended_to(data: Path) -> None:
     mask = tokens != 0
     model = build_model(M, seed=0)
     d = draw(0, 1, list(range(8)), 12, (3, 4))
-    kw = {"mode": "joint", "mask_id": M.vocab_size, "text_weight": 1.0, "latent_weight": 1.0, "text_mask": mask}
+    kw = {
+        "mode": "joint",
+        "mask_id": M.vocab_size,
+        "text_weight": 1.0,
+        "latent_weight": 1.0,
+        "text_mask": mask,
+    }
     base = compute_losses(model, tokens, latents, d, **kw)  # type: ignore[arg-type]
     assert base.text_count is not None and base.text_count <= mask.sum()
     other = torch.where(mask, tokens, torch.full_like(tokens, 7))  # different ids behind the padding

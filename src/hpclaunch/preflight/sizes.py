@@ -20,16 +20,21 @@ ASSUMED_WRITE_BPS = 200e6
 ASSUMED_STARTUP_S = 60
 
 
+def stream_parameters(m: ModelConfig, d: int) -> int:
+    """Parameters of one modality of width ``d`` inside one MMDiT block."""
+    dc, inner = m.dim_cond, m.heads * m.dim_head
+    adaln = 2 * (dc * 2 * d + 2 * d)  # attention and feed-forward AdaLN (gamma, beta)
+    attn = d * 3 * inner + inner * d  # qkv and out projections, no bias
+    ff = d * 4 * d + 4 * d + 4 * d * d + d
+    return adaln + attn + ff
+
+
 def estimate_parameters(m: ModelConfig) -> int:
     """Parameters of ``trainer.model.MMDiTDiffusion`` for ``m`` by formula (see module doc)."""
     dt, dl, dc = m.dim_text, m.dim_latent, m.dim_cond
-    inner = m.heads * m.dim_head
 
-    def stream(d: int) -> int:  # one modality inside one MMDiT block
-        adaln = 2 * (dc * 2 * d + 2 * d)  # attention and feed-forward AdaLN (gamma, beta)
-        attn = d * 3 * inner + inner * d  # qkv and out projections, no bias
-        ff = d * 4 * d + 4 * d + 4 * d * d + d
-        return adaln + attn + ff
+    def stream(d: int) -> int:
+        return stream_parameters(m, d)
 
     block = dc * 2 * (dt + dl) + 2 * (dt + dl) + stream(dt) + stream(dl)  # + post-branch gammas
     trunk = m.depth * block + dt + dl  # + final norms
@@ -146,3 +151,23 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     parts["activations"] = micro * (per_sample * act + logits_bytes)
     parts["runtime"] = GPU_RUNTIME_BYTES if s.gpus_per_node > 0 else 0
     return MemoryEstimate(**parts)
+
+
+def train_flops_per_sample(m: ModelConfig) -> int:
+    """Model FLOPs of one training sample (forward + backward = 3 x forward; recomputation by
+    activation checkpointing not counted, as MFU conventionally does not).
+
+    Forward, multiply-adds counted as 2: every token passes its own modality's weights in every
+    block (``stream_parameters``: MMDiT keeps separate weights per modality), text tokens the text
+    head (``dim_text x vocab``), latent tokens the latent projection in and out; attention adds
+    ``2 x 2 x N^2 x heads x dim_head`` per block (Q K^T and A V over the joint sequence of
+    N = text_len + latent_len tokens). Embedding lookups, norms and the time MLP are left out (small).
+    """
+    inner = m.heads * m.dim_head
+    n = m.text_len + m.latent_len
+    per_block = m.text_len * stream_parameters(m, m.dim_text) + m.latent_len * stream_parameters(
+        m, m.dim_latent
+    )
+    heads = m.text_len * m.dim_text * m.vocab_size + m.latent_len * 2 * m.latent_dim * m.dim_latent
+    forward = 2 * (m.depth * per_block + heads) + m.depth * 4 * n * n * inner
+    return 3 * forward

@@ -93,7 +93,8 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         backend = cfg.backend
         kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, **kwargs)
+        if not dist.is_initialized():  # (a caller such as a benchmark may have joined it already)
+            dist.init_process_group(backend=backend, **kwargs)
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
         if backend == "nccl":
