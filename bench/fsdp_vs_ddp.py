@@ -183,7 +183,7 @@ def main() -> None:
                     state,
                     ranks[0]["params"],
                 )
-            (ddp_t, ddp_m, ddp_e, n), (fsdp_t, fsdp_m, fsdp_e, _) = rows["ddp"], rows["fsdp"]
+            (ddp_t, ddp_m, _, n), (fsdp_t, fsdp_m, _, _) = rows["ddp"], rows["fsdp"]
             print(f"{size} model, {n / 1e6:.1f}M parameters:")
             for name, (t, m, e, _) in rows.items():
                 fits = "fits" if m <= budget else "does NOT fit"
