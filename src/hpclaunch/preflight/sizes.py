@@ -44,8 +44,9 @@ def estimate_parameters(m: ModelConfig) -> int:
     return trunk + embed + time + heads
 
 
-def checkpoint_bytes(params: int) -> int:
-    return int(params * BYTES_PER_PARAM * 1.01) + CHECKPOINT_OVERHEAD
+def checkpoint_bytes(params: int, *, ema: bool = False) -> int:
+    """fp32 weights, AdamW's two moments and, with ``train.ema_decay``, the EMA's fp32 copy."""
+    return int(params * (BYTES_PER_PARAM + (4 if ema else 0)) * 1.01) + CHECKPOINT_OVERHEAD
 
 
 def kept_checkpoints(cfg: RunConfig) -> int:

@@ -1,5 +1,5 @@
 """Set-up pieces of the trainer that are not the loop: the checked datasets, the wrapped model, the
-optimizer and the EMA.
+optimizer, the EMA and the checkpointer.
 
 Data: rank 0 validates the training shards (and the validation shards, when configured) and the
 other ranks get its verdict as JSON (no rank trains on bad data, no pickles cross ranks). The
@@ -18,8 +18,10 @@ import torch
 
 from ..config import RunConfig, TrainConfig
 from ..errors import DataError
+from ..rundir import Ledger, RunPaths
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
+from .checkpoint import Checkpointer
 from .data import SampleOrder, ShardedDataset, holdout_split
 from .dist import DistContext, broadcast_json, wants_bf16, wrap_model
 from .ema import EMA
@@ -132,4 +134,21 @@ def build_optimizer(params: list[torch.nn.Parameter], t: TrainConfig, lr: float)
         [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=lr,
         betas=(t.betas[0], t.betas[1]),
+    )
+
+
+def make_checkpointer(
+    cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
+) -> Checkpointer:
+    c = cfg.checkpoint
+    return Checkpointer(
+        paths.checkpoints,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        config_hash=cfg.config_hash(),
+        model_hash=cfg.model_hash(),
+        keep_last=c.keep_last,
+        keep_every=c.keep_every,
+        async_save=c.async_save,
+        ledger=ledger,
     )

@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -50,8 +50,8 @@ from ..errors import CheckpointError, TrainingError
 from ..jobs.stop import StopCause, StopController
 from ..rundir import CHECKPOINT_FAILED, RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths
 from ..rundir.outcome import Status
-from .build import build_model_parts, load_data
-from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
+from .build import build_model_parts, load_data, make_checkpointer
+from .checkpoint import RANK_LOCAL, rank_local_key
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .loader import StepBatches, StepPlan, make_loader, micro_batches
@@ -153,34 +153,16 @@ class Trainer:
         self.data = load_data(cfg, ctx, self.paths.root if checkpoints else None)
         self.startup.mark("data")
 
-        parts = build_model_parts(cfg, ctx, lr=lr_at(1, t))
-        self.model, self.train_module, self.opt, self.ema = (
-            parts.model,
-            parts.train_module,
-            parts.opt,
-            parts.ema,
-        )
-        self.params, self.autocast, self.sharded = parts.params, parts.autocast, parts.sharded
+        p = build_model_parts(cfg, ctx, lr=lr_at(1, t))
+        self.model, self.train_module, self.opt, self.ema = p.model, p.train_module, p.opt, p.ema  # fmt: skip
+        self.params, self.autocast, self.sharded = p.params, p.autocast, p.sharded
         self.evaluator: Evaluator | None = None
         if t.eval_every and self.data.val is not None and self.data.val_indices is not None:
             self.evaluator = Evaluator(
                 cfg, self.data.val, self.data.val_indices, rank=ctx.rank, world=ctx.world_size,
                 batch=self.micro, device=ctx.device,
             )  # fmt: skip
-        self.checkpointer: Checkpointer | None = None
-        if checkpoints:
-            c = cfg.checkpoint
-            self.checkpointer = Checkpointer(
-                self.paths.checkpoints,
-                rank=ctx.rank,
-                world_size=ctx.world_size,
-                config_hash=cfg.config_hash(),
-                model_hash=cfg.model_hash(),
-                keep_last=c.keep_last,
-                keep_every=c.keep_every,
-                async_save=c.async_save,
-                ledger=self.ledger,
-            )
+        self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self.window = MetricsWindow(ctx.device)
         self.startup.mark("model")
 
@@ -202,12 +184,7 @@ class Trainer:
         state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
-            "train": {
-                "step": torch.tensor(c.step, dtype=torch.int64),
-                "samples_consumed": torch.tensor(c.samples_consumed, dtype=torch.int64),
-                "nonfinite_consecutive": torch.tensor(c.nonfinite_consecutive, dtype=torch.int64),
-                "skipped_total": torch.tensor(c.skipped_total, dtype=torch.int64),
-            },
+            "train": {k: torch.tensor(v, dtype=torch.int64) for k, v in asdict(c).items()},
             RANK_LOCAL: {rank_local_key(self.ctx.rank): rng_state(self.ctx.device)},
         }
         if self.ema is not None:
@@ -226,13 +203,7 @@ class Trainer:
                 set_state_dict(
                     self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
                 )
-                tr = state["train"]
-                self.counters = Counters(
-                    step=int(tr["step"]),
-                    samples_consumed=int(tr["samples_consumed"]),
-                    nonfinite_consecutive=int(tr["nonfinite_consecutive"]),
-                    skipped_total=int(tr["skipped_total"]),
-                )
+                self.counters = Counters(**{k: int(v) for k, v in state["train"].items()})
                 if self.ema is not None and "ema" in result.saved_sections:
                     self.ema.load_counts(state["ema"])
                 elif self.ema is not None:  # turned on after this checkpoint was written
