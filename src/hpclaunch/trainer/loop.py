@@ -230,6 +230,10 @@ class Trainer:
         """Checkpoint the state after step ``counters.step`` (collective)."""
         if self.checkpointer is None:
             return
+        try:
+            self.checkpointer.wait()  # the previous background save, should it have failed unseen
+        except CheckpointError as error:
+            return self._save_again_after(error)
         if not params_finite(self.model, sharded=self.sharded):
             raise TrainingError(
                 f"parameters are not finite after step {self.counters.step}; refusing to checkpoint them"
@@ -260,8 +264,10 @@ class Trainer:
         if self.checkpointer is None:
             return
         error = self.checkpointer.poll_background(self.ctx.host_group())
-        if error is None:
-            return
+        if error is not None:
+            self._save_again_after(error)
+
+    def _save_again_after(self, error: CheckpointError) -> None:
         step = self.counters.step
         if self.ledger is not None:
             self.ledger.append(CHECKPOINT_FAILED, step=step, error=error.one_line(), action="blocking retry")

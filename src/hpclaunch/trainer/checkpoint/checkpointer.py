@@ -27,6 +27,7 @@ from .faults import (
     delay_write_hook,
     hooked_writer_class,
     injected_failure,
+    is_filesystem_failure,
     kill_hook,
     kill_requested,
     save_error,
@@ -278,8 +279,9 @@ class Checkpointer:
                 state, storage_writer=self._writer(job), process_group=self._pg, no_dist=self._pg is None
             )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-            if self._is_coordinator:  # free the space a half-written save holds, then measure
-                shutil.rmtree(job.tmp, ignore_errors=True)
+            fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
+            if self._is_coordinator and fs:  # free the space a half-written save holds, then measure
+                shutil.rmtree(job.tmp, ignore_errors=True)  # (a peer's death leaves it for the resume)
             raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
 
     def _writer(self, job: _SaveJob) -> Any:

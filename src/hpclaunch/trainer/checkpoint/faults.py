@@ -75,6 +75,17 @@ def os_error(exc: BaseException) -> OSError | None:
     return None
 
 
+def is_filesystem_failure(exc: BaseException, *, directory: Path, needed_bytes: int | None) -> bool:
+    """The save failed for the filesystem's reasons (full, denied, read-only), not a peer's death."""
+    oserr = os_error(exc)
+    if oserr is not None:
+        return oserr.errno in (*_NO_SPACE, *_DENIED, errno.EROFS)
+    try:
+        return needed_bytes is not None and shutil.disk_usage(directory).free < needed_bytes
+    except OSError:
+        return False
+
+
 def save_error(
     exc: BaseException, *, directory: Path, step: int, needed_bytes: int | None
 ) -> CheckpointError:
