@@ -322,7 +322,10 @@ class DataConfig(_Section):
         description="Token id that pads variable-length text (masked out of attention and loss); null = fixed-length text.",
     )
     num_workers: int = Field(
-        2, ge=0, le=64, description="DataLoader worker processes per rank; 0 = read in the training process."
+        1,
+        ge=0,
+        le=64,
+        description="DataLoader worker processes per rank (raise it where cores are spare); 0 = read in the training process.",
     )
     prefetch_factor: int = Field(2, ge=1, le=64, description="Steps of data each worker prepares ahead.")
 
