@@ -151,26 +151,44 @@ def test_stopped_twice_and_resumed_is_bitwise_equal_model_optimizer_and_ema(
     ]
 
 
+def resume_elsewhere(source: Path, run: Path, nproc: int, attempt: str = "b1") -> dict[str, Any]:
+    """A copy of ``source`` resumed on ``nproc`` ranks (1: one process, no torchrun) to the end."""
+    shutil.copytree(source, run)
+    h.make_run(run.parent, run.name, run.parent / "data", FSDP)
+    proc = h.train(run, nproc=0 if nproc == 1 else nproc, attempt=attempt, timeout=400)
+    assert proc.returncode == 0, h.describe(proc)
+    out = h.outcome(run, attempt)
+    assert out["status"] == "finished" and out["world_size"] == nproc
+    assert out["samples_consumed"] == STEPS * GLOBAL
+    (resumed,) = [e for e in h.events(run) if e["event"] == "resumed" and e["attempt"] == attempt]
+    assert resumed["world_size"] == nproc and resumed["samples_consumed"] == resumed["step"] * GLOBAL
+    assert [line["step"] for line in h.metrics(run)] == list(range(1, STEPS + 1))  # contiguous
+    return resumed
+
+
 @pytest.mark.parametrize("nproc", [1, 3])
 def test_resume_on_another_world_size_reshards_at_the_exact_sample(
     reference: Path, stopped_twice: dict[str, Any], root: Path, nproc: int
 ) -> None:
-    first = stopped_twice["stops"][0]
     run = root / f"resharded-{nproc}"
-    shutil.copytree(stopped_twice["copy"], run)
-    h.make_run(root, run.name, root / "data", FSDP)
-    proc = h.train(run, nproc=0 if nproc == 1 else nproc, attempt="b1", timeout=400)
-    assert proc.returncode == 0, h.describe(proc)
-    out = h.outcome(run, "b1")
-    assert out["status"] == "finished" and out["world_size"] == nproc
-    assert out["samples_consumed"] == STEPS * GLOBAL
-    (resumed,) = [e for e in h.events(run) if e["event"] == "resumed" and e["attempt"] == "b1"]
-    assert (resumed["step"], resumed["samples_consumed"], resumed["world_size"]) == (
-        first,
-        first * GLOBAL,
-        nproc,
-    )
-    assert [line["step"] for line in h.metrics(run)] == list(range(1, STEPS + 1))
+    resumed = resume_elsewhere(stopped_twice["copy"], run, nproc)
+    assert resumed["step"] == stopped_twice["stops"][0]  # the 2-rank checkpoint, exact position
+    ours, theirs = tail_loss(run), tail_loss(reference)
+    assert abs(ours - theirs) <= LOSS_TOLERANCE * theirs, (ours, theirs)
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_ranks(reference: Path, root: Path) -> None:
+    one = root / "resharded-1"  # written by the 2 -> 1 resume above: its newer checkpoints are one rank's
+    if not (one / "checkpoints" / "step_000060").is_dir():
+        pytest.skip("needs the 2 -> 1 resume above")
+    source = root / "one-rank-at-50"
+    shutil.copytree(one, source)
+    shutil.rmtree(source / "checkpoints" / "step_000060")  # keep_last 2: step 50 remains
+    kept = [line for line in h.metrics(source) if line["step"] <= 50]
+    (source / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in kept))
+    run = root / "one-to-two"
+    resumed = resume_elsewhere(source, run, 2, attempt="c1")
+    assert (resumed["step"], resumed["checkpoint"]) == (50, str(run / "checkpoints" / "step_000050"))
     ours, theirs = tail_loss(run), tail_loss(reference)
     assert abs(ours - theirs) <= LOSS_TOLERANCE * theirs, (ours, theirs)
 

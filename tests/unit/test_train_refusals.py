@@ -131,3 +131,20 @@ def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_s
     assert sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*")) == before
     assert run.config.read_text() == config_text
     assert os.listdir(run.checkpoints) == ["step_000040"]
+
+
+def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = load_config(None, ["name=s", "run_dir=runs/s"], base=tmp_path)
+    run = RunPaths(tmp_path / "runs" / "s").ensure()
+    run.config.write_text(cfg.to_yaml())
+    ck = Checkpointer(run.checkpoints, rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=2)
+    ck.save(40, {"model": {"w": torch.zeros(3)}}, blocking=True)
+    ck.close()
+    assert main(["sample", str(run.root), "--mode", "l2t", "--step", "7"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"hpclaunch: error: {run.checkpoints}: no checkpoint of step 7 (published steps: 40)"
+    assert main(["sample", str(run.root), "--mode", "text"]) == 2
+    assert "--mode 'text' is not one of t2l, l2t, joint" in capsys.readouterr().err
+    assert not (run.root / "samples").exists()

@@ -12,7 +12,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ...errors import CheckpointError
+from ...errors import CheckpointError, UserInputError
 from ..dist import all_gather_json
 from .faults import as_checkpoint_error
 from .manifest import (
@@ -81,7 +81,7 @@ def load_readonly(
         path = directory / step_dir_name(step)
         if not path.is_dir():
             have = ", ".join(str(s) for s, _ in published_dirs(directory)) or "none"
-            raise CheckpointError(
+            raise UserInputError(
                 f"no checkpoint of step {step} (published steps: {have})", where=str(directory)
             )
         try:
@@ -97,7 +97,9 @@ def load_readonly(
             except InvalidCheckpoint as e:
                 log.warning("skipping checkpoint %s: %s", path.name, e)
         if info is None:
-            raise CheckpointError("no valid checkpoint", where=str(directory), hint="train the run first")
+            raise UserInputError(
+                "no valid checkpoint to sample from", where=str(directory), hint="train the run first"
+            )
     assert info is not None
     import warnings
 
