@@ -4,6 +4,7 @@ positions, the validation hold-out, the once-per-dataset token check, variable-l
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -66,6 +67,27 @@ def test_step_items_are_exact_positions_and_workers_prepare_the_same_bytes(data:
     # A loader that starts at step 4 (a resume) yields what the first one yielded for step 4 on.
     resumed = StepBatches(ds, order, plan(first_step=4, steps=3))
     assert all(torch.equal(resumed[0][k], direct[3][k]) for k in resumed[0])
+
+
+def test_a_stop_signal_sent_to_the_whole_job_leaves_the_loader_workers_running(data: Path) -> None:
+    """SLURM signals every process of the step: the workers must outlive a SIGTERM or SIGUSR1
+    (before this, the rank died of "DataLoader worker is killed by signal" in its stop save)."""
+    import psutil
+
+    ds, order = dataset(data), SampleOrder(100, 3)
+    direct = StepBatches(ds, order, plan())
+    loader = make_loader(direct, num_workers=1, prefetch_factor=1, pin_memory=False)
+    first = next(loader)
+    workers = psutil.Process().children(recursive=False)
+    assert workers, "the loader started no worker process"
+    for w in workers:
+        os.kill(w.pid, signal.SIGTERM)
+        os.kill(w.pid, signal.SIGUSR1)
+    time.sleep(0.5)
+    rest = list(loader)
+    got = [first, *rest]
+    assert len(got) == len(direct)
+    assert all(torch.equal(got[i][k], direct[i][k]) for i in range(len(direct)) for k in direct[i])
 
 
 def test_holdout_is_fixed_by_the_seed_and_never_trained_on() -> None:

@@ -17,6 +17,7 @@ with ``non_blocking=True``; with ``data.num_workers: 0`` items are built in the 
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -149,7 +150,18 @@ class _Packed(torch.utils.data.Dataset[Packed]):
         return pack(self.batches[i])
 
 
+# A scheduler's stop signals go to every process of the job (SLURM signals the whole step, a
+# terminal the whole process group), and a DataLoader worker dies of them: torch's own SIGTERM
+# handler re-raises any SIGTERM not sent by its parent, and USR1/USR2 kill by default. The rank
+# then fails with "DataLoader worker is killed by signal" in the middle of its stop save, and a
+# preemption is recorded as a crash. Stopping is the rank's business: a worker ends when its rank
+# tells it to or when its rank is gone (torch's watchdog checks the parent).
+WORKER_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def _worker_init(_: int) -> None:
+    for sig in WORKER_IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
     # The rank's own threads do the math; a worker's job is I/O and small draws.
     torch.set_num_threads(1)
 
