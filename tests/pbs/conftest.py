@@ -80,20 +80,33 @@ class PbsServer:
             argv = ["runuser", "-u", self.user, "--", "/usr/bin/env", "-i", *env_args, *argv]
             return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, check=False)
         env = {**os.environ, "PATH": self.env["PATH"]}
-        return subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False)
+        return subprocess.run(
+            argv, cwd=cwd, capture_output=True, text=True, timeout=timeout, env=env, check=False
+        )
 
-    def check(self, *cmd: str, as_user: bool = True, cwd: Path | str | None = None, timeout: float = 60) -> str:
+    def check(
+        self, *cmd: str, as_user: bool = True, cwd: Path | str | None = None, timeout: float = 60
+    ) -> str:
         proc = self.run(*cmd, as_user=as_user, cwd=cwd, timeout=timeout)
         if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}{proc.stdout[-2000:]}")
+            raise RuntimeError(
+                f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()}{proc.stdout[-2000:]}"
+            )
         return proc.stdout
 
     def hpclaunch(
-        self, *args: str, cwd: Path, timeout: float = 600, check: bool = True, env: dict[str, str] | None = None
+        self,
+        *args: str,
+        cwd: Path,
+        timeout: float = 600,
+        check: bool = True,
+        env: dict[str, str] | None = None,
     ) -> subprocess.CompletedProcess[str]:
         """`python -m hpclaunch ARGS` as the job user (extra `env` is passed through)."""
         extra = [f"{k}={v}" for k, v in (env or {}).items()]
-        proc = self.run("/usr/bin/env", *extra, self.python, "-m", "hpclaunch", *args, cwd=cwd, timeout=timeout)
+        proc = self.run(
+            "/usr/bin/env", *extra, self.python, "-m", "hpclaunch", *args, cwd=cwd, timeout=timeout
+        )
         if check and proc.returncode != 0:
             raise AssertionError(
                 f"hpclaunch {' '.join(args)} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
@@ -140,7 +153,9 @@ class PbsServer:
 def _user_can_run(python: str, env: dict[str, str]) -> bool:
     argv = ["runuser", "-u", JOB_USER, "--", "/usr/bin/env", "-i", *(f"{k}={v}" for k, v in env.items())]
     probe = "import importlib.util as u, hpclaunch; assert u.find_spec('torch')"
-    proc = subprocess.run([*argv, python, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [*argv, python, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
     return proc.returncode == 0
 
 
@@ -152,7 +167,9 @@ def _job_python(env: dict[str, str]) -> str:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     base = shutil.which(f"python{version}", path="/usr/bin:/bin:/usr/local/bin")
     if base is None:
-        _cannot_start(f"the job user cannot run {sys.executable} and there is no system python{version}", skippable=True)
+        _cannot_start(
+            f"the job user cannot run {sys.executable} and there is no system python{version}", skippable=True
+        )
     purelib = sysconfig.get_paths()["purelib"]
     key = hashlib.sha256(f"{base}\n{purelib}".encode()).hexdigest()[:12]
     root = Path(tempfile.gettempdir()) / f"hpclaunch-pbs-python-{key}"
@@ -209,7 +226,9 @@ class _Layouts:
                     [str(SCRIPT), *step], capture_output=True, text=True, timeout=300, check=False
                 )
             except (OSError, subprocess.TimeoutExpired) as exc:
-                _cannot_start(f"scripts/local-pbs {' '.join(step)}: {exc}", skippable=isinstance(exc, OSError))
+                _cannot_start(
+                    f"scripts/local-pbs {' '.join(step)}: {exc}", skippable=isinstance(exc, OSError)
+                )
                 return
             if proc.returncode != 0:
                 _cannot_start(
@@ -224,7 +243,12 @@ class _Layouts:
             _cannot_start(f"no job user {JOB_USER}", skippable=False)
         uid = int(pw.stdout)
         home = f"/home/{JOB_USER}"
-        env = {"PATH": f"{PBS_BIN}:/usr/local/bin:/usr/bin:/bin", "HOME": home, "LANG": "C.UTF-8", "USER": JOB_USER}
+        env = {
+            "PATH": f"{PBS_BIN}:/usr/local/bin:/usr/bin:/bin",
+            "HOME": home,
+            "LANG": "C.UTF-8",
+            "USER": JOB_USER,
+        }
         work_root = Path(tempfile.mkdtemp(prefix="hpclaunch-pbs-tests-"))
         work_root.chmod(0o755)
         os.chown(work_root, uid, uid)

@@ -38,7 +38,9 @@ def wait_text(path: Path, text: str, timeout: float) -> str:
         if path.exists() and text in (content := path.read_text()):
             return content
         time.sleep(0.1)
-    raise TimeoutError(f"{text!r} not in {path} after {timeout}s: {path.read_text() if path.exists() else '(none)'}")
+    raise TimeoutError(
+        f"{text!r} not in {path} after {timeout}s: {path.read_text() if path.exists() else '(none)'}"
+    )
 
 
 def test_status_and_a_rerun_of_up_is_fast(pbs_server: PbsServer) -> None:

@@ -25,7 +25,9 @@ class JobState(str, Enum):
     """Scheduler states, never collapsed: a preemption is not a failure, a timeout not a crash."""
 
     PENDING = "pending"
+    HELD = "held"  # waits for a person (PBS qhold / system hold), not for resources
     RUNNING = "running"
+    SUSPENDED = "suspended"  # stopped in place (PBS preemption by suspension), not requeued
     REQUEUED = "requeued"
     PREEMPTED = "preempted"
     TIMEOUT = "timeout"
@@ -37,7 +39,13 @@ class JobState(str, Enum):
 
     @property
     def active(self) -> bool:
-        return self in (JobState.PENDING, JobState.RUNNING, JobState.REQUEUED)
+        return self in (
+            JobState.PENDING,
+            JobState.HELD,
+            JobState.RUNNING,
+            JobState.SUSPENDED,
+            JobState.REQUEUED,
+        )
 
 
 @dataclass(frozen=True)
