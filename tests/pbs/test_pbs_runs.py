@@ -8,6 +8,7 @@ final parameters against an uninterrupted `hpclaunch train` of the same config.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,7 +131,7 @@ def test_walltime_stops_saves_and_continues_bitwise_equal(
     )
     jobs = [a["job_id"] for a in s["attempts"]]
     assert len(set(jobs)) == len(jobs)  # every continuation is its own PBS job ...
-    for before, after in zip(jobs, jobs[1:], strict=False):
+    for before, after in itertools.pairwise(jobs):
         # ... that waited for the one before it
         assert pbs_server.job(after)["depend"].startswith(f"afterany:{before}")
         # the deadline stop ended the job itself, before PBS's walltime kill (Exit_status -29)
