@@ -62,8 +62,7 @@ class PbsServer:
     python: str  # an interpreter the job user can run, with hpclaunch and torch
     head: str = "pbshead"
     queues: tuple[str, ...] = ("workq", "short")
-    kill_delay_s: int = 15
-    short_kill_delay_s: int = 1
+    kill_delay_s: int = 10  # workq's; read from the server when the fixture starts
     gpus_per_node: int = 2
     user: str = JOB_USER
     env: dict[str, str] = field(default_factory=dict)
@@ -252,7 +251,10 @@ class _Layouts:
         work_root = Path(tempfile.mkdtemp(prefix="hpclaunch-pbs-tests-"))
         work_root.chmod(0o755)
         os.chown(work_root, uid, uid)
-        return PbsServer(layout=layout, nodes=[], work_root=work_root, python=_job_python(env), env=env)
+        server = PbsServer(layout=layout, nodes=[], work_root=work_root, python=_job_python(env), env=env)
+        queues = json.loads(server.check("qstat", "-Q", "-f", "-F", "json"))["Queue"]
+        server.kill_delay_s = int(queues["workq"]["kill_delay"])
+        return server
 
     def close(self) -> None:
         if self.switched_to_2 and STATE.exists() and STATE.read_text().split()[0] == "2":
