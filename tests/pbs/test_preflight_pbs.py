@@ -34,9 +34,10 @@ def test_default_queue_limits_and_preemption(real_pbs_first: None, tmp_path: Pat
     check = scheduler_check(tmp_path)
     assert check.status is Status.PASS, check
     assert check.finding.startswith(
-        "OpenPBS 23.06.06: queue workq (default), no max walltime, kill_delay 10 s"
+        "PBS 23.06.06: queue workq (default), no max walltime, kill_delay 10 s"
     )
-    assert "1 node(s) can take select=1:ncpus=2:mpiprocs=1" in check.finding
+    assert "1 node(s) can take a chunk of select=1:ncpus=2:mpiprocs=1" in check.finding
+    assert check.finding.endswith("reruns: the job is submitted rerunnable (-r y), preempt_order SCR")
 
 
 def test_queue_that_does_not_exist(real_pbs_first: None, tmp_path: Path) -> None:
@@ -72,4 +73,4 @@ def test_select_asking_for_more_gpus_than_a_node_has(real_pbs_first: None, tmp_p
 def test_more_nodes_than_the_server_has(real_pbs_first: None, tmp_path: Path) -> None:
     check = scheduler_check(tmp_path, nodes=2)
     assert check.status is Status.FAIL
-    assert "1 node(s) can take select=2:ncpus=2:mpiprocs=1; the run asks for 2" in check.finding
+    assert "1 node(s) can take a chunk of select=2:ncpus=2:mpiprocs=1; the run asks for 2" in check.finding

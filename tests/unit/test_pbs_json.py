@@ -102,7 +102,7 @@ def test_job_fields_and_lookup_with_or_without_the_server_suffix() -> None:
 def test_queues_server_and_nodes() -> None:
     queues = parse_queues((DATA / "queues.json").read_text())
     assert list(queues) == ["workq", "short"]
-    assert (queues["workq"].kill_delay_s, queues["workq"].max_walltime_s) == (15, None)
+    assert (queues["workq"].kill_delay_s, queues["workq"].max_walltime_s) == (10, None)
     assert (queues["short"].kill_delay_s, queues["short"].max_walltime_s) == (1, 300)
     server = parse_server((DATA / "server.json").read_text())
     assert server["default_queue"] == "workq"
