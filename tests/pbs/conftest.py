@@ -6,11 +6,13 @@ tests run last so that a session switches layout at most once; the server is lef
 
 Jobs run as the unprivileged user `hpclpbs` that `local-pbs up` creates: pbs_mom does not track
 root's processes (see the script), so a root job would not get PBS's real kill sequence. The tests
-run `hpclaunch` as that user too, in a work directory it owns, with a Python it can execute: the
-test's own interpreter when that user can run it, else the system's python3.X of the same version
-with this virtual environment's site-packages added (a venv made by pyenv under /root, as in CI,
-is unreachable for other users). PATH puts /opt/pbs/bin first: /usr/bin/qsub here is Slurm's
+run `hpclaunch` as that user too, in a work directory it owns, with the tests' own interpreter
+(where it lives under a 0700 directory such as /root, the user gets traverse-only access through an
+ACL for the session). PATH puts /opt/pbs/bin first: /usr/bin/qsub here is Slurm's
 Torque emulation. The test process's own PATH is left alone (the SLURM tests use that qsub).
+
+HPCLAUNCH_KEEP_PBS_WORK=1 keeps the session's work directory (run directories, logs) for a look
+after a failure; jobs still queued or running from it are deleted when the session ends.
 
 Every test under tests/pbs is marked `pbs`. Where the server cannot start (not root, no OpenPBS
 tarball, not Linux) they are skipped with the reason, unless HPCLAUNCH_REQUIRE_PBS=1 (CI).
@@ -18,13 +20,11 @@ tarball, not Linux) they are skipped with the reason, unless HPCLAUNCH_REQUIRE_P
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import warnings
@@ -141,6 +141,20 @@ class PbsServer:
                 raise TimeoutError(f"job {job_id} still {info['job_state']} after {timeout:.0f}s: {info}")
             time.sleep(poll)
 
+    def delete_session_jobs(self) -> None:
+        """qdel every job still queued or running from this session's work directory."""
+        proc = self.run("qstat", "-f", "-F", "json", as_user=False)
+        if proc.returncode != 0 or not proc.stdout.strip():
+            return
+        jobs = json.loads(proc.stdout).get("Jobs", {})
+        ours = [
+            jid
+            for jid, attrs in jobs.items()
+            if str(attrs.get("Variable_List", {}).get("PBS_O_WORKDIR", "")).startswith(str(self.work_root))
+        ]
+        if ours:
+            self.run("qdel", "-W", "force", *ours, as_user=False)
+
     def qdel(self, *job_ids: str) -> None:
         if job_ids:
             self.run("qdel", *job_ids)
@@ -158,41 +172,32 @@ def _user_can_run(python: str, env: dict[str, str]) -> bool:
     return proc.returncode == 0
 
 
-def _job_python(env: dict[str, str]) -> str:
-    """sys.executable if the job user can run it; else a venv on the system's python3.X that adds
-    this environment's site-packages (made once, in /tmp, readable by everyone)."""
+def _job_python(env: dict[str, str], granted: list[Path]) -> str:
+    """sys.executable, which the job user must be able to run: the same interpreter as the tests,
+    so that what a job writes (pickles in checkpoints) is what this Python reads. A venv made by
+    pyenv under /root (0700), as in CI, is out of that user's reach: it gets traverse-only (x)
+    access to each such directory through an ACL (`granted`, taken back when the session ends)."""
     if _user_can_run(sys.executable, env):
         return sys.executable
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    base = shutil.which(f"python{version}", path="/usr/bin:/bin:/usr/local/bin")
-    if base is None:
+    if shutil.which("setfacl") is None:
         _cannot_start(
-            f"the job user cannot run {sys.executable} and there is no system python{version}", skippable=True
-        )
-    purelib = sysconfig.get_paths()["purelib"]
-    key = hashlib.sha256(f"{base}\n{purelib}".encode()).hexdigest()[:12]
-    root = Path(tempfile.gettempdir()) / f"hpclaunch-pbs-python-{key}"
-    python = root / "bin" / "python"
-    if not python.exists():
-        site = root / "lib" / f"python{version}" / "site-packages"
-        site.mkdir(parents=True, exist_ok=True)
-        (root / "bin").mkdir(exist_ok=True)
-        (root / "pyvenv.cfg").write_text(
-            f"home = {Path(base).parent}\ninclude-system-site-packages = false\nversion = {version}\n"
-        )
-        # addsitedir, not a plain path line: the .pth files there (the editable hpclaunch) count too
-        (site / "_hpclaunch_tests.pth").write_text(f"import site; site.addsitedir({purelib!r})\n")
-        python.symlink_to(base)
-        for p in [root, *root.rglob("*")]:
-            if not p.is_symlink():
-                p.chmod(0o755 if p.is_dir() else 0o644)
-    if not _user_can_run(str(python), env):
-        _cannot_start(
-            f"the job user {JOB_USER} cannot import hpclaunch and torch with {python} "
-            f"(can it read {purelib} and {REPO}?)",
+            f"{JOB_USER} cannot run {sys.executable} and setfacl is missing (apt-get install acl)",
             skippable=True,
         )
-    return str(python)
+    needed = [Path(os.path.realpath(sys.executable)), Path(sys.prefix), REPO]
+    for target in needed:
+        for d in reversed(target.parents):
+            if d in granted:
+                continue
+            probe = subprocess.run(["runuser", "-u", JOB_USER, "--", "test", "-x", str(d)], check=False)
+            if probe.returncode != 0:
+                subprocess.run(["setfacl", "-m", f"u:{JOB_USER}:x", str(d)], check=True)
+                granted.append(d)
+    if not _user_can_run(sys.executable, env):
+        _cannot_start(
+            f"the job user {JOB_USER} cannot import hpclaunch and torch with {sys.executable}", skippable=True
+        )
+    return sys.executable
 
 
 # ---- layouts ------------------------------------------------------------------------------------
@@ -202,6 +207,7 @@ class _Layouts:
     def __init__(self) -> None:
         self.switched_to_2 = False
         self.server: PbsServer | None = None
+        self.granted: list[Path] = []  # directories the job user was given traverse access to
 
     def ensure(self, layout: int) -> PbsServer:
         current = STATE.read_text().split()[0] if STATE.exists() else ""
@@ -251,7 +257,9 @@ class _Layouts:
         work_root = Path(tempfile.mkdtemp(prefix="hpclaunch-pbs-tests-"))
         work_root.chmod(0o755)
         os.chown(work_root, uid, uid)
-        server = PbsServer(layout=layout, nodes=[], work_root=work_root, python=_job_python(env), env=env)
+        server = PbsServer(
+            layout=layout, nodes=[], work_root=work_root, python=_job_python(env, self.granted), env=env
+        )
         queues = json.loads(server.check("qstat", "-Q", "-f", "-F", "json"))["Queue"]
         server.kill_delay_s = int(queues["workq"]["kill_delay"])
         return server
@@ -263,7 +271,13 @@ class _Layouts:
             except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
                 warnings.warn(f"could not restore the 1-node PBS layout: {exc}", stacklevel=1)
         if self.server is not None:
-            shutil.rmtree(self.server.work_root, ignore_errors=True)
+            self.server.delete_session_jobs()
+            for d in self.granted:
+                subprocess.run(["setfacl", "-x", f"u:{JOB_USER}", str(d)], check=False)
+            if os.environ.get("HPCLAUNCH_KEEP_PBS_WORK") == "1":
+                print(f"\nPBS test work kept in {self.server.work_root}")
+            else:
+                shutil.rmtree(self.server.work_root, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
