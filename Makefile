@@ -54,7 +54,7 @@ demo: venv
 	# A 40 s limit per attempt and a slowed tiny model (0.2 s/step, the math unchanged): the run is
 	# stopped, saved and requeued at least twice before it finishes; --wait prints its status.
 	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=40s \
-		--set train.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait
+		--set testing.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait
 
 bench: venv
 	$(BIN)/python bench/trainer_overhead.py

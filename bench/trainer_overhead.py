@@ -27,8 +27,9 @@ import numpy as np
 import torch
 
 from hpclaunch.config import RunConfig, load_config
-from hpclaunch.orchestrator.runs import RunPaths
-from hpclaunch.trainer.data import ShardedDataset, synth_dataset, validate_dataset
+from hpclaunch.rundir import RunPaths
+from hpclaunch.shards import synth_dataset, validate_dataset
+from hpclaunch.trainer.data import ShardedDataset
 from hpclaunch.trainer.loop import Trainer, set_deterministic
 from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import Draws, compute_losses

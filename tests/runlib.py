@@ -64,10 +64,10 @@ def status(run: Path, cwd: Path) -> dict[str, Any]:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    path = run / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The run's merged ledger (every writer's file under RUN/events/)."""
+    from hpclaunch.rundir import RunPaths, read_events
+
+    return read_events(RunPaths(run)).events
 
 
 def wait_for(predicate: Any, *, timeout: float, poll: float = 0.5, what: str = "condition") -> Any:

@@ -269,7 +269,7 @@ class NcclConfig(_Section):
     def _nccl_values_known(cls, v: dict[str, str]) -> dict[str, str]:
         # Certain mistakes only (removed/non-existent variables, values NCCL silently ignores);
         # doubtful settings are reported as warnings by `hpclaunch preflight`.
-        from .jobs.nccl import validate_nccl_env
+        from .nccl import validate_nccl_env
 
         errors = [issue for issue in validate_nccl_env(v) if issue.severity == "error"]
         if errors:
@@ -336,14 +336,6 @@ class TrainConfig(_Section):
     max_nonfinite_skips: int = Field(
         5, ge=1, description="Consecutive non-finite steps that end the run with an error."
     )
-    inject_nonfinite_at: list[int] = Field(
-        default_factory=list, description="Test knob: make the loss non-finite at these steps."
-    )
-    step_sleep_s: float = Field(
-        0.0,
-        ge=0,
-        description="Test/demo knob: extra seconds per step (slows a tiny model; math unchanged).",
-    )
 
     @field_validator("betas")
     @classmethod
@@ -397,6 +389,19 @@ class PreflightConfig(_Section):
     )
 
 
+class TestingConfig(_Section):
+    """Test and demo knobs: they change timing or inject faults, never the math of a healthy run.
+
+    Not part of the user's reference (README, ``hpclaunch init``); left out of the config hash."""
+
+    step_sleep_s: float = Field(
+        0.0, ge=0, description="Extra seconds per step (slows a tiny model; math unchanged)."
+    )
+    inject_nonfinite_at: list[int] = Field(
+        default_factory=list, description="Make the loss non-finite at these steps."
+    )
+
+
 class RunConfig(_Section):
     name: str = Field("run", description="Run name; the run directory defaults to runs/<name>.")
     run_dir: str | None = Field(None, description="Run directory; null = runs/<name>.")
@@ -408,6 +413,7 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
+    testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
     @field_validator("name")
     @classmethod
@@ -445,9 +451,9 @@ class RunConfig(_Section):
                 f"{lead} is not shorter than scheduler.time_limit {s.time_limit} ({s.time_limit_s} s): "
                 "the run would stop before it starts",
             )
-        for step in t.inject_nonfinite_at:
+        for step in self.testing.inject_nonfinite_at:
             if not 1 <= step <= t.steps:
-                raise KeyedValueError("train.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
+                raise KeyedValueError("testing.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
         return self
 
     # ---- derived values -------------------------------------------------------------------
@@ -510,7 +516,7 @@ class RunConfig(_Section):
         across machines). What the shards contain is checked by the data validation instead.
         """
         math = {k: v for k, v in self.to_dict().items() if k in ("model", "train")}
-        math["train"] = {k: v for k, v in math["train"].items() if k not in ("step_sleep_s", "log_every")}
+        math["train"] = {k: v for k, v in math["train"].items() if k != "log_every"}
         return _hash(math)
 
 
@@ -689,12 +695,18 @@ def json_schema() -> dict[str, Any]:
     return RunConfig.model_json_schema()
 
 
+# Sections that are not part of the user's reference (README table, `hpclaunch init`).
+INTERNAL_SECTIONS = ("testing",)
+
+
 def iter_reference_rows() -> Iterable[tuple[str, str, str, str]]:
     """(dotted key, type, default, description) for every leaf key: the README config reference."""
 
     def walk(model: type[BaseModel], prefix: str) -> Iterable[tuple[str, str, str, str]]:
         for name, field in model.model_fields.items():
             dotted = f"{prefix}{name}"
+            if dotted in INTERNAL_SECTIONS:
+                continue
             sub = _section_model(field.annotation)
             if sub is not None and get_origin(field.annotation) is not dict:
                 yield from walk(sub, dotted + ".")

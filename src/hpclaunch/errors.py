@@ -8,7 +8,15 @@ only shown with ``HPCLAUNCH_DEBUG=1``.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable
+
+DEBUG_VAR = "HPCLAUNCH_DEBUG"
+
+
+def debug_enabled() -> bool:
+    """``HPCLAUNCH_DEBUG=1``: show tracebacks instead of the one-line error (CLI, trainer, checks)."""
+    return os.environ.get(DEBUG_VAR, "") not in ("", "0", "false", "no")
 
 
 def did_you_mean(word: str, choices: Iterable[str], *, prefix: str = "") -> str:
@@ -61,6 +69,10 @@ class SchedulerError(HpclaunchError):
 
 class RunNotFoundError(UserInputError):
     """A run directory named on the command line does not exist or is not a run."""
+
+
+class RunLockedError(UserInputError):
+    """Another live writer (a job, a foreground train) holds the run directory."""
 
 
 class CheckpointError(HpclaunchError):

@@ -62,13 +62,13 @@ def test_pbs_queue_through_torque_qstat(slurm_cluster: SlurmCluster, tmp_path: P
 
 
 NODE_JOB = """\
-import json, sys
+import json, os, sys
 from hpclaunch.config import RunConfig
-from hpclaunch.jobs.env import node_context
+from hpclaunch.schedulers.slurm import node_context_from_env
 from hpclaunch.preflight import run_node_checks
 
 cfg = RunConfig.model_validate({"name": "pf"})
-report = run_node_checks(cfg, node_context(), only={"node", "network"})
+report = run_node_checks(cfg, node_context_from_env(os.environ), only={"node", "network"})
 print(json.dumps({"where": report.where, **report.to_json()}))
 """
 

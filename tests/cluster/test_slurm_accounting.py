@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpclaunch.orchestrator.schedulers.base import JobState, SchedulerStatus
-from hpclaunch.orchestrator.schedulers.slurm import sacct_status, slurm_status
+from hpclaunch.schedulers.base import JobState, SchedulerStatus
+from hpclaunch.schedulers.slurm import sacct_status, slurm_status
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import SlurmCluster

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 # Long enough that a 1-minute SLURM limit cannot hold it: the run must be stopped and continued.
 LONG = (
     "train.steps=360",
-    "train.step_sleep_s=0.1",
+    "testing.step_sleep_s=0.1",
     "train.log_every=20",
     "checkpoint.every_steps=100",
     "launch.stop_margin_s=4",
@@ -50,7 +50,7 @@ def data(work: Path) -> Path:
 @pytest.fixture(scope="module")
 def reference_sha(work: Path, data: Path) -> str:
     """The same run, uninterrupted, in the foreground (no sleep: the math does not change)."""
-    overrides = tiny_overrides(work, data, "reference", *LONG[:1], "train.step_sleep_s=0", *LONG[2:])
+    overrides = tiny_overrides(work, data, "reference", *LONG[:1], "testing.step_sleep_s=0", *LONG[2:])
     hpclaunch("train", str(TINY), *overrides, cwd=work, timeout=600)
     return final_params_sha(work / "runs" / "reference")
 
@@ -205,10 +205,101 @@ def test_a_node_that_fails_a_check_is_excluded_and_the_run_finishes_on_another(
     assert started[0]["hosts"] == ["n1"], "SLURM placed the first attempt elsewhere; nothing to exclude"
     assert started[-1]["hosts"] == ["n2"]
     excluded = [e for e in story if e["event"] == "node_excluded"]
-    assert [e["excluded"] for e in excluded] == ["n1"] and excluded[0]["exclude"] == ["n1"]
+    assert [e["nodes"] for e in excluded] == [["n1"]] and excluded[0]["node"] == 0
     failed_check = next(e for e in story if e["event"] == "node_preflight" and not e["ok"])
     assert any(c["name"] == "node" and c["status"] == "fail" for c in failed_check["checks"])
     assert (s["attempts"][0]["end"], s["attempts"][0]["cause"]) == ("requeued", "node_failure")
     assert started[-1]["job_id"] != started[0]["job_id"]  # a new job, submitted with --exclude=n1
     assert "n1" in slurm_cluster_2nodes.job_info(str(started[-1]["job_id"])).get("ExcNodeList", "")
     assert "#SBATCH --exclude=n1" in (run / "job.sbatch").read_text()
+
+
+def test_scancel_after_the_warning_signal_is_a_cancellation_not_a_timeout(
+    slurm_cluster: SlurmCluster, work: Path, data: Path
+) -> None:
+    """The warning (USR2, as `--signal` sends it) and then a user's scancel: never requeued."""
+    run = _submit(work, data, "warncancel", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
+    job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
+    wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
+    slurm_cluster.run("scancel", "--signal=USR2", str(job_id))
+    wait_for(
+        lambda: any(e["event"] == "stop_requested" and e.get("source") == "SIGUSR2" for e in events(run)),
+        timeout=30,
+        what="the agent to take the warning",
+    )
+    slurm_cluster.run("scancel", str(job_id))
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "cancelled", json.dumps(s, indent=1)[-3000:]
+    story = events(run)
+    assert not any(e["event"] in ("requeued", "failed") for e in story), story
+    assert any(e["event"] == "cancelled" and e.get("node") == 0 for e in story)
+
+
+def test_a_non_head_node_that_fails_its_check_is_decided_once_by_the_head(
+    slurm_cluster_2nodes: SlurmCluster, work: Path, data: Path, tmp_path: Path
+) -> None:
+    """n2 (node 1) is marked unhealthy in a 2-node job: node 0 hears it before anyone starts
+    torchrun, decides once (exclude n2), and no second job ever owns the run directory."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    (markers / "unhealthy-n2").write_text("test: fabric errors\n")
+    run = _submit(
+        work,
+        data,
+        "nonhead",
+        "scheduler.kind=slurm",
+        "scheduler.nodes=2",
+        "train.steps=10",
+        "train.warmup_steps=2",
+        env={"HPCLAUNCH_NODE_MARKER_DIR": str(markers)},
+    )
+    s = wait_run_done(run, work, timeout=240)
+    story = events(run)
+    checks = {e["node"]: e["ok"] for e in story if e["event"] == "node_preflight"}
+    assert checks == {0: True, 1: False}, story
+    decisions = [e for e in story if e["event"] in ("node_excluded", "requeued", "failed", "finished")]
+    assert decisions and all(e.get("node") == 0 for e in decisions), decisions
+    assert [e["nodes"] for e in story if e["event"] == "node_excluded"] == [["n2"]]
+    # Two nodes exist and one is excluded: SLURM refuses the new job, and the run says so.
+    assert s["state"] == "failed" and "n2" in (s["attempts"][-1]["error"] or ""), json.dumps(s, indent=1)[
+        -2000:
+    ]
+    first = str(next(e["job_id"] for e in story if e["event"] == "submitted"))
+    info = slurm_cluster_2nodes.job_info(first)
+    assert info.get("Restarts", "0") == "0"  # the old job was never requeued
+    assert not list((run / "logs").glob("attempt-*/node*.log"))  # no node ever started torchrun
+
+
+def test_a_requeue_after_the_budget_is_spent_is_withdrawn(
+    slurm_cluster: SlurmCluster, work: Path, data: Path
+) -> None:
+    """max_requeues=0 and an `scontrol requeue`: the run fails; the attempt Slurm starts anyway
+    cancels itself instead of training on, and the ledger says why."""
+    run = _submit(
+        work,
+        data,
+        "overbudget",
+        "scheduler.kind=slurm",
+        "scheduler.time_limit=00:10:00",
+        "scheduler.max_requeues=0",
+        *LONG,
+    )
+    job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
+    wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
+    slurm_cluster.run("scontrol", "requeue", str(job_id))
+    wait_for(lambda: any(e["event"] == "held" for e in events(run)), timeout=240, what="the withdrawal")
+    s = wait_run_done(run, work, timeout=120)
+    story = events(run)
+    failed = next(e for e in story if e["event"] == "failed")
+    assert failed["cause"] == "preemption" and "0 requeues used of 0" in failed["reason"]
+    held = next(e for e in story if e["event"] == "held")
+    assert "already ended (failed)" in held["reason"] and "cancelled job" in held.get("note", "")
+    assert s["state"] == "failed", json.dumps(s, indent=1)[-2000:]
+    assert len([e for e in story if e["event"] == "resumed"]) == 1  # it never trained again
+
+
+def test_node_lists_come_from_scontrol(slurm_cluster: SlurmCluster) -> None:
+    from hpclaunch.schedulers.slurm import scontrol_hostnames
+
+    assert scontrol_hostnames("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
+    assert scontrol_hostnames("n[1-2]x,gpu[07-08]") == ["n1x", "n2x", "gpu07", "gpu08"]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.orchestrator.runs import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger
+from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, RunPaths, read_events
 from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_KILL, Checkpointer
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ def ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 def events(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in Ledger(run_dir / "events.jsonl").events() if e["event"] == name]
+    return [e for e in read_events(RunPaths(run_dir)).events if e["event"] == name]
 
 
 def test_resume_on_two_ranks_is_bitwise_identical_to_an_uninterrupted_run(tmp_path: Path) -> None:

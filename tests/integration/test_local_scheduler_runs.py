@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 STEPS = 300
 SLOW = (
     f"train.steps={STEPS}",
-    "train.step_sleep_s=0.1",
+    "testing.step_sleep_s=0.1",
     "train.log_every=1",
     "checkpoint.every_steps=30",
     "launch.stop_margin_s=3",
@@ -101,7 +101,7 @@ def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
     """Stopped by the control file, by SIGTERM to ONE worker, and by the deadline; resumed each time."""
     import torch
 
-    ref = tiny_overrides(work, data, "uninterrupted", *SLOW, "train.step_sleep_s=0")
+    ref = tiny_overrides(work, data, "uninterrupted", *SLOW, "testing.step_sleep_s=0")
     hpclaunch("train", str(TINY), *ref, cwd=work, timeout=600)
 
     run = work / "runs" / "stopped3"
@@ -228,3 +228,71 @@ def test_a_local_sweep_runs_every_point_to_the_end(work: Path, data: Path) -> No
         ("p0-lr1e-3", "finished", 20),
         ("p1-lr5e-4", "finished", 20),
     ]
+
+
+def test_a_second_writer_is_refused_while_the_run_is_active(work: Path, data: Path) -> None:
+    """`train --resume` and `submit --resume` on a run whose local job still runs: refused, one line."""
+    run = work / "runs" / "locked"
+    overrides = tiny_overrides(work, data, "locked", *SLOW, "train.steps=60")
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
+    for argv in (
+        ["train", str(TINY), *overrides, "--resume"],
+        ["submit", "--resume", str(run), "--no-preflight"],
+    ):
+        refused = hpclaunch(*argv, cwd=work, check=False)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert "this run is active: local job local" in refused.stderr, refused.stderr
+        assert "Traceback" not in refused.stderr
+    trainers = [
+        p for p in psutil.process_iter(["cmdline"]) if "hpclaunch.trainer" in (p.info["cmdline"] or [])
+    ]
+    ranks = [
+        p
+        for p in trainers
+        if str(run) in p.info["cmdline"] and "torch.distributed.run" not in p.info["cmdline"]
+    ]
+    assert len(ranks) == 2  # still the one job's 2 ranks, no second writer
+    hpclaunch("stop", str(run), cwd=work)
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "stopped"
+    assert not (run / "lock.json").exists()  # the controller released it when the job ended
+
+
+def test_a_corrupt_shard_is_a_data_error_naming_the_file_not_a_node_failure(work: Path, data: Path) -> None:
+    import shutil
+
+    bad = work / "bad-data"
+    shutil.copytree(data, bad)
+    shard = sorted((bad / "tokens").glob("*.npz"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated, as by a failed copy
+    run = work / "runs" / "baddata"
+    overrides = tiny_overrides(work, bad, "baddata", "train.steps=20", "train.warmup_steps=5")
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    s = wait_run_done(run, work, timeout=120)
+    assert s["state"] == "failed", json.dumps(s, indent=1)[-3000:]
+    last = s["attempts"][-1]
+    assert last["cause"] == "data" and shard.name in last["error"], last
+    assert not any(e["event"] in ("node_excluded", "requeued") for e in events(run))
+
+
+def test_train_ends_with_the_trainers_reason_and_keeps_torchruns_report_in_the_log(
+    work: Path, data: Path
+) -> None:
+    overrides = tiny_overrides(
+        work,
+        data,
+        "fgfail",
+        "train.steps=10",
+        "train.warmup_steps=2",
+        "testing.inject_nonfinite_at=[1, 2]",
+        "train.max_nonfinite_skips=2",
+    )
+    result = hpclaunch("train", str(TINY), *overrides, cwd=work, check=False)
+    assert result.returncode == 1
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines[-1].startswith("hpclaunch: training failed: 2 consecutive non-finite steps"), lines[-3:]
+    shown = result.stdout + result.stderr
+    assert "ChildFailedError" not in shown and "Traceback" not in shown
+    log = next((work / "runs" / "fgfail" / "logs").glob("attempt-*/node0.log")).read_text()
+    assert "ChildFailedError" in log  # torchrun's own report is kept, in the log

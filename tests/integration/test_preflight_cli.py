@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.config import ModelConfig
-from hpclaunch.trainer.data import synth_dataset
+from hpclaunch.shards import synth_dataset
 
 TINY = """\
 name: tiny

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.jobs.stop import write_stop_request
-from hpclaunch.orchestrator.runs import RunPaths
+from hpclaunch.rundir import RunPaths
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h
@@ -94,7 +94,7 @@ def test_one_sided_modes_train_under_ddp(root: Path, data: Path, mode: str, clea
 
 
 def test_injected_nonfinite_steps_are_skipped_together_on_every_rank(root: Path, data: Path) -> None:
-    run = h.make_run(root, "inject", data, ["train.steps=12", "train.inject_nonfinite_at=[3, 7, 8]"])
+    run = h.make_run(root, "inject", data, ["train.steps=12", "testing.inject_nonfinite_at=[3, 7, 8]"])
     proc = h.train(run)
     assert proc.returncode == 0, h.describe(proc)
     out = h.outcome(run)
@@ -112,7 +112,7 @@ def test_too_many_consecutive_nonfinite_steps_fail_the_run(root: Path, data: Pat
         root,
         "fail",
         data,
-        ["train.steps=10", "train.inject_nonfinite_at=[2, 3]", "train.max_nonfinite_skips=2"],
+        ["train.steps=10", "testing.inject_nonfinite_at=[2, 3]", "train.max_nonfinite_skips=2"],
     )
     proc = h.train(run)
     assert proc.returncode != 0
@@ -132,7 +132,7 @@ def test_single_process_failure_is_one_line_without_traceback(root: Path, data: 
         [
             "scheduler.procs_per_node=1",
             "train.steps=8",
-            "train.inject_nonfinite_at=[1]",
+            "testing.inject_nonfinite_at=[1]",
             "train.max_nonfinite_skips=1",
         ],
     )
@@ -147,7 +147,7 @@ def test_single_process_failure_is_one_line_without_traceback(root: Path, data: 
 def test_stop_file_stops_both_ranks_after_the_same_step_and_resume_is_exact(
     reference: Path, root: Path, data: Path
 ) -> None:
-    run = h.make_run(root, "stopped", data, ["train.step_sleep_s=0.1"])  # same math as the reference
+    run = h.make_run(root, "stopped", data, ["testing.step_sleep_s=0.1"])  # same math as the reference
     proc = h.start(run, attempt="a1")
     h.wait_for_step(run, 4, proc)
     write_stop_request(RunPaths(run).stop_file, "user", by="test")

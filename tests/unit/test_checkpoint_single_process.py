@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from hpclaunch.errors import CheckpointError
-from hpclaunch.orchestrator.runs import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger
-from hpclaunch.trainer import checkpoint as ckpt_mod
+from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger, RunPaths, read_events
 from hpclaunch.trainer.checkpoint import (
     ENV_DELAY_WRITE,
     MANIFEST_NAME,
@@ -22,6 +21,7 @@ from hpclaunch.trainer.checkpoint import (
     rank_local_key,
     step_dir_name,
 )
+from hpclaunch.trainer.checkpoint import checkpointer as ckpt_mod
 
 
 def make(tmp_path: Path, **kw: Any) -> Checkpointer:
@@ -31,7 +31,7 @@ def make(tmp_path: Path, **kw: Any) -> Checkpointer:
         "config_hash": "cfg",
         "model_hash": "model-a",
         "keep_last": 10,
-        "ledger": Ledger(tmp_path / "events.jsonl"),
+        "ledger": Ledger(RunPaths(tmp_path), role="trainer"),
     }
     args.update(kw)
     return Checkpointer(tmp_path / "ckpt", **args)
@@ -56,7 +56,7 @@ def blank() -> dict[str, Any]:
 
 
 def events(tmp_path: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in Ledger(tmp_path / "events.jsonl").events() if e["event"] == name]
+    return [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == name]
 
 
 def test_blocking_save_publishes_a_complete_directory_and_loads_back_exactly(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch import nccl
 from hpclaunch.config import NcclConfig
 from hpclaunch.errors import UserInputError
-from hpclaunch.jobs import nccl
-from hpclaunch.jobs.nccl import (
+from hpclaunch.nccl import (
     PRESETS,
     NetInterface,
     detect_fabric,

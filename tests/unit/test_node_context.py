@@ -1,4 +1,4 @@
-"""Scheduler environment -> NodeContext; never a silent localhost fallback."""
+"""Scheduler environment -> NodeContext, per scheduler module; never a silent localhost fallback."""
 
 from __future__ import annotations
 
@@ -6,18 +6,23 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.jobs import env as job_env
-from hpclaunch.jobs.env import (
-    NodeContext,
-    NodeContextError,
-    expand_slurm_nodelist,
-    node_context,
-    read_pbs_nodefile,
-)
+from hpclaunch.config import RunConfig
+from hpclaunch.orchestrator.plan import build
+from hpclaunch.schedulers import slurm
+from hpclaunch.schedulers.base import NodeContext, NodeContextError, get_scheduler
+from hpclaunch.schedulers.local import LocalScheduler
+from hpclaunch.schedulers.nodes import rendezvous_address
+from hpclaunch.schedulers.pbs import node_context_from_env as pbs_context
+from hpclaunch.schedulers.pbs import read_pbs_nodefile
+
+
+def hostnames(table: dict[str, list[str]]):  # type: ignore[no-untyped-def]
+    """A stand-in for ``scontrol show hostnames`` (the real one runs in tests/cluster)."""
+    return lambda nodelist: table.get(nodelist, [nodelist] if nodelist else [])
 
 
 def test_slurm_multi_node_context() -> None:
-    ctx = node_context(
+    ctx = slurm.node_context_from_env(
         {
             "SLURM_JOB_ID": "42",
             "SLURM_JOB_NODELIST": "gpu[07-08]",
@@ -25,9 +30,9 @@ def test_slurm_multi_node_context() -> None:
             "SLURM_NODEID": "1",
             "SLURMD_NODENAME": "gpu08",
             "SLURM_RESTART_COUNT": "3",
+            "SLURM_JOB_END_TIME": "1600",
         },
-        time_limit_s=600,
-        now=1000.0,
+        hostnames=hostnames({"gpu[07-08]": ["gpu07", "gpu08"]}),
     )
     assert (ctx.scheduler, ctx.job_id, ctx.node_rank, ctx.num_nodes) == ("slurm", "42", 1, 2)
     assert ctx.hosts == ("gpu07", "gpu08") and ctx.head == "gpu07" and ctx.hostname == "gpu08"
@@ -35,66 +40,81 @@ def test_slurm_multi_node_context() -> None:
     assert ctx.end_time == 1600.0
 
 
+def test_slurm_node_list_is_expanded_by_scontrol_not_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[list[str]] = []
+
+    def fake_run(argv: list[str], **kw: object) -> str:
+        calls.append(argv)
+        return "rack1-n01\nrack1-n02\nrack2-n01\nrack2-n02\n"
+
+    monkeypatch.setattr(slurm, "_run", fake_run)
+    assert slurm.scontrol_hostnames("rack[1-2]-n[01-02]") == [
+        "rack1-n01",
+        "rack1-n02",
+        "rack2-n01",
+        "rack2-n02",
+    ]
+    assert calls == [["scontrol", "show", "hostnames", "rack[1-2]-n[01-02]"]]
+
+
 def test_slurm_array_task_requeues_its_own_id() -> None:
-    ctx = node_context(
+    ctx = slurm.node_context_from_env(
         {
             "SLURM_JOB_ID": "57",
             "SLURM_ARRAY_JOB_ID": "55",
             "SLURM_ARRAY_TASK_ID": "2",
             "SLURM_JOB_NODELIST": "n1",
-        }
+        },
+        hostnames=hostnames({}),
     )
     assert ctx.job_id == "55_2" and ctx.array_task == 2
 
 
 def test_slurm_multi_node_without_node_id_fails_loudly() -> None:
     with pytest.raises(NodeContextError, match="SLURM_NODEID is not set"):
-        node_context({"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2"})
-
-
-def test_nodelist_expansion() -> None:
-    assert expand_slurm_nodelist("n[1-3,07],gpu01,a[08-10]") == [
-        "n1",
-        "n2",
-        "n3",
-        "n07",
-        "gpu01",
-        "a08",
-        "a09",
-        "a10",
-    ]
-    assert expand_slurm_nodelist("vm") == ["vm"]
+        slurm.node_context_from_env(
+            {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_JOB_NUM_NODES": "2"},
+            hostnames=hostnames({"n[1-2]": ["n1", "n2"]}),
+        )
 
 
 def test_pbs_nodefile_is_deduplicated_in_order(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("c1\nc1\nc1\nc2\nc2\nc3\n")
     assert read_pbs_nodefile(str(nodefile)) == ["c1", "c2", "c3"]
-    ctx = node_context({"PBS_JOBID": "9.server", "PBS_NODEFILE": str(nodefile), "PMI_RANK": "2"})
+    ctx = pbs_context(
+        {"PBS_JOBID": "9.server", "PBS_NODEFILE": str(nodefile), "PMI_RANK": "2"}, time_limit_s=60, now=0.0
+    )
     assert (ctx.scheduler, ctx.num_nodes, ctx.node_rank, ctx.hostname, ctx.head) == ("pbs", 3, 2, "c3", "c1")
 
 
 def test_pbs_without_nodefile_runs_one_node_on_this_host() -> None:
-    ctx = node_context({"PBS_JOBID": "12", "PBS_ARRAY_INDEX": "1"})
-    assert ctx.num_nodes == 1 and ctx.node_rank == 0 and ctx.array_task == 1
+    ctx = pbs_context({"PBS_JOBID": "12", "PBS_ARRAY_INDEX": "1"}, time_limit_s=60, now=100.0)
+    assert ctx.num_nodes == 1 and ctx.node_rank == 0 and ctx.array_task == 1 and ctx.end_time == 160.0
 
 
 def test_pbs_cannot_tell_which_node_fails(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("c1\nc2\n")
     with pytest.raises(NodeContextError, match="cannot tell which of the 2 PBS nodes"):
-        node_context({"PBS_JOBID": "9", "PBS_NODEFILE": str(nodefile)})
+        pbs_context({"PBS_JOBID": "9", "PBS_NODEFILE": str(nodefile)}, time_limit_s=60, now=0.0)
+    with pytest.raises(NodeContextError, match="PBS_JOBID is not set"):
+        pbs_context({"SLURM_JOB_ID": "1"}, time_limit_s=60, now=0.0)
 
 
 def test_local_context_uses_controller_variables() -> None:
-    ctx = node_context(
-        {"HPCLAUNCH_JOB_ID": "local77", "HPCLAUNCH_RESTART_COUNT": "2", "HPCLAUNCH_JOB_END_TIME": "123.5"}
+    plan = build(RunConfig(), python="python3")
+    ctx = LocalScheduler().node_context(
+        plan,
+        {"HPCLAUNCH_JOB_ID": "local77", "HPCLAUNCH_RESTART_COUNT": "2", "HPCLAUNCH_JOB_END_TIME": "123.5"},
+        now=0.0,
     )
     assert (ctx.scheduler, ctx.job_id, ctx.restart_count, ctx.end_time) == ("local", "local77", 2, 123.5)
 
 
 def test_multi_node_head_on_loopback_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(job_env, "slurm_node_addr", lambda node, timeout=10.0: None)
+    monkeypatch.setattr(slurm, "slurm_node_addr", lambda node, timeout=10.0: None)
+    sched = get_scheduler("slurm")
     ctx = NodeContext(
         scheduler="slurm",
         job_id="1",
@@ -104,23 +124,15 @@ def test_multi_node_head_on_loopback_is_refused(monkeypatch: pytest.MonkeyPatch)
         hosts=("localhost", "other"),
     )
     with pytest.raises(NodeContextError, match="loopback"):
-        job_env.rendezvous_address(ctx)
+        rendezvous_address(ctx, sched)
     one = NodeContext(
         scheduler="slurm", job_id="1", node_rank=0, num_nodes=1, hostname="localhost", hosts=("localhost",)
     )
-    assert job_env.rendezvous_address(one) == "127.0.0.1"  # fine when nobody else must reach it
+    assert rendezvous_address(one, sched) == "127.0.0.1"  # fine when nobody else must reach it
 
 
-def test_the_plans_scheduler_wins_over_detection() -> None:
+def test_the_plans_scheduler_reads_its_own_variables() -> None:
     """Slurm's Torque emulation sets SLURM_* and PBS_* at once: a PBS plan reads the PBS side."""
-    environ = {
-        "SLURM_JOB_ID": "26",
-        "SLURM_JOB_NODELIST": "vm",
-        "PBS_JOBID": "26",
-        "HPCLAUNCH_RESTART_COUNT": "1",
-    }
-    assert node_context(environ).scheduler == "slurm"
-    ctx = node_context(environ, kind="pbs")
-    assert (ctx.scheduler, ctx.job_id, ctx.restart_count) == ("pbs", "26", 1)
-    with pytest.raises(NodeContextError, match="PBS_JOBID is not set"):
-        node_context({"SLURM_JOB_ID": "1"}, kind="pbs")
+    environ = {"SLURM_JOB_ID": "26", "SLURM_JOB_NODELIST": "vm", "PBS_JOBID": "26"}
+    assert slurm.node_context_from_env(environ, hostnames=hostnames({})).scheduler == "slurm"
+    assert pbs_context(environ, time_limit_s=60, now=0.0).scheduler == "pbs"

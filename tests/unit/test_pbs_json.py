@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.orchestrator.schedulers.base import JobState
-from hpclaunch.orchestrator.schedulers.pbs_json import (
+from hpclaunch.schedulers.base import JobState
+from hpclaunch.schedulers.pbs_json import (
     find_job,
     parse_duration,
     parse_jobs,

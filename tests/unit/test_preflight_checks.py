@@ -16,7 +16,6 @@ from test_nccl import fake_sysfs  # same directory (rootdir-relative test import
 
 from hpclaunch import __version__
 from hpclaunch.config import RunConfig
-from hpclaunch.jobs.env import NodeContext
 from hpclaunch.preflight import Status, run_node_checks
 from hpclaunch.preflight.base import CheckContext, CommandResult
 from hpclaunch.preflight.data import check_data
@@ -28,7 +27,8 @@ from hpclaunch.preflight.network import check_network, port_in_use, unreachable
 from hpclaunch.preflight.node import check_node
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.sizes import estimate_parameters
-from hpclaunch.trainer.data import synth_dataset
+from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.shards import synth_dataset
 
 CPU_TORCH = {
     "version": "2.13.0+cpu",
@@ -514,7 +514,8 @@ def test_config_step_sleep_gives_a_lower_bound(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,
         scheduler={"time_limit": "5m"},
-        train={"steps": 100, "step_sleep_s": 10.0},
+        train={"steps": 100},
+        testing={"step_sleep_s": 10.0},
         checkpoint={"every_steps": 50},
     )
     out = check_config(context(cfg))

@@ -11,12 +11,12 @@ from rich.console import Console
 
 from hpclaunch.config import RunConfig
 from hpclaunch.errors import UserInputError
-from hpclaunch.jobs.env import NodeContextError
 from hpclaunch.preflight import LOGIN_CHECKS, NODE_CHECKS, Report, Status, print_report, run_login_checks
 from hpclaunch.preflight.base import CheckContext, Findings, Outcome
 from hpclaunch.preflight.probe import Probe, ProbeError, StaticProbe
 from hpclaunch.preflight.report import CheckResult
 from hpclaunch.preflight.runner import Check, run_checks, select
+from hpclaunch.schedulers.base import NodeContextError
 
 
 def ctx() -> CheckContext:

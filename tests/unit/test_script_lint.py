@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from hpclaunch.config import load_config
+from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import ScriptLintError
 from hpclaunch.orchestrator.launch import prepare
+from hpclaunch.orchestrator.plan import build
 from hpclaunch.templates.lint import lint_slurm, sbatch_directives
 
 SLURM = ["scheduler.kind=slurm", "run_dir=/runs/x"]
@@ -20,7 +21,9 @@ def render(overrides: list[str]) -> object:
 @pytest.mark.parametrize(
     "directive,match",
     [
-        ("#SBATCH --nodes=4", "contradicts the generated one"),
+        ("#SBATCH --nodes=4", "contradicts scheduler.nodes=1"),
+        ("#SBATCH --ntasks=8", "contradicts the plan's one task per node"),
+        ("#SBATCH -n 8", "contradicts the plan's one task per node"),
         ("#SBATCH --ntasks-per-node=8", "contradicts"),
         ("#SBATCH --signal=B:USR1@60", "contradicts"),
         ("#SBATCH --open-mode=truncate", "contradicts"),
@@ -31,6 +34,42 @@ def render(overrides: list[str]) -> object:
 def test_extra_directives_that_contradict_are_refused(directive: str, match: str) -> None:
     with pytest.raises(ScriptLintError, match=match):
         render([*SLURM, f"scheduler.extra_directives=['{directive}']"])
+
+
+def test_extra_directives_that_agree_with_the_plan_pass() -> None:
+    warnings = render(  # type: ignore[attr-defined]
+        [
+            *SLURM,
+            "scheduler.nodes=2",
+            "scheduler.extra_directives=['#SBATCH --nodes=2', '#SBATCH --ntasks=2']",
+        ]
+    ).rendered.warnings
+    assert any("repeats the generated one" in w for w in warnings)
+
+
+def test_gres_that_contradicts_the_gpus_is_refused() -> None:
+    gpus = [*SLURM, "scheduler.gpus_per_node=8"]
+    with pytest.raises(ScriptLintError, match=r"contradicts scheduler\.gpus_per_node=8"):
+        render([*gpus, "scheduler.extra_directives=['#SBATCH --gres=gpu:a100:4']"])
+    render([*gpus, "scheduler.extra_directives=['#SBATCH --gres=gpu:8']"])  # agrees: fine
+
+
+@pytest.mark.parametrize("export", ["NONE", "PATH,HOME", "nil"])
+def test_export_that_drops_the_environment_with_pass_env_is_refused(export: str) -> None:
+    with pytest.raises(
+        ScriptLintError, match=r"launch\.pass_env \(WANDB_API_KEY\) would never reach the job"
+    ):
+        render(
+            [
+                *SLURM,
+                "launch.pass_env=[WANDB_API_KEY]",
+                f"scheduler.extra_directives=['#SBATCH --export={export}']",
+            ]
+        )
+    render([*SLURM, f"scheduler.extra_directives=['#SBATCH --export={export}']"])  # no pass_env: allowed
+    render(
+        [*SLURM, "launch.pass_env=[WANDB_API_KEY]", "scheduler.extra_directives=['#SBATCH --export=ALL,X=1']"]
+    )
 
 
 def test_harmless_extra_directive_is_kept_after_the_generated_ones() -> None:
@@ -46,15 +85,16 @@ def test_pbs_contradicting_walltime_is_refused() -> None:
 
 def test_walltime_shorter_than_warning_lead_is_refused() -> None:
     script = "#!/bin/bash\n#SBATCH --ntasks-per-node=1\n#SBATCH --open-mode=append\n#SBATCH --signal=USR2@120\n#SBATCH --time=1\n"
-    findings = lint_slurm(script, generated_lines=5, time_limit_s=60, stop_lead_s=None, warn_lead_s=120)
+    plan = build(load_config(None, [*SLURM, "scheduler.time_limit=60s"]), python="python3")
+    plan = plan.model_copy(update={"warn_lead_s": 120})
+    findings = lint_slurm(script, generated_lines=5, plan=plan)
     assert any(f.severity == "error" and "not longer than the stop lead time" in f.message for f in findings)
 
 
 def test_missing_append_and_batch_signal_are_errors() -> None:
     script = "#!/bin/bash\n#SBATCH --ntasks-per-node=2\n#SBATCH --signal=B:USR1@60\n#SBATCH --time=60\n"
     messages = [
-        f.message
-        for f in lint_slurm(script, generated_lines=4, time_limit_s=3600, stop_lead_s=None, warn_lead_s=60)
+        f.message for f in lint_slurm(script, generated_lines=4, plan=build(RunConfig(), python="python3"))
     ]
     assert any("one task per node" in m for m in messages)
     assert any("--open-mode=append is missing" in m for m in messages)

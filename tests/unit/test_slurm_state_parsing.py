@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from hpclaunch.orchestrator.schedulers.base import JobState
-from hpclaunch.orchestrator.schedulers.slurm import parse_sacct_json, parse_squeue_json
+from hpclaunch.schedulers.base import JobState
+from hpclaunch.schedulers.slurm import parse_sacct_json, parse_squeue_json
 
 
 def num(n: int) -> dict[str, object]:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from hpclaunch.orchestrator.status import attempts_from_events, current_job_id, goodput, run_state
+from hpclaunch.orchestrator.status import (
+    LOST_AFTER_S,
+    attempts_from_events,
+    current_job_id,
+    goodput,
+    run_state,
+)
 
 
 def ev(event: str, attempt: str | None = None, **fields: object) -> dict[str, object]:
@@ -77,3 +83,35 @@ def test_run_state_and_current_job() -> None:
     pbs = [ev("submitted", job_id="10"), ev("requeued", "10.0", job_id="11", cause="timeout")]
     assert current_job_id(pbs) == "11"
     assert run_state([], [ev("submitted", job_id="1")], "pending") == "pending"
+
+
+def test_a_continuation_that_never_comes_is_lost_after_a_grace_period() -> None:
+    ledger = [*LEDGER[:8]]
+    ledger[7] = {**ledger[7], "ts": 1000.0, "job_id": "8.pbshead"}
+    attempts = attempts_from_events(ledger)
+    # the scheduler still shows it pending: requeued
+    assert run_state(attempts, ledger, "pending", now=5000.0) == "requeued"
+    # the scheduler shows nothing active, but only for a moment: still requeued
+    assert run_state(attempts, ledger, "completed", now=1030.0) == "requeued"
+    # ... for longer than the grace period: lost (and `submit --wait` stops waiting)
+    assert run_state(attempts, ledger, "unknown", now=1000.0 + LOST_AFTER_S + 1) == "lost"
+    assert current_job_id(ledger) == "8.pbshead"
+
+
+def test_a_submission_that_never_starts_is_lost_too() -> None:
+    ledger = [{"event": "submitted", "ts": 100.0, "job_id": "5"}]
+    assert run_state([], ledger, "pending", now=9999.0) == "pending"
+    assert run_state([], ledger, "cancelled", now=100.0 + LOST_AFTER_S + 1) == "lost"
+
+
+def test_withdrawn_and_user_ended_attempts() -> None:
+    ledger = [
+        ev("submitted", job_id="7"),
+        ev("started", "7.0", job_id="7", node=0),
+        ev("stopped", "7.0", cause="user", step=10),
+        ev("ended", "7.0", cause="user"),
+        ev("started", "7.1", job_id="7", node=0),
+        ev("held", "7.1", reason="the run had already ended (ended)"),
+    ]
+    attempts = attempts_from_events(ledger)
+    assert [(a.end, a.cause) for a in attempts] == [("stopped", "user"), ("withdrawn", None)]

@@ -8,7 +8,7 @@ import pytest
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
-from hpclaunch.trainer.data import validate_dataset
+from hpclaunch.shards import validate_dataset
 
 
 def test_synth_writes_a_valid_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

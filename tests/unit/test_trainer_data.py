@@ -12,13 +12,8 @@ import pytest
 
 from hpclaunch.config import ModelConfig
 from hpclaunch.errors import DataError
-from hpclaunch.trainer.data import (
-    SampleOrder,
-    ShardedDataset,
-    open_token_array,
-    synth_dataset,
-    validate_dataset,
-)
+from hpclaunch.shards import open_token_array, synth_dataset, validate_dataset
+from hpclaunch.trainer.data import SampleOrder, ShardedDataset
 
 M = ModelConfig(vocab_size=50, text_len=6, latent_len=3, latent_dim=4)
 

@@ -18,8 +18,8 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import TrainingError
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.jobs.stop import write_stop_request
-from hpclaunch.orchestrator.runs import RunPaths
-from hpclaunch.trainer.data import synth_dataset
+from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.loop import Trainer, lr_at, main, params_sha256
 from hpclaunch.trainer.metrics import FIELDS
 
@@ -95,7 +95,7 @@ def test_lr_warmup_then_cosine_to_min_ratio() -> None:
 
 
 def test_skipped_step_leaves_model_and_optimizer_untouched(tmp_path: Path, data: Path) -> None:
-    tr = trainer(tmp_path, data, "train.inject_nonfinite_at=[2]")
+    tr = trainer(tmp_path, data, "testing.inject_nonfinite_at=[2]")
     applied, *_ = tr.train_step()
     assert applied
     before = params_sha256(tr.model)
@@ -113,7 +113,7 @@ def test_skipped_step_leaves_model_and_optimizer_untouched(tmp_path: Path, data:
 
 
 def test_injected_steps_are_skipped_counted_and_logged(tmp_path: Path, data: Path) -> None:
-    tr = trainer(tmp_path, data, "train.steps=8", "train.inject_nonfinite_at=[3, 4, 7]")
+    tr = trainer(tmp_path, data, "train.steps=8", "testing.inject_nonfinite_at=[3, 4, 7]")
     out = tr.run()
     tr.close()
     assert out.status == "finished" and out.step == 8
@@ -131,7 +131,7 @@ def test_too_many_consecutive_skips_fail_the_run(tmp_path: Path, data: Path) -> 
         tmp_path,
         data,
         "train.steps=10",
-        "train.inject_nonfinite_at=[2, 4, 5, 6]",
+        "testing.inject_nonfinite_at=[2, 4, 5, 6]",
         "train.max_nonfinite_skips=3",
     )
     with pytest.raises(TrainingError, match=r"3 consecutive non-finite steps \(the last at step 6\)"):
@@ -205,7 +205,7 @@ def test_entry_point_reads_attempt_and_deadline_from_the_environment(
         "error": None,
         "world_size": 1,
     }
-    events = read_jsonl(run / "events.jsonl")
+    events = read_events(RunPaths(run)).events
     assert [e["event"] for e in events if e["event"] != "checkpoint_saved"] == ["resumed", "stopped"]
     assert events[-1]["cause"] == "timeout" and events[-1]["attempt"] == "job7.1"
     assert (RunPaths(run).checkpoints / "step_000001").is_dir()
@@ -226,7 +226,7 @@ def test_entry_point_stops_on_the_control_file_and_resumes(
     assert main([str(run)]) == 0
     second = json.loads(RunPaths(run).outcome_file("second").read_text())
     assert (second["status"], second["step"], second["samples_consumed"]) == ("finished", 6, 96)
-    resumed = [e for e in read_jsonl(run / "events.jsonl") if e["event"] == "resumed"]
+    resumed = [e for e in read_events(RunPaths(run)).events if e["event"] == "resumed"]
     assert [(e["attempt"], e["step"], e["samples_consumed"]) for e in resumed] == [
         ("first", 0, 0),
         ("second", 1, 16),
@@ -254,4 +254,4 @@ def test_a_signal_during_set_up_stops_after_the_first_step(tmp_path: Path, data:
     tr.close()
     assert (out.status, out.cause, out.step) == ("stopped", "preemption", 1)
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
-    assert "stopped" in [e["event"] for e in read_jsonl(tmp_path / "run" / "events.jsonl")]
+    assert "stopped" in [e["event"] for e in read_events(RunPaths(tmp_path / "run")).events]

@@ -45,7 +45,7 @@ def synth(
 
     Example: hpclaunch data synth data/tiny --samples 512 --set model.text_len=64
     """
-    from ..trainer.data import synth_dataset
+    from ..shards import synth_dataset
 
     for item in overrides or []:
         if not item.strip().startswith("model."):

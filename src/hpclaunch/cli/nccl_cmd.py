@@ -24,7 +24,7 @@ def presets(as_json: JsonOpt = False) -> None:
 
     Example: hpclaunch nccl presets --json
     """
-    from ..jobs.nccl import PRESETS, detect_fabric
+    from ..nccl import PRESETS, detect_fabric
 
     auto = detect_fabric()
     if as_json:

@@ -9,10 +9,11 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
-from ..orchestrator import runs
-from ..orchestrator.launch import load_existing_run, prepare, write_run_dir
+from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
-from ..orchestrator.runs import Ledger, RunPaths
+from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
+from ..rundir.readers import sweep_roots
+from ..schedulers.base import ACTIVE_STATES
 from .common import JsonOpt, SetOpt, console, err_console, load, print_json
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
@@ -89,7 +90,7 @@ def submit(
     for warning in prepared.rendered.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if resume is not None:
-        _refuse_if_active(RunPaths(Path(prepared.plan.run_dir)))
+        refuse_if_locked(prepared.plan)
     if not no_preflight:
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
@@ -100,27 +101,10 @@ def submit(
         raise typer.Exit(code)
 
 
-def _refuse_if_active(paths: RunPaths) -> None:
-    from ..orchestrator.schedulers.base import get_scheduler
-    from ..orchestrator.status import current_job_id
-
-    events = Ledger(paths.events).events()
-    job_id = current_job_id(events)
-    kind = _plan_scheduler(paths)
-    if job_id and kind and get_scheduler(kind).status(paths, job_id).state.active:
-        raise UserInputError(
-            f"job {job_id} of this run is still active",
-            where=str(paths.root),
-            hint=f"hpclaunch stop {paths.root} first",
-        )
-
-
 def _plan_scheduler(paths: RunPaths) -> str | None:
-    import json
-
     try:
-        return str(json.loads(paths.plan.read_text())["scheduler"])
-    except (FileNotFoundError, KeyError, ValueError):
+        return read_plan(paths).scheduler
+    except (FileNotFoundError, ValueError):
         return None
 
 
@@ -135,8 +119,7 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         # Done when no run is mid-flight by our ledger AND the scheduler holds no active job for it
         # (between a trainer's stop and the agent's requeue decision the ledger alone says "stopped").
         busy = any(
-            s in ("pending", "running", "requeued")
-            or (v.get("scheduler") or {}).get("state") in ("pending", "running", "requeued")
+            s in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES
             for s, v in zip(states, views, strict=True)
         )
         if not busy:
@@ -148,19 +131,14 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
 
 
 def _sweep_points(paths: RunPaths) -> list[Path]:
-    import json
-
-    sweep = paths.root / "sweep.json"
-    if not sweep.exists():
-        return []
-    return [Path(p["run_dir"]) for p in json.loads(sweep.read_text())["points"]]
+    return sweep_roots(paths)
 
 
 def _scheduler_status(paths: RunPaths) -> Any:
-    from ..orchestrator.schedulers.base import get_scheduler
     from ..orchestrator.status import current_job_id
+    from ..schedulers.base import get_scheduler
 
-    job_id = current_job_id(Ledger(paths.events).events())
+    job_id = current_job_id(read_events(paths).events)
     kind = _plan_scheduler(paths)
     if not job_id or not kind:
         return None
@@ -189,43 +167,51 @@ def train(
 
     Example: hpclaunch train examples/tiny.yaml --set train.steps=50
     """
-    from ..jobs.agent import agent_main
+    import os
+
+    from ..config import validate_config
+    from ..jobs.agent import FOREGROUND_VAR, agent_main
+    from ..orchestrator.launch import scheduler_says_active
+    from ..rundir import RunLock, latest_outcome
 
     cfg = load(config, overrides)
     raw = cfg.to_dict()
     raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
-    from ..config import validate_config
-
     cfg = validate_config(raw, where=str(config))
     prepared = prepare(cfg)
-    paths = RunPaths(Path(prepared.plan.run_dir))
+    paths = prepared.plan.paths()
     if paths.is_run() and not resume:
         raise UserInputError(
             f"a run already exists in {paths.root}",
             where="run_dir",
             hint="add --resume to continue it, or change name/run_dir",
         )
-    write_run_dir(cfg, prepared.plan, prepared.rendered)
-    Ledger(paths.events).append(runs.SUBMITTED, job_id="foreground", scheduler="foreground", resume=resume)
-    code = agent_main(str(paths.root))
-    outcome = _last_outcome(paths)
-    if outcome:
+    job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
+    lock = RunLock(paths)
+    holder = lock.acquire(
+        job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
+    )
+    try:
+        write_run_dir(cfg, prepared.plan, prepared.rendered)
+        Ledger(paths, role="cli").append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
+        os.environ[FOREGROUND_VAR] = "1"
+        code = agent_main(str(paths.root))
+    finally:
+        lock.release(holder)
+    outcome = latest_outcome(paths)
+    if outcome is not None and outcome.status == "failed":
+        # The reason is the last line; torchrun's own report stays in the node log.
         console.print(
-            f"{outcome.get('status')} at step {outcome.get('step')}"
-            + (f" ({outcome.get('cause')})" if outcome.get("cause") else ""),
+            f"failed at step {outcome.step} ({outcome.cause}); torchrun's report is in {paths.logs}/",
             highlight=False,
         )
-    raise typer.Exit(_train_exit_code(outcome, code))
-
-
-def _last_outcome(paths: RunPaths) -> dict[str, Any] | None:
-    import json
-
-    files = sorted(paths.attempts.glob("*.json"), key=lambda p: p.stat().st_mtime)
-    if not files:
-        return None
-    data = json.loads(files[-1].read_text())
-    return data if isinstance(data, dict) else None
+        err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
+    elif outcome is not None:
+        console.print(
+            f"{outcome.status} at step {outcome.step}" + (f" ({outcome.cause})" if outcome.cause else ""),
+            highlight=False,
+        )
+    raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
 
 
 # Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
@@ -328,7 +314,12 @@ def _status_table(data: dict[str, Any]) -> Any:
         f"goodput {gp['ratio']:.1%}: {gp['useful_steps']} useful of {gp['computed_steps']} computed steps, "
         f"{gp['repeated_steps']} repeated, {gp['lost_steps']} lost; requeues {data['requeues']}"
     )
-    return Group(head, progress, table, good)
+    parts: list[Any] = [head, progress, table, good]
+    if data.get("hint"):
+        parts.append(Text(f"hint: {data['hint']}", style="yellow"))
+    for warning in data.get("ledger_warnings") or []:
+        parts.append(Text(f"ledger: {warning}", style="yellow"))
+    return Group(*parts)
 
 
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
@@ -372,8 +363,8 @@ def stop(
     if continue_:
         atomic_write_text(paths.continue_file, "continue\n")
     write_stop_request(paths.stop_file, "user", by="hpclaunch stop")
-    Ledger(paths.events).append(
-        runs.STOP_REQUESTED, cause="user", source="hpclaunch stop", continue_=continue_
+    Ledger(paths, role="cli").append(
+        STOP_REQUESTED, cause="user", source="hpclaunch stop", continue_=continue_
     )
     console.print(f"stop requested for {paths.root}: all ranks will save at the next check", highlight=False)
 
@@ -383,16 +374,17 @@ def cancel(run: RunArg) -> None:
 
     Example: hpclaunch cancel runs/tiny
     """
-    from ..orchestrator.schedulers.base import get_scheduler
     from ..orchestrator.status import current_job_id
+    from ..schedulers.base import get_scheduler
 
     paths = _run_paths(run)
-    job_id = current_job_id(Ledger(paths.events).events())
+    job_id = current_job_id(read_events(paths).events)
     kind = _plan_scheduler(paths)
     if not job_id or not kind:
         raise UserInputError("this run has no submitted job", where=str(paths.root))
+    # Recorded first: the agent reads it to tell this cancellation from a preemption.
+    Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
     get_scheduler(kind).cancel(paths, job_id)
-    Ledger(paths.events).append(runs.CANCELLED, job_id=job_id, by="hpclaunch cancel")
     console.print(f"cancelled job {job_id}", highlight=False)
 
 

@@ -1,80 +1,79 @@
 """The node agent: one per node, started by the scheduler (srun task, mpiexec/pbsdsh, local controller).
 
 It owns everything between the scheduler and torchrun:
-1. reads the plan and its NodeContext, records ``started`` in the ledger;
-2. runs the node checks (a failing node ends the attempt; on SLURM the job requeues without it);
-3. resolves the NCCL preset on this node and starts torchrun with USR1/USR2 (and, where torchrun
-   lets us, TERM/INT) ignored, so a scheduler signal can never kill torchrun and orphan the workers;
-4. relays the scheduler's warning / SIGTERM / Ctrl-C to the workers: the cause goes into the control
-   file (authoritative) and a signal goes straight to the worker pids (the workers only set a flag);
-5. after torchrun exits, node 0 reads the trainer's outcome and decides: finished, continue (requeue
-   for timeout/preemption/user-continue within ``max_requeues``), retry a crash within
-   ``max_failure_retries``, or fail. Causes stay distinct all the way to the ledger.
+1. reads the plan and its NodeContext (from the scheduler module), records ``started``;
+2. node 0 first asks whether this attempt may run at all (``decide_start``: a run that had already
+   ended is withdrawn) and takes the run-directory lock (a second writer is refused);
+3. runs the node checks; on several nodes node 0 gathers every node's verdict before anyone starts
+   torchrun (``node_checks.StartBarrier``);
+4. starts torchrun with USR1/USR2/TERM/INT ignored (so a scheduler signal can never kill torchrun and
+   orphan the workers) and relays the scheduler's warning / SIGTERM / Ctrl-C to the workers: the
+   cause goes into the control file (authoritative) and a signal straight to the worker pids;
+5. afterwards node 0 gathers the facts and calls ``decide``, then carries the decision out through
+   the scheduler Protocol. Other nodes report and exit.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, BinaryIO
 
-from ..config import RunConfig, load_config
+from ..config import RunConfig
 from ..errors import HpclaunchError
-from ..orchestrator import runs
-from ..orchestrator.plan import JobPlan
-from ..orchestrator.runs import Ledger, RunPaths
-from ..orchestrator.schedulers.base import LOCAL_REQUEUE_EXIT, get_scheduler
-from . import env as job_env
+from ..rundir import (
+    CANCELLED,
+    NCCL_PRESET,
+    NODE_EXCLUDED,
+    NODE_PREFLIGHT,
+    REFUSED,
+    STARTED,
+    STOP_REQUESTED,
+    Heartbeat,
+    JobPlan,
+    Ledger,
+    LockHolder,
+    RunLock,
+    RunPaths,
+    holder_alive,
+    read_config,
+    read_outcome,
+    read_plan,
+)
+from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR, RUN_DIR_VAR
+from ..schedulers.base import NodeContext, Scheduler, get_scheduler
+from ..schedulers.nodes import interface_of, rendezvous_address
+from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
+from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .stop import StopCause, read_stop_request, write_stop_request
 
-CONTINUE_CAUSES = ("timeout", "preemption")
 POLL_S = 0.2
-
-
-@dataclass
-class Outcome:
-    """How the trainer ended (from RUN/attempts/<attempt>.json, or inferred when it is missing)."""
-
-    status: str  # finished | stopped | failed
-    cause: str | None = None
-    step: int | None = None
-    error: str | None = None
-
-    @classmethod
-    def read(cls, path: Path, returncode: int) -> Outcome:
-        try:
-            data = json.loads(path.read_text())
-            return cls(data.get("status", "failed"), data.get("cause"), data.get("step"), data.get("error"))
-        except (FileNotFoundError, json.JSONDecodeError):
-            return cls(
-                "failed", "crash", None, f"torchrun exited with {returncode} and the trainer left no outcome"
-            )
+FOREGROUND_VAR = (
+    "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep torchrun's own report off the terminal
+)
 
 
 class SignalInbox:
     """Signal handlers that only record what arrived; the agent's loop acts on it."""
 
     def __init__(self) -> None:
-        self.received: list[int] = []
+        self.received: list[tuple[int, float]] = []
 
     def install(self) -> None:
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGCONT):
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append(signum)
+        self.received.append((signum, time.time()))
 
-    def take(self) -> list[int]:
+    def take(self) -> list[tuple[int, float]]:
         taken, self.received = self.received[:], []
         return taken
 
@@ -101,24 +100,29 @@ def torchrun_supports(flag: str) -> bool:
 
 
 class NodeAgent:
-    def __init__(self, paths: RunPaths, plan: JobPlan, cfg: RunConfig, ctx: job_env.NodeContext):
+    def __init__(
+        self, paths: RunPaths, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler
+    ):
         self.paths = paths
         self.plan = plan
         self.cfg = cfg
         self.ctx = ctx
+        self.scheduler = scheduler
         self.attempt = ctx.attempt
-        self.ledger = Ledger(paths.events, attempt=self.attempt, node=ctx.node_rank)
+        self.ledger = Ledger(paths, role="agent", attempt=self.attempt, node=ctx.node_rank)
+        self.lock = RunLock(paths)
+        self.holder: LockHolder | None = None
         self.inbox = SignalInbox()
         self.proc: subprocess.Popen[bytes] | None = None
         self.stop_cause: StopCause = StopCause.NONE
-        self.warned = False
+        self.cancelled = False
 
     # ---- main ----------------------------------------------------------------------------------
 
     def run(self) -> int:
         self.inbox.install()
         self.ledger.append(
-            runs.STARTED,
+            STARTED,
             scheduler=self.ctx.scheduler,
             job_id=self.ctx.job_id,
             restart_count=self.ctx.restart_count,
@@ -127,61 +131,78 @@ class NodeAgent:
             world_size=self.plan.world_size,
             end_time=self.ctx.end_time,
         )
-        if not self._node_checks_pass():
-            return self._handle_node_failure()
-        env = self._environment()
-        argv = self._torchrun_argv()
-        log_path = self.paths.node_log(self.attempt, self.ctx.node_rank)
-        returncode = self._launch_and_wait(argv, env, log_path)
+        barrier = StartBarrier(self.paths, self.attempt)
+        if self.ctx.is_head:
+            refusal = self._may_run()
+            if refusal is not None:
+                if self.ctx.num_nodes > 1:
+                    barrier.announce(go=False, reason=refusal)
+                return 0
+        verdict = self._node_checks()
+        if self.ctx.num_nodes > 1:
+            barrier.report(verdict)
+            if not self.ctx.is_head:
+                go, reason = barrier.wait_go(timeout_s=3600)
+                if not go:
+                    print(f"hpclaunch: node {self.ctx.hostname} does not start: {reason}", file=sys.stderr)
+                    return 0
+            else:
+                verdicts = barrier.gather(self.ctx)
+                barrier.announce(go=verdicts.ok, reason="" if verdicts.ok else "a node failed its checks")
+                if not verdicts.ok:
+                    return self._carry_out(self._decide_after_checks(verdicts))
+        elif not verdict.ok:
+            return self._carry_out(self._decide_after_checks(Verdicts([verdict])))
+        returncode = self._launch(self._torchrun_argv(), self._environment())
         if not self.ctx.is_head:
             return 0 if returncode == 0 else 1
-        outcome = Outcome.read(self.paths.outcome_file(self.attempt), returncode)
-        return self._decide(outcome, returncode)
+        return self._carry_out(self._decide(returncode))
 
-    # ---- node checks -----------------------------------------------------------------------------
+    # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
-    def _node_checks_pass(self) -> bool:
-        if not self.cfg.preflight.node_checks:
-            return True
-        from ..preflight import NODE_CHECKS, run_node_checks
+    def _may_run(self) -> str | None:
+        """None, or why this attempt does not run (recorded; the run is left untouched)."""
+        events = self.ledger.events()
+        withdraw = decide_start(History.from_events(events))
+        if withdraw is not None:
+            done = self.scheduler.withdraw(self.paths, self.ctx)
+            self._record(withdraw, note=done)
+            return withdraw.reason
+        holder = self.lock.read()
+        # "" is a submission that has not learned its job id yet: this job, just started.
+        ours = holder is None or holder.job_id in ("", self.ctx.job_id)
+        if holder is not None and not ours and holder_alive(holder, is_active=self._active):
+            reason = f"the run directory is held by {holder.describe()}; this attempt does not touch it"
+            self.ledger.append(REFUSED, reason=reason, holder=holder.job_id)
+            print(f"hpclaunch: {reason}", file=sys.stderr, flush=True)
+            return reason
+        if holder is not None and holder.job_id == self.ctx.job_id and holder.role in ("controller", "train"):
+            return None  # the local controller / the foreground command holds it for this job
+        self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
+        return None
 
-        # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
-        # fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
-        report = run_node_checks(self.cfg, self.ctx, only=set(NODE_CHECKS) - {"env"})
-        failed = [c for c in report.checks if c.status == "fail"]
-        self.ledger.append(
-            runs.NODE_PREFLIGHT,
-            ok=not failed,
-            checks=[{"name": c.name, "status": c.status, "finding": c.finding} for c in report.checks],
+    def _active(self, holder: LockHolder) -> bool:
+        try:
+            return get_scheduler(holder.scheduler).status(self.paths, holder.job_id).state.active
+        except (HpclaunchError, ValueError):
+            return True  # cannot ask: assume the other writer is alive
+
+    # ---- node checks ---------------------------------------------------------------------------
+
+    def _node_checks(self) -> NodeVerdict:
+        verdict, rows = run_checks(self.cfg, self.ctx)
+        if rows:
+            self.ledger.append(NODE_PREFLIGHT, ok=verdict.ok, checks=rows)
+        return verdict
+
+    def _decide_after_checks(self, verdicts: Verdicts) -> Decision:
+        facts = Facts(
+            outcome=None,
+            failed_nodes=tuple(verdicts.failed_nodes),
+            node_problems=verdicts.failed_nodes,
+            data_error=verdicts.data_error,
         )
-        if failed:
-            self._failed_check = failed[0]
-            print(
-                f"hpclaunch: node {self.ctx.hostname} failed check {failed[0].name}: {failed[0].finding}",
-                file=sys.stderr,
-                flush=True,
-            )
-        return not failed
-
-    def _handle_node_failure(self) -> int:
-        check = getattr(self, "_failed_check", None)
-        reason = f"node {self.ctx.hostname} failed check {check.name if check else '?'}"
-        if self.ctx.scheduler == "slurm":
-            excluded = [e for e in self.ledger.events() if e.get("event") == runs.NODE_EXCLUDED]
-            if len(excluded) < self.cfg.preflight.max_node_excludes:
-                from ..orchestrator.schedulers.slurm import resubmit_excluding
-
-                nodes = sorted({*self.plan.exclude, *(e["excluded"] for e in excluded), self.ctx.hostname})
-                self.ledger.append(
-                    runs.NODE_EXCLUDED, excluded=self.ctx.hostname, exclude=nodes, reason=reason
-                )
-                new_id = resubmit_excluding(self.plan, self.paths, nodes)
-                self.ledger.append(
-                    runs.REQUEUED, cause="node_failure", by="agent", job_id=new_id, exclude=nodes
-                )
-                return 0
-        self.ledger.append(runs.FAILED, cause="node_failure", error=reason)
-        return 1
+        return self._decision(facts)
 
     # ---- launch ----------------------------------------------------------------------------------
 
@@ -194,31 +215,31 @@ class NodeAgent:
         if self.ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
             # gloo advertises the address its hostname resolves to, which may be loopback or a
             # network the other nodes cannot reach; pin it to the interface of our own address.
-            iface = job_env.interface_of(job_env.node_address(self.ctx, self.ctx.hostname))
+            iface = interface_of(self.scheduler.node_address(self.ctx.hostname))
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface
-        env[job_env.ATTEMPT_VAR] = self.attempt
-        env[job_env.RUN_DIR_VAR] = str(self.paths.root)
+        env[ATTEMPT_VAR] = self.attempt
+        env[RUN_DIR_VAR] = str(self.paths.root)
+        env[JOIN_STDERR_VAR] = "1"
         if self.ctx.end_time is not None:
-            env[job_env.END_TIME_VAR] = f"{self.ctx.end_time:.3f}"
-        # The agent relays stop requests; submitit's variables must not leak into the trainer.
+            env[END_TIME_VAR] = f"{self.ctx.end_time:.3f}"
         env.pop("SUBMITIT_EXECUTOR", None)
         return env
 
     def _nccl_env(self) -> dict[str, str]:
         if self.plan.backend != "nccl":
             return {}
-        from .nccl import nccl_environment
+        from ..nccl import nccl_environment
 
         resolved = nccl_environment(self.cfg.nccl)
-        self.ledger.append("nccl_preset", preset=resolved.name, reason=resolved.reason, env=resolved.env)
+        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=resolved.env)
         return dict(resolved.env)
 
     def _torchrun_argv(self) -> list[str]:
         head_addr = local_addr = None
         if self.ctx.num_nodes > 1:
-            head_addr = job_env.rendezvous_address(self.ctx)
-            local_addr = job_env.node_address(self.ctx, self.ctx.hostname)
+            head_addr = rendezvous_address(self.ctx, self.scheduler)
+            local_addr = self.scheduler.node_address(self.ctx.hostname)
         argv = self.plan.torchrun_argv(
             run_dir=str(self.paths.root),
             node_rank=self.ctx.node_rank,
@@ -235,9 +256,14 @@ class NodeAgent:
         i = argv.index("--module")
         return argv[:i] + extra + argv[i:]
 
-    def _launch_and_wait(self, argv: list[str], env: dict[str, str], log_path: Path) -> int:
+    def _launch(self, argv: list[str], env: dict[str, str]) -> int:
+        """torchrun until it exits. Workers' output (their stderr joins stdout) goes to the log and
+        the terminal; torchrun's own stderr (its failure report) to the log, and to the terminal
+        only when this is not a foreground ``hpclaunch train``."""
+        log_path = self.paths.node_log(self.attempt, self.ctx.node_rank)
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_path, "ab") as log:
+        beat = Heartbeat(self.lock, self.holder) if self.holder is not None else contextlib.nullcontext()
+        with open(log_path, "ab") as log, beat:
             header = f"# hpclaunch attempt {self.attempt} node {self.ctx.node_rank} ({self.ctx.hostname}): {' '.join(argv)}\n"
             log.write(header.encode())
             log.flush()
@@ -245,26 +271,33 @@ class NodeAgent:
                 argv,
                 env=env,
                 stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.PIPE,
                 preexec_fn=_ignored_signals_preexec,
                 cwd=str(self.paths.root),
             )
-            pump = threading.Thread(target=_tee, args=(self.proc.stdout, log, sys.stdout), daemon=True)
-            pump.start()
+            lock = threading.Lock()
+            quiet = os.environ.get(FOREGROUND_VAR) == "1"
+            pumps = [
+                threading.Thread(target=_tee, args=(self.proc.stdout, log, lock, True), daemon=True),
+                threading.Thread(target=_tee, args=(self.proc.stderr, log, lock, not quiet), daemon=True),
+            ]
+            for pump in pumps:
+                pump.start()
             while self.proc.poll() is None:
                 self._handle_signals()
                 time.sleep(POLL_S)
             self._handle_signals()
-            pump.join(timeout=5)
+            for pump in pumps:
+                pump.join(timeout=5)
         return self.proc.returncode
 
     # ---- stop relay ------------------------------------------------------------------------------
 
     def _handle_signals(self) -> None:
-        for signum in self.inbox.take():
+        for signum, at in self.inbox.take():
             if signum == signal.SIGCONT:
                 continue  # SLURM sends CONT before TERM/USR*; nothing to do
-            cause, relay = self._classify(signum)
+            cause, relay = self._classify(signum, at)
             if cause == StopCause.NONE:
                 continue
             first = self.stop_cause == StopCause.NONE
@@ -275,24 +308,27 @@ class NodeAgent:
                 )
             if first or signum == signal.SIGTERM:
                 self.ledger.append(
-                    runs.STOP_REQUESTED, cause=self.stop_cause.label, source=signal.Signals(signum).name
+                    STOP_REQUESTED,
+                    cause="cancelled" if self.cancelled else self.stop_cause.label,
+                    source=signal.Signals(signum).name,
                 )
             self._signal_workers(relay)
             if signum == signal.SIGINT and not first:
                 self._escalate()
 
-    def _classify(self, signum: int) -> tuple[StopCause, int]:
+    def _classify(self, signum: int, at: float) -> tuple[StopCause, int]:
         if signum in (signal.SIGUSR1, signal.SIGUSR2):
-            self.warned = True
             return StopCause.TIMEOUT, signal.SIGUSR1
         if signum == signal.SIGINT:
             return StopCause.USER, signal.SIGINT
         if signum == signal.SIGTERM:
-            # At the time limit (after the warning, or past the end) TERM is the timeout itself;
-            # otherwise the scheduler is taking the nodes away: preemption.
-            end = self.ctx.end_time
-            near_end = end is not None and time.time() >= end - self.plan.warn_lead_s
-            if self.warned or near_end:
+            # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
+            # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
+            what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
+            if what == "cancelled":
+                self.cancelled = True
+                return StopCause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
+            if what == "timeout":
                 return StopCause.TIMEOUT, signal.SIGUSR1
             return StopCause.PREEMPTION, signal.SIGTERM
         return StopCause.NONE, 0
@@ -320,126 +356,160 @@ class NodeAgent:
 
     # ---- decision (node 0) -----------------------------------------------------------------------
 
-    def _decide(self, outcome: Outcome, returncode: int) -> int:
-        if outcome.status == "finished":
-            self._consume_stop_request()
-            self.ledger.append(runs.FINISHED, step=outcome.step)
-            return 0
-        if outcome.status == "stopped":
-            cause = self._refine_cause(outcome.cause or "user")
-            self._consume_stop_request()
-            if cause == "cancelled":
-                self.ledger.append(runs.CANCELLED, step=outcome.step, by="scheduler")
-                return 0
-            wants_continue = cause in CONTINUE_CAUSES or (
-                cause == "user" and self.paths.continue_file.exists()
-            )
-            if cause == "user" and self.paths.continue_file.exists():
-                self.paths.continue_file.unlink(missing_ok=True)
-            if not wants_continue:
-                return 0  # a user stop: `hpclaunch submit --resume RUN` continues it later
-            return self._continue(
-                cause, budget=self.plan.max_requeues, counted=("timeout", "preemption", "user")
-            )
-        error = outcome.error or f"exit code {returncode}"
-        if outcome.cause != "crash":
-            # The trainer itself decided to fail (non-finite steps, incompatible checkpoint): the same
-            # code on the same data would fail again, so this is never retried.
-            self.ledger.append(runs.FAILED, cause="training", error=error, retry=False)
-            return 1
-        # A crash (Python error, NCCL failure, killed worker) has its own small retry budget.
-        return self._continue("crash", budget=self.plan.max_failure_retries, counted=("crash",), error=error)
-
-    def _refine_cause(self, cause: str) -> str:
-        """A SIGTERM may have been a cancellation (scancel, `hpclaunch cancel`): never requeue that."""
-        if self.stop_cause == StopCause.NONE and cause == "user":
-            return cause  # a `hpclaunch stop` through the control file, no signal involved
-        if any(e.get("event") == runs.CANCELLED for e in self._events_since_start()):
-            return "cancelled"
-        return get_scheduler(self.ctx.scheduler).termination_cause(self.paths, self.ctx, cause) or cause
-
-    def _events_since_start(self) -> list[dict[str, Any]]:
+    def _decide(self, returncode: int) -> Decision:
         events = self.ledger.events()
-        starts = [
-            i
-            for i, e in enumerate(events)
-            if e.get("event") == runs.STARTED and e.get("attempt") == self.attempt
-        ]
-        return events[starts[0] :] if starts else events
-
-    def _continue(
-        self, cause: str, *, budget: int, counted: tuple[str, ...], error: str | None = None
-    ) -> int:
-        used = sum(
-            1 for e in self.ledger.events() if e.get("event") == runs.REQUEUED and e.get("cause") in counted
+        cancelled = self.cancelled or any(
+            e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
         )
-        if used >= budget:
-            what = "requeues" if cause != "crash" else "failure retries"
-            self.ledger.append(
-                runs.FAILED,
-                cause=cause,
-                error=(error + "; " if error else "") + f"{used} {what} used of {budget}",
-                retry=False,
-            )
-            return 1
-        if cause == "preemption" and self.ctx.scheduler == "slurm":
-            # SLURM requeues a preempted job itself (scontrol requeue / PreemptMode=REQUEUE).
-            self.ledger.append(runs.REQUEUED, cause=cause, by="scheduler", error=error)
-            return 0
-        if self.ctx.scheduler == "local":
-            self.ledger.append(runs.REQUEUED, cause=cause, by="agent", error=error)
-            return LOCAL_REQUEUE_EXIT
-        new_id = get_scheduler(self.ctx.scheduler).continue_job(self.plan, self.paths, self.ctx)
-        self.ledger.append(runs.REQUEUED, cause=cause, by="agent", job_id=new_id, error=error)
-        return 0
+        facts = Facts(
+            outcome=read_outcome(self.paths, self.attempt),
+            returncode=returncode,
+            cancelled=cancelled,
+            continue_requested=self.paths.continue_file.exists(),
+        )
+        return self._decision(facts, events)
 
-    def _consume_stop_request(self) -> None:
+    def _started_at(self, events: list[dict[str, Any]]) -> float:
+        for e in events:
+            if e.get("event") == STARTED and e.get("attempt") == self.attempt:
+                return float(e.get("ts") or 0)
+        return 0.0
+
+    def _decision(self, facts: Facts, events: list[dict[str, Any]] | None = None) -> Decision:
+        history = History.from_events(events if events is not None else self.ledger.events())
+        budgets = Budgets(
+            max_requeues=self.plan.max_requeues,
+            max_failure_retries=self.plan.max_failure_retries,
+            max_node_excludes=self.cfg.preflight.max_node_excludes,
+        )
+        return decide(facts, history, budgets, can_exclude_nodes=self.scheduler.can_exclude_nodes)
+
+    def _carry_out(self, decision: Decision) -> int:
+        """Do what ``decision`` says through the scheduler; record it; the agent's exit code."""
+        self._consume_stop_request(decision)
+        code = 0
+        job_id = None
+        by = "agent"
+        try:
+            if decision.action is Action.CONTINUE:
+                cont = self.scheduler.continue_job(self.plan, self.paths, self.ctx)
+                code, job_id, by = cont.exit_code, cont.job_id, cont.by
+            elif decision.action is Action.EXCLUDE:
+                self.ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
+                cont = self.scheduler.exclude_nodes(self.plan, self.paths, self.ctx, list(decision.exclude))
+                code, job_id = cont.exit_code, cont.job_id
+            elif decision.action is Action.FAIL:
+                code = 1
+        except HpclaunchError as e:
+            failed = Decision(
+                Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
+            )
+            self._record(failed)
+            self._release_lock(None)
+            return 1
+        self._record(decision, job_id=job_id, by=by)
+        self._release_lock(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
+        return code
+
+    def _record(
+        self, decision: Decision, *, job_id: str | None = None, by: str = "agent", note: str = ""
+    ) -> None:
+        fields: dict[str, Any] = {
+            "cause": decision.cause,
+            "reason": decision.reason,
+            "action": decision.action.value,
+        }
+        if decision.action is Action.FAIL:
+            fields["error"] = decision.reason
+        if job_id is not None:
+            fields["job_id"] = job_id
+        if decision.action in (Action.CONTINUE, Action.EXCLUDE):
+            fields["by"] = by
+        if decision.exclude:
+            fields["exclude"] = list(decision.exclude)
+        if note:
+            fields["note"] = note
+        if (
+            self.ctx.scheduler != "slurm"
+            and decision.cause == "node_failure"
+            and decision.action is Action.FAIL
+        ):
+            fields["note"] = f"{self.ctx.scheduler} cannot keep a continuation off a node"
+        self.ledger.append(decision.event, **fields)
+        print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
+
+    def _release_lock(self, next_job: str | None) -> None:
+        """Hand the lock to the job that continues the run, or release it when the run stops here."""
+        if self.holder is None:
+            return
+        with contextlib.suppress(OSError):
+            if next_job is not None and next_job != "":
+                self.lock.hand_over(self.holder, next_job)
+            else:
+                self.lock.release(self.holder)
+
+    def _consume_stop_request(self, decision: Decision) -> None:
         """A stop request applies to the attempt that saw it; the next attempt starts clean."""
         stop = self.paths.stop_file
         if stop.exists():
             stop.rename(stop.with_name(f"stop.handled.{self.attempt}"))
+        if decision.cause == "user":
+            self.paths.continue_file.unlink(missing_ok=True)
 
 
-def _tee(source: Any, log: Any, echo: TextIO) -> None:
+def _tee(source: BinaryIO | None, log: BinaryIO, lock: threading.Lock, echo: bool) -> None:
+    if source is None:
+        return
     for line in iter(source.readline, b""):
-        log.write(line)
-        log.flush()
-        try:
-            echo.buffer.write(line)
-            echo.flush()
-        except (AttributeError, ValueError, OSError):
-            pass
+        with lock:
+            log.write(line)
+            log.flush()
+        if echo:
+            try:
+                sys.stdout.buffer.write(line)
+                sys.stdout.flush()
+            except (AttributeError, ValueError, OSError):
+                pass
 
 
 def agent_main(run_dir: str) -> int:
-    """The node agent's entry point (the submitit callable; also ``python -m hpclaunch.jobs.agent``)."""
-    paths = RunPaths(Path(run_dir))
-    plan = JobPlan.model_validate_json(paths.plan.read_text())
-    cfg = load_config(paths.config)
-    paths = RunPaths(Path(run_dir), Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None)
-    try:
-        ctx = job_env.node_context(kind=plan.scheduler, time_limit_s=plan.time_limit_s)
-        if ctx.scheduler == "slurm":
-            # SLURM's EndTime is authoritative (it restarts with every requeue).
-            from ..orchestrator.schedulers.slurm import job_end_time
+    """The node agent's entry point (``python -m hpclaunch.jobs.agent RUN_DIR``).
 
-            end = job_end_time(ctx.job_id)
-            if end is not None:
-                ctx = dataclasses.replace(ctx, end_time=end)
-        elif ctx.scheduler == "pbs":
-            # PBS has no restart counter; each continuation is a new job, counted in the ledger.
-            earlier = {
-                e.get("job_id") for e in Ledger(paths.events).events() if e.get("event") == runs.STARTED
-            }
-            ctx = dataclasses.replace(ctx, restart_count=len(earlier - {ctx.job_id}))
-        code = NodeAgent(paths, plan, cfg, ctx).run()
+    ``RUN_DIR`` may be a sweep's root: each array task then runs the point its index names.
+    """
+    paths = RunPaths(Path(run_dir))
+    plan = read_plan(paths)
+    scheduler = get_scheduler(plan.scheduler)
+    node = 0
+    try:
+        ctx = scheduler.node_context(plan, os.environ, now=time.time())
+        node = ctx.node_rank
+        if plan.sweep:
+            plan, paths = _sweep_point(plan, ctx)
+        paths = plan.paths(str(paths.root))
+        cfg = read_config(paths)
+        return NodeAgent(paths, plan, cfg, ctx, scheduler).run()
     except HpclaunchError as e:
-        Ledger(paths.events).append(runs.FAILED, cause="crash", error=e.one_line(), retry=False)
+        ledger = Ledger(paths, role="agent", node=node)
+        # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
+        if node == 0:
+            ledger.append("failed", cause="crash", error=e.one_line(), reason=e.one_line())
+        else:
+            ledger.append("agent_error", error=e.one_line())
         print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)
-        code = 1
-    if code != 0 and os.environ.get("SUBMITIT_EXECUTOR"):
-        sys.exit(code)  # submitit would exit 0 after pickling the return value; SLURM must see the code
-    return code
+        return 1
+
+
+def _sweep_point(plan: JobPlan, ctx: NodeContext) -> tuple[JobPlan, RunPaths]:
+    from ..schedulers.base import NodeContextError
+
+    if ctx.array_task is None or not 0 <= ctx.array_task < len(plan.sweep):
+        raise NodeContextError(
+            f"this sweep has {len(plan.sweep)} points but the job is not one of its array tasks "
+            f"(array task {ctx.array_task})"
+        )
+    point_paths = RunPaths(Path(plan.sweep[ctx.array_task].run_dir))
+    return read_plan(point_paths), point_paths
 
 
 def main() -> None:

@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import itertools
 import sys
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import yaml
-
 from ..config import RunConfig, apply_override, validate_config
-from ..errors import UserInputError
+from ..errors import HpclaunchError, UserInputError
 from ..fsutil import atomic_write_json, atomic_write_text
+from ..rundir import (
+    PREFLIGHT_SKIPPED,
+    SUBMITTED,
+    JobPlan,
+    Ledger,
+    LockHolder,
+    RunLock,
+    RunPaths,
+    SweepPoint,
+    read_config,
+)
+from ..schedulers.base import RenderedJob, Scheduler, get_scheduler
 from . import plan as plan_mod
-from . import runs
-from .plan import JobPlan, SweepPoint
-from .runs import Ledger, RunPaths
-from .schedulers.base import RenderedJob, get_scheduler
 
 
 @dataclass
@@ -46,7 +53,7 @@ def with_scheduler(cfg: RunConfig, kind: str | None, dialect: str | None) -> Run
 
 def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
     """Variables of an explicitly named preset + the user's; ``auto`` is resolved on each node."""
-    from ..jobs.nccl import static_preset_env
+    from ..nccl import static_preset_env
 
     env: dict[str, str] = {}
     if cfg.backend == "nccl":
@@ -112,7 +119,7 @@ def prepare(cfg: RunConfig, *, sweeps: list[str] | None = None) -> Prepared:
 
 
 def _check_new_run_dir(root: Path) -> None:
-    if RunPaths(root).is_run():
+    if RunPaths(root).is_run() or RunPaths(root).config.exists():
         raise UserInputError(
             f"a run already exists in {root}",
             where="run_dir",
@@ -122,7 +129,7 @@ def _check_new_run_dir(root: Path) -> None:
 
 def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -> RunPaths:
     """config.yaml (what actually runs), plan.json and the job script."""
-    paths = RunPaths(Path(plan.run_dir), Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None).ensure()
+    paths = plan.paths().ensure()
     atomic_write_text(paths.config, cfg.to_yaml())
     atomic_write_json(paths.plan, plan.model_dump(mode="json"))
     if rendered is not None:
@@ -130,13 +137,87 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     return paths
 
 
+def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool]:
+    """The lock's question "is this job still pending or running?", asked of its scheduler."""
+
+    def active(holder: LockHolder) -> bool:
+        if not holder.job_id:
+            return False
+        try:
+            return get_scheduler(holder.scheduler).status(paths, holder.job_id).state.active
+        except (HpclaunchError, ValueError):
+            return True  # cannot ask: assume the other writer is alive
+
+    return active
+
+
+def refuse_if_locked(plan: JobPlan) -> None:
+    """Before any check or write: a run (or sweep point) held by a live writer is refused."""
+    from ..errors import RunLockedError
+    from ..rundir import holder_alive
+
+    for root in [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]:
+        paths = plan.paths(str(root))
+        holder = RunLock(paths).read()
+        if holder is not None and holder_alive(holder, is_active=scheduler_says_active(paths)):
+            raise RunLockedError(
+                f"this run is active: {holder.describe()}",
+                where=str(paths.root),
+                hint=f"stop it first (hpclaunch stop {paths.root}), or wait until it ends",
+            )
+
+
 def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = False) -> tuple[RunPaths, str]:
-    """Write the run directory (one per sweep point) and hand the rendered script to the scheduler."""
-    plan, cfg, rendered = prepared.plan, prepared.cfg, prepared.rendered
+    """Write the run directory (one per sweep point), take each run's lock and hand the rendered
+    script to the scheduler. A run whose lock is held by a live writer is refused (nothing written)."""
+    plan, rendered = prepared.plan, prepared.rendered
     scheduler = get_scheduler(plan.scheduler)
+    roots = [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]
     if not resume:
-        for root in [Path(plan.run_dir), *(Path(p.run_dir) for p in plan.sweep)]:
+        for root in {Path(plan.run_dir), *roots}:
             _check_new_run_dir(root)
+    # The lock first, before anything is written: a second writer is refused with nothing changed.
+    locks = [(RunLock(plan.paths(str(r))), r) for r in roots]
+    taken: list[tuple[RunLock, LockHolder]] = []
+    try:
+        for lock, root in locks:
+            active = scheduler_says_active(plan.paths(str(root)))
+            taken.append(
+                (lock, lock.acquire(job_id="", scheduler=plan.scheduler, role="job", is_active=active))
+            )
+        paths, job_id, targets = _write_and_submit(prepared, scheduler)
+    except BaseException:
+        for lock, holder in taken:
+            lock.release(holder)
+        raise
+    for (lock, holder), (target, target_job) in zip(taken, targets, strict=True):
+        _name_the_job(lock, holder, target_job)
+        ledger = Ledger(target, role="cli")
+        if not run_preflight:
+            ledger.append(PREFLIGHT_SKIPPED, by="--no-preflight")
+        ledger.append(
+            SUBMITTED,
+            job_id=target_job,
+            scheduler=plan.scheduler,
+            script=rendered.filename,
+            resume=resume,
+            world_size=plan.world_size,
+            preflight="passed" if run_preflight else "skipped",
+        )
+    return paths, job_id
+
+
+def _name_the_job(lock: RunLock, holder: LockHolder, job_id: str) -> None:
+    """Put the job id into the lock we took, unless the job's own process has adopted it already."""
+    current = lock.read()
+    if current is not None and current.pid == holder.pid and current.role == "job" and not current.job_id:
+        lock.set(replace(current, job_id=job_id, pid=0))
+
+
+def _write_and_submit(
+    prepared: Prepared, scheduler: Scheduler
+) -> tuple[RunPaths, str, list[tuple[RunPaths, str]]]:
+    plan, cfg, rendered = prepared.plan, prepared.cfg, prepared.rendered
     paths = write_run_dir(cfg, plan, rendered)
     points = []
     for point_cfg in prepared.point_cfgs:
@@ -144,7 +225,8 @@ def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = Fal
         point_plan = plan_mod.build(point_cfg, python=plan.python, nccl_env=nccl_plan_env(point_cfg))
         point_script = scheduler.render(point_plan)
         points.append((write_run_dir(point_cfg, point_plan, point_script), point_plan, point_script))
-
+    if plan.sweep:
+        atomic_write_json(paths.sweep, {"job_id": None, "points": [p.model_dump() for p in plan.sweep]})
     if not plan.sweep:
         job_id = scheduler.submit(plan, rendered)
         targets = [(paths, job_id)]
@@ -156,23 +238,8 @@ def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = Fal
         task = "{}_{}" if plan.scheduler == "slurm" else "{}[{}]"
         targets = [(p, task.format(job_id, i)) for i, (p, _, _) in enumerate(points)]
     if plan.sweep:
-        atomic_write_json(
-            paths.root / "sweep.json", {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]}
-        )
-    for target, target_job in targets:
-        ledger = Ledger(target.events)
-        if not run_preflight:
-            ledger.append(runs.PREFLIGHT_SKIPPED, by="--no-preflight")
-        ledger.append(
-            runs.SUBMITTED,
-            job_id=target_job,
-            scheduler=plan.scheduler,
-            script=rendered.filename,
-            resume=resume,
-            world_size=plan.world_size,
-            preflight="passed" if run_preflight else "skipped",
-        )
-    return paths, job_id
+        atomic_write_json(paths.sweep, {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]})
+    return paths, job_id, targets
 
 
 def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
@@ -180,7 +247,4 @@ def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
     paths = RunPaths(run)
     if not paths.config.exists():
         raise UserInputError(f"{run} is not a hpclaunch run (no config.yaml)", where="--resume")
-    raw = yaml.safe_load(paths.config.read_text()) or {}
-    for item in overrides:
-        apply_override(raw, item)
-    return validate_config(raw, where=str(paths.config))
+    return read_config(paths, overrides)

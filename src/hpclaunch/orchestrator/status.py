@@ -6,13 +6,34 @@ own view of the current job. Never imports torch.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..fsutil import read_jsonl
-from . import runs
-from .runs import RunPaths
+from ..rundir import (
+    CANCELLED,
+    CHECKPOINT_SAVED,
+    ENDED,
+    FAILED,
+    FINISHED,
+    HELD,
+    REFUSED,
+    REQUEUED,
+    RESUMED,
+    STARTED,
+    STOP_REQUESTED,
+    STOPPED,
+    SUBMITTED,
+    RunPaths,
+    read_events,
+)
+from ..schedulers.base import ACTIVE_STATES
+
+# A continuation the scheduler does not show as pending or running this long after the ledger
+# said "requeued" never came: the run is reported as lost (and `submit --wait` ends).
+LOST_AFTER_S = 60.0
 
 
 @dataclass
@@ -28,7 +49,7 @@ class Attempt:
     resumed_step: int | None = None
     last_step: int | None = None  # last step this attempt completed
     checkpoint_step: int | None = None  # newest checkpoint saved during this attempt
-    end: str = "running"  # running | finished | stopped | requeued | failed | cancelled
+    end: str = "running"  # running | finished | stopped | requeued | failed | cancelled | withdrawn | refused
     cause: str | None = None
     error: str | None = None
 
@@ -54,37 +75,43 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
             order.append(key)
         a = by_key[key]
         kind = e.get("event")
-        if kind == runs.STARTED and (a.started is None or e.get("node", 0) == 0):
+        if kind == STARTED and (a.started is None or e.get("node", 0) == 0):
             a.started = a.started or e.get("ts")
             a.job_id = e.get("job_id", a.job_id)
             a.restart_count = e.get("restart_count", a.restart_count)
             a.nodes = e.get("nodes", a.nodes)
             a.hosts = e.get("hosts", a.hosts)
             a.world_size = e.get("world_size", a.world_size)
-        elif kind == runs.RESUMED:
+        elif kind == RESUMED:
             a.resumed_step = int(e.get("step", 0))
             a.world_size = e.get("world_size", a.world_size)
             a.last_step = max(a.last_step or 0, a.resumed_step)
-        elif kind == runs.CHECKPOINT_SAVED:
+        elif kind == CHECKPOINT_SAVED:
             step = int(e.get("step", 0))
             a.checkpoint_step = max(a.checkpoint_step or 0, step)
             a.last_step = max(a.last_step or 0, step)
-        elif kind == runs.STOPPED:
+        elif kind == STOPPED:
             a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
             a.end, a.cause, a.ended = "stopped", e.get("cause"), e.get("ts")
-        elif kind == runs.FINISHED:
+        elif kind == FINISHED:
             if e.get("step") is not None:
                 a.last_step = max(a.last_step or 0, int(e["step"]))
             # a warning that came after the last step does not make the attempt's end a stop
             a.end, a.ended, a.cause = "finished", e.get("ts"), None
-        elif kind == runs.REQUEUED:
+        elif kind == REQUEUED:
             a.end, a.cause, a.ended = "requeued", e.get("cause"), e.get("ts")
-            a.error = e.get("error")
-        elif kind == runs.FAILED:
+            a.error = e.get("error") if e.get("cause") == "crash" else None
+        elif kind == FAILED:
             a.end, a.cause, a.ended, a.error = "failed", e.get("cause"), e.get("ts"), e.get("error")
-        elif kind == runs.CANCELLED:
+        elif kind == ENDED:
+            a.end, a.cause, a.ended = "stopped", e.get("cause"), e.get("ts")
+        elif kind == HELD:
+            a.end, a.ended, a.error = "withdrawn", e.get("ts"), e.get("reason")
+        elif kind == REFUSED:
+            a.end, a.ended, a.error = "refused", e.get("ts"), e.get("reason")
+        elif kind == CANCELLED:
             a.end, a.cause, a.ended = "cancelled", "cancelled", e.get("ts")
-        elif kind == runs.STOP_REQUESTED and a.cause is None:
+        elif kind == STOP_REQUESTED and a.cause is None:
             a.cause = e.get("cause")
     return [by_key[k] for k in order]
 
@@ -109,17 +136,28 @@ def current_job_id(events: list[dict[str, Any]]) -> str | None:
     """The job id to ask the scheduler about: the latest submission or continuation."""
     job_id = None
     for e in events:
-        if e.get("event") == runs.SUBMITTED or (e.get("event") == runs.REQUEUED and e.get("job_id")):
+        if e.get("event") == SUBMITTED or (e.get("event") == REQUEUED and e.get("job_id")):
             job_id = str(e["job_id"])
     return job_id
 
 
-def run_state(attempts: list[Attempt], events: list[dict[str, Any]], scheduler_state: str | None) -> str:
+def run_state(
+    attempts: list[Attempt],
+    events: list[dict[str, Any]],
+    scheduler_state: str | None,
+    *,
+    now: float | None = None,
+) -> str:
+    """The run's state: the ledger's story reconciled with what the scheduler says now."""
     if not attempts:
-        if any(e.get("event") == runs.CANCELLED for e in events):
+        if any(e.get("event") == CANCELLED for e in events):
             return "cancelled"
-        return "pending" if any(e.get("event") == runs.SUBMITTED for e in events) else "unknown"
-    last = attempts[-1]
+        if not any(e.get("event") == SUBMITTED for e in events):
+            return "unknown"
+        return _lost_or(scheduler_state, "pending", since=_last_ts(events, SUBMITTED), now=now)
+    # An attempt that was withdrawn or refused did not change the run: it keeps its state.
+    ran = [a for a in attempts if a.end not in ("withdrawn", "refused")] or attempts
+    last = ran[-1]
     if _cancelled_after(events, last):
         return "cancelled"
     if last.end == "running":
@@ -131,19 +169,33 @@ def run_state(attempts: list[Attempt], events: list[dict[str, Any]], scheduler_s
             return f"lost ({scheduler_state})"  # ended without the agent recording why
         return scheduler_state
     if last.end == "requeued":
-        return "requeued"
+        return _lost_or(scheduler_state, "requeued", since=last.ended, now=now)
     return last.end
+
+
+def _lost_or(scheduler_state: str | None, state: str, *, since: float | None, now: float | None) -> str:
+    """``state``, unless the scheduler has shown no pending or running job for too long."""
+    if scheduler_state is None or scheduler_state in ACTIVE_STATES:
+        return state
+    waited = (now or time.time()) - (since or 0)
+    return "lost" if waited > LOST_AFTER_S else state
+
+
+def _last_ts(events: list[dict[str, Any]], name: str) -> float | None:
+    stamps = [e.get("ts") for e in events if e.get("event") == name]
+    return float(stamps[-1]) if stamps and stamps[-1] is not None else None
 
 
 def _cancelled_after(events: list[dict[str, Any]], last: Attempt) -> bool:
     """`hpclaunch cancel` writes an event outside any attempt: it ends the run."""
     start = last.started or 0
-    return any(e.get("event") == runs.CANCELLED and (e.get("ts") or 0) >= start for e in events)
+    return any(e.get("event") == CANCELLED and (e.get("ts") or 0) >= start for e in events)
 
 
 def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     paths = RunPaths(run)
-    events = read_jsonl(paths.events)
+    log = read_events(paths)
+    events = log.events
     metrics = read_jsonl(paths.metrics)
     attempts = attempts_from_events(events)
     last_metric = metrics[-1] if metrics else {}
@@ -159,9 +211,12 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     speed = last_metric.get("step_time_s")
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     gp = goodput(attempts)
+    state = run_state(attempts, events, sched["state"] if sched else None)
     return {
         "run": str(run),
-        "state": run_state(attempts, events, sched["state"] if sched else None),
+        "state": state,
+        "hint": _hint(state, run, current_job_id(events)),
+        "ledger_warnings": log.torn,
         "job_id": current_job_id(events),
         "scheduler": sched,
         "step": step,
@@ -171,10 +226,21 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "latent_loss": last_metric.get("latent_loss"),
         "samples_per_s": last_metric.get("samples_per_s"),
         "eta_s": eta,
-        "requeues": sum(1 for e in events if e.get("event") == runs.REQUEUED),
+        "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
         "attempts": [asdict(a) for a in attempts],
         "goodput": asdict(gp),
     }
+
+
+def _hint(state: str, run: Path, job_id: str | None) -> str | None:
+    if state == "lost":
+        return (
+            f"the scheduler shows no pending or running job for this run (last job {job_id or '?'}); "
+            f"continue it with: hpclaunch submit --resume {run}"
+        )
+    if state.startswith("lost ("):
+        return f"the job ended without its agent recording why; see hpclaunch logs {run}"
+    return None
 
 
 def _total_steps(paths: RunPaths) -> int | None:

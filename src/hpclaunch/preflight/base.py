@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
-from ..jobs.env import NodeContext
+from ..schedulers.base import NodeContext
 from .probe import Probe, ProbeError, StaticProbe
 from .report import Status
 from .sizes import estimate_parameters

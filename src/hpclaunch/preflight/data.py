@@ -27,7 +27,7 @@ def check_data(ctx: CheckContext) -> Outcome:
     if f.items:
         return f.outcome()
     try:
-        from ..trainer.data import validate_dataset
+        from ..shards import validate_dataset
     except ImportError as e:  # the trainer package is incomplete in this install
         f.warn(f"cannot validate shards: {e}", "reinstall hpclaunch")
         return f.outcome()

@@ -6,13 +6,13 @@ config loader refuses only what is certainly wrong, so doubtful settings surface
 What is exact: ranks, per-rank batch and accumulation (the config loader already refuses a global
 batch that does not divide). What is estimated, and said so: the checkpoint size (from the
 parameter count, exact when the probe built the model) and its save time (at an assumed
-200 MB/s), the startup time (60 s), the step time (unknown, unless ``train.step_sleep_s`` gives a
+200 MB/s), the startup time (60 s), the step time (unknown, unless ``testing.step_sleep_s`` gives a
 lower bound). Doubts are warnings, never failures: they cannot be proven before the run.
 """
 
 from __future__ import annotations
 
-from ..jobs.nccl import validate_nccl_env
+from ..nccl import validate_nccl_env
 from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
@@ -67,11 +67,11 @@ def check_config(ctx: CheckContext) -> Outcome:
             "a crash loses the whole run (stops and the end still save)",
             f"set checkpoint.every_steps to at most {t.steps}",
         )
-    if t.step_sleep_s > 0:
-        interval = c.every_steps * t.step_sleep_s
+    if cfg.testing.step_sleep_s > 0:
+        interval = c.every_steps * cfg.testing.step_sleep_s
         if interval > max(train_s, 0):
             f.warn(
-                f"one checkpoint interval takes at least {interval:.0f} s (every_steps x train.step_sleep_s), "
+                f"one checkpoint interval takes at least {interval:.0f} s (every_steps x testing.step_sleep_s), "
                 f"more than the ~{max(train_s, 0)} s an attempt trains: periodic saves never happen "
                 "and each attempt relies on its stop save",
                 "lower checkpoint.every_steps or raise scheduler.time_limit",

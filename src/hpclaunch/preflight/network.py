@@ -13,8 +13,9 @@ from __future__ import annotations
 import errno
 import socket
 
-from ..jobs.env import NodeContextError, is_loopback, node_address, rendezvous_address, resolve_address
-from ..jobs.nccl import infiniband_ports, match_socket_ifname, nccl_environment, net_interfaces
+from ..nccl import infiniband_ports, match_socket_ifname, nccl_environment, net_interfaces
+from ..schedulers.base import NodeContextError, get_scheduler
+from ..schedulers.nodes import is_loopback, rendezvous_address, resolve_address
 from .base import CheckContext, Findings, Outcome
 
 CONNECT_TIMEOUT_S = 3.0
@@ -27,7 +28,10 @@ def check_network(ctx: CheckContext) -> Outcome:
     addr = None
     try:
         # on a node: the address the other nodes use (SLURM's NodeAddr, else DNS)
-        addr = node_address(ctx.node, host) if ctx.node is not None else resolve_address(host)
+        if ctx.node is not None:
+            addr = get_scheduler(ctx.node.scheduler).node_address(host)
+        else:
+            addr = resolve_address(host)
         f.ok(f"{host} resolves to {addr}")
     except NodeContextError as e:
         if ctx.cfg.scheduler.nodes > 1:
@@ -55,7 +59,7 @@ def _rendezvous(ctx: CheckContext, f: Findings, own_addr: str | None) -> None:
         f.skip("rendezvous host and port are checked on the allocated nodes")
         return
     try:
-        head = rendezvous_address(node)
+        head = rendezvous_address(node, get_scheduler(node.scheduler))
     except NodeContextError as e:
         f.fail(e.message, e.hint)
         return

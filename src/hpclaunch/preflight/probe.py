@@ -1,7 +1,7 @@
 """The job-Python probe: a subprocess started first so that its torch import overlaps the other checks.
 
 The CLI never imports torch (it must feel instant), so everything torch knows (versions, CUDA, NCCL,
-devices, the model's exact parameter count) comes from ``_probe_main.py`` run by the interpreter the
+devices, the model's exact parameter count) comes from ``trainer/probe_main.py`` run by the interpreter the
 job will use: ``launch.python`` or this one.
 """
 
@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-_SCRIPT = Path(__file__).with_name("_probe_main.py")
+# Run as a script by path (never imported here): it lives with the trainer, whose model it builds.
+_SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
 
 
 class ProbeError(Exception):

@@ -8,7 +8,6 @@ outlives its timeout becomes a fail saying so.
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
@@ -18,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import RunConfig
-from ..errors import HpclaunchError, UserInputError, did_you_mean
-from ..jobs.env import NodeContext
+from ..errors import HpclaunchError, UserInputError, debug_enabled, did_you_mean
+from ..schedulers.base import NodeContext
 from .base import CheckContext, Outcome, RunCommand, run_command
 from .data import check_data
 from .disk import check_disk
@@ -119,7 +118,7 @@ def _run_one(check: Check, ctx: CheckContext, slot: dict[str, CheckResult]) -> N
     except HpclaunchError as e:
         out = Outcome(Status.FAIL, e.one_line(), e.hint)
     except Exception as e:
-        if os.environ.get("HPCLAUNCH_DEBUG", "") not in ("", "0"):
+        if debug_enabled():
             traceback.print_exc(file=sys.stderr)
         out = Outcome(
             Status.FAIL,

@@ -24,7 +24,7 @@ from typing import TypeVar
 
 from ..config import format_hms
 from ..errors import did_you_mean
-from ..orchestrator.schedulers import pbs_json
+from ..schedulers import pbs_json
 from .base import CheckContext, Findings, Outcome, skip
 from .sizes import checkpoint_bytes, estimated_save_s
 

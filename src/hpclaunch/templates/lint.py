@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..config import parse_duration
 from ..errors import ScriptLintError
+
+if TYPE_CHECKING:
+    from ..rundir import JobPlan
 
 Severity = Literal["error", "warning"]
 
@@ -86,32 +89,35 @@ def pbs_directives(script: str) -> list[tuple[str, str, int]]:
     return out
 
 
-def lint_slurm(
-    script: str, *, generated_lines: int, time_limit_s: int, stop_lead_s: int | None, warn_lead_s: int
-) -> list[LintFinding]:
+def extra_directives(lines: list[str], prefix: str) -> list[str]:
+    """The user's ``scheduler.extra_directives``, each a whole ``#SBATCH ...``/``#PBS ...`` line."""
+    out = []
+    for line in lines:
+        line = line.strip()
+        if not line.startswith(prefix + " "):
+            example = "'#SBATCH --mail-type=END'" if prefix == "#SBATCH" else "'#PBS -m abe'"
+            raise ScriptLintError(
+                f"extra directive {line!r} does not start with '{prefix} '",
+                where="scheduler.extra_directives",
+                hint=f"give whole lines, e.g. {example}",
+            )
+        out.append(line)
+    return out
+
+
+# hpclaunch's own mechanism: an extra directive may never change these.
+_SLURM_RESERVED = ("--signal", "--open-mode", "--requeue", "--no-requeue")
+
+
+def lint_slurm(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFinding]:
     """``generated_lines``: directives up to this line number are hpclaunch's own; later ones are
     the user's ``extra_directives``."""
     findings: list[LintFinding] = []
     directives = sbatch_directives(script)
     ours = {k: v for k, v, n in directives if n <= generated_lines}
     for key, value, number in directives:
-        if number <= generated_lines:
-            continue
-        if key in ours or key in (
-            "--ntasks-per-node",
-            "--signal",
-            "--open-mode",
-            "--requeue",
-            "--no-requeue",
-        ):
-            findings.append(
-                LintFinding(
-                    "error",
-                    f"extra directive '{key}{'=' + value if value else ''}' (line {number}) contradicts "
-                    f"the generated one{' (' + key + '=' + str(ours[key]) + ')' if ours.get(key) else ''}; "
-                    "set it through the config key instead",
-                )
-            )
+        if number > generated_lines:
+            findings += _check_extra_sbatch(key, value, number, ours, plan)
     if ours.get("--ntasks-per-node") != "1":
         findings.append(
             LintFinding("error", "torchrun needs exactly one task per node (--ntasks-per-node=1)")
@@ -129,27 +135,65 @@ def lint_slurm(
         findings.append(
             LintFinding("error", f"--signal={signal or '(none)'}: the warning must be USR1/USR2@seconds")
         )
-    findings += _common_time_checks(time_limit_s, stop_lead_s, warn_lead_s)
+    findings += _common_time_checks(plan)
     minutes = ours.get("--time")
-    if minutes and minutes.isdigit() and int(minutes) * 60 != time_limit_s:
+    if minutes and minutes.isdigit() and int(minutes) * 60 != plan.time_limit_s:
         findings.append(
             LintFinding(
                 "warning",
-                f"SLURM counts whole minutes: the time limit {time_limit_s} s becomes {minutes} min",
+                f"SLURM counts whole minutes: the time limit {plan.time_limit_s} s becomes {minutes} min",
             )
         )
     return findings
 
 
-def lint_pbs(
-    script: str,
-    *,
-    generated_lines: int,
-    nodes: int,
-    time_limit_s: int,
-    stop_lead_s: int | None,
-    warn_lead_s: int,
+def _check_extra_sbatch(
+    key: str, value: str | None, number: int, ours: dict[str, str | None], plan: JobPlan
 ) -> list[LintFinding]:
+    shown = f"{key}{'=' + value if value else ''}"
+
+    def contradicts(why: str) -> list[LintFinding]:
+        return [
+            LintFinding(
+                "error",
+                f"extra directive '{shown}' (line {number}) contradicts {why}; set it through the config key instead",
+            )
+        ]
+
+    if key in _SLURM_RESERVED:
+        return contradicts(f"the generated one ({key}{'=' + str(ours[key]) if ours.get(key) else ''})")
+    if key == "--export" and plan.pass_env and not (value or "").upper().startswith("ALL"):
+        return [
+            LintFinding(
+                "error",
+                f"extra directive '{shown}' (line {number}) drops the submitting environment, so "
+                f"launch.pass_env ({', '.join(plan.pass_env)}) would never reach the job; "
+                "use --export=ALL (the default) or remove launch.pass_env",
+            )
+        ]
+    if key == "--ntasks" and value != str(plan.nodes):
+        return contradicts(f"the plan's one task per node ({plan.nodes} tasks)")
+    if key == "--ntasks-per-node" and value != "1":
+        return contradicts("the plan's one task (the node agent) per node")
+    if key == "--nodes" and value != str(plan.nodes):
+        return contradicts(f"scheduler.nodes={plan.nodes}")
+    if key == "--gres" and value is not None:
+        gpus = [
+            int(m.group(1)) for part in value.split(",") if (m := re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", part))
+        ]
+        if gpus and gpus[0] != plan.gpus_per_node:
+            return contradicts(f"scheduler.gpus_per_node={plan.gpus_per_node}")
+        return []
+    if key in ours:
+        if value == ours[key]:
+            return [
+                LintFinding("warning", f"extra directive '{shown}' (line {number}) repeats the generated one")
+            ]
+        return contradicts(f"the generated one ({key}{'=' + str(ours[key]) if ours.get(key) else ''})")
+    return []
+
+
+def lint_pbs(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFinding]:
     findings: list[LintFinding] = []
     directives = pbs_directives(script)
     ours = {k: v for k, v, n in directives if n <= generated_lines}
@@ -163,22 +207,24 @@ def lint_pbs(
                 )
             )
     walltime = ours.get("-l walltime", "").partition("=")[2]
-    if walltime and parse_duration(walltime) != time_limit_s:
-        findings.append(LintFinding("error", f"walltime {walltime} differs from the plan's {time_limit_s} s"))
+    if walltime and parse_duration(walltime) != plan.time_limit_s:
+        findings.append(
+            LintFinding("error", f"walltime {walltime} differs from the plan's {plan.time_limit_s} s")
+        )
     body = script.split("\n\n", 1)[-1]
-    if nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh -u)", body):
+    if plan.nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh -u)", body):
         findings.append(LintFinding("error", "a multi-node PBS job must start exactly one agent per node"))
     if re.search(r"^\s*torchrun\b", body, re.M):
         findings.append(
             LintFinding("error", "torchrun is started by the node agent, not by the batch script")
         )
-    findings += _common_time_checks(time_limit_s, stop_lead_s, warn_lead_s)
+    findings += _common_time_checks(plan)
     return findings
 
 
-def _common_time_checks(time_limit_s: int, stop_lead_s: int | None, warn_lead_s: int) -> list[LintFinding]:
+def _common_time_checks(plan: JobPlan) -> list[LintFinding]:
     findings = []
-    lead = stop_lead_s if stop_lead_s is not None else warn_lead_s
+    time_limit_s, lead = plan.time_limit_s, plan.stop_lead
     if time_limit_s <= lead:
         findings.append(
             LintFinding("error", f"walltime {time_limit_s} s is not longer than the stop lead time {lead} s")

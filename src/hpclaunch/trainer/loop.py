@@ -44,7 +44,7 @@ import sys
 import time
 import traceback
 from contextlib import nullcontext, suppress
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,21 +53,21 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..config import RunConfig, TrainConfig, load_config
-from ..errors import DataError, HpclaunchError, TrainingError
-from ..fsutil import atomic_write_json
-from ..jobs.env import ATTEMPT_VAR, END_TIME_VAR
+from ..config import RunConfig, TrainConfig
+from ..errors import DataError, HpclaunchError, TrainingError, debug_enabled
 from ..jobs.stop import StopCause, StopController
-from ..orchestrator.runs import RESUMED, STOPPED, Ledger, RunPaths
-from ..preflight.smoke import run_distributed_smoke
+from ..rundir import RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths, read_config, write_outcome
+from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
+from ..rundir.outcome import Status
+from ..shards import DatasetInfo, validate_dataset
 from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
-from .data import DatasetInfo, SampleOrder, ShardedDataset, validate_dataset
+from .data import SampleOrder, ShardedDataset
+from .dist import set_deterministic, setup_distributed
 from .metrics import MetricsLog, MetricsWindow
 from .model import build_model
 from .objective import compute_losses, draw
-
-DEBUG_VAR = "HPCLAUNCH_DEBUG"
-
+from .progress import Progress
+from .smoke import run_distributed_smoke
 
 # ---- small pure pieces ---------------------------------------------------------------------------
 
@@ -97,16 +97,6 @@ def params_finite(model: nn.Module) -> bool:
     return bool(torch.stack(flags).all().item()) if flags else True
 
 
-def set_deterministic() -> None:
-    """Deterministic kernels where torch has them (warn where it has none, e.g. some SDPA paths)."""
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
-    torch.use_deterministic_algorithms(True, warn_only=True)
-    torch.backends.cudnn.benchmark = False
-    torch.backends.cudnn.deterministic = True
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-
-
 def init_adamw_state(opt: torch.optim.Optimizer) -> None:
     """Create AdamW's state eagerly, exactly as its first step would (step 0, zero moments).
 
@@ -123,61 +113,6 @@ def init_adamw_state(opt: torch.optim.Optimizer) -> None:
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-# ---- distributed set-up --------------------------------------------------------------------------
-
-
-@dataclass
-class DistContext:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    initialized: bool = False
-    cpu_group: Any = None  # gloo group for host-side collectives (None = the default group)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(cfg: RunConfig) -> DistContext:
-    """Join the process group torchrun describes (if any) and pick this rank's device."""
-    env = os.environ
-    rank, world, local = int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), int(env.get("LOCAL_RANK", 0))
-    if cfg.scheduler.gpus_per_node > 0:
-        if not torch.cuda.is_available():
-            raise TrainingError(
-                f"scheduler.gpus_per_node is {cfg.scheduler.gpus_per_node} but CUDA is not available here",
-                hint="run on a GPU node, or set scheduler.gpus_per_node: 0 to train on CPU with gloo",
-            )
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    ctx = DistContext(rank=rank, world_size=world, local_rank=local, device=device)
-    if "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        backend = cfg.backend
-        kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, **kwargs)
-        ctx.initialized = True
-        ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
-        if backend == "nccl":
-            ctx.cpu_group = dist.new_group(backend="gloo")
-    elif world != 1:
-        raise TrainingError(
-            f"WORLD_SIZE={world} but MASTER_ADDR is not set", hint="start ranks with torchrun"
-        )
-    # The global batch is what the math depends on; the rank count may differ from the config's
-    # (a resume on fewer nodes) as long as it divides the global batch.
-    if cfg.train.global_batch % ctx.world_size:
-        raise TrainingError(
-            f"train.global_batch={cfg.train.global_batch} is not divisible by the {ctx.world_size} ranks "
-            "this attempt started",
-            hint="choose a global batch divisible by every rank count the run may use",
-        )
-    return ctx
-
-
 # ---- the trainer ---------------------------------------------------------------------------------
 
 
@@ -187,26 +122,6 @@ class Counters:
     samples_consumed: int = 0  # global data position
     nonfinite_consecutive: int = 0
     skipped_total: int = 0
-
-
-@dataclass
-class Outcome:
-    status: str  # finished | stopped | failed
-    cause: str | None
-    step: int
-    error: str | None
-    world_size: int
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "cause": self.cause,
-            "step": self.step,
-            "error": self.error,
-            "world_size": self.world_size,
-            **self.extra,
-        }
 
 
 class Trainer:
@@ -229,6 +144,11 @@ class Trainer:
         self.end_time = end_time
         self.counters = Counters()
         self.ctx = setup_distributed(cfg)
+        # What this rank is doing, for the node agent's watchdog (no collective, no sync).
+        progress_file = (
+            paths.attempt_dir(attempt) / f"rank{self.ctx.rank}.progress.json" if checkpoints else None
+        )
+        self.progress = Progress(progress_file, rank=self.ctx.rank).start()
         # Handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
         # after the first step instead of killing the rank with no outcome.
         self.stop = StopController(
@@ -245,6 +165,7 @@ class Trainer:
             self._build(checkpoints)
         except BaseException:
             self.stop.restore_signal_handlers()
+            self.progress.close()
             raise
         self.echo = echo
         self.tty = tty
@@ -261,8 +182,8 @@ class Trainer:
         if self.per_rank % self.micro:
             self.micro = self.per_rank  # a resume on another rank count: no accumulation then
         self.accum = self.per_rank // self.micro
-        self.inject = set(t.inject_nonfinite_at)
-        self.ledger = Ledger(paths.events, attempt=self.attempt) if self.ctx.is_main else None
+        self.inject = set(cfg.testing.inject_nonfinite_at)
+        self.ledger = Ledger(paths, role="trainer", attempt=self.attempt) if self.ctx.is_main else None
 
         self.data_info = self._validated_data()
         self.dataset = ShardedDataset(self.data_info, cfg.model)
@@ -419,6 +340,7 @@ class Trainer:
             )
         t0 = time.perf_counter()
         c = self.counters
+        self.progress.phase("save")
         self.checkpointer.save(
             c.step,
             self.app_state(),
@@ -446,6 +368,7 @@ class Trainer:
         for m in range(self.accum):
             start = base + m * self.micro
             positions = list(range(start, start + self.micro))
+            self.progress.phase("data", step)
             ids, lat = self.dataset.get(self.order.indices(start, self.micro))
             d = draw(t.seed, step, positions, cfg.model.text_len, latent_shape)
             tokens = torch.from_numpy(ids).to(dev, non_blocking=True)
@@ -454,6 +377,7 @@ class Trainer:
             d.mask_keys, d.noise = d.mask_keys.to(dev), d.noise.to(dev)
             last = m == self.accum - 1
             sync = nullcontext() if last or self.ddp is self.model else self.ddp.no_sync()  # type: ignore[operator]
+            self.progress.phase("compute")
             with sync:
                 with self.autocast():
                     losses = compute_losses(
@@ -475,6 +399,7 @@ class Trainer:
             sums += torch.stack([loss.detach(), losses.text, losses.latent]).float()
         sums /= self.accum
 
+        self.progress.phase("collective")  # the grad norm's host sync waits for DDP's all-reduce
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=dev)
         applied = bool(torch.isfinite(norm).item())  # the one host sync of a step
@@ -493,9 +418,10 @@ class Trainer:
 
     # ---- the loop -----------------------------------------------------------------------------
 
-    def run(self) -> Outcome:
+    def run(self) -> AttemptOutcome:
         t, c = self.cfg.train, self.counters
         try:
+            self.progress.phase("load")
             self.resume()
             c = self.counters
             if self.ctx.is_main:
@@ -506,9 +432,10 @@ class Trainer:
             while c.step < t.steps:
                 t0 = time.perf_counter()
                 applied, loss, text, latent, norm = self.train_step()
-                if t.step_sleep_s:
-                    time.sleep(t.step_sleep_s)
+                if self.cfg.testing.step_sleep_s:
+                    time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
+                self.progress.stepped(c.step, dt)
                 self.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)
                 failing = c.nonfinite_consecutive >= t.max_nonfinite_skips
                 if c.step % t.log_every == 0 or c.step == t.steps or failing:
@@ -520,6 +447,7 @@ class Trainer:
                         hint="lower train.lr, check the data, or raise train.max_nonfinite_skips",
                     )
                 if c.step < t.steps:
+                    self.progress.phase("collective")
                     cause = self.stop.check(c.step, dt)
                     if cause != StopCause.NONE:
                         if self.window.steps:
@@ -575,10 +503,10 @@ class Trainer:
         dist.all_gather_object(out, mine, group=self.ctx.cpu_group)
         return out
 
-    def outcome(self, status: str, cause: str | None, error: str | None = None) -> Outcome:
+    def outcome(self, status: Status, cause: str | None, error: str | None = None) -> AttemptOutcome:
         ranks = self.gather_summaries()
         c = self.counters
-        return Outcome(
+        return AttemptOutcome(
             status=status,
             cause=cause,
             step=c.step,
@@ -594,6 +522,7 @@ class Trainer:
         )
 
     def close(self) -> None:
+        self.progress.close()
         self.stop.restore_signal_handlers()
         if self.log is not None:
             self.log.close()
@@ -616,10 +545,6 @@ def _as_python_rng_state(value: Any) -> Any:
 # ---- the entry point -----------------------------------------------------------------------------
 
 
-def _debug() -> bool:
-    return os.environ.get(DEBUG_VAR, "") not in ("", "0", "false", "no")
-
-
 def _one_line(err: BaseException) -> str:
     if isinstance(err, HpclaunchError):
         return err.one_line()
@@ -634,6 +559,10 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m hpclaunch.trainer RUN_DIR", file=sys.stderr)
         return 2
     run_dir = Path(argv[0]).resolve()
+    if os.environ.get(JOIN_STDERR_VAR) == "1":
+        # Under the node agent: this rank's stderr joins its stdout, so the agent can keep torchrun's
+        # own stderr (its failure report) apart from what the ranks print.
+        os.dup2(1, 2)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
     attempt = os.environ.get(ATTEMPT_VAR) or "local"
     end_time = float(os.environ[END_TIME_VAR]) if os.environ.get(END_TIME_VAR) else None
@@ -641,8 +570,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(run_dir)
     trainer: Trainer | None = None
     try:
-        cfg = load_config(paths.config)
-        paths = RunPaths(run_dir, checkpoint_dir=Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else None)
+        cfg = read_config(paths)
+        paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
         trainer = Trainer(cfg, paths, attempt=attempt, end_time=end_time)
         outcome = trainer.run()
         code = 0
@@ -653,15 +582,21 @@ def main(argv: list[str] | None = None) -> int:
         collective = collective or (isinstance(err, DataError) and trainer is None)
         if rank == 0 or not collective:
             print(f"hpclaunch: training failed: {_one_line(err)}", file=sys.stderr, flush=True)
-            if _debug():
+            if debug_enabled():
                 traceback.print_exc()
         step = trainer.counters.step if trainer is not None else 0
         world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
-        # "training": the run's own verdict (bad data, non-finite steps, incompatible checkpoint)
-        # that a retry would repeat; "crash": anything else (a network error, a bug), which the
-        # node agent may retry within scheduler.max_failure_retries.
-        cause = "training" if isinstance(err, HpclaunchError) else "crash"
-        outcome = Outcome("failed", cause, step, _one_line(err), world)
+        # "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible
+        # checkpoint) that a retry would repeat; "crash": anything else (a network error, a bug),
+        # which the node agent may retry within scheduler.max_failure_retries.
+        cause = (
+            "data"
+            if isinstance(err, DataError)
+            else "training"
+            if isinstance(err, HpclaunchError)
+            else "crash"
+        )
+        outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
         if isinstance(err, TrainingError) and trainer is not None:
             with suppress(Exception):  # best effort: the failure itself is what matters
                 outcome = trainer.outcome("failed", cause, _one_line(err))
@@ -684,6 +619,6 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def _write_outcome(paths: RunPaths, attempt: str, outcome: Outcome, rank: int) -> None:
+def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
     if rank == 0:
-        atomic_write_json(paths.outcome_file(attempt), outcome.to_json())
+        write_outcome(paths, attempt, outcome)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from hpclaunch.orchestrator.runs import Ledger
+from hpclaunch.rundir import Ledger, RunPaths
 from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, RANK_LOCAL, Checkpointer, rank_local_key
 
 K = 4  # save after K steps, then K more
@@ -57,7 +57,7 @@ def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
         config_hash="cfg",
         model_hash="toy-v1",
         keep_last=3,
-        ledger=Ledger(run_dir / "events.jsonl") if rank == 0 else None,
+        ledger=Ledger(RunPaths(run_dir), role="trainer") if rank == 0 else None,
     )
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from hpclaunch.config import load_config
 from hpclaunch.fsutil import read_jsonl
-from hpclaunch.orchestrator.runs import RunPaths
-from hpclaunch.trainer.data import synth_dataset
+from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.shards import synth_dataset
 
 # A small model and run: ~40 ms a step with 2 gloo ranks on 2 cores.
 BASE = [
@@ -109,7 +109,7 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    return read_jsonl(RunPaths(run).events)
+    return read_events(RunPaths(run)).events
 
 
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> int:

@@ -4,7 +4,7 @@ Kept free of relative imports so that it runs even where hpclaunch itself is not
 it then reports). Reads ``{"model": {...}}`` on stdin, prints one JSON object as its last stdout
 line: python, torch (version, CUDA build, devices, NCCL/gloo), mmdit, hpclaunch, and the model's
 parameter count built on the meta device (no memory, no init cost). Every part reports its own
-error instead of failing the whole probe. This is the only preflight code that imports torch.
+error instead of failing the whole probe. Preflight (torch-free) runs it by path, never imports it.
 """
 
 from __future__ import annotations

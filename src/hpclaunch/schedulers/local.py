@@ -17,22 +17,31 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...errors import SchedulerError
-from ...fsutil import atomic_write_json
-from ...templates import jinja
-from ...templates.shell import Raw, export_line, join
-from .base import LOCAL_REQUEUE_EXIT, JobState, RenderedJob, SchedulerStatus
-
-if TYPE_CHECKING:
-    from ...jobs.env import NodeContext
-    from ..plan import JobPlan
-    from ..runs import RunPaths
+from ..errors import SchedulerError
+from ..fsutil import atomic_write_json
+from ..rundir import JobPlan, RunLock, RunPaths, read_plan
+from ..rundir.env import END_TIME_VAR, JOB_ID_VAR, RESTART_VAR
+from ..templates import jinja
+from ..templates.shell import Raw, export_line, join
+from .base import (
+    LOCAL_REQUEUE_EXIT,
+    Continuation,
+    JobState,
+    NodeContext,
+    RenderedJob,
+    SchedulerStatus,
+    at_time_limit,
+    env_int,
+)
+from .nodes import resolve_address
 
 SCRIPT_NAME = "job.local.sh"
 STATE_FILE = "local.json"
@@ -105,12 +114,43 @@ class LocalScheduler:
             raise SchedulerError(f"local job {job_id} is not running", where="cancel")
         os.kill(pid, signal.SIGTERM)
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
-        return "cancelled" if read_state(paths.scheduler_dir).get("state") == "cancelling" else None
+    # ---- allocation side ----------------------------------------------------------------------
 
-    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
+    can_exclude_nodes = False
+
+    def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
+        hostname = socket.gethostname().split(".")[0]
+        return NodeContext(
+            scheduler="local",
+            job_id=environ.get(JOB_ID_VAR) or f"fg{os.getpid()}",
+            node_rank=0,
+            num_nodes=1,
+            hostname=hostname,
+            hosts=(hostname,),
+            restart_count=env_int(environ, RESTART_VAR, 0),
+            end_time=float(environ[END_TIME_VAR]) if environ.get(END_TIME_VAR) else None,
+        )
+
+    def node_address(self, host: str) -> str:
+        return resolve_address(host)
+
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+        # The controller records "cancelling" before it signals a cancellation (like scancel).
+        if read_state(paths.scheduler_dir).get("state") == "cancelling":
+            return "cancelled"
+        return "timeout" if at_time_limit(ctx, now) else "preemption"
+
+    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
         # The agent asks by exiting with LOCAL_REQUEUE_EXIT; the controller restarts the attempt.
-        return ctx.job_id
+        return Continuation(ctx.job_id, exit_code=LOCAL_REQUEUE_EXIT)
+
+    def exclude_nodes(
+        self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
+    ) -> Continuation:
+        raise SchedulerError("the local scheduler runs on one machine; it cannot exclude nodes")
+
+    def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
+        return "nothing to withdraw: the local controller ends with this attempt"
 
 
 _STATES = {
@@ -142,16 +182,16 @@ def _alive(pid: int) -> bool:
         return False
 
 
-# ---- the controller (runs detached: python -m hpclaunch.orchestrator.schedulers.local RUN_DIR) ----
+# ---- the controller (runs detached: python -m hpclaunch.schedulers.local RUN_DIR) ----
 
 
 class Controller:
     def __init__(self, run_dir: Path, *, clock: Any = time.time):
-        from ..plan import JobPlan
-
         self.root = run_dir
-        self.sched = run_dir / "scheduler"
-        self.plan = JobPlan.model_validate_json((run_dir / "plan.json").read_text())
+        self.paths = RunPaths(run_dir)
+        self.sched = self.paths.scheduler_dir
+        self.plan = read_plan(self.paths)
+        self.lock = RunLock(self.paths)
         self.job_id = f"local{os.getpid()}"
         self.clock = clock
         self.cancelled = False
@@ -170,29 +210,30 @@ class Controller:
         signal.signal(signal.SIGTERM, self._on_cancel)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         restart = 0
+        # The controller is the job: it holds the run directory across its attempts.
+        holder = self.lock.adopt(job_id=self.job_id, role="controller")
         self._state("running", restart_count=restart)
-        while True:
-            code, how = self._attempt(restart)
-            if self.cancelled:
-                self._state("cancelled", restart_count=restart, exit_code=code)
-                return 0
-            if code == LOCAL_REQUEUE_EXIT:
-                restart += 1
-                self._state("running", restart_count=restart, reason="requeued")
-                continue
-            final = "completed" if code == 0 else ("timeout" if how == "timeout" else "failed")
-            self._state(final, restart_count=restart, exit_code=code)
-            return code
+        try:
+            while True:
+                code, how = self._attempt(restart)
+                if self.cancelled:
+                    self._state("cancelled", restart_count=restart, exit_code=code)
+                    return 0
+                if code == LOCAL_REQUEUE_EXIT:
+                    restart += 1
+                    self._state("running", restart_count=restart, reason="requeued")
+                    continue
+                final = "completed" if code == 0 else ("timeout" if how == "timeout" else "failed")
+                self._state(final, restart_count=restart, exit_code=code)
+                return code
+        finally:
+            self.lock.release(holder)
 
     def _attempt(self, restart: int) -> tuple[int, str]:
         start = self.clock()
         end = start + self.plan.time_limit_s
         env = dict(os.environ)
-        env.update(
-            HPCLAUNCH_JOB_ID=self.job_id,
-            HPCLAUNCH_RESTART_COUNT=str(restart),
-            HPCLAUNCH_JOB_END_TIME=f"{end:.3f}",
-        )
+        env.update({JOB_ID_VAR: self.job_id, RESTART_VAR: str(restart), END_TIME_VAR: f"{end:.3f}"})
         out = open(self.sched / f"{self.job_id}.out", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             ["bash", str(self.root / SCRIPT_NAME)],
@@ -247,7 +288,7 @@ class Controller:
 
 def main() -> None:
     if len(sys.argv) != 2:
-        print("usage: python -m hpclaunch.orchestrator.schedulers.local RUN_DIR", file=sys.stderr)
+        print("usage: python -m hpclaunch.schedulers.local RUN_DIR", file=sys.stderr)
         sys.exit(2)
     sys.exit(Controller(Path(sys.argv[1])).run())
 

@@ -1,30 +1,51 @@
-"""SLURM: the script is submitit's sbatch file (one task per node running the node agent).
+"""SLURM: the script is submitit's sbatch file running one node agent per node under ``srun``.
 
-``render`` builds the text with submitit's own formatter from the plan; ``submit`` hands exactly
-that text to ``sbatch --parsable`` through a ``SlurmExecutor`` subclass, which pickles the node agent
-as the job's callable. Status comes from ``squeue --json`` (then ``sacct --json`` when accounting
-exists), mapped to ``JobState`` without collapsing PREEMPTED/TIMEOUT/NODE_FAIL into FAILED.
+``render`` builds the text with submitit's formatter (``submitit_adapter``) from the plan, with
+the node agent's own command line (``python -u -m hpclaunch.jobs.agent RUN``), so the script shows
+what runs on every node; ``submit`` hands exactly that file to ``sbatch --parsable``. A sweep is one
+array whose tasks each run the agent on the sweep's root; the agent picks its point by
+``SLURM_ARRAY_TASK_ID``. Status comes from ``squeue --json``, then ``sacct --json`` when accounting
+exists, then submitit's ``sacct --parsable2`` watcher (Slurm without JSON output), mapped to
+``JobState`` without collapsing PREEMPTED/TIMEOUT/NODE_FAIL into FAILED.
+
+Inside the job: node lists come from ``scontrol show hostnames`` (never parsed by hand), the end
+of the attempt from ``scontrol show job`` (EndTime restarts with every requeue), and a SIGTERM is
+told apart by the job's own record: at the end time it is the time limit, with ``Restarts`` already
+raised it is a requeue (preemption, ``scontrol requeue``), otherwise a cancellation.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
+import socket
 import subprocess
-import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ...errors import SchedulerError
-from ...templates import lint
-from ...templates.shell import Raw, directive_value, export_line, quote
-from .base import JobState, RenderedJob, SchedulerStatus, run_command
-
-if TYPE_CHECKING:
-    from ...jobs.env import NodeContext
-    from ..plan import JobPlan
-    from ..runs import RunPaths
+from ..errors import SchedulerError
+from ..fsutil import atomic_write_json, atomic_write_text
+from ..rundir import JobPlan, RunPaths
+from ..templates import lint
+from ..templates.shell import Raw, directive_value, export_line, join
+from . import submitit_adapter
+from .base import (
+    Continuation,
+    JobState,
+    NodeContext,
+    NodeContextError,
+    RenderedJob,
+    SchedulerStatus,
+    at_time_limit,
+    env_int,
+    mem_directive,
+    run_command,
+)
+from .nodes import resolve_address
 
 SUBMITIT_DIR = "scheduler/submitit"
+SCRIPT_NAME = "job.sbatch"
 
 # squeue/sacct state words -> ours. Anything unknown stays UNKNOWN with the raw word shown.
 STATE_MAP: dict[str, JobState] = {
@@ -55,9 +76,9 @@ def submitit_folder(run_dir: str) -> Path:
     return Path(run_dir) / SUBMITIT_DIR
 
 
-def submitit_command(plan: JobPlan, folder: Path) -> str:
-    """The command line submitit puts after ``srun`` (its own format: python -u -m ... folder)."""
-    return " ".join([quote(plan.python), "-u -m submitit.core._submit", quote(str(folder))])
+def agent_command(plan: JobPlan) -> str:
+    """The command ``srun`` starts on every node: the node agent on this run directory."""
+    return join(plan.agent_argv())
 
 
 def _setup_lines(plan: JobPlan) -> list[str]:
@@ -74,8 +95,7 @@ def _setup_lines(plan: JobPlan) -> list[str]:
 
 
 def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
-    for path in (plan.run_dir,):
-        directive_value(path, what="run_dir")
+    directive_value(plan.run_dir, what="run_dir")
     params: dict[str, Any] = {
         "job_name": plan.name,
         "time": plan.time_limit_minutes,
@@ -93,9 +113,9 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
     }
     if plan.gpus_per_node:
         params["gpus_per_node"] = plan.gpus_per_node
-    if plan.mem_gb:
-        gb = plan.mem_gb
-        params["mem"] = f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+    mem = mem_directive(plan.mem_gb, lower=False)
+    if mem:
+        params["mem"] = mem
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(plan, key)
         if value:
@@ -109,122 +129,47 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
 
 
 def render_sbatch(plan: JobPlan) -> RenderedJob:
-    from submitit.slurm.slurm import _make_sbatch_string
-
-    folder = submitit_folder(plan.run_dir)
-    text = _make_sbatch_string(
-        command=submitit_command(plan, folder), folder=folder, **_sbatch_parameters(plan)
+    text = submitit_adapter.sbatch_text(
+        command=agent_command(plan), folder=submitit_folder(plan.run_dir), **_sbatch_parameters(plan)
     )
     lines = text.split("\n")
     last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
-    extra = [_extra_directive(d) for d in plan.extra_directives]
-    lines[last + 1 : last + 1] = extra
+    lines[last + 1 : last + 1] = lint.extra_directives(plan.extra_directives, "#SBATCH")
     text = "\n".join(lines)
     findings = lint.lint_slurm(
         text,
         generated_lines=last + 1,
-        time_limit_s=plan.time_limit_s,
-        stop_lead_s=plan.stop_lead_s,
-        warn_lead_s=plan.warn_lead_s,
+        plan=plan,
     )
-    warnings = lint.enforce(findings, script_name="job.sbatch")
-    return RenderedJob(text=text, filename="job.sbatch", warnings=[w.message for w in warnings])
+    warnings = lint.enforce(findings, script_name=SCRIPT_NAME)
+    return RenderedJob(text=text, filename=SCRIPT_NAME, warnings=[w.message for w in warnings])
 
 
-def _extra_directive(line: str) -> str:
-    line = line.strip()
-    if not line.startswith("#SBATCH "):
-        from ...errors import ScriptLintError
-
-        raise ScriptLintError(
-            f"extra directive {line!r} does not start with '#SBATCH '",
-            where="scheduler.extra_directives",
-            hint="give whole lines, e.g. '#SBATCH --mail-type=END'",
-        )
-    return line
-
-
-def _hpclaunch_executor(plan: JobPlan, rendered: RenderedJob) -> Any:
-    """A SlurmExecutor whose submission file is exactly ``rendered.text``."""
-    import submitit
-    from submitit.core import utils
-    from submitit.slurm.slurm import SlurmJob
-
-    folder = submitit_folder(plan.run_dir)
-    expected_command = submitit_command(plan, folder)
-
-    class HpclaunchSlurmExecutor(submitit.SlurmExecutor):
-        def _make_submission_file_text(self, command: str, uid: str) -> str:
-            if command != expected_command:  # render and submit must not drift apart
-                raise SchedulerError(f"submitit command {command!r} differs from the rendered one")
-            return rendered.text
-
-        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-            return ["sbatch", "--parsable", str(submission_file_path)]
-
-        @staticmethod
-        def _get_job_id_from_submission_command(string: bytes | str) -> str:
-            text = string.decode() if isinstance(string, bytes) else string
-            job_id = text.strip().split(";")[0]
-            if not job_id.isdigit():
-                raise SchedulerError(f"sbatch answered {text.strip()!r}, not a job id")
-            return job_id
-
-        def _internal_process_submissions(self, delayed_submissions: list[Any]) -> list[Any]:
-            if len(delayed_submissions) == 1:
-                return super()._internal_process_submissions(delayed_submissions)
-            # submitit submits arrays through a fresh plain SlurmExecutor, which would render its own
-            # script; this is its array path with ``self`` kept so the rendered text is what is sent.
-            pickles = []
-            for delayed in delayed_submissions:
-                path = utils.JobPaths.get_first_id_independent_folder(self.folder) / f"{uuid.uuid4().hex}.pkl"
-                path.parent.mkdir(parents=True, exist_ok=True)
-                delayed.set_timeout(plan.time_limit_minutes, self.max_num_timeout)
-                delayed.dump(path)
-                pickles.append(path)
-            first = self._submit_command(self._submitit_command_str)
-            jobs: list[Any] = [
-                SlurmJob(folder=self.folder, job_id=f"{first.job_id}_{i}", tasks=list(range(first.num_tasks)))
-                for i in range(len(delayed_submissions))
-            ]
-            for job, path in zip(jobs, pickles, strict=True):
-                job.paths.move_temporary_file(path, "submitted_pickle")
-            return jobs
-
-    try:
-        executor = HpclaunchSlurmExecutor(folder=folder, python=quote(plan.python))
-    except RuntimeError as e:  # submitit: no srun on PATH
-        raise SchedulerError(
-            str(e), where="submit", hint="run on a SLURM login node, or use scheduler.kind: local"
-        ) from None
-    executor.parameters.update({"nodes": plan.nodes, "ntasks_per_node": 1, "time": plan.time_limit_minutes})
-    return executor
+def sbatch(script: Path, *, cwd: Path) -> str:
+    """Submit ``script`` as it is; the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
+    out = _run(["sbatch", "--parsable", str(script)], what="sbatch", cwd=cwd)
+    job_id = out.strip().split(";")[0]
+    if not job_id.isdigit():
+        raise SchedulerError(f"sbatch answered {out.strip()!r}, not a job id", where="sbatch")
+    return job_id
 
 
 class SlurmScheduler:
     kind = "slurm"
+    can_exclude_nodes = True
+
+    # ---- login side -----------------------------------------------------------------------------
 
     def render(self, plan: JobPlan) -> RenderedJob:
         return render_sbatch(plan)
 
     def submit(self, plan: JobPlan, rendered: RenderedJob) -> str:
-        from ...jobs.agent import agent_main
-
-        executor = _hpclaunch_executor(plan, rendered)
-        try:
-            if plan.sweep:
-                jobs = executor.map_array(agent_main, [p.run_dir for p in plan.sweep])
-                return str(jobs[0].job_id).split("_")[0]
-            return str(executor.submit(agent_main, plan.run_dir).job_id)
-        except subprocess.CalledProcessError as e:
-            raise SchedulerError(
-                f"sbatch failed: {(e.stderr or e.output or b'')!r}", where="submit"
-            ) from None
-        except Exception as e:  # submitit wraps sbatch errors in FailedJobError
-            if type(e).__name__ in ("FailedJobError", "FailedSubmissionError"):
-                first = str(e).strip().splitlines()
-                raise SchedulerError(f"sbatch failed: {first[-1] if first else e}", where="submit") from None
-            raise
+        folder = submitit_folder(plan.run_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        script = Path(plan.run_dir) / rendered.filename
+        if script.read_text() != rendered.text:  # render and submit must not drift apart
+            raise SchedulerError(f"{script} differs from the rendered script", where="submit")
+        return sbatch(script, cwd=folder)
 
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
         return slurm_status(job_id)
@@ -232,14 +177,106 @@ class SlurmScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["scancel", job_id], what="scancel")
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, cause: str) -> str | None:
-        # After a warning, a SIGTERM is the time limit itself; only an unannounced one is ambiguous.
-        return termination_cause(ctx.job_id, ctx.restart_count) if cause == "preemption" else None
+    # ---- allocation side ------------------------------------------------------------------------
 
-    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> str:
+    def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
+        ctx = node_context_from_env(environ, hostnames=scontrol_hostnames)
+        end = job_end_time(ctx.job_id) or _env_end_time(environ)
+        if end is None:
+            start = float(environ.get("SLURM_JOB_START_TIME") or now)
+            end = start + plan.time_limit_s
+        return NodeContext(**{**ctx.__dict__, "end_time": end})
+
+    def node_address(self, host: str) -> str:
+        """SLURM's NodeAddr (what slurmd listens on), else DNS."""
+        addr = slurm_node_addr(host)
+        return resolve_address(addr or host)
+
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+        if at_time_limit(ctx, now):
+            return "timeout"
+        job = show_job(ctx.job_id)
+        if not job:
+            return "preemption"  # SLURM cannot be asked: save, and let the decision sort it out
+        if int(job.get("Restarts", "0") or 0) > ctx.restart_count:
+            return "preemption"  # a requeue (preemption, scontrol requeue) raised Restarts first
+        return "cancelled"
+
+    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
         """Requeue this very job (same id; SLURM_RESTART_COUNT grows). Arrays requeue their task."""
+        if int(show_job(ctx.job_id).get("Restarts", "0") or 0) > ctx.restart_count:
+            return Continuation(ctx.job_id, by="scheduler")  # SLURM is requeueing it already
         _run(["scontrol", "requeue", ctx.job_id], what="scontrol requeue")
-        return ctx.job_id
+        return Continuation(ctx.job_id)
+
+    def exclude_nodes(
+        self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
+    ) -> Continuation:
+        return Continuation(resubmit_excluding(plan, paths, nodes))
+
+    def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
+        _run(["scancel", ctx.job_id], what="scancel")
+        return f"cancelled job {ctx.job_id}"
+
+
+# ---- inside the job -----------------------------------------------------------------------------
+
+
+def scontrol_hostnames(nodelist: str) -> list[str]:
+    """``scontrol show hostnames`` of a SLURM node list (``rack[1-2]-n[01-02]`` and all its forms)."""
+    if not nodelist:
+        return []
+    out = _run(["scontrol", "show", "hostnames", nodelist], what="scontrol show hostnames")
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def _env_end_time(environ: Mapping[str, str]) -> float | None:
+    value = environ.get("SLURM_JOB_END_TIME")
+    return float(value) if value else None
+
+
+def node_context_from_env(environ: Mapping[str, str], *, hostnames: Any = scontrol_hostnames) -> NodeContext:
+    """This node of the job, from SLURM's variables (``hostnames`` expands the node list)."""
+    if "SLURM_JOB_ID" not in environ:
+        raise NodeContextError("SLURM_JOB_ID is not set", hint="is this running inside a SLURM job?")
+    array_task = environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = environ["SLURM_JOB_ID"]
+    if array_task and environ.get("SLURM_ARRAY_JOB_ID"):
+        job_id = f"{environ['SLURM_ARRAY_JOB_ID']}_{array_task}"
+    hosts = tuple(hostnames(environ.get("SLURM_JOB_NODELIST", "")))
+    num_nodes = env_int(environ, "SLURM_JOB_NUM_NODES", len(hosts) or 1)
+    hostname = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if not hosts:
+        hosts = (hostname,)
+    if len(hosts) != num_nodes:
+        raise NodeContextError(
+            f"SLURM_JOB_NODELIST names {len(hosts)} nodes but SLURM_JOB_NUM_NODES={num_nodes}"
+        )
+    return NodeContext(
+        scheduler="slurm",
+        job_id=job_id,
+        node_rank=env_int(environ, "SLURM_NODEID", 0 if num_nodes == 1 else None),
+        num_nodes=num_nodes,
+        hostname=hostname,
+        hosts=hosts,
+        restart_count=env_int(environ, "SLURM_RESTART_COUNT", 0),
+        end_time=_env_end_time(environ),
+        array_task=int(array_task) if array_task else None,
+    )
+
+
+def slurm_node_addr(node: str, *, timeout: float = 10.0) -> str | None:
+    """``NodeAddr`` of a SLURM node from ``scontrol show node -o`` (None when scontrol is absent)."""
+    import re
+
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=timeout
+        )
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    m = re.search(r"\bNodeAddr=(\S+)", out.stdout)
+    return m.group(1) if m else None
 
 
 def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
@@ -326,9 +363,15 @@ def slurm_status(job_id: str) -> SchedulerStatus:
             found = parse_squeue_json(out.stdout, job_id)
             if found is not None:
                 return found
-        return sacct_status(job_id) or SchedulerStatus(
-            JobState.UNKNOWN, "", "SLURM no longer lists the job (no accounting)"
-        )
+        found = sacct_status(job_id)
+        if found is not None:
+            return found
+        if out.returncode != 0 and "json" in (out.stderr or "").lower():
+            # A Slurm without JSON output (before 20.11): submitit's sacct --parsable2 watcher.
+            word = submitit_adapter.sacct_state(job_id)
+            if word:
+                return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word, "sacct --parsable2")
+        return SchedulerStatus(JobState.UNKNOWN, "", "SLURM no longer lists the job (no accounting)")
     except (FileNotFoundError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
         return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask SLURM: {e}")
 
@@ -353,28 +396,11 @@ def show_job(job_id: str) -> dict[str, str]:
 
 def job_end_time(job_id: str) -> float | None:
     """The job's EndTime as a time.time() value (None when unknown or unlimited)."""
-    import datetime as _dt
-
     end = show_job(job_id).get("EndTime", "")
     try:
         return _dt.datetime.strptime(end, "%Y-%m-%dT%H:%M:%S").timestamp()
     except ValueError:
         return None
-
-
-def termination_cause(job_id: str, restart_count: int) -> str | None:
-    """'cancelled' when a SIGTERM (without a prior warning) came from scancel; None for a requeue.
-
-    Both show JobState=COMPLETING while the job's processes are killed (measured on Slurm 22.05),
-    but a requeue has already raised ``Restarts`` past this attempt's restart count.
-    """
-    job = show_job(job_id)
-    if not job:
-        return None
-    if int(job.get("Restarts", "0") or 0) > restart_count:
-        return None
-    state = job.get("JobState", "")
-    return "cancelled" if state.startswith(("CANCELLED", "COMPLETING")) else None
 
 
 def resubmit_excluding(plan: JobPlan, paths: RunPaths, nodes: list[str]) -> str:
@@ -384,13 +410,9 @@ def resubmit_excluding(plan: JobPlan, paths: RunPaths, nodes: list[str]) -> str:
     COMPLETING until all of its processes have exited, and the update and the release both fail
     before that (measured on Slurm 22.05), so the job cannot do it for itself.
     """
-    from submitit.helpers import clean_env
-
-    from ...fsutil import atomic_write_json, atomic_write_text
-
     new_plan = plan.model_copy(update={"exclude": sorted(set(plan.exclude) | set(nodes))})
     rendered = render_sbatch(new_plan)
     atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
     atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
-    with clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
+    with submitit_adapter.clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
         return SlurmScheduler().submit(new_plan, rendered)

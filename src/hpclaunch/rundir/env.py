@@ -1,0 +1,12 @@
+"""Names of the variables hpclaunch's own launchers set in a job (local controller, PBS script,
+node agent) and the trainer reads. Scheduler variables (``SLURM_*``, ``PBS_*``) are read only by
+their scheduler module in ``hpclaunch.schedulers``."""
+
+RUN_DIR_VAR = "HPCLAUNCH_RUN_DIR"
+JOB_ID_VAR = "HPCLAUNCH_JOB_ID"
+RESTART_VAR = "HPCLAUNCH_RESTART_COUNT"
+END_TIME_VAR = "HPCLAUNCH_JOB_END_TIME"  # epoch seconds at which the scheduler ends this attempt
+START_TIME_VAR = "HPCLAUNCH_JOB_START_TIME"
+NODE_RANK_VAR = "HPCLAUNCH_NODE_RANK"
+ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
+JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write stderr into stdout

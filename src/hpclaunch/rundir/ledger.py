@@ -1,0 +1,167 @@
+"""The run's event ledger: what happened, when, by whom.
+
+Written by the CLI (submitted, stop_requested, cancelled), the node agents (started,
+node_preflight, requeued, finished, failed, ...), the local controller and rank 0 of the trainer
+(resumed, checkpoint_saved, stopped, ...). Read by ``status``, ``report``, ``logs`` and the node
+agent's decision.
+
+One writer per file. Appends from several hosts to one file are not atomic on NFS or Lustre
+(O_APPEND is a local-filesystem promise), so every writing process has its own file
+``RUN/events/<role>-<host>-<pid>.jsonl`` and readers merge all files in timestamp order (ties: file
+name, then the writer's own sequence number). A line that is not valid JSON (a writer killed in
+the middle of a write, a damaged file) is kept as a finding with its file and line number, never
+dropped silently.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .paths import RunPaths
+
+# Event names, in one place so that writers and readers cannot drift apart.
+SUBMITTED = "submitted"
+PREFLIGHT_SKIPPED = "preflight_skipped"
+STARTED = "started"  # one per node per attempt
+NODE_PREFLIGHT = "node_preflight"
+NCCL_PRESET = "nccl_preset"
+RESUMED = "resumed"  # trainer rank 0: step it continues from (0 = fresh start)
+CHECKPOINT_SAVED = "checkpoint_saved"
+CHECKPOINT_INVALID = "checkpoint_invalid"
+STOP_REQUESTED = "stop_requested"
+STOPPED = "stopped"  # trainer rank 0: all ranks stopped after `step` and saved
+REQUEUED = "requeued"
+FINISHED = "finished"
+FAILED = "failed"
+CANCELLED = "cancelled"
+ENDED = "ended"  # node 0's agent: the run stops here by the user's wish (resumable)
+HELD = "held"  # an attempt the scheduler started after the run had ended (budget spent): withdrawn
+NODE_EXCLUDED = "node_excluded"
+REFUSED = "refused"  # an attempt that found another live writer holding the run directory
+
+# Events that end a run (until `submit --resume` starts it again).
+RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD)
+
+_seq = itertools.count(1)
+_seq_lock = threading.Lock()
+
+
+def _next_seq() -> int:
+    with _seq_lock:
+        return next(_seq)
+
+
+class Ledger:
+    """This process's writer of the ledger of one run (``role``: cli, agent, trainer, controller)."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        *,
+        role: str,
+        attempt: str | None = None,
+        node: int | None = None,
+    ):
+        self.paths = paths
+        self.role = role
+        self.attempt = attempt
+        self.node = node
+        self.host = socket.gethostname().split(".")[0]
+        self.pid = os.getpid()
+        name = role if node is None else f"{role}{node}"
+        self.path = paths.events_dir / f"{name}-{self.host}-{self.pid}.jsonl"
+
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        record: dict[str, Any] = {"ts": round(time.time(), 3), "seq": _next_seq(), "event": event}
+        if self.attempt is not None:
+            record["attempt"] = self.attempt
+        if self.node is not None:
+            record["node"] = self.node
+        record["host"] = self.host
+        record["pid"] = self.pid
+        record["writer"] = self.role
+        record.update(fields)
+        data = (json.dumps(record, default=str) + "\n").encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # One write() per line, to a file no other process writes: a reader sees whole lines or,
+        # if this process dies mid-write, one torn last line that read_events reports.
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return record
+
+    def events(self) -> list[dict[str, Any]]:
+        """The whole run's ledger (every writer's file, merged)."""
+        return read_events(self.paths).events
+
+
+@dataclass
+class EventLog:
+    """The merged ledger of a run, and the lines that could not be read (``file:line: why``)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    torn: list[str] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.events)
+
+    def named(self, *names: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e.get("event") in names]
+
+
+def ledger_files(paths: RunPaths) -> list[Path]:
+    files = sorted(paths.events_dir.glob("*.jsonl")) if paths.events_dir.is_dir() else []
+    if paths.legacy_events.exists():
+        files.insert(0, paths.legacy_events)
+    return files
+
+
+def read_events(paths: RunPaths) -> EventLog:
+    """Every writer's events, merged in timestamp order; torn lines reported, not dropped."""
+    log = EventLog()
+    keyed: list[tuple[float, str, int, int, dict[str, Any]]] = []
+    for path in ledger_files(paths):
+        for lineno, record, problem in _read_lines(path):
+            if problem is not None:
+                log.torn.append(f"{path.relative_to(paths.root)}:{lineno}: {problem}")
+                continue
+            assert record is not None
+            keyed.append(
+                (float(record.get("ts") or 0), path.name, int(record.get("seq") or 0), lineno, record)
+            )
+    keyed.sort(key=lambda k: k[:4])
+    log.events = [k[4] for k in keyed]
+    return log
+
+
+def _read_lines(path: Path) -> Iterable[tuple[int, dict[str, Any] | None, str | None]]:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as e:
+        yield 0, None, f"cannot read ({e.strerror})"
+        return
+    lines = text.split("\n")
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            last = i == len(lines) and not text.endswith("\n")
+            yield i, None, ("torn last line (its writer died mid-write)" if last else "not valid JSON")
+            continue
+        if not isinstance(obj, dict) or "event" not in obj:
+            yield i, None, "not an event record"
+            continue
+        yield i, obj, None

@@ -1,0 +1,127 @@
+"""Every path inside one run directory, in one place.
+
+```
+RUN/
+  config.yaml      the resolved config (what actually runs)
+  plan.json        the JobPlan
+  job.sbatch | job.pbs | job.local.sh    the script handed to the scheduler
+  sweep.json       a sweep's points (only at a sweep's root)
+  lock.json        who writes to this run now (``lock``)
+  events/          the ledger: one file per writer (``ledger``)
+  metrics.jsonl    rank 0's metrics lines
+  attempts/        how each attempt ended (``outcome``)
+  logs/            per attempt, per node
+  checkpoints/     unless checkpoint.dir says otherwise
+  control/         stop requests
+  scheduler/       scheduler-owned files (submitit folder, local controller state)
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every path inside one run directory (``checkpoint_dir``: where checkpoint.dir points)."""
+
+    root: Path
+    checkpoint_dir: Path | None = None
+
+    @classmethod
+    def of(cls, root: str | Path, checkpoint_dir: str | None) -> RunPaths:
+        """The paths of a run whose ``checkpoint.dir`` is ``checkpoint_dir`` (None: inside the run)."""
+        return cls(Path(root), Path(checkpoint_dir) if checkpoint_dir else None)
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def plan(self) -> Path:
+        return self.root / "plan.json"
+
+    @property
+    def sweep(self) -> Path:
+        return self.root / "sweep.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "lock.json"
+
+    @property
+    def events_dir(self) -> Path:
+        """The ledger: one append-only file per writing process (see ``rundir.ledger``)."""
+        return self.root / "events"
+
+    @property
+    def legacy_events(self) -> Path:
+        """The single ledger file of runs made before the ledger was split per writer."""
+        return self.root / "events.jsonl"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.checkpoint_dir or self.root / "checkpoints"
+
+    @property
+    def control(self) -> Path:
+        return self.root / "control"
+
+    @property
+    def stop_file(self) -> Path:
+        """Written to ask a running attempt to stop and save (content: the cause)."""
+        return self.control / "stop"
+
+    @property
+    def continue_file(self) -> Path:
+        """Present when a user stop should be followed by an automatic continuation."""
+        return self.control / "continue"
+
+    @property
+    def attempts(self) -> Path:
+        """One small JSON per attempt: how the trainer ended (written by rank 0)."""
+        return self.root / "attempts"
+
+    @property
+    def scheduler_dir(self) -> Path:
+        """Scheduler-owned files: submitit folder, local controller state."""
+        return self.root / "scheduler"
+
+    def outcome_file(self, attempt: str) -> Path:
+        return self.attempts / f"{attempt}.json"
+
+    def attempt_dir(self, attempt: str) -> Path:
+        """Per-attempt coordination files (node checks of a multi-node start)."""
+        return self.attempts / attempt
+
+    def attempt_logs(self, attempt: str) -> Path:
+        return self.logs / f"attempt-{attempt}"
+
+    def node_log(self, attempt: str, node_rank: int) -> Path:
+        return self.attempt_logs(attempt) / f"node{node_rank}.log"
+
+    def ensure(self) -> RunPaths:
+        for d in (
+            self.root,
+            self.events_dir,
+            self.logs,
+            self.checkpoints,
+            self.control,
+            self.attempts,
+            self.scheduler_dir,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
+    def is_run(self) -> bool:
+        return self.plan.exists() or self.events_dir.is_dir() or self.legacy_events.exists()

@@ -1,0 +1,142 @@
+"""The JobPlan model: the resolved, validated run, as saved in ``RUN/plan.json``.
+
+Every number that appears in a job script, the torchrun command line or the job environment comes
+from here, once. ``orchestrator.plan.build`` makes it on the login side; renderers only format it;
+the node agent reads it back and only fills in what can be known inside the allocation (head
+address, node rank, job id).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .paths import RunPaths
+
+AGENT_MODULE = "hpclaunch.jobs.agent"
+TRAINER_MODULE = "hpclaunch.trainer"
+
+
+class TorchrunPlan(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    nnodes: int
+    nproc_per_node: int
+    rdzv_port: int
+    max_restarts: int = 0
+    shutdown_timeout_s: int = 60
+
+    @property
+    def standalone(self) -> bool:
+        return self.nnodes == 1
+
+
+class SweepPoint(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    index: int
+    name: str
+    run_dir: str
+    overrides: list[str]
+
+
+class JobPlan(BaseModel):
+    """What will run, where, with which resources. Saved as RUN/plan.json."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str
+    run_dir: str
+    checkpoint_dir: str | None = None  # checkpoint.dir when set (absolute), else RUN/checkpoints
+    scheduler: Literal["local", "slurm", "pbs"]
+    nodes: int
+    procs_per_node: int
+    world_size: int
+    gpus_per_node: int
+    cpus_per_task: int
+    mem_gb: float | None
+    time_limit_s: int
+    partition: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    exclude: list[str]
+    extra_directives: list[str]
+    setup: list[str]
+    pbs_dialect: Literal["pro", "torque"]
+    pbs_launcher: Literal["mpiexec", "pbsdsh"]
+    python: str
+    env: dict[str, str]
+    pass_env: list[str]
+    nccl_preset: str
+    warn_lead_s: int
+    stop_lead_s: int | None
+    max_requeues: int
+    max_failure_retries: int
+    kill_wait_s: int
+    torchrun: TorchrunPlan
+    backend: Literal["nccl", "gloo"]
+    config_hash: str
+    hpclaunch_version: str
+    sweep: list[SweepPoint] = []
+    array_parallelism: int | None = None
+
+    # ---- derived, formatted once ---------------------------------------------------------------
+
+    @property
+    def stop_lead(self) -> int:
+        """Seconds before the end an attempt stops to save, as planned: ``launch.stop_lead_s``, else
+        the scheduler's warning lead (the trainer's deadline refines it with measured save times)."""
+        return self.stop_lead_s if self.stop_lead_s is not None else self.warn_lead_s
+
+    def paths(self, run_dir: str | None = None) -> RunPaths:
+        """The run directory's paths (``run_dir``: a sweep point's, default this plan's)."""
+        return RunPaths.of(run_dir or self.run_dir, self.checkpoint_dir)
+
+    @property
+    def time_limit_minutes(self) -> int:
+        """SLURM counts whole minutes; round up so the run never gets less than asked."""
+        return max(1, math.ceil(self.time_limit_s / 60))
+
+    def agent_argv(self, run_dir: str | None = None) -> list[str]:
+        """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""
+        return [self.python, "-u", "-m", AGENT_MODULE, run_dir or self.run_dir]
+
+    def torchrun_argv(
+        self, *, run_dir: str, node_rank: int, job_id: str, head_addr: str | None, local_addr: str | None
+    ) -> list[str]:
+        """The torchrun command for one node; multi-node uses c10d on the head's address."""
+        t = self.torchrun
+        argv = [self.python, "-m", "torch.distributed.run"]
+        if t.standalone:
+            argv += ["--standalone", "--nnodes=1"]
+        else:
+            if not head_addr:
+                raise ValueError("a multi-node launch needs the head node's address")
+            argv += [
+                f"--nnodes={t.nnodes}",
+                f"--node-rank={node_rank}",
+                "--rdzv-backend=c10d",
+                f"--rdzv-endpoint={head_addr}:{t.rdzv_port}",
+                f"--rdzv-id={job_id}",
+                # Who hosts the c10d store is decided here, not by hostname matching, which fails when
+                # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).
+                f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
+            ]
+            if local_addr:
+                argv.append(f"--local-addr={local_addr}")
+        argv += [
+            f"--nproc-per-node={t.nproc_per_node}",
+            f"--max-restarts={t.max_restarts}",
+            "--module",
+            TRAINER_MODULE,
+            run_dir,
+        ]
+        return argv
+
+
+def read_plan(paths: RunPaths) -> JobPlan:
+    """The plan saved in ``RUN/plan.json``."""
+    return JobPlan.model_validate_json(paths.plan.read_text())

@@ -1,0 +1,1 @@
+"""Scheduler modules behind one Protocol (``base``): SLURM, PBS, and the embedded local scheduler."""

@@ -1,0 +1,224 @@
+"""The small Protocol every scheduler implements, and the shared types.
+
+A scheduler module answers what only it knows, on both sides of a job:
+
+- login side: ``render`` (the exact script), ``submit`` (hands that script over, returns the job
+  id), ``status`` (the scheduler's own view of a job), ``cancel``;
+- allocation side (asked by the node agent): ``node_context`` (which node this is, of which job,
+  until when), ``node_address`` (where other nodes reach a host), ``termination_cause`` (was a
+  SIGTERM a time limit, a preemption or a cancellation), ``continue_job`` (come back after a stop:
+  SLURM requeues itself, PBS submits a continuation job, local asks its controller),
+  ``exclude_nodes`` (come back without some nodes, where the scheduler can express that) and
+  ``withdraw`` (take back an attempt the scheduler started after the run had ended).
+
+What happens after an attempt is decided elsewhere (``jobs.decide``, pure); the agent carries the
+decision out through these methods. This package imports ``rundir``, ``config`` and ``templates``,
+never the agent, the trainer or the orchestrator.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Protocol
+
+from ..errors import HpclaunchError, SchedulerError
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ..rundir import JobPlan, RunPaths
+
+
+class JobState(str, Enum):
+    """Scheduler states, never collapsed: a preemption is not a failure, a timeout not a crash."""
+
+    PENDING = "pending"
+    HELD = "held"  # waits for a person (PBS qhold / a system hold), not for resources
+    RUNNING = "running"
+    SUSPENDED = "suspended"  # stopped in place (PBS preemption by suspension), not requeued
+    REQUEUED = "requeued"
+    PREEMPTED = "preempted"
+    TIMEOUT = "timeout"
+    NODE_FAIL = "node_fail"
+    FAILED = "failed"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    UNKNOWN = "unknown"  # the scheduler no longer knows the job (the ledger still does)
+
+    @property
+    def active(self) -> bool:
+        """The job holds or waits for nodes: the one definition of "active" (status, lock, --wait)."""
+        return self.value in ACTIVE_STATES
+
+
+ACTIVE_STATES = ("pending", "held", "running", "suspended", "requeued")
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """A job script exactly as it will be handed to the scheduler."""
+
+    text: str
+    filename: str  # name inside the run directory: job.sbatch / job.pbs / job.local.sh
+    warnings: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SchedulerStatus:
+    state: JobState
+    raw: str  # the scheduler's own word for it (RUNNING, PREEMPTED, F, ...)
+    reason: str = ""
+
+
+class NodeContextError(HpclaunchError):
+    """The scheduler environment does not say what this node is (never guessed)."""
+
+
+@dataclass(frozen=True)
+class NodeContext:
+    """This node of this attempt, as its scheduler describes it (built by ``node_context``)."""
+
+    scheduler: str  # local | slurm | pbs
+    job_id: str  # the id to requeue/cancel (array task: "<array>_<task>" on SLURM)
+    node_rank: int
+    num_nodes: int
+    hostname: str  # this node, as the scheduler names it
+    hosts: tuple[str, ...]  # every node of the allocation, head first
+    restart_count: int = 0
+    end_time: float | None = None  # time.time() at which the scheduler ends this attempt
+    array_task: int | None = None
+
+    @property
+    def head(self) -> str:
+        return self.hosts[0]
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_rank == 0
+
+    @property
+    def attempt(self) -> str:
+        """Unique per attempt of this run: job id + restart count."""
+        return f"{self.job_id}.{self.restart_count}"
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """How a job comes back: the job id that will run next and the agent's exit code."""
+
+    job_id: str
+    exit_code: int = 0
+    by: str = "agent"  # agent (hpclaunch asked) | scheduler (it was already requeueing the job)
+
+
+# Exit code a node agent uses to ask the local controller for another attempt (EX_TEMPFAIL).
+LOCAL_REQUEUE_EXIT = 75
+
+
+class Scheduler(Protocol):
+    kind: str
+    can_exclude_nodes: bool  # whether exclude_nodes can keep a continuation off named nodes
+
+    # ---- login side ----
+    def render(self, plan: JobPlan) -> RenderedJob: ...
+
+    def submit(self, plan: JobPlan, rendered: RenderedJob) -> str: ...
+
+    def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus: ...
+
+    def cancel(self, paths: RunPaths, job_id: str) -> None: ...
+
+    # ---- allocation side ----
+    def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext: ...
+
+    def node_address(self, host: str) -> str: ...
+
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+        """What a SIGTERM received at ``now`` was: 'timeout', 'preemption' or 'cancelled'."""
+        ...
+
+    def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation: ...
+
+    def exclude_nodes(
+        self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
+    ) -> Continuation: ...
+
+    def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
+        """Take back this attempt (started after the run ended); return what was done, in words."""
+        ...
+
+
+# Seconds around the scheduler's end time within which a SIGTERM is the time limit itself. SLURM
+# and PBS enforce limits on a periodic tick (SLURM every ~30 s), so the signal comes at or after
+# the end time, never much before it; anything earlier is someone taking the nodes away.
+END_SLACK_S = 2.0
+
+
+def at_time_limit(ctx: NodeContext, now: float) -> bool:
+    return ctx.end_time is not None and now >= ctx.end_time - END_SLACK_S
+
+
+def run_command(
+    argv: list[str], *, what: str, hint: str, cwd: Path | None = None, timeout: float = 60
+) -> str:
+    """Run a scheduler command (sbatch, scontrol, qsub, qdel...); its failure is a SchedulerError."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    except FileNotFoundError:
+        raise SchedulerError(f"{argv[0]} not found", where=what, hint=hint) from None
+    except subprocess.TimeoutExpired:
+        raise SchedulerError(f"{what} did not answer within {timeout:.0f} s", where=what) from None
+    if out.returncode != 0:
+        raise SchedulerError(f"{what} failed: {out.stderr.strip() or out.stdout.strip()}", where=what)
+    return out.stdout
+
+
+def env_int(env: Mapping[str, str], name: str, default: int | None = None) -> int:
+    """An integer job variable; a missing one without default is a NodeContextError (never guessed)."""
+    value = env.get(name)
+    if value is None or value == "":
+        if default is None:
+            raise NodeContextError(f"{name} is not set", hint="is this running inside the job?")
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise NodeContextError(f"{name}={value!r} is not an integer") from None
+
+
+def end_time_from_env(environ: Mapping[str, str], *, time_limit_s: int, now: float) -> float:
+    """The attempt's end: what hpclaunch's launcher or SLURM set, else start (or now) + the limit."""
+    from ..rundir.env import END_TIME_VAR, START_TIME_VAR
+
+    for name in (END_TIME_VAR, "SLURM_JOB_END_TIME"):
+        if environ.get(name):
+            return float(environ[name])
+    start = float(environ.get(START_TIME_VAR) or environ.get("SLURM_JOB_START_TIME") or now)
+    return start + time_limit_s
+
+
+def mem_directive(gb: float | None, *, lower: bool) -> str | None:
+    """Memory per node for a directive: whole GB when it is whole, else MB (``gb``/``mb`` for PBS)."""
+    if not gb:
+        return None
+    text = f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
+    return text.lower() if lower else text
+
+
+def get_scheduler(kind: str) -> Scheduler:
+    if kind == "slurm":
+        from .slurm import SlurmScheduler
+
+        return SlurmScheduler()
+    if kind == "pbs":
+        from .pbs import PbsScheduler
+
+        return PbsScheduler()
+    if kind == "local":
+        from .local import LocalScheduler
+
+        return LocalScheduler()
+    raise ValueError(f"unknown scheduler {kind!r}")

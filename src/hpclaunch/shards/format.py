@@ -1,0 +1,231 @@
+"""The training data's on-disk format: shard discovery, validation and memory-mapped reading.
+
+Format: ``data.token_dir`` holds ``*.npz`` shards with an ``input_ids`` array [N, text_len] of
+integers; ``data.latent_dir`` holds ``*.npy`` shards [N, latent_len, latent_dim] (or
+[N, latent_dim] when ``model.latent_len`` is 1) of floats. Shards pair by file stem and must agree
+on N. Samples are numbered across shards in sorted stem order.
+
+Reads are memory-mapped: ``.npy`` through ``np.load(mmap_mode="r")``; an ``.npz`` member stored
+uncompressed (``np.savez``) is mapped at its offset inside the zip file (compressed members are
+read into memory once).
+
+Torch-free: preflight, the CLI (``data synth``) and the trainer all use it.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..errors import DataError
+
+if TYPE_CHECKING:
+    from ..config import ModelConfig
+
+TOKENS_KEY = "input_ids"
+DEFAULT_SHARD_SIZE = 1024
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    stem: str
+    n: int
+    token_path: Path
+    latent_path: Path
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    num_samples: int
+    shards: list[ShardInfo] = field(default_factory=list)
+    fully_checked: int = 0  # shards whose values (not just headers) were checked
+
+
+# ---- validation --------------------------------------------------------------------------------
+
+
+def validate_dataset(
+    token_dir: str | Path,
+    latent_dir: str | Path,
+    model_cfg: ModelConfig,
+    *,
+    max_shards: int | None = None,
+) -> DatasetInfo:
+    """Check the shard pairs against the model; raise ``DataError(where=<file or dir>)``.
+
+    Every shard's presence, pairing, dtype and shape are checked from the array headers (cheap).
+    Token values (0 <= id < vocab_size) are read for the first ``max_shards`` shards only
+    (None = all): preflight samples a few, the trainer checks everything it will read.
+    """
+    token_dir, latent_dir = Path(token_dir), Path(latent_dir)
+    tokens = _shard_files(token_dir, ".npz", "token", "data.token_dir")
+    latents = _shard_files(latent_dir, ".npy", "latent", "data.latent_dir")
+    for stem, path in tokens.items():
+        if stem not in latents:
+            raise DataError(
+                f"token shard has no latent pair: {latent_dir / (stem + '.npy')} does not exist",
+                where=str(path),
+                hint="token and latent shards pair by file stem; add the missing shard or remove this one",
+            )
+    for stem, path in latents.items():
+        if stem not in tokens:
+            raise DataError(
+                f"latent shard has no token pair: {token_dir / (stem + '.npz')} does not exist",
+                where=str(path),
+                hint="token and latent shards pair by file stem; add the missing shard or remove this one",
+            )
+    shards = []
+    checked = 0
+    for i, stem in enumerate(sorted(tokens)):
+        ids = open_token_array(tokens[stem])
+        lat = open_latent_array(latents[stem])
+        _check_tokens_header(ids, tokens[stem], model_cfg)
+        _check_latents_header(lat, latents[stem], model_cfg)
+        if ids.shape[0] != lat.shape[0]:
+            raise DataError(
+                f"holds N={lat.shape[0]} samples but its token shard {tokens[stem].name} holds "
+                f"N={ids.shape[0]}",
+                where=str(latents[stem]),
+                hint="a token shard and its latent shard must hold the same samples in the same order",
+            )
+        if max_shards is None or i < max_shards:
+            _check_token_values(ids, tokens[stem], model_cfg)
+            checked += 1
+        shards.append(ShardInfo(stem, int(ids.shape[0]), tokens[stem], latents[stem]))
+    return DatasetInfo(num_samples=sum(s.n for s in shards), shards=shards, fully_checked=checked)
+
+
+def _shard_files(directory: Path, suffix: str, kind: str, key: str) -> dict[str, Path]:
+    if not directory.is_dir():
+        what = "is not a directory" if directory.exists() else "does not exist"
+        raise DataError(
+            f"{kind} directory {what}",
+            where=str(directory),
+            hint=f"set {key} to the directory of *{suffix} shards, or create one with 'hpclaunch data synth'",
+        )
+    files = {p.stem: p for p in sorted(directory.glob(f"*{suffix}")) if p.is_file()}
+    if not files:
+        raise DataError(
+            f"no *{suffix} {kind} shards in this directory",
+            where=str(directory),
+            hint=f"{key} must hold *{suffix} shards (see 'hpclaunch data synth' for the format)",
+        )
+    return files
+
+
+def _check_tokens_header(ids: np.ndarray, path: Path, m: ModelConfig) -> None:
+    if not np.issubdtype(ids.dtype, np.integer):
+        raise DataError(
+            f"{TOKENS_KEY} has dtype {ids.dtype}; token ids must be integers",
+            where=str(path),
+            hint="store input_ids as int32 or int64",
+        )
+    if ids.ndim != 2 or ids.shape[1] != m.text_len:
+        raise DataError(
+            f"{TOKENS_KEY} has shape {list(ids.shape)}; the model wants [N, {m.text_len}] "
+            f"(model.text_len={m.text_len})",
+            where=str(path),
+            hint="re-tokenize to model.text_len tokens per sample, or change model.text_len",
+        )
+
+
+def _check_latents_header(lat: np.ndarray, path: Path, m: ModelConfig) -> None:
+    if not np.issubdtype(lat.dtype, np.floating):
+        raise DataError(
+            f"latents have dtype {lat.dtype}; latents must be floating point",
+            where=str(path),
+            hint="store latents as float32 (or float16/float64)",
+        )
+    want = f"[N, {m.latent_len}, {m.latent_dim}]" + (f" or [N, {m.latent_dim}]" if m.latent_len == 1 else "")
+    ok = (lat.ndim == 3 and lat.shape[1:] == (m.latent_len, m.latent_dim)) or (
+        lat.ndim == 2 and m.latent_len == 1 and lat.shape[1] == m.latent_dim
+    )
+    if not ok:
+        raise DataError(
+            f"latents have shape {list(lat.shape)}; the model wants {want} "
+            f"(model.latent_len={m.latent_len}, model.latent_dim={m.latent_dim})",
+            where=str(path),
+            hint="re-encode the latents, or change model.latent_len / model.latent_dim",
+        )
+
+
+def _check_token_values(ids: np.ndarray, path: Path, m: ModelConfig, chunk: int = 1 << 16) -> None:
+    for start in range(0, ids.shape[0], chunk):
+        block = np.asarray(ids[start : start + chunk])
+        if block.size == 0:
+            continue
+        lo, hi = int(block.min()), int(block.max())
+        if lo >= 0 and hi < m.vocab_size:
+            continue
+        bad = block >= m.vocab_size if hi >= m.vocab_size else block < 0
+        row, col = (int(x) for x in np.argwhere(bad)[0])
+        value = int(block[row, col])
+        problem = "is negative" if value < 0 else f">= model.vocab_size={m.vocab_size}"
+        raise DataError(
+            f"{TOKENS_KEY} holds id {value} at sample {start + row}, position {col}: {problem} "
+            f"(ids must be 0..{m.vocab_size - 1})",
+            where=str(path),
+            hint="set model.vocab_size to the tokenizer's vocabulary size, or fix the tokenization",
+        )
+
+
+# ---- memory-mapped reading ---------------------------------------------------------------------
+
+
+def open_latent_array(path: Path) -> np.ndarray:
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise DataError(f"not a readable .npy array ({e})", where=str(path)) from None
+
+
+def open_token_array(path: Path) -> np.ndarray:
+    """``input_ids`` of an .npz shard, memory-mapped when the member is stored uncompressed."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = zf.namelist()
+            member = TOKENS_KEY + ".npy"
+            if member not in names:
+                keys = ", ".join(n.removesuffix(".npy") for n in names) or "none"
+                raise DataError(
+                    f"has no {TOKENS_KEY} array (arrays: {keys})",
+                    where=str(path),
+                    hint=f"save token shards with np.savez(path, {TOKENS_KEY}=ids)",
+                )
+            info = zf.getinfo(member)
+            if info.compress_type == zipfile.ZIP_STORED:
+                mapped = _map_stored_member(path, info)
+                if mapped is not None:
+                    return mapped
+            with zf.open(member) as f:
+                return np.lib.format.read_array(f, allow_pickle=False)
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        raise DataError(f"not a readable .npz archive ({e})", where=str(path)) from None
+
+
+def _map_stored_member(path: Path, info: zipfile.ZipInfo) -> np.ndarray | None:
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        local = f.read(30)
+        if local[:4] != b"PK\x03\x04":
+            return None
+        name_len = int.from_bytes(local[26:28], "little")
+        extra_len = int.from_bytes(local[28:30], "little")
+        f.seek(info.header_offset + 30 + name_len + extra_len)
+        version = np.lib.format.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+        elif version in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+        else:
+            return None
+        if dtype.hasobject:
+            return None
+        offset = f.tell()
+    if int(np.prod(shape)) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")

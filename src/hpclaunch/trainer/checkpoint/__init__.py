@@ -1,0 +1,140 @@
+"""Checkpoints of a training run: writing, publishing, validating, choosing, loading, pruning.
+
+This package owns ``RUN/checkpoints/``: ``manifest`` (names, manifest, verification, scanning,
+retention; torch-free), ``safe_load`` (loading without arbitrary unpickling) and ``checkpointer``
+(collective saves and loads). Data is written by torch.distributed.checkpoint (DCP), so DDP
+today and FSDP later share one format; everything around DCP (atomic publishing, the manifest,
+validation, safe unpickling, retention) lives here.
+
+Layout and publishing
+---------------------
+``DIR/step_000123/`` (zero-padded to 6 digits, more when needed) holds DCP's ``__<rank>_<n>.distcp``
+data files, DCP's ``.metadata`` and our ``manifest.json``. A save is written under
+``DIR/.step_000123.tmp-<nonce>/``; once DCP has written ``.metadata`` (which it does only after
+every rank's data files are fsynced) rank 0 writes ``manifest.json`` atomically (format version,
+step, world size, config and model hashes, creation time, hpclaunch/torch versions, the caller's
+``extra`` and the size and sha256 of every file) and publishes with ``os.rename`` + fsync of DIR.
+A directory without a valid manifest does not exist for resume. Retention deletes by renaming to
+``.step_000123.del-<nonce>`` first, so a half-deleted checkpoint never looks like a real one.
+
+A published directory is never overwritten. Saving a step that is already published and has a
+manifest for that step is skipped (it holds the same state: the typical case is the stop save right
+after a periodic save of the same step). A published directory for that step without a usable
+manifest (not ours, or damaged) is replaced: the new save is published by moving the old directory
+aside and renaming the new one in, then the old one is deleted.
+
+State-dict conventions (for the trainer)
+----------------------------------------
+``state`` is a nested dict of tensors and plain values (int, float, str, bool, None, and lists,
+tuples and dicts of those). Non-tensor values are loaded with ``torch.load(weights_only=True)``,
+so numpy objects are not allowed: keep RNG state as tensors or ints (``random.getstate()`` is a
+tuple of ints and is fine; ``np.random.get_state()`` is not).
+
+DCP saves a key once even when several ranks hold it (the "dedup trap"), so per-rank state must
+live under a rank-unique key. The convention: everything rank-local goes under
+``state[RANK_LOCAL][rank_local_key(rank)]`` (``state["rank_local"]["rank3"]``), and each rank puts
+only its own entry there. Loading on a different world size tolerates missing and extra keys under
+``RANK_LOCAL`` (ranks without a saved entry keep the values they came with, i.e. their fresh seeded
+state; ``LoadResult.ranks_without_rank_local`` lists them); every other key must be in the
+checkpoint, else loading fails with the missing keys named. Example::
+
+    import random, torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    def build_state(model, optimizer, sched, step, samples, rank):
+        model_sd, optim_sd = get_state_dict(model, optimizer)  # DDP/FSDP aware, FQN keys
+        return {
+            "model": model_sd,
+            "optim": optim_sd,
+            "sched": sched.state_dict(),
+            "progress": {"step": torch.tensor(step), "samples": torch.tensor(samples)},
+            RANK_LOCAL: {rank_local_key(rank): {
+                "torch_rng": torch.get_rng_state(),
+                "python_rng": random.getstate(),
+            }},
+        }
+
+    ckpt = Checkpointer(run.checkpoints, rank=rank, world_size=world, config_hash=ch,
+                        model_hash=mh, keep_last=3, keep_every=1000, ledger=ledger)
+    state = build_state(model, optimizer, sched, 0, 0, rank)
+    result = ckpt.load_latest(state)            # fills `state` in place
+    if result is not None:
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        sched.load_state_dict(state["sched"])
+        step = int(state["progress"]["step"])
+        if rank not in result.ranks_without_rank_local:
+            mine = state[RANK_LOCAL][rank_local_key(rank)]
+            torch.set_rng_state(mine["torch_rng"])
+            random.setstate(mine["python_rng"])
+    ...
+    ckpt.save(step, build_state(model, optimizer, sched, step, samples, rank), blocking=False,
+              extra={"samples_consumed": samples})
+
+Safety
+------
+Nothing read from a checkpoint is unpickled with plain pickle: ``.metadata`` goes through an
+allow-list unpickler (the classes DCP metadata actually contains) and non-tensor items through
+``torch.load(weights_only=True)``. Anything else raises ``CheckpointError`` naming file and class.
+
+Test hooks (environment variables, read at call time; never set them in production)
+-----------------------------------------------------------------------------------
+``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>``
+    the writer sleeps this long before writing a save (proves that staging copied the state).
+``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>``
+    rank ``<rank>`` SIGKILLs itself while saving ``<step>``; phase ``data``: after its own data
+    files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
+    ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint.
+
+``manifest`` is torch-free (``hpclaunch status`` must not import torch); the other modules import
+torch inside the functions that need it.
+"""
+
+from .checkpointer import ENV_DELAY_WRITE, ENV_KILL, Checkpointer
+from .manifest import (
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    METADATA_NAME,
+    RANK_LOCAL,
+    CheckpointInfo,
+    InvalidCheckpoint,
+    LoadResult,
+    build_manifest,
+    file_digest,
+    leftover_dirs,
+    newest_valid,
+    published_dirs,
+    rank_local_key,
+    read_manifest,
+    scan_checkpoints,
+    step_dir_name,
+    steps_to_delete,
+    verify_checkpoint,
+)
+from .safe_load import load_item_safely, load_metadata_safely
+
+__all__ = [
+    "ENV_DELAY_WRITE",
+    "ENV_KILL",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "METADATA_NAME",
+    "RANK_LOCAL",
+    "CheckpointInfo",
+    "Checkpointer",
+    "InvalidCheckpoint",
+    "LoadResult",
+    "build_manifest",
+    "file_digest",
+    "leftover_dirs",
+    "load_item_safely",
+    "load_metadata_safely",
+    "newest_valid",
+    "published_dirs",
+    "rank_local_key",
+    "read_manifest",
+    "scan_checkpoints",
+    "step_dir_name",
+    "steps_to_delete",
+    "verify_checkpoint",
+]

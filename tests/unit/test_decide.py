@@ -1,0 +1,258 @@
+"""``decide`` and ``decide_start``: every lifecycle case is a row.
+
+Each row: the facts node 0 gathered, the budgets spent so far, whether the scheduler can exclude
+nodes -> the action, the cause kept for ``status``, and a phrase the one-line reason must hold.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide, decide_start
+from hpclaunch.rundir import AttemptOutcome
+
+BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2)
+
+
+def stopped(cause: str, step: int = 40) -> AttemptOutcome:
+    return AttemptOutcome("stopped", cause, step)
+
+
+def failed(cause: str, error: str) -> AttemptOutcome:
+    return AttemptOutcome("failed", cause, 17, error)
+
+
+ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
+    (
+        "finished",
+        Facts(AttemptOutcome("finished", None, 200)),
+        History(),
+        True,
+        Action.FINISH,
+        None,
+        "finished at step 200",
+    ),
+    (
+        "timeout",
+        Facts(stopped("timeout")),
+        History(),
+        True,
+        Action.CONTINUE,
+        "timeout",
+        "stopped after step 40",
+    ),
+    (
+        "preemption",
+        Facts(stopped("preemption")),
+        History(requeues=2),
+        True,
+        Action.CONTINUE,
+        "preemption",
+        "preemption",
+    ),
+    (
+        "timeout over budget",
+        Facts(stopped("timeout")),
+        History(requeues=3),
+        True,
+        Action.FAIL,
+        "timeout",
+        "3 requeues used of 3",
+    ),
+    (
+        # Slurm requeues a preempted job itself; when the budget is spent the decision is still
+        # "fail", and the attempt Slurm starts anyway is withdrawn by decide_start (below).
+        "preemption over budget, scheduler requeues anyway",
+        Facts(stopped("preemption")),
+        History(requeues=3),
+        True,
+        Action.FAIL,
+        "preemption",
+        "3 requeues used of 3",
+    ),
+    ("user stop", Facts(stopped("user")), History(), True, Action.END, "user", "resume with submit --resume"),
+    (
+        "user stop with continue",
+        Facts(stopped("user"), continue_requested=True),
+        History(),
+        True,
+        Action.CONTINUE,
+        "user",
+        "(user)",
+    ),
+    (
+        # A raw scancel after the warning signal: the scheduler says "cancelled", never a time limit.
+        "scancel after the warning",
+        Facts(stopped("timeout"), cancelled=True),
+        History(),
+        True,
+        Action.END,
+        "cancelled",
+        "never continued",
+    ),
+    (
+        "cancel before a save",
+        Facts(None, returncode=1, cancelled=True),
+        History(),
+        True,
+        Action.END,
+        "cancelled",
+        "cancelled",
+    ),
+    (
+        "crash within budget",
+        Facts(failed("crash", "RuntimeError: NCCL error")),
+        History(),
+        True,
+        Action.CONTINUE,
+        "crash",
+        "NCCL error",
+    ),
+    (
+        "crash, no outcome",
+        Facts(None, returncode=-9),
+        History(),
+        True,
+        Action.CONTINUE,
+        "crash",
+        "left no outcome",
+    ),
+    (
+        "crash over budget",
+        Facts(None, returncode=1),
+        History(crash_retries=1),
+        True,
+        Action.FAIL,
+        "crash",
+        "1 failure retries used of 1",
+    ),
+    (
+        "non-finite failure",
+        Facts(failed("training", "5 consecutive non-finite steps")),
+        History(),
+        True,
+        Action.FAIL,
+        "training",
+        "non-finite",
+    ),
+    (
+        "data error from the trainer",
+        Facts(failed("data", "shard_00003.npz: id 999 >= vocab")),
+        History(),
+        True,
+        Action.FAIL,
+        "data",
+        "shard_00003",
+    ),
+    (
+        # A corrupt shard fails the data check everywhere: a data error naming the file, never a
+        # node failure (which would exclude a healthy node on SLURM).
+        "data check failed on every node",
+        Facts(None, data_error="tokens/shard_00001.npz: not a readable .npz archive"),
+        History(),
+        True,
+        Action.FAIL,
+        "data",
+        "bad training data: tokens/shard_00001.npz",
+    ),
+    (
+        "node check failed on the only node",
+        Facts(None, failed_nodes=("n1",), node_problems={"n1": "failed check gpu: 7 of 8 GPUs"}),
+        History(),
+        True,
+        Action.EXCLUDE,
+        "node_failure",
+        "continuing without n1",
+    ),
+    (
+        # On a multi-node job a non-head node's failed check reaches node 0 through the start
+        # barrier; node 0 decides, once: a new job without that node.
+        "node check failed on a non-head node",
+        Facts(None, failed_nodes=("n2",), node_problems={"n2": "failed check node: marked unhealthy"}),
+        History(excluded=("n7",)),
+        True,
+        Action.EXCLUDE,
+        "node_failure",
+        "n2: failed check node",
+    ),
+    (
+        "node failure over the exclusion budget",
+        Facts(None, failed_nodes=("n2",)),
+        History(node_excludes=2),
+        True,
+        Action.FAIL,
+        "node_failure",
+        "2 node exclusions used of 2",
+    ),
+    (
+        "node failure where the scheduler cannot exclude (PBS, local)",
+        Facts(None, failed_nodes=("pbsn1",)),
+        History(),
+        False,
+        Action.FAIL,
+        "node_failure",
+        "cannot keep a continuation off a node",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "facts,history,can_exclude,action,cause,phrase", [r[1:] for r in ROWS], ids=[r[0] for r in ROWS]
+)
+def test_decide(
+    facts: Facts, history: History, can_exclude: bool, action: Action, cause: str | None, phrase: str
+) -> None:
+    d = decide(facts, history, BUDGETS, can_exclude_nodes=can_exclude)
+    assert (d.action, d.cause) == (action, cause), d
+    assert phrase in d.reason
+
+
+def test_exclusion_keeps_earlier_exclusions() -> None:
+    d = decide(Facts(None, failed_nodes=("n2",)), History(excluded=("n7",)), BUDGETS, can_exclude_nodes=True)
+    assert d.exclude == ("n2", "n7") and d.counts_as == "node"
+
+
+def test_continuations_say_which_budget_they_spend() -> None:
+    assert (
+        decide(Facts(stopped("timeout")), History(), BUDGETS, can_exclude_nodes=True).counts_as == "requeue"
+    )
+    assert decide(Facts(None), History(), BUDGETS, can_exclude_nodes=True).counts_as == "crash"
+
+
+def ev(event: str, **fields: Any) -> dict[str, Any]:
+    return {"event": event, **fields}
+
+
+def test_history_counts_budgets_since_the_latest_fresh_submission() -> None:
+    events = [
+        ev("submitted", resume=False),
+        ev("requeued", cause="timeout"),
+        ev("requeued", cause="preemption"),
+        ev("requeued", cause="crash"),
+        ev("node_excluded", nodes=["n3"]),
+        ev("requeued", cause="node_failure"),
+        ev("failed", cause="timeout"),
+    ]
+    h = History.from_events(events)
+    assert (h.requeues, h.crash_retries, h.node_excludes, h.excluded, h.ended) == (2, 1, 1, ("n3",), "failed")
+    resumed = History.from_events([*events, ev("submitted", resume=True)])
+    assert resumed.ended is None and resumed.requeues == 2  # --resume continues the run's budgets
+    fresh = History.from_events([*events, ev("submitted", resume=False)])
+    assert fresh == History()
+
+
+@pytest.mark.parametrize("ended", ["finished", "failed", "cancelled", "ended", "held"])
+def test_an_attempt_after_the_run_ended_is_withdrawn(ended: str) -> None:
+    d = decide_start(History.from_events([ev("submitted"), ev(ended)]))
+    assert d is not None and d.action is Action.WITHDRAW and ended in d.reason
+    assert d.event == "held"
+
+
+def test_an_attempt_of_a_live_run_may_start() -> None:
+    assert decide_start(History.from_events([ev("submitted"), ev("requeued", cause="timeout")])) is None
+    assert (
+        decide_start(History.from_events([ev("submitted"), ev("failed"), ev("submitted", resume=True)]))
+        is None
+    )

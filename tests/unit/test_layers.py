@@ -1,0 +1,108 @@
+"""The arrows between hpclaunch's packages point one way (docs/design.md, "Layers").
+
+Read from the source (every ``import`` and ``from ... import``, function-level ones included), so a
+lazy import inside a function cannot hide an arrow that points the wrong way.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
+
+# What each part may import (besides itself). Top-level modules count as parts of their own.
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "fsutil": set(),
+    "nccl": {"errors"},
+    "config": {"errors", "nccl"},
+    "rundir": {"config", "errors", "fsutil"},
+    "shards": {"config", "errors"},
+    "templates": {"config", "errors", "rundir"},
+    "schedulers": {"config", "errors", "fsutil", "rundir", "templates"},
+    "preflight": {"config", "errors", "fsutil", "nccl", "rundir", "schedulers", "shards"},
+    "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "rundir", "schedulers"},
+    "trainer": {"config", "errors", "fsutil", "jobs", "rundir", "shards"},
+    "orchestrator": {"config", "errors", "fsutil", "nccl", "rundir", "schedulers", "templates"},
+    "cli": {"*"},
+}
+# The trainer may use the stop protocol of `jobs`, nothing else of it.
+TRAINER_FROM_JOBS = {"hpclaunch.jobs.stop"}
+
+
+def part_of(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "hpclaunch" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> set[str]:
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)  # `from .. import nccl`
+    return {m for m in found if m.startswith("hpclaunch")}
+
+
+SOURCES = sorted(SRC.rglob("*.py"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=[str(p.relative_to(SRC)) for p in SOURCES])
+def test_imports_point_down(path: Path) -> None:
+    me = part_of(module_name(path))
+    if me is None or me in ("__main__",) or "*" in ALLOWED.get(me, set()):
+        return
+    assert me in ALLOWED, f"{me} has no place in the layers; add it to ALLOWED and docs/design.md"
+    for target in imports_of(path):
+        other = part_of(target)
+        if other is None or other == me or other not in ALLOWED:
+            continue
+        assert other in ALLOWED[me], f"{module_name(path)} imports {target}: {me} -> {other} points up"
+        if me == "trainer" and other == "jobs":
+            assert any(target.startswith(t) for t in TRAINER_FROM_JOBS), (
+                f"{module_name(path)} imports {target}"
+            )
+
+
+def test_there_is_no_cycle_between_parts() -> None:
+    edges: dict[str, set[str]] = {}
+    for path in SOURCES:
+        me = part_of(module_name(path))
+        if me is None:
+            continue
+        for target in imports_of(path):
+            other = part_of(target)
+            if other and other != me and other in ALLOWED:
+                edges.setdefault(me, set()).add(other)
+
+    def reaches(start: str, goal: str, seen: set[str]) -> bool:
+        for nxt in edges.get(start, set()):
+            if nxt == goal or (nxt not in seen and reaches(nxt, goal, seen | {nxt})):
+                return True
+        return False
+
+    cycles = sorted(p for p in edges if reaches(p, p, {p}))
+    assert cycles == [], f"import cycle through {cycles}"
