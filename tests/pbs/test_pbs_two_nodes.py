@@ -43,8 +43,25 @@ def runs(pbs_server_2nodes: PbsServer) -> dict[str, Any]:
     (markers / "unhealthy-pbsn1").write_text("test: ECC errors reported by the admin\n")
     return {
         "work": work,
-        "mpiexec": submit(server, work, data, "mpiexec", *TWO_NODES, "scheduler.pbs_launcher=mpiexec"),
-        "pbsdsh": submit(server, work, data, "pbsdsh", *TWO_NODES, "scheduler.pbs_launcher=pbsdsh"),
+        # both jobs' head is pbsn1 (shared nodes here): each rendezvous gets its own port
+        "mpiexec": submit(
+            server,
+            work,
+            data,
+            "mpiexec",
+            *TWO_NODES,
+            "scheduler.pbs_launcher=mpiexec",
+            "launch.rdzv_port=29510",
+        ),
+        "pbsdsh": submit(
+            server,
+            work,
+            data,
+            "pbsdsh",
+            *TWO_NODES,
+            "scheduler.pbs_launcher=pbsdsh",
+            "launch.rdzv_port=29520",
+        ),
         # one node; the scheduler fills pbsn1 first (node priorities), where the admin marker is
         "exclude": submit(
             server,
@@ -76,7 +93,7 @@ def test_two_nodes_one_agent_each_world_size_four(
     resumed = next(e for e in story if e["event"] == "resumed")
     assert resumed["world_size"] == 4
     head_log = next((run / "logs").glob("attempt-*/node0.log")).read_text()
-    assert "--rdzv-endpoint=10.201.1.11:" in head_log  # pbsn1's address, never localhost
+    assert "--rdzv-endpoint=10.201.1.11:295" in head_log  # pbsn1's address, never localhost
     job = pbs_server_2nodes.job(s["attempts"][0]["job_id"])
     assert job["exec_host"].split("+")[0].startswith("pbsn1/") and "pbsn2/" in job["exec_host"]
 
@@ -100,7 +117,7 @@ def test_a_node_that_fails_its_check_is_avoided_by_the_next_job(
     failed_check = next(e for e in story if e["event"] == "node_preflight" and not e["ok"])
     assert any(c["name"] == "node" and c["status"] == "fail" for c in failed_check["checks"])
     excluded = [e for e in story if e["event"] == "node_excluded"]
-    assert [e["excluded"] for e in excluded] == ["pbsn1"]
+    assert [e["nodes"] for e in excluded] == [["pbsn1"]]
     assert (s["attempts"][0]["end"], s["attempts"][0]["cause"]) == ("requeued", "node_failure")
     # PBS cannot say "not pbsn1" in a select: the new job names the healthy host instead
     new_job = pbs_server_2nodes.job(str(started[-1]["job_id"]))

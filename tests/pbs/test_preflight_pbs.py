@@ -30,11 +30,13 @@ def scheduler_check(tmp_path: Path, **scheduler: Any) -> Any:
     return run_login_checks(cfg, only={"scheduler"}).get("scheduler")
 
 
-def test_default_queue_limits_and_preemption(real_pbs_first: None, tmp_path: Path) -> None:
+def test_default_queue_limits_and_preemption(
+    real_pbs_first: None, pbs_server: PbsServer, tmp_path: Path
+) -> None:
     check = scheduler_check(tmp_path)
     assert check.status is Status.PASS, check
     assert check.finding.startswith(
-        "PBS 23.06.06: queue workq (default), no max walltime, kill_delay 10 s"
+        f"PBS 23.06.06: queue workq (default), no max walltime, kill_delay {pbs_server.kill_delay_s} s"
     )
     assert "1 node(s) can take a chunk of select=1:ncpus=2:mpiprocs=1" in check.finding
     assert check.finding.endswith("reruns: the job is submitted rerunnable (-r y), preempt_order SCR")
