@@ -299,7 +299,11 @@ def test_a_requeue_after_the_budget_is_spent_is_withdrawn(
 
 
 def test_node_lists_come_from_scontrol(slurm_cluster: SlurmCluster) -> None:
+    from hpclaunch.schedulers.base import NodeContextError
     from hpclaunch.schedulers.slurm import scontrol_hostnames
 
     assert scontrol_hostnames("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]
-    assert scontrol_hostnames("n[1-2]x,gpu[07-08]") == ["n1x", "n2x", "gpu07", "gpu08"]
+    assert scontrol_hostnames("n1x,n2x,gpu[07-08]") == ["n1x", "n2x", "gpu07", "gpu08"]
+    # What this Slurm cannot expand is an error naming the list, never an empty node list.
+    with pytest.raises(NodeContextError, match=r"cannot expand SLURM_JOB_NODELIST='n\[1-2\]x'"):
+        scontrol_hostnames("n[1-2]x")

@@ -51,3 +51,14 @@ def test_status_does_not_import_torch(tmp_path: Path) -> None:
     modules, result = imported_modules(["status", str(run), "--json"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert not any(m == "torch" or m.startswith("torch.") for m in modules)
+
+
+def test_stop_and_logs_do_not_import_torch(tmp_path: Path) -> None:
+    run = tmp_path / "runs" / "x"
+    (run / "logs" / "attempt-1.0").mkdir(parents=True)
+    (run / "logs" / "attempt-1.0" / "node0.log").write_text("step 1/10 loss 1.0\n")
+    (run / "events.jsonl").write_text('{"event": "submitted", "job_id": "1", "ts": 1}\n')
+    for args in (["stop", str(run)], ["logs", str(run)]):
+        modules, result = imported_modules(args, tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert not any(m == "torch" or m.startswith("torch.") for m in modules), args

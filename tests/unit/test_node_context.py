@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -43,11 +44,13 @@ def test_slurm_multi_node_context() -> None:
 def test_slurm_node_list_is_expanded_by_scontrol_not_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
 
-    def fake_run(argv: list[str], **kw: object) -> str:
+    def fake_run(argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
         calls.append(argv)
-        return "rack1-n01\nrack1-n02\nrack2-n01\nrack2-n02\n"
+        if argv[-1] == "n[1-2]x":  # what Slurm 22.05 answers, exit status 0 included
+            return subprocess.CompletedProcess(argv, 0, "", "Invalid hostlist: n[1-2]x\n")
+        return subprocess.CompletedProcess(argv, 0, "rack1-n01\nrack1-n02\nrack2-n01\nrack2-n02\n", "")
 
-    monkeypatch.setattr(slurm, "_run", fake_run)
+    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
     assert slurm.scontrol_hostnames("rack[1-2]-n[01-02]") == [
         "rack1-n01",
         "rack1-n02",
@@ -55,6 +58,8 @@ def test_slurm_node_list_is_expanded_by_scontrol_not_by_hand(monkeypatch: pytest
         "rack2-n02",
     ]
     assert calls == [["scontrol", "show", "hostnames", "rack[1-2]-n[01-02]"]]
+    with pytest.raises(NodeContextError, match="Invalid hostlist"):
+        slurm.scontrol_hostnames("n[1-2]x")
 
 
 def test_slurm_array_task_requeues_its_own_id() -> None:

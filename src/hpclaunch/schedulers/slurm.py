@@ -226,8 +226,18 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
     """``scontrol show hostnames`` of a SLURM node list (``rack[1-2]-n[01-02]`` and all its forms)."""
     if not nodelist:
         return []
-    out = _run(["scontrol", "show", "hostnames", nodelist], what="scontrol show hostnames")
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    try:
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+        )
+    except (FileNotFoundError, subprocess.TimeoutExpired) as e:
+        raise NodeContextError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {e}") from None
+    hosts = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    if out.returncode != 0 or not hosts:
+        # Slurm 22.05 prints "Invalid hostlist" and still exits 0.
+        why = out.stderr.strip() or f"scontrol exited {out.returncode}"
+        raise NodeContextError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {why}")
+    return hosts
 
 
 def _env_end_time(environ: Mapping[str, str]) -> float | None:
