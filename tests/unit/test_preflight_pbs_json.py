@@ -28,12 +28,14 @@ def two_nodes(offline: str | None = None) -> str:
     return json.dumps(data)
 
 
-def ctx(tmp_path: Path, *, pbsnodes: str | None = None, **sched: Any) -> CheckContext:
+def ctx(
+    tmp_path: Path, *, pbsnodes: str | None = None, sched_text: str = SCHED, **sched: Any
+) -> CheckContext:
     outputs = {
         "qstat -Q -f -F json": (DATA / "queues.json").read_text(),
         "qstat -B -f -F json": (DATA / "server.json").read_text(),
         "pbsnodes -a -F json": pbsnodes if pbsnodes is not None else (DATA / "nodes.json").read_text(),
-        "qmgr -c list sched": SCHED,
+        "qmgr -c list sched": sched_text,
     }
     cfg = RunConfig.model_validate({"scheduler": {"kind": "pbs", **sched}}).resolved(tmp_path)
 
@@ -84,3 +86,8 @@ def test_select_against_the_nodes(tmp_path: Path) -> None:
     )
     out = check_scheduler(ctx(tmp_path, pbsnodes=nodes, nodes=2, exclude=["pbsn1"]))
     assert out.status is Status.FAIL and "(outside exclude pbsn1)" in out.finding
+
+
+def test_preemption_that_never_requeues_is_named(tmp_path: Path) -> None:
+    out = check_scheduler(ctx(tmp_path, sched_text='Sched default\n    preempt_order = "SD"\n'))
+    assert out.status is Status.WARN and "preempt_order 'SD' never requeues (R)" in out.finding

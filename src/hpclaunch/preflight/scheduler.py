@@ -342,6 +342,12 @@ def _pbs_pro(ctx: CheckContext, f: Findings, queues: dict[str, pbs_json.PbsQueue
     _queue_totals(f, label, q, s.nodes, s.cpus_per_task, s.gpus_per_node)
     fit = _nodes_for(ctx, f, select)
     order = _preempt_order(ctx)
+    if order and "R" not in order.upper():
+        f.warn(
+            f"the scheduler's preempt_order {order!r} never requeues (R): a preempted job is suspended, "
+            "checkpointed by the site or deleted, and comes back only by `hpclaunch submit --resume`",
+            "ask the admins whether preemption can requeue (preempt_order with R)",
+        )
     wall = "no max walltime" if q.max_walltime_s is None else f"max walltime {format_hms(q.max_walltime_s)}"
     line = f"PBS {version}: {label}, {wall}, kill_delay {kill_delay} s"
     if fit is not None:
