@@ -114,6 +114,10 @@ def test_qrerun_shows_substate_rerun_and_runs_the_same_job_again(pbs_server: Pbs
         """
     job = submit(pbs_server, d, job_script(body, "-l walltime=00:05:00", "-l select=1:ncpus=1", "-r y"))
     wait_text(log, "run", 30)
+    # a job the server still sees starting (substate PRERUN) is requeued without a signal
+    deadline = time.monotonic() + 30
+    while pbs_server.job(job)["substate"] != 42 and time.monotonic() < deadline:
+        time.sleep(0.1)
     pbs_server.check("qrerun", job, as_user=False)  # qrerun needs a manager (root)
     text = wait_text(log, '"substate":60', 30)
     assert '"run_count":1' in text

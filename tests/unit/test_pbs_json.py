@@ -1,5 +1,5 @@
 """PBS JSON -> our states, on records captured from the real OpenPBS 23.06 of scripts/local-pbs
-(tests/unit/data/pbs) plus small edits of them for states that are hard to catch live."""
+(tests/unit/pbs_records) plus small edits of them for states that are hard to catch live."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hpclaunch.schedulers.pbs_json import (
     parse_server,
 )
 
-DATA = Path(__file__).parent / "data" / "pbs"
+DATA = Path(__file__).parent / "pbs_records"
 
 
 def record(name: str) -> dict[str, Any]:

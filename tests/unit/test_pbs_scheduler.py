@@ -16,7 +16,7 @@ from hpclaunch.schedulers import pbs
 from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.schedulers.pbs_json import parse_jobs
 
-DATA = Path(__file__).parent / "data" / "pbs"
+DATA = Path(__file__).parent / "pbs_records"
 
 
 def job(**attrs: Any) -> pbs.pbs_json.PbsJob:

@@ -1,5 +1,5 @@
 """The scheduler check on PBS Pro / OpenPBS JSON (captured from the real OpenPBS of
-scripts/local-pbs, tests/unit/data/pbs), with the tools faked; tests/pbs runs it against the server."""
+scripts/local-pbs, tests/unit/pbs_records), with the tools faked; tests/pbs runs it against the server."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hpclaunch.preflight.base import CheckContext, CommandResult, Status
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.scheduler import check_scheduler
 
-DATA = Path(__file__).parent / "data" / "pbs"
+DATA = Path(__file__).parent / "pbs_records"
 SCHED = 'Sched default\n    preempt_order = "SCR 80 SC"\n    scheduling = True\n'
 
 
