@@ -52,14 +52,17 @@ demo: venv
 	$(BIN)/hpclaunch data synth data/tiny --samples 1024
 	rm -rf $(DEMO_RUN)
 	# A 40 s limit per attempt and a slowed tiny model (0.2 s/step, the math unchanged): the run is
-	# stopped, saved and requeued at least twice before it finishes; --wait prints its status.
+	# stopped, saved and requeued at least twice before it finishes; --wait prints its status (where
+	# the wall-clock time went, the goodput), then the report's figures show every stop.
 	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=40s \
 		--set testing.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait
+	$(BIN)/hpclaunch report $(DEMO_RUN)
 
 bench: venv
 	$(BIN)/python bench/trainer_overhead.py
 	$(BIN)/python bench/checkpoint_stall.py
-	$(BIN)/python bench/preemption_tax.py
+	$(BIN)/python bench/restart_cost.py  # its SLURM scenario needs the local cluster (root)
+	$(BIN)/python bench/watchdog.py
 
 cluster-up:
 	scripts/local-slurm up

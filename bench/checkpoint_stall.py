@@ -1,120 +1,220 @@
-"""How long a checkpoint save blocks training: blocking save vs. async save (single process, CPU).
+"""Training time lost to asynchronous periodic checkpoints: the trainer's real step, two ranks.
 
-Builds an MMDiT-sized set of fp32 parameters plus AdamW moments (default ~200 MB in total), then
-saves it repeatedly with hpclaunch's Checkpointer, (a) blocking and (b) async, changing the tensors
-in place between saves as a training step would. Prints the seconds training was blocked (median
-of the repeats, plus the first save, which also allocates the staging buffers), the full save
-time (write + hash + publish) and the ratio async/blocking (target <= 0.2). No assertions.
+Two gloo ranks (torchrun; ``--ranks``) build hpclaunch's ``Trainer`` (real model, DDP, AdamW, data, DCP
+checkpointer) and alternate, round by round (ABBA order against drifting background load):
 
-    .venv/bin/python bench/checkpoint_stall.py [--mb 200] [--repeats 5] [--dir /fast/disk]
+  steady: ``(m + 1) * k`` training steps, no saves;
+  saving: the same number of steps with ``Trainer.save(blocking=False)`` after every ``k``-th step
+          (``m`` saves), then a wait for the last save to be published. Everything the background
+          writer costs is inside: the staging copy, the DCP write, sha256 of every file, the
+          manifest, the rename, retention, and the CPU, memory bandwidth and GIL it takes from
+          the training thread while steps run beside it.
+
+Seconds of training lost per save = (saving - steady) / m, per round (median reported), compared
+with the time of one synchronous save of the same state (``Trainer.save(blocking=True)``), also
+measured every round. Goal: lost per save <= 0.05 x synchronous save. Figures only, no assertions.
+
+    .venv/bin/python bench/checkpoint_stall.py [--rounds 20] [--every 20] [--saves 1] [--ranks 2]
+        [--set model.depth=4 ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
+import json
+import os
+import platform
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from hpclaunch.trainer.checkpoint import Checkpointer
-
-
-def mmdit_like_shapes(dim: int) -> list[tuple[int, ...]]:
-    """Parameter shapes of one joint (two-modality) transformer block of width ``dim``."""
-    per_modality = [
-        (dim, 6 * dim),  # adaLN modulation
-        (3 * dim, dim),  # qkv
-        (dim, dim),  # attention out
-        (4 * dim, dim),  # mlp in
-        (dim, 4 * dim),  # mlp out
-        (dim,),  # norms / biases
-        (dim,),
-    ]
-    return per_modality * 2
+# A model whose state (weights + two AdamW moments) is ~35 MB: saving it is real work (a synchronous
+# save takes ~0.5 s here) while a step stays short enough for many paired rounds.
+MODEL = (
+    "model.depth=3",
+    "model.dim_text=160",
+    "model.dim_latent=160",
+    "model.dim_cond=160",
+    "model.heads=4",
+    "model.dim_head=40",
+    "train.global_batch=8",
+    "train.micro_batch=4",
+)
 
 
-def build_state(total_mb: float, dim: int = 512) -> dict[str, Any]:
-    """Params + exp_avg + exp_avg_sq (3 fp32 copies) adding up to about ``total_mb``."""
-    model: dict[str, torch.Tensor] = {}
-    optim: dict[str, dict[str, torch.Tensor]] = {}
-    budget = total_mb * 1e6 / 4 / 3  # fp32 elements per copy
-    used, block = 0, 0
-    while used < budget:
-        for i, shape in enumerate(mmdit_like_shapes(dim)):
-            name = f"blocks.{block}.p{i}"
-            model[name] = torch.randn(shape)
-            optim[name] = {
-                "step": torch.tensor(100.0),
-                "exp_avg": torch.randn(shape),
-                "exp_avg_sq": torch.rand(shape),
-            }
-            used += model[name].numel()
-        block += 1
-    return {"model": model, "optim": {"state": optim}, "progress": {"step": torch.tensor(0)}}
-
-
-def state_bytes(state: dict[str, Any]) -> int:
-    total = sum(t.nbytes for t in state["model"].values())
-    return total + sum(t.nbytes for p in state["optim"]["state"].values() for t in p.values())
-
-
-def fake_training_step(state: dict[str, Any]) -> None:
-    for t in state["model"].values():
-        t.mul_(0.999)
-
-
-def measure(directory: Path, state: dict[str, Any], *, blocking: bool, repeats: int) -> dict[str, Any]:
-    ck = Checkpointer(
-        directory,
-        rank=0,
-        world_size=1,
-        config_hash="bench",
-        model_hash="bench",
-        keep_last=2,
-        async_save=not blocking,
+def machine() -> str:
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if "model name" in line
+        ),
+        platform.processor() or "?",
     )
-    stalls, saves = [], []
-    for step in range(repeats + 1):
-        fake_training_step(state)
-        ck.save(step, state, blocking=blocking)
-        assert ck.last_stall_seconds is not None
-        stalls.append(ck.last_stall_seconds)
-        ck.wait()  # training would run for minutes before the next save
-        assert ck.last_save_seconds is not None
-        saves.append(ck.last_save_seconds)
-    ck.close()
-    return {
-        "first_stall": stalls[0],
-        "stall": statistics.median(stalls[1:]),
-        "save": statistics.median(saves[1:]),
-    }
+    return f"{os.cpu_count()} cores ({cpu}), {platform.system()} {platform.release()}"
+
+
+def load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+# ---- the launcher ---------------------------------------------------------------------------------
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mb", type=float, default=200.0, help="total state size in MB")
-    parser.add_argument("--repeats", type=int, default=5, help="measured saves per mode")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    args = parser.parse_args()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    # many short paired rounds: on a shared machine the background load drifts within seconds
+    ap.add_argument(
+        "--rounds", type=int, default=20, help="ABBA rounds (each: steady, saving, one sync save)"
+    )
+    ap.add_argument("--every", type=int, default=20, help="steps between periodic saves (k)")
+    ap.add_argument("--saves", type=int, default=1, help="periodic saves per round (m)")
+    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (1 leaves a core free for the writer)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--dir", type=Path, default=None, help="where the run (and checkpoints) go")
+    ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker is not None:
+        worker(args.worker, rounds=args.rounds, every=args.every, saves=args.saves)
+        return
+    from hpclaunch.config import load_config
+    from hpclaunch.shards import synth_dataset
 
-    state = build_state(args.mb)
-    print(f"state: {state_bytes(state) / 1e6:.0f} MB fp32 in {len(state['model']) * 4} tensors")
-    root = args.dir or Path(tempfile.mkdtemp(prefix="ckpt-bench-"))
-    started = time.monotonic()
-    blocking = measure(root / "blocking", state, blocking=True, repeats=args.repeats)
-    async_ = measure(root / "async", state, blocking=False, repeats=args.repeats)
-    print(f"directory: {root}  (took {time.monotonic() - started:.0f} s)")
-    if args.dir is None:
-        shutil.rmtree(root, ignore_errors=True)
-    print(f"{'mode':<10}{'stall median s':>16}{'first stall s':>15}{'save median s':>15}")
-    for name, row in (("blocking", blocking), ("async", async_)):
-        print(f"{name:<10}{row['stall']:>16.3f}{row['first_stall']:>15.3f}{row['save']:>15.3f}")
-    print(f"async/blocking stall ratio: {async_['stall'] / blocking['stall']:.3f} (target <= 0.2)")
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        root = Path(tmp)
+        overrides = [*MODEL, *args.overrides]
+        base = load_config(None, overrides)
+        synth_dataset(root / "data", samples=512, seed=0, model_cfg=base.model)
+        run = root / "run"
+        cfg = load_config(
+            None,
+            [
+                *overrides,
+                f"run_dir={run}",
+                f"data.token_dir={root / 'data/tokens'}",
+                f"data.latent_dir={root / 'data/latents'}",
+                "checkpoint.keep_last=2",
+                "preflight.distributed_smoke=false",
+            ],
+            base=root,
+        )
+        run.mkdir(parents=True)
+        (run / "config.yaml").write_text(json.dumps(cfg.to_dict()))  # JSON is YAML
+        print(f"machine: {machine()}; load average before: {load()}")
+        argv = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
+            __file__, "--worker", str(run), f"--rounds={args.rounds}", f"--every={args.every}",
+            f"--saves={args.saves}",
+        ]  # fmt: skip
+        out = subprocess.run(argv, capture_output=True, text=True, cwd=root)
+        if out.returncode != 0:
+            raise SystemExit(f"the ranks failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+    report(result, args)
+
+
+def report(r: dict[str, Any], args: argparse.Namespace) -> None:
+    k, m = args.every, args.saves
+    print(
+        f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo ranks, "
+        f"torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; {m} saves every {k} steps per round"
+    )
+    print(f"{'round':>5} {'steady s':>9} {'saving s':>9} {'lost/save s':>12} {'sync save s':>12}")
+    for i, row in enumerate(r["rounds"], 1):
+        lost = (row["saving"] - row["steady"]) / m
+        print(f"{i:>5} {row['steady']:>9.2f} {row['saving']:>9.2f} {lost:>12.3f} {row['sync']:>12.3f}")
+    losses = sorted((row["saving"] - row["steady"]) / m for row in r["rounds"])
+    lost = statistics.median(losses)
+    q1, _, q3 = statistics.quantiles(losses, n=4) if len(losses) > 1 else (lost, lost, lost)
+    sync = statistics.median(row["sync"] for row in r["rounds"])
+    stall = statistics.median(r["stalls"]) if r["stalls"] else float("nan")
+    write = statistics.median(r["writes"]) if r["writes"] else float("nan")
+    print(f"blocking part of an async save (stall_s, median): {stall:.3f} s")
+    print(
+        f"its background write (median): {write:.3f} s, beside {k} steps "
+        f"({k * r['step_s']:.2f} s at the steady step time)"
+        + ("  <- longer than the interval: the next save waits for it" if write > k * r["step_s"] else "")
+    )
+    print(f"training lost per async save (median of rounds): {lost:.3f} s (quartiles {q1:.3f}, {q3:.3f})")
+    print(f"synchronous save of the same state (median): {sync:.3f} s")
+    print(f"lost per async save / synchronous save: {lost / sync:.3f} (goal <= 0.05)")
+    print(f"load average after: {load()}")
+
+
+# ---- the ranks ------------------------------------------------------------------------------------
+
+
+def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from hpclaunch.rundir import RunPaths, read_config
+    from hpclaunch.trainer.loop import Trainer
+
+    torch.set_num_threads(1)
+    paths = RunPaths(run)
+    trainer = Trainer(read_config(paths), paths, attempt="bench", echo=False)
+    group = trainer.ctx.cpu_group
+    ckpt = trainer.checkpointer
+    assert ckpt is not None
+
+    def steps(n: int, *, save_every: int | None = None) -> float:
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        for i in range(1, n + 1):
+            trainer.train_step()
+            if save_every and i % save_every == 0 and i < n:
+                trainer.save(blocking=False)
+        ckpt.wait()  # the last save is published inside the measured time
+        dist.barrier(group=group)
+        return time.perf_counter() - t0
+
+    def sync_save() -> float:
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        trainer.save(blocking=True)
+        dist.barrier(group=group)
+        return time.perf_counter() - t0
+
+    n = (saves + 1) * every
+    steps(every)  # warm-up: allocator, kernels
+    steps(2 * every, save_every=every)  # warm-up: the stager's buffers, DCP's first plan
+    sync_save()
+    stalls: list[float] = []
+    writes: list[float] = []
+    rows = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            steady = steps(n)
+            saving = steps(n, save_every=every)
+        else:
+            saving = steps(n, save_every=every)
+            steady = steps(n)
+        stalls.append(float(ckpt.last_stall_seconds or 0.0))
+        writes.append(float(ckpt.last_save_seconds or 0.0))  # the background write of the last save
+        rows.append({"steady": steady, "saving": saving, "sync": sync_save()})
+    if trainer.ctx.rank == 0:
+        newest = sorted(p for p in run.joinpath("checkpoints").glob("step_*") if p.is_dir())[-1]
+        size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+        print(
+            json.dumps(
+                {
+                    "params": sum(p.numel() for p in trainer.model.parameters()),
+                    "bytes": size,
+                    "step_s": min(row["steady"] for row in rows) / n,
+                    "rounds": rows,
+                    "stalls": stalls,
+                    "writes": writes,
+                }
+            ),
+            flush=True,
+        )
+    trainer.close()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

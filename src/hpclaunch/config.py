@@ -116,6 +116,12 @@ class SchedulerConfig(_Section):
     array_parallelism: int | None = Field(
         None, ge=1, description="Sweeps: at most this many points run at once (default all)."
     )
+    max_hang_retries: int = Field(
+        3,
+        ge=0,
+        le=100,
+        description="Continuations allowed after the watchdog finds a hang (each from the last checkpoint).",
+    )
 
     @field_validator("time_limit")
     @classmethod
@@ -389,6 +395,78 @@ class PreflightConfig(_Section):
     )
 
 
+class WatchdogConfig(_Section):
+    """The node agent's watchdog over every rank's progress (``jobs.watchdog``)."""
+
+    enabled: bool = Field(
+        True,
+        description="Watch every rank's progress; a window without progress is a hang: stacks dumped, "
+        "attempt ended and continued.",
+    )
+    launch_s: int = Field(
+        600,
+        ge=10,
+        description="Window from torchrun's start to each rank's first report (imports, rendezvous).",
+    )
+    startup_s: int = Field(
+        600,
+        ge=10,
+        description="Window from a rank's first report to its first step (smoke test, data check, model).",
+    )
+    checkpoint_s: int = Field(
+        900, ge=10, description="Window for one checkpoint load or save (also evaluation and teardown)."
+    )
+    step_min_s: int = Field(
+        60,
+        ge=5,
+        description="Training window: a step phase may last max(step_min_s, step_factor x slowest step).",
+    )
+    step_factor: float = Field(
+        10.0, ge=1, description="k in the training window max(step_min_s, k x the slowest recent step)."
+    )
+    poll_s: float = Field(
+        2.0, gt=0, le=60, description="Seconds between the node agent's reads of the ranks' progress files."
+    )
+    dump_wait_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Seconds a hang's stack dumps may take before the workers are stopped.",
+    )
+    straggler_every: int = Field(
+        50, ge=1, description="Steps per per-rank step-time summary (RUN/steptimes/rank<r>.jsonl)."
+    )
+    straggler_threshold: float = Field(
+        0.5,
+        gt=0,
+        description="A rank is slow when its own work per step exceeds the fastest's by this fraction.",
+    )
+    straggler_windows: int = Field(
+        3, ge=1, description="Slow summaries in a row that make a rank a straggler (ledger and status)."
+    )
+
+
+class HangKnob(_Section):
+    """One injected hang: ``rank`` stops forever when it enters ``phase`` (of ``step``, when given)."""
+
+    rank: int = Field(..., ge=0, description="The rank that hangs.")
+    phase: Literal["startup", "load", "data", "compute", "collective", "save"] = Field(
+        "data", description="Where it hangs (startup: before the distributed smoke test)."
+    )
+    step: int | None = Field(None, ge=1, description="Only at this step; null = the first time.")
+
+    @model_validator(mode="after")
+    def _step_only_in_training(self) -> HangKnob:
+        if self.step is not None and self.phase in ("startup", "load"):
+            raise KeyedValueError("step", f"{self.phase} comes before any step; leave step out")
+        return self
+
+
+class SlowRankKnob(_Section):
+    rank: int = Field(..., ge=0, description="The rank that is slow.")
+    seconds: float = Field(..., gt=0, le=60, description="CPU seconds it burns in every step's data phase.")
+
+
 class TestingConfig(_Section):
     """Test and demo knobs: they change timing or inject faults, never the math of a healthy run.
 
@@ -400,6 +478,10 @@ class TestingConfig(_Section):
     inject_nonfinite_at: list[int] = Field(
         default_factory=list, description="Make the loss non-finite at these steps."
     )
+    hang: list[HangKnob] = Field(
+        default_factory=list, description="Hangs to inject; each fires once per run (a marker file)."
+    )
+    slow_rank: SlowRankKnob | None = Field(None, description="Make one rank slow (a straggler).")
 
 
 class RunConfig(_Section):
@@ -413,6 +495,7 @@ class RunConfig(_Section):
     train: TrainConfig = Field(default_factory=TrainConfig)  # type: ignore[arg-type]
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
     @field_validator("name")
@@ -454,6 +537,12 @@ class RunConfig(_Section):
         for step in self.testing.inject_nonfinite_at:
             if not 1 <= step <= t.steps:
                 raise KeyedValueError("testing.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
+        knobs = [("testing.hang", h.rank) for h in self.testing.hang]
+        if self.testing.slow_rank is not None:
+            knobs.append(("testing.slow_rank", self.testing.slow_rank.rank))
+        for key, rank in knobs:
+            if rank >= world:
+                raise KeyedValueError(key, f"rank {rank} does not exist (world size {world})")
         return self
 
     # ---- derived values -------------------------------------------------------------------

@@ -296,3 +296,61 @@ def test_train_ends_with_the_trainers_reason_and_keeps_torchruns_report_in_the_l
     assert "ChildFailedError" not in shown and "Traceback" not in shown
     log = next((work / "runs" / "fgfail" / "logs").glob("attempt-*/node0.log")).read_text()
     assert "ChildFailedError" in log  # torchrun's own report is kept, in the log
+
+
+def test_train_in_the_foreground_retries_a_crash_like_the_local_scheduler(work: Path, data: Path) -> None:
+    import subprocess
+    import sys
+
+    run = work / "runs" / "fgcrash"
+    overrides = tiny_overrides(
+        work, data, "fgcrash", *SLOW, "train.steps=40", "scheduler.max_failure_retries=1"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hpclaunch", "train", str(TINY), *overrides],
+        cwd=work,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _wait_step(run, 10, attempt=1)
+        _worker(run, rank=0).send_signal(signal.SIGKILL)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-2000:] + err[-2000:]
+    assert "continuing in the foreground (attempt 2)" in err
+    story = events(run)
+    assert [e["cause"] for e in story if e["event"] == "requeued"] == ["crash"]
+    assert [e["restart_count"] for e in story if e["event"] == "started"] == [0, 1]
+    assert any(e["event"] == "finished" for e in story)
+
+
+def test_a_stop_save_that_overruns_the_kill_wait_is_cut_short_and_decided(work: Path, data: Path) -> None:
+    """The stop save takes longer than the scheduler's kill wait (a test hook delays the writer):
+    node 0 ends the attempt a few seconds before the SIGKILL and still decides, instead of dying
+    undecided and leaving the run lost."""
+    run = work / "runs" / "overrun"
+    overrides = tiny_overrides(
+        work,
+        data,
+        "overrun",
+        "train.steps=2000",
+        "testing.step_sleep_s=0.05",
+        "checkpoint.every_steps=5000",
+        "scheduler.time_limit=20s",
+        "scheduler.kill_wait_s=8",
+        "scheduler.max_requeues=1",
+        "launch.stop_margin_s=2",
+        "launch.env.HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=30",
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    s = wait_run_done(run, work, timeout=240)
+    story = events(run)
+    assert [e["cause"] for e in story if e["event"] == "stop_overdue"] == ["timeout", "timeout"], story
+    requeued = [e for e in story if e["event"] == "requeued"]
+    assert [e["cause"] for e in requeued] == ["timeout"] and "before the attempt could save" in requeued[0][
+        "reason"
+    ]
+    assert s["state"] == "failed" and "1 requeues used of 1" in s["attempts"][-1]["error"], s

@@ -13,7 +13,7 @@ import pytest
 from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide, decide_start
 from hpclaunch.rundir import AttemptOutcome
 
-BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2)
+BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 
 
 def stopped(cause: str, step: int = 40) -> AttemptOutcome:
@@ -102,6 +102,26 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         "cancelled",
     ),
     (
+        # The scheduler's SIGKILL was seconds away and the stop save had not finished: node 0 ended
+        # the attempt itself; it continues from the last checkpoint as the timeout it was.
+        "stop cut short before the scheduler's kill",
+        Facts(None, returncode=-9, interrupted="timeout"),
+        History(),
+        True,
+        Action.CONTINUE,
+        "timeout",
+        "before the attempt could save",
+    ),
+    (
+        "preemption cut short, over budget",
+        Facts(None, returncode=-9, interrupted="preemption"),
+        History(requeues=3),
+        True,
+        Action.FAIL,
+        "preemption",
+        "3 requeues used of 3",
+    ),
+    (
         "crash within budget",
         Facts(failed("crash", "RuntimeError: NCCL error")),
         History(),
@@ -187,6 +207,73 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         "2 node exclusions used of 2",
     ),
     (
+        # The watchdog stopped the workers: no outcome, a verdict naming one node. SLURM continues
+        # from the last checkpoint without it, spending the hang budget, not the crash budget.
+        "hang naming one node (SLURM)",
+        Facts(None, returncode=1, hang="rank 1 on n1 hung in data at step 12", hang_node="n1"),
+        History(crash_retries=1, excluded=("n7",)),
+        True,
+        Action.EXCLUDE,
+        "hang",
+        "continuing from the last checkpoint without n1",
+    ),
+    (
+        "hang naming one node where the scheduler cannot exclude (PBS, local)",
+        Facts(None, returncode=1, hang="rank 1 on pbsn1 hung in save at step 20", hang_node="pbsn1"),
+        History(),
+        False,
+        Action.CONTINUE,
+        "hang",
+        "continuing from the last checkpoint",
+    ),
+    (
+        "hang without a single culprit: never an exclusion",
+        Facts(None, returncode=1, hang="every rank waits in all_reduce at step 7; no single culprit known"),
+        History(),
+        True,
+        Action.CONTINUE,
+        "hang",
+        "no single culprit known",
+    ),
+    (
+        "hang over its budget",
+        Facts(None, returncode=1, hang="rank 0 on n1 hung in startup", hang_node="n1"),
+        History(hang_retries=3),
+        True,
+        Action.FAIL,
+        "hang",
+        "3 hang retries used of 3",
+    ),
+    (
+        # A hang verdict that came after rank 0 wrote "finished": the work is done.
+        "finished, then a hang in the teardown",
+        Facts(AttemptOutcome("finished", None, 200), hang="rank 1 hung in done"),
+        History(),
+        True,
+        Action.FINISH,
+        None,
+        "finished at step 200",
+    ),
+    (
+        # `hpclaunch stop` while a rank hung: nobody could save, but the user's wish still ends the run
+        "a user stop during a hang ends the run",
+        Facts(None, returncode=1, hang="rank 1 hung in data at step 3", hang_node="n1", user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "hang",
+        "stopped by the user: resume with submit --resume",
+    ),
+    (
+        "a cancellation wins over a hang",
+        Facts(None, returncode=1, cancelled=True, hang="rank 1 hung in data at step 3", hang_node="n1"),
+        History(),
+        True,
+        Action.END,
+        "cancelled",
+        "never continued",
+    ),
+    (
         "node failure where the scheduler cannot exclude (PBS, local)",
         Facts(None, failed_nodes=("pbsn1",)),
         History(),
@@ -219,6 +306,9 @@ def test_continuations_say_which_budget_they_spend() -> None:
         decide(Facts(stopped("timeout")), History(), BUDGETS, can_exclude_nodes=True).counts_as == "requeue"
     )
     assert decide(Facts(None), History(), BUDGETS, can_exclude_nodes=True).counts_as == "crash"
+    hang = Facts(None, hang="rank 1 hung", hang_node="n1")
+    assert decide(hang, History(), BUDGETS, can_exclude_nodes=True).counts_as == "hang"
+    assert decide(hang, History(), BUDGETS, can_exclude_nodes=False).counts_as == "hang"
 
 
 def ev(event: str, **fields: Any) -> dict[str, Any]:
@@ -231,12 +321,14 @@ def test_history_counts_budgets_since_the_latest_fresh_submission() -> None:
         ev("requeued", cause="timeout"),
         ev("requeued", cause="preemption"),
         ev("requeued", cause="crash"),
+        ev("requeued", cause="hang"),
         ev("node_excluded", nodes=["n3"]),
         ev("requeued", cause="node_failure"),
         ev("failed", cause="timeout"),
     ]
     h = History.from_events(events)
     assert (h.requeues, h.crash_retries, h.node_excludes, h.excluded, h.ended) == (2, 1, 1, ("n3",), "failed")
+    assert h.hang_retries == 1  # its own budget: neither a crash retry nor a requeue
     resumed = History.from_events([*events, ev("submitted", resume=True)])
     assert resumed.ended is None and resumed.requeues == 2  # --resume continues the run's budgets
     fresh = History.from_events([*events, ev("submitted", resume=False)])

@@ -562,3 +562,23 @@ def test_run_node_checks_names_the_failing_check(tmp_path: Path, dataset: Path) 
     assert [c.name for c in report.checks] == ["node", "env", "gpu", "data", "disk", "network"]
     assert [c.name for c in report.failed] == ["node"]
     assert report.get("node").finding.endswith("no reason given")
+
+
+def test_the_node_agents_checks_never_start_the_torch_probe(
+    tmp_path: Path, dataset: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every restart runs them: a job-Python import of torch there cost 3-15 s per attempt."""
+    from hpclaunch.jobs.node_checks import run_checks as agent_node_checks
+    from hpclaunch.preflight import probe
+
+    def no_probe(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("the node checks started the torch probe")
+
+    monkeypatch.setattr(probe.Probe, "__init__", no_probe)
+    host = socket.gethostname()
+    node = NodeContext("local", "9", 0, 1, host, (host,))
+    cfg = data_cfg(tmp_path, dataset, preflight={"min_free_disk_gb": 0.001})
+    verdict, rows = agent_node_checks(cfg, node)
+    assert verdict.ok, rows
+    disk = next(r for r in rows if r["name"] == "disk")
+    assert "(estimated)" in disk["finding"]  # sized by formula, not by the probe's model

@@ -60,3 +60,14 @@ def test_quiet_log_prints_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[
     log.write({"step": 1})
     assert capsys.readouterr().out == ""
     assert (tmp_path / "m.jsonl").read_text().count("\n") == 1
+
+
+def test_every_line_carries_its_time_and_attempt(tmp_path: Path) -> None:
+    import time
+
+    before = time.time()
+    log = MetricsLog(tmp_path / "m.jsonl", total_steps=10, start_step=0, echo=False, attempt="7.1")
+    log.write({"step": 1, "ts": 0.0, "attempt": "spoofed"})  # the writer's stamp wins
+    line = json.loads((tmp_path / "m.jsonl").read_text())
+    assert line["attempt"] == "7.1"
+    assert before - 0.01 <= line["ts"] <= time.time() + 0.01

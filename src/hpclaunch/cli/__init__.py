@@ -27,7 +27,15 @@ app = typer.Typer(
 
 def _register_all() -> None:
 
-    for name in ("config_cmd", "render_cmd", "run_cmd", "preflight_cmd", "nccl_cmd", "data_cmd"):
+    for name in (
+        "config_cmd",
+        "render_cmd",
+        "run_cmd",
+        "preflight_cmd",
+        "nccl_cmd",
+        "data_cmd",
+        "report_cmd",
+    ):
         __import__(f"{__name__}.{name}", fromlist=["register"]).register(app)
 
 

@@ -11,10 +11,12 @@ import typer
 from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .common import JsonOpt, SetOpt, console, err_console, load, print_json
+from .follow import attempt_log_dirs, copy_out, follow_logs
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
 
@@ -116,18 +118,25 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
     while True:
         views = [_status_dict(RunPaths(r)) for r in roots]
         states = [v["state"] for v in views]
-        # Done when no run is mid-flight by our ledger AND the scheduler holds no active job for it
-        # (between a trainer's stop and the agent's requeue decision the ledger alone says "stopped").
-        busy = any(
-            s in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES
-            for s, v in zip(states, views, strict=True)
-        )
-        if not busy:
+        if not _busy(views):
             break
         time.sleep(poll_s)
     for r in roots:
         _print_status(summarize(r, scheduler_status=_scheduler_status(RunPaths(r))))
     return 0 if all(s == "finished" for s in states) else 1
+
+
+def _busy(views: list[dict[str, Any]]) -> bool:
+    """Some run is mid-flight by our ledger OR its scheduler still holds an active job (between a
+    trainer's stop and the agent's requeue decision the ledger alone says "stopped")."""
+    return any(
+        v["state"] in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES for v in views
+    )
+
+
+def _ended_code(views: list[dict[str, Any]]) -> int:
+    """Once the run has ended: 1 when it (or a sweep point) failed or was lost, else 0."""
+    return 1 if any(v["state"] == "failed" or v["state"].startswith("lost") for v in views) else 0
 
 
 def _sweep_points(paths: RunPaths) -> list[Path]:
@@ -170,7 +179,7 @@ def train(
     import os
 
     from ..config import validate_config
-    from ..jobs.agent import FOREGROUND_VAR, agent_main
+    from ..jobs.agent import FOREGROUND_VAR
     from ..orchestrator.launch import scheduler_says_active
     from ..rundir import RunLock, latest_outcome
 
@@ -195,7 +204,7 @@ def train(
         write_run_dir(cfg, prepared.plan, prepared.rendered)
         Ledger(paths, role="cli").append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
         os.environ[FOREGROUND_VAR] = "1"
-        code = agent_main(str(paths.root))
+        code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
     outcome = latest_outcome(paths)
@@ -212,6 +221,25 @@ def train(
             highlight=False,
         )
     raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
+
+
+def _attempts_in_the_foreground(run_dir: str) -> int:
+    """What the local controller does for a submitted job: another attempt (restart count + 1)
+    for as long as the agent's decision is to continue (a crash or a hang within its budget)."""
+    import os
+
+    from ..jobs.agent import agent_main
+    from ..rundir.env import RESTART_VAR
+    from ..schedulers.base import LOCAL_REQUEUE_EXIT
+
+    restart = 0
+    while True:
+        os.environ[RESTART_VAR] = str(restart)
+        code = agent_main(run_dir)
+        if code != LOCAL_REQUEUE_EXIT:
+            return code
+        restart += 1
+        err_console.print(f"hpclaunch: continuing in the foreground (attempt {restart + 1})", highlight=False)
 
 
 # Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
@@ -231,7 +259,10 @@ def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
 def status(
     run: RunArg,
     as_json: JsonOpt = False,
-    watch: Annotated[bool, typer.Option("--watch", help="Refresh every 2 s until the run ends.")] = False,
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", help="Refresh in place every 2 s until the run ends; exit 1 if it failed."),
+    ] = False,
 ) -> None:
     """Attempts (how each ended and why), current step, loss, throughput, ETA and goodput.
 
@@ -241,6 +272,8 @@ def status(
     """
     paths = _run_paths(run)
     points = _sweep_points(paths)
+    if watch and not as_json:
+        raise typer.Exit(_watch(paths, points))
     if points:
         rows = [_status_dict(RunPaths(p)) for p in points]
         if as_json:
@@ -248,22 +281,31 @@ def status(
         else:
             _print_sweep(rows)
         return
-    if watch and not as_json:
-        from rich.live import Live
-
-        with Live(_status_table(_status_dict(paths)), console=console, refresh_per_second=1) as live:
-            while True:
-                data = _status_dict(paths)
-                live.update(_status_table(data))
-                if data["state"] not in ("pending", "running", "requeued"):
-                    break
-                time.sleep(2)
-        return
     data = _status_dict(paths)
     if as_json:
         print_json(data)
     else:
         _print_status(data)
+
+
+def _watch(paths: RunPaths, points: list[Path], poll_s: float = 2.0) -> int:
+    """Redraw the status in place until the run (every sweep point) has ended; its exit code."""
+    from rich.live import Live
+
+    def view() -> tuple[list[dict[str, Any]], Any]:
+        if points:
+            rows = [_status_dict(RunPaths(p)) for p in points]
+            return rows, _sweep_table(rows)
+        data = _status_dict(paths)
+        return [data], _status_table(data)
+
+    views, shown = view()
+    with Live(shown, console=console, auto_refresh=False) as live:
+        while _busy(views):
+            time.sleep(poll_s)
+            views, shown = view()
+            live.update(shown, refresh=True)
+    return _ended_code(views)
 
 
 def _print_status(data: dict[str, Any]) -> None:
@@ -278,6 +320,8 @@ def _status_table(data: dict[str, Any]) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
+
+    from .time_view import time_parts
 
     sched = data.get("scheduler") or {}
     head = Text.assemble(
@@ -309,12 +353,9 @@ def _status_table(data: dict[str, Any]) -> Any:
             end,
             a.get("cause") or "",
         )
-    gp = data["goodput"]
-    good = Text(
-        f"goodput {gp['ratio']:.1%}: {gp['useful_steps']} useful of {gp['computed_steps']} computed steps, "
-        f"{gp['repeated_steps']} repeated, {gp['lost_steps']} lost; requeues {data['requeues']}"
-    )
-    parts: list[Any] = [head, progress, table, good]
+    parts: list[Any] = [head, progress, table, *time_parts(data)]
+    if stragglers := describe_stragglers(data.get("stragglers")):
+        parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):
         parts.append(Text(f"hint: {data['hint']}", style="yellow"))
     for warning in data.get("ledger_warnings") or []:
@@ -323,13 +364,18 @@ def _status_table(data: dict[str, Any]) -> Any:
 
 
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
+    console.print(_sweep_table(rows))
+
+
+def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
-    for col in ("point", "state", "job", "step", "loss", "attempts"):
+    for col in ("point", "state", "job", "step", "loss", "attempts", "goodput"):
         table.add_column(col)
     for r in rows:
         loss = r.get("loss")
+        ratio = (r.get("time") or {}).get("goodput")
         table.add_row(
             Path(r["run"]).name,
             r["state"],
@@ -337,8 +383,9 @@ def _print_sweep(rows: list[dict[str, Any]]) -> None:
             f"{r['step']}/{r.get('steps') or '?'}",
             f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
             str(len(r["attempts"])),
+            f"{ratio:.1%}" if ratio is not None else "-",
         )
-    console.print(table)
+    return table
 
 
 def stop(
@@ -390,7 +437,15 @@ def cancel(run: RunArg) -> None:
 
 def logs(
     run: RunArg,
-    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing as the log grows.")] = False,
+    follow: Annotated[
+        bool,
+        typer.Option(
+            "-f",
+            "--follow",
+            help="Keep printing as the log grows, move on to the next attempt when the run is requeued, "
+            "stop when the run ends (exit 1 if it failed).",
+        ),
+    ] = False,
     attempt: Annotated[
         int | None, typer.Option("--attempt", help="Attempt number (1 = first; default latest).")
     ] = None,
@@ -403,20 +458,26 @@ def logs(
       hpclaunch logs runs/tiny -f
     """
     paths = _run_paths(run)
-    dirs = sorted((d for d in paths.logs.glob("attempt-*") if d.is_dir()), key=lambda d: d.stat().st_mtime)
+    dirs = attempt_log_dirs(paths)
+    if not dirs and follow:
+        err_console.print("waiting for the job to start ...", highlight=False)
+        while not dirs and _busy([_status_dict(paths)]):
+            time.sleep(1.0)
+            dirs = attempt_log_dirs(paths)
     if not dirs:
         raise UserInputError("no logs yet (the job has not started)", where=str(paths.logs))
     if attempt is not None and not 1 <= attempt <= len(dirs):
         raise UserInputError(f"attempt {attempt} does not exist (1..{len(dirs)})", where="--attempt")
-    log = dirs[(attempt or len(dirs)) - 1] / f"node{node}.log"
-    if not log.exists():
+    index = (attempt or len(dirs)) - 1
+    log = dirs[index] / f"node{node}.log"
+    if not log.exists() and not follow:
         raise UserInputError(f"no log for node {node}", where=str(log))
-    with open(log, "rb") as f:
-        while True:
-            chunk = f.read(65536)
-            if chunk:
-                typer.echo(chunk.decode(errors="replace"), nl=False)
-                continue
-            if not follow:
-                break
-            time.sleep(0.5)
+    if not follow:
+        copy_out(log)
+        return
+
+    def ended() -> int | None:
+        view = _status_dict(paths)
+        return None if _busy([view]) else _ended_code([view])
+
+    raise typer.Exit(follow_logs(paths, dirs, index, node, pinned=attempt is not None, ended=ended))

@@ -8,7 +8,8 @@ It owns everything between the scheduler and torchrun:
    torchrun (``node_checks.StartBarrier``);
 4. starts torchrun with USR1/USR2/TERM/INT ignored (so a scheduler signal can never kill torchrun and
    orphan the workers) and relays the scheduler's warning / SIGTERM / Ctrl-C to the workers: the
-   cause goes into the control file (authoritative) and a signal straight to the worker pids;
+   cause goes into the control file (authoritative) and a signal straight to the worker pids; its
+   watchdog (``jobs.watchdog``) watches the ranks' progress meanwhile and stops a hung attempt;
 5. afterwards node 0 gathers the facts and calls ``decide``, then carries the decision out through
    the scheduler Protocol. Other nodes report and exit.
 """
@@ -47,14 +48,16 @@ from ..rundir import (
     read_outcome,
     read_plan,
 )
-from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR, RUN_DIR_VAR
+from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
 from ..schedulers.base import NodeContext, Scheduler, get_scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
 from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .stop import StopCause, read_stop_request, write_stop_request
+from .watchdog import Verdict, Watchdog, flight_recorder_env
 
 POLL_S = 0.2
+CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 FOREGROUND_VAR = (
     "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep torchrun's own report off the terminal
 )
@@ -116,6 +119,12 @@ class NodeAgent:
         self.proc: subprocess.Popen[bytes] | None = None
         self.stop_cause: StopCause = StopCause.NONE
         self.cancelled = False
+        self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
+        # After the scheduler's SIGTERM its SIGKILL follows (KillWait, kill_delay): if the workers
+        # have not finished their stop save by shortly before it, node 0 ends the attempt itself so
+        # that it can still decide (continue from the last checkpoint) instead of dying undecided.
+        self.cut_off_at: float | None = None
+        self.interrupted: str | None = None
 
     # ---- main ----------------------------------------------------------------------------------
 
@@ -221,6 +230,7 @@ class NodeAgent:
         env[ATTEMPT_VAR] = self.attempt
         env[RUN_DIR_VAR] = str(self.paths.root)
         env[JOIN_STDERR_VAR] = "1"
+        env[NODE_NAME_VAR] = self.ctx.hostname  # ranks report their node as the scheduler names it
         if self.ctx.end_time is not None:
             env[END_TIME_VAR] = f"{self.ctx.end_time:.3f}"
         env.pop("SUBMITIT_EXECUTOR", None)
@@ -232,8 +242,11 @@ class NodeAgent:
         from ..nccl import nccl_environment
 
         resolved = nccl_environment(self.cfg.nccl)
-        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=resolved.env)
-        return dict(resolved.env)
+        env = dict(resolved.env)
+        if self.cfg.nccl.preset != "none":  # the flight recorder, for the watchdog's evidence
+            env = {**flight_recorder_env(self.paths, self.attempt), **env}
+        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=env)
+        return env
 
     def _torchrun_argv(self) -> list[str]:
         head_addr = local_addr = None
@@ -283,13 +296,35 @@ class NodeAgent:
             ]
             for pump in pumps:
                 pump.start()
+            watchdog = self._watchdog()
             while self.proc.poll() is None:
                 self._handle_signals()
+                if watchdog is not None and self.hang is None:
+                    self.hang = watchdog.check(self._worker_pids)
+                if (
+                    self.cut_off_at is not None
+                    and time.time() >= self.cut_off_at
+                    and self.interrupted is None
+                ):
+                    self._cut_short()
                 time.sleep(POLL_S)
             self._handle_signals()
             for pump in pumps:
                 pump.join(timeout=5)
         return self.proc.returncode
+
+    def _watchdog(self) -> Watchdog | None:
+        if not self.cfg.watchdog.enabled:
+            return None
+        nccl = self.plan.backend == "nccl"
+        return Watchdog(
+            self.cfg.watchdog,
+            self.paths,
+            self.ctx,
+            world_size=self.plan.world_size,
+            nccl=nccl,
+            ledger=self.ledger,
+        )
 
     # ---- stop relay ------------------------------------------------------------------------------
 
@@ -316,6 +351,18 @@ class NodeAgent:
             if signum == signal.SIGINT and not first:
                 self._escalate()
 
+    def _cut_short(self) -> None:
+        """The scheduler's kill is seconds away and the workers are still at it: end them now."""
+        self.interrupted = "preemption" if self.stop_cause == StopCause.PREEMPTION else "timeout"
+        self.ledger.append(
+            "stop_overdue",
+            cause=self.interrupted,
+            reason="the stop save did not finish before the scheduler's kill; the workers were ended",
+        )
+        for pid in self._worker_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
     def _classify(self, signum: int, at: float) -> tuple[StopCause, int]:
         if signum in (signal.SIGUSR1, signal.SIGUSR2):
             return StopCause.TIMEOUT, signal.SIGUSR1
@@ -325,6 +372,8 @@ class NodeAgent:
             # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
             # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
             what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
+            if self.cut_off_at is None and self.ctx.is_head:
+                self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
             if what == "cancelled":
                 self.cancelled = True
                 return StopCause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
@@ -366,6 +415,10 @@ class NodeAgent:
             returncode=returncode,
             cancelled=cancelled,
             continue_requested=self.paths.continue_file.exists(),
+            hang=self.hang.reason if self.hang is not None else None,
+            hang_node=self.hang.culprit_node if self.hang is not None else None,
+            user_stop=read_stop_request(self.paths.stop_file) == StopCause.USER,
+            interrupted=self.interrupted,
         )
         return self._decision(facts, events)
 
@@ -381,6 +434,7 @@ class NodeAgent:
             max_requeues=self.plan.max_requeues,
             max_failure_retries=self.plan.max_failure_retries,
             max_node_excludes=self.cfg.preflight.max_node_excludes,
+            max_hang_retries=self.cfg.scheduler.max_hang_retries,
         )
         return decide(facts, history, budgets, can_exclude_nodes=self.scheduler.can_exclude_nodes)
 
@@ -435,6 +489,14 @@ class NodeAgent:
             and decision.action is Action.FAIL
         ):
             fields["note"] = f"{self.ctx.scheduler} cannot keep a continuation off a node"
+        if (
+            decision.cause == "hang"
+            and decision.action is Action.CONTINUE
+            and not self.scheduler.can_exclude_nodes
+        ):
+            fields["note"] = (
+                f"{self.ctx.scheduler} cannot keep a continuation off a node: it may run where it hung"
+            )
         self.ledger.append(decision.event, **fields)
         print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
 
@@ -516,7 +578,17 @@ def main() -> None:
     if len(sys.argv) != 2:
         print("usage: python -m hpclaunch.jobs.agent RUN_DIR", file=sys.stderr)
         sys.exit(2)
-    sys.exit(agent_main(sys.argv[1]))
+    code = agent_main(sys.argv[1])
+    ignore_late_signals()
+    sys.exit(code)
+
+
+def ignore_late_signals() -> None:
+    """The decision is made and recorded: a warning or SIGTERM that the scheduler sends while this
+    process exits must not turn its exit code (75 = continue me) into a death by signal. Python's
+    shutdown resets the handlers it installed to the default action (terminate) but leaves SIG_IGN."""
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

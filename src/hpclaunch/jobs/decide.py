@@ -7,6 +7,9 @@ other nodes report. ``decide_start`` runs when an attempt begins: an attempt tha
 started although the run had already ended (a preempted job requeued by Slurm after
 ``max_requeues`` was spent, a requeue after a finish) is withdrawn instead of training on.
 
+A hang (the watchdog's verdict) is its own cause: continued from the last checkpoint within
+``max_hang_retries``, on SLURM without the node the evidence names; never counted as a crash.
+
 Every case is a row of ``tests/unit/test_decide.py``.
 """
 
@@ -52,6 +55,12 @@ class Facts:
     failed_nodes: tuple[str, ...] = ()  # nodes whose node checks failed (any node, head included)
     node_problems: Mapping[str, str] = field(default_factory=dict)  # node -> what failed there
     data_error: str | None = None  # the data check failed everywhere it ran: the data, not a node
+    hang: str | None = None  # the watchdog's verdict in words (phase, step, culprit); None: no hang
+    hang_node: str | None = None  # the one node the hang's evidence names, if it names one
+    user_stop: bool = False  # `hpclaunch stop` was asked for (a hung attempt could not honour it)
+    # The stop the agent was relaying (timeout/preemption) when it had to end the attempt before
+    # the scheduler's kill: the trainer never finished its stop save (or never began training).
+    interrupted: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,19 +69,20 @@ class History:
 
     requeues: int = 0  # timeout, preemption, user continue
     crash_retries: int = 0
+    hang_retries: int = 0
     node_excludes: int = 0
     excluded: tuple[str, ...] = ()  # nodes earlier decisions kept the run off
     ended: str | None = None  # the run already ended (finished/failed/...): the event name
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
-        requeues = crash = excludes = 0
+        requeues = crash = hang = excludes = 0
         excluded: list[str] = []
         ended: str | None = None
         for e in events:
             kind = e.get("event")
             if kind == SUBMITTED and not e.get("resume"):
-                requeues = crash = excludes = 0
+                requeues = crash = hang = excludes = 0
                 excluded, ended = [], None
             elif kind == SUBMITTED:
                 ended = None  # `submit --resume` starts the run again; budgets carry on
@@ -81,12 +91,14 @@ class History:
                     requeues += 1
                 elif e.get("cause") == "crash":
                     crash += 1
+                elif e.get("cause") == "hang":
+                    hang += 1
             elif kind == NODE_EXCLUDED:
                 excludes += 1
                 excluded += [str(n) for n in e.get("nodes") or [e.get("excluded")] if n]
             elif kind in RUN_ENDS:
                 ended = str(kind)
-        return cls(requeues, crash, excludes, tuple(dict.fromkeys(excluded)), ended)
+        return cls(requeues, crash, hang, excludes, tuple(dict.fromkeys(excluded)), ended)
 
 
 @dataclass(frozen=True)
@@ -94,6 +106,7 @@ class Budgets:
     max_requeues: int
     max_failure_retries: int
     max_node_excludes: int
+    max_hang_retries: int = 3
 
 
 @dataclass(frozen=True)
@@ -102,7 +115,7 @@ class Decision:
     cause: str | None  # finished -> None; else the cause kept all the way to `status`
     reason: str  # one line, the user's words
     exclude: tuple[str, ...] = ()
-    counts_as: str | None = None  # the budget this continuation spends: requeue | crash | node
+    counts_as: str | None = None  # the budget this continuation spends: requeue | crash | hang | node
 
     @property
     def event(self) -> str:
@@ -128,6 +141,16 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         saved = f" after step {step}" if step is not None and facts.outcome.status == "stopped" else ""  # type: ignore[union-attr]
         return Decision(Action.END, "cancelled", f"cancelled{saved}; never continued")
     out = facts.outcome
+    if facts.hang is not None and (out is None or out.status != "finished"):
+        return _hang(facts, history, budgets, can_exclude_nodes)
+    if out is None and facts.interrupted in STOP_CAUSES:
+        return _within(
+            str(facts.interrupted),
+            f"the {facts.interrupted} came before the attempt could save; it resumes from its last checkpoint",
+            used=history.requeues,
+            budget=budgets.max_requeues,
+            what="requeues",
+        )
     if out is None or (out.status == "failed" and out.cause == "crash"):
         error = (out.error if out is not None else None) or (
             f"torchrun exited with {facts.returncode} and the trainer left no outcome"
@@ -165,6 +188,30 @@ def _within(cause: str, reason: str, *, used: int, budget: int, what: str) -> De
         return Decision(Action.FAIL, cause, f"{reason}; {used} {what} used of {budget}")
     counts = "crash" if cause == "crash" else "requeue"
     return Decision(Action.CONTINUE, cause, reason, counts_as=counts)
+
+
+def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -> Decision:
+    """A hang: the workers were stopped without a save, so the run continues from its last
+    checkpoint, within its own budget; off the hung node where the scheduler can say so."""
+    what = facts.hang or "a rank stopped making progress"
+    if facts.user_stop and not facts.continue_requested:
+        return Decision(Action.END, "hang", f"{what}; stopped by the user: resume with submit --resume")
+    if history.hang_retries >= budgets.max_hang_retries:
+        return Decision(
+            Action.FAIL,
+            "hang",
+            f"{what}; {history.hang_retries} hang retries used of {budgets.max_hang_retries}",
+        )
+    node = facts.hang_node
+    if node is not None and can_exclude:
+        return Decision(
+            Action.EXCLUDE,
+            "hang",
+            f"{what}; continuing from the last checkpoint without {node}",
+            exclude=tuple(sorted({*history.excluded, node})),
+            counts_as="hang",
+        )
+    return Decision(Action.CONTINUE, "hang", f"{what}; continuing from the last checkpoint", counts_as="hang")
 
 
 def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -> Decision:

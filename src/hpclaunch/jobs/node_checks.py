@@ -50,17 +50,16 @@ class NodeVerdict:
 def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict[str, str]]]:
     """This node's verdict and every check's (name, status, finding) for the ledger."""
     from ..preflight import NODE_CHECKS, run_node_checks
+    from ..preflight.probe import StaticProbe
 
     if not cfg.preflight.node_checks:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), []
-    # The job-Python probe (an import of torch) costs seconds per attempt, more on a loaded node,
-    # and torchrun would fail just as clearly: the env check is left out, and on CPU nodes nothing
-    # else needs the probe (the disk check sizes checkpoints from the formula instead). On GPU
-    # nodes the gpu check's CUDA probe is worth its seconds: it finds a broken GPU before rendezvous.
-    from ..preflight.probe import StaticProbe
-
-    probe = None if cfg.scheduler.gpus_per_node else StaticProbe(error="not run on CPU nodes")
-    report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=probe)
+    # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
+    # fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
+    # No probe at all: the disk check sizes checkpoints by formula and the GPU check counts GPUs
+    # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
+    no_probe = StaticProbe(error="not run on nodes (it imports torch)")
+    report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe)
     rows = [{"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks]
     failed = report.failed
     if not failed:

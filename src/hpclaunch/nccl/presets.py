@@ -142,6 +142,20 @@ def nccl_environment(nccl_cfg: Any, *, sysfs_root: Path = Path("/sys")) -> Resol
     return ResolvedPreset(resolved.name, {**resolved.env, **user}, reason)
 
 
+def flight_recorder_env(dump_stem: str, pipe_stem: str) -> dict[str, str]:
+    """torch's NCCL flight recorder, kept on for every preset but ``none``: each rank keeps its last
+    collectives in a ring buffer and writes them to ``<dump_stem><rank>`` on a collective timeout or
+    when the node agent's watchdog writes to ``<pipe_stem><rank>.pipe`` (a hang). The buffer costs
+    host memory only; current names (torch 2.13 also reads TORCH_NCCL_TRACE_BUFFER_SIZE and
+    TORCH_NCCL_DEBUG_INFO_TEMP_FILE, which ``validate`` reports as deprecated)."""
+    return {
+        "TORCH_FR_BUFFER_SIZE": "20000",
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_FR_DUMP_TEMP_FILE": dump_stem,
+        "TORCH_NCCL_DEBUG_INFO_PIPE_FILE": pipe_stem,
+    }
+
+
 def _preset(name: str) -> Preset:
     try:
         return PRESETS[name]

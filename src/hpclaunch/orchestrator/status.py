@@ -30,6 +30,9 @@ from ..rundir import (
     read_events,
 )
 from ..schedulers.base import ACTIVE_STATES
+from .accounting import metrics_steps_by_attempt
+from .stragglers import straggler_summary
+from .time_inputs import run_time
 
 # A continuation the scheduler does not show as pending or running this long after the ledger
 # said "requeued" never came: the run is reported as lost (and `submit --wait` ends).
@@ -198,6 +201,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     events = log.events
     metrics = read_jsonl(paths.metrics)
     attempts = attempts_from_events(events)
+    _add_unsaved_steps(attempts, metrics)
     last_metric = metrics[-1] if metrics else {}
     total_steps = _total_steps(paths)
     step = max([a.last_step or 0 for a in attempts] + [int(last_metric.get("step", 0))])
@@ -212,6 +216,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     gp = goodput(attempts)
     state = run_state(attempts, events, sched["state"] if sched else None)
+    spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     return {
         "run": str(run),
         "state": state,
@@ -229,7 +234,17 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
         "attempts": [asdict(a) for a in attempts],
         "goodput": asdict(gp),
+        "time": spent.to_json(),
+        "stragglers": straggler_summary(paths, events),
     }
+
+
+def _add_unsaved_steps(attempts: list[Attempt], metrics: list[dict[str, Any]]) -> None:
+    """A crash's steps after its last checkpoint are in metrics.jsonl only: count them as computed."""
+    logged = metrics_steps_by_attempt(metrics)
+    for a in attempts:
+        if a.attempt in logged and a.resumed_step is not None:
+            a.last_step = max(a.last_step or 0, logged[a.attempt])
 
 
 def _hint(state: str, run: Path, job_id: str | None) -> str | None:

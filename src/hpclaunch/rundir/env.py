@@ -10,3 +10,4 @@ START_TIME_VAR = "HPCLAUNCH_JOB_START_TIME"
 NODE_RANK_VAR = "HPCLAUNCH_NODE_RANK"
 ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write stderr into stdout
+NODE_NAME_VAR = "HPCLAUNCH_NODE_NAME"  # set by the node agent: this node, as the scheduler names it

@@ -47,6 +47,8 @@ ENDED = "ended"  # node 0's agent: the run stops here by the user's wish (resuma
 HELD = "held"  # an attempt the scheduler started after the run had ended (budget spent): withdrawn
 NODE_EXCLUDED = "node_excluded"
 REFUSED = "refused"  # an attempt that found another live writer holding the run directory
+HANG = "hang"  # node 0's watchdog: a window passed without progress (phase, step, culprit, stacks)
+STRAGGLER = "straggler"  # node 0's watchdog: a rank slower than the fastest for several summaries
 
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD)

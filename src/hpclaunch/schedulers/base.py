@@ -150,6 +150,10 @@ class Scheduler(Protocol):
         """Take back this attempt (started after the run ended); return what was done, in words."""
         ...
 
+    def kill_grace_s(self, plan: JobPlan) -> float:
+        """Seconds between the scheduler's SIGTERM and its SIGKILL (SLURM KillWait, PBS kill_delay)."""
+        ...
+
 
 # Seconds around the scheduler's end time within which a SIGTERM is the time limit itself. SLURM
 # and PBS enforce limits on a periodic tick (SLURM every ~30 s), so the signal comes at or after

@@ -152,6 +152,9 @@ class LocalScheduler:
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         return "nothing to withdraw: the local controller ends with this attempt"
 
+    def kill_grace_s(self, plan: JobPlan) -> float:
+        return float(plan.kill_wait_s)
+
 
 _STATES = {
     "running": JobState.RUNNING,

@@ -219,6 +219,11 @@ class PbsScheduler:
         atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
         return Continuation(submit_after(paths.root / rendered.filename, paths, ctx))
 
+    def kill_grace_s(self, plan: JobPlan) -> float:
+        # The queue's kill_delay; PBS's default is 10 s (preflight names a queue whose delay is
+        # shorter than a save).
+        return 10.0
+
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["qdel", ctx.job_id], what="qdel")
         return f"deleted job {ctx.job_id}"

@@ -218,6 +218,9 @@ class SlurmScheduler:
         _run(["scancel", ctx.job_id], what="scancel")
         return f"cancelled job {ctx.job_id}"
 
+    def kill_grace_s(self, plan: JobPlan) -> float:
+        return float(kill_wait_s())
+
 
 # ---- inside the job -----------------------------------------------------------------------------
 
@@ -402,6 +405,20 @@ def show_job(job_id: str) -> dict[str, str]:
         if eq and key not in fields:
             fields[key] = value
     return fields
+
+
+def kill_wait_s(default: int = 30) -> int:
+    """``KillWait`` from ``scontrol show config`` (the seconds from SIGTERM to SIGKILL); 30 if unknown."""
+    try:
+        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return default
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "KillWait":
+            digits = value.strip().split()[0] if value.strip() else ""
+            return int(digits) if digits.isdigit() else default
+    return default
 
 
 def job_end_time(job_id: str) -> float | None:

@@ -66,7 +66,7 @@ from .dist import set_deterministic, setup_distributed
 from .metrics import MetricsLog, MetricsWindow
 from .model import build_model
 from .objective import compute_losses, draw
-from .progress import Progress
+from .progress import Progress, register_stack_dump
 from .smoke import run_distributed_smoke
 
 # ---- small pure pieces ---------------------------------------------------------------------------
@@ -145,10 +145,9 @@ class Trainer:
         self.counters = Counters()
         self.ctx = setup_distributed(cfg)
         # What this rank is doing, for the node agent's watchdog (no collective, no sync).
-        progress_file = (
-            paths.attempt_dir(attempt) / f"rank{self.ctx.rank}.progress.json" if checkpoints else None
-        )
-        self.progress = Progress(progress_file, rank=self.ctx.rank).start()
+        self.progress = Progress.for_rank(
+            cfg, paths, attempt, self.ctx.rank, device_type=self.ctx.device.type, enabled=checkpoints
+        ).start()
         # Handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
         # after the first step instead of killing the rank with no outcome.
         self.stop = StopController(
@@ -426,7 +425,12 @@ class Trainer:
             c = self.counters
             if self.ctx.is_main:
                 self.log = MetricsLog(
-                    self.paths.metrics, total_steps=t.steps, start_step=c.step, tty=self.tty, echo=self.echo
+                    self.paths.metrics,
+                    total_steps=t.steps,
+                    start_step=c.step,
+                    tty=self.tty,
+                    echo=self.echo,
+                    attempt=self.attempt,
                 )
             cause = StopCause.NONE
             while c.step < t.steps:
@@ -572,6 +576,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = read_config(paths)
         paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
+        register_stack_dump(cfg, paths, attempt, rank)  # before the process group: start-up hangs too
         trainer = Trainer(cfg, paths, attempt=attempt, end_time=end_time)
         outcome = trainer.run()
         code = 0

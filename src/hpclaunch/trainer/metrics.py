@@ -9,7 +9,9 @@ step. Each ``metrics.jsonl`` line describes the window of steps since the previo
 - ``step_time_s``: mean wall time of a step on rank 0 (``step_sleep_s`` included);
 - ``samples_per_s`` = global batch / step time; ``tokens_per_s`` counts text tokens plus latent
   vectors per sample;
-- ``lr``: the learning rate of the last step; ``skipped``: non-finite steps so far (cumulative).
+- ``lr``: the learning rate of the last step; ``skipped``: non-finite steps so far (cumulative);
+- ``ts``: epoch seconds when the line was written (right after the window's last step);
+  ``attempt``: the attempt that computed the window (``status`` and ``report`` time the run by them).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,8 @@ FIELDS = (
     "tokens_per_s",
     "step_time_s",
     "skipped",
+    "ts",  # stamped by MetricsLog.write
+    "attempt",
 )
 
 
@@ -108,8 +113,10 @@ class MetricsLog:
         start_step: int,
         tty: bool | None = None,
         echo: bool = True,
+        attempt: str | None = None,
     ):
         self.path = Path(path)
+        self.attempt = attempt
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.total = total_steps
         self.echo = echo
@@ -131,6 +138,7 @@ class MetricsLog:
 
     def write(self, record: dict[str, Any]) -> None:
         line = {k: json_safe(record.get(k)) for k in FIELDS}
+        line.update(ts=round(time.time(), 3), attempt=self.attempt)
         append_line(self.path, json.dumps(line))
         if not self.echo:
             return

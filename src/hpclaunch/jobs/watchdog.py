@@ -1,0 +1,430 @@
+"""The node agent's watchdog: a window per phase over every rank's progress, and what a hang leaves.
+
+While torchrun runs, node 0's agent reads every rank's heartbeat (``rundir.progress``) every
+``watchdog.poll_s``. A rank *advances* when its step or phase changes. Windows:
+
+- launch (torchrun's start to a rank's first report: imports, rendezvous): ``launch_s``;
+- start-up (the ``startup`` phase: smoke test, data check, model): ``startup_s``; the first step
+  of an attempt (allocation, warm-up, compilation) gets it too;
+- checkpoint ``load`` and ``save``, ``eval`` and the final teardown (``done``): ``checkpoint_s``;
+- training steps (``data``, ``compute``, ``collective``): ``max(step_min_s, step_factor x the
+  slowest recent step)``.
+
+The culprit. In a hung collective every rank stops advancing, so stopping alone names no one. A rank
+*waits* when its phase is ``collective`` or its main thread is inside a ``torch.distributed`` call
+(sampled by its own heartbeat thread). Of the ranks that do not wait, the ones furthest behind
+(lowest step, then earliest phase of the step) are the ones the others wait for: the culprits, and
+their windows decide. When no rank stands apart (every rank waits, or all are at the same place)
+the verdict says "no single culprit known" and any rank past its window decides. The evidence names
+a node when every culprit rank runs on it (or, with no culprit, when the whole run is on one node).
+
+On a verdict node 0 writes ``RUN/attempts/<attempt>/hang.json``; every node's agent (node 0 too)
+then dumps its ranks' Python stacks (``STACK_SIGNAL``, faulthandler in the worker) into the
+attempt's log directory, asks NCCL ranks for their flight record (a write to torch's dump pipe),
+says it is done, waits for the other nodes (a killed rank would break its peers' collectives before
+their stacks are taken) and kills its workers. Node 0 records the ``hang`` event; the agent then
+ends the attempt with cause ``hang`` (``decide``). Only node 0 decides, so the verdict is the same
+on every node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from ..config import WatchdogConfig
+from ..fsutil import atomic_write_json
+from ..rundir import HANG, STRAGGLER, Ledger, RunPaths
+from ..rundir.progress import (
+    NCCL_PIPE_STEM,
+    NCCL_TRACE_STEM,
+    PHASE_ORDER,
+    STACK_SIGNAL,
+    ProgressRecord,
+    hang_file,
+    nccl_dump_dir,
+    read_new_lines,
+    read_progress,
+    stacks_file,
+    steptimes_file,
+)
+from ..schedulers.base import NodeContext
+from .stragglers import StragglerTracker
+
+LONG_PHASES = ("load", "save", "eval", "done")
+LEDGER_STATES = 64  # ranks whose state the hang event lists (all of them are in hang.json)
+
+
+def window_s(cfg: WatchdogConfig, phase: str, *, stepped: bool, recent_max_step_s: float | None) -> float:
+    """How long a rank may stay in ``phase`` without advancing."""
+    if phase == "startup":
+        return float(cfg.startup_s)
+    if phase in LONG_PHASES:
+        return float(cfg.checkpoint_s)
+    if not stepped:  # the first step of an attempt: allocation, warm-up, compilation
+        return float(max(cfg.startup_s, cfg.step_min_s))
+    return max(float(cfg.step_min_s), cfg.step_factor * (recent_max_step_s or 0.0))
+
+
+@dataclass(frozen=True)
+class RankState:
+    """One rank as the watchdog sees it at one poll."""
+
+    rank: int
+    node: str | None  # None: the rank never reported (still launching, or never started)
+    step: int
+    phase: str  # a progress phase, or "launch" for a rank that never reported
+    waiting: str | None  # the torch.distributed call its main thread is in
+    stalled_s: float  # time without advancing
+    window_s: float
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.step, PHASE_ORDER.get(self.phase, 0)) if self.node is not None else (-1, -1)
+
+    @property
+    def is_waiting(self) -> bool:
+        return self.node is not None and (self.phase == "collective" or self.waiting is not None)
+
+    def where(self) -> str:
+        if self.node is None:
+            return "launch (never reported)"
+        at = f" at step {self.step}" if self.phase not in ("startup", "load") else ""
+        inside = f" (in {self.waiting})" if self.waiting else ""
+        return f"{self.phase}{at}{inside}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A hang, as node 0 found it; every node acts on the same one."""
+
+    attempt: str
+    phase: str
+    step: int
+    culprit: str  # "rank 1 on n1" | "ranks 2, 3 on n2" | "no single culprit known"
+    ranks: tuple[int, ...]  # the culprit ranks (empty: none known)
+    culprit_node: str | None  # the one node the evidence names, if it names one
+    reason: str  # one line, the user's words
+    window_s: float
+    stalled_s: float
+    stalled_since: float
+    detected_at: float
+    states: tuple[dict[str, Any], ...]  # every rank: node, step, phase, waiting, stalled_s, window_s
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Verdict:
+        data = {**data, "ranks": tuple(data.get("ranks") or ()), "states": tuple(data.get("states") or ())}
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+def culprits(states: Sequence[RankState]) -> list[RankState]:
+    """The ranks the others wait for (see the module docstring); empty when none stands apart."""
+    candidates = [s for s in states if not s.is_waiting]
+    if not candidates:
+        return []
+    behind = min(s.position for s in candidates)
+    found = [s for s in candidates if s.position == behind]
+    if len(found) == len(states) > 1:
+        return []
+    return found
+
+
+def find_hang(states: Sequence[RankState], *, attempt: str, now: float) -> Verdict | None:
+    """The verdict when the ranks that hold the run back have stalled past their windows."""
+    suspects = culprits(states)
+    over = [s for s in (suspects or states) if s.stalled_s > s.window_s]
+    if not over:
+        return None
+    worst = max(over, key=lambda s: s.stalled_s - s.window_s)
+    group = suspects or list(states)
+    nodes = {s.node for s in group}
+    node = next(iter(nodes)) if len(nodes) == 1 and None not in nodes else None
+    culprit = _who(suspects) if suspects else "no single culprit known"
+    stalled = f"no progress for {worst.stalled_s:.0f} s (window {worst.window_s:.0f} s)"
+    if suspects:
+        waiting = [s for s in states if s not in suspects]
+        others = "; ".join(f"{_who([s])} is in {s.where()}" for s in waiting[:4])
+        more = f" and {len(waiting) - 4} more" if len(waiting) > 4 else ""
+        reason = f"{culprit} hung in {worst.where()}: {stalled}" + (f"; {others}{more}" if others else "")
+    else:
+        where = sorted({s.where() for s in states})
+        places = where[0] if len(where) == 1 else ", ".join(where[:3])
+        reason = f"no single culprit known: every rank stopped ({places}); {stalled}"
+        if node is not None:
+            reason += f"; every rank runs on {node}"
+    return Verdict(
+        attempt=attempt,
+        phase=worst.phase,
+        step=worst.step,
+        culprit=culprit,
+        ranks=tuple(s.rank for s in suspects),
+        culprit_node=node,
+        reason=reason,
+        window_s=round(worst.window_s, 3),
+        stalled_s=round(worst.stalled_s, 3),
+        stalled_since=round(now - worst.stalled_s, 3),
+        detected_at=round(now, 3),
+        states=tuple({k: v for k, v in asdict(s).items()} for s in states),
+    )
+
+
+def _who(states: Sequence[RankState]) -> str:
+    ranks = ", ".join(str(s.rank) for s in states[:8]) + (
+        f" ... ({len(states)} ranks)" if len(states) > 8 else ""
+    )
+    label = f"rank {ranks}" if len(states) == 1 else f"ranks {ranks}"
+    nodes = sorted({s.node for s in states if s.node is not None})
+    return f"{label} on {', '.join(nodes)}" if nodes else label
+
+
+class Watchdog:
+    """One node agent's watchdog for one attempt (``check`` is called from the agent's poll loop)."""
+
+    def __init__(
+        self,
+        cfg: WatchdogConfig,
+        paths: RunPaths,
+        ctx: NodeContext,
+        *,
+        world_size: int,
+        nccl: bool,
+        ledger: Ledger,
+        launched_at: float | None = None,
+    ):
+        self.cfg = cfg
+        self.paths = paths
+        self.ctx = ctx
+        self.attempt = ctx.attempt
+        self.world_size = world_size
+        self.nccl = nccl
+        self.ledger = ledger
+        self.launched_at = time.time() if launched_at is None else launched_at
+        self.verdict: Verdict | None = None
+        self._next_poll = self.launched_at + cfg.poll_s
+        self._seen: dict[int, tuple[tuple[Any, ...], float]] = {}
+        self._records: dict[int, ProgressRecord] = {}
+        self.tracker: StragglerTracker | None = None
+        self._offsets: dict[int, int] = {}
+        if ctx.is_head:
+            self.tracker = StragglerTracker(
+                world_size=world_size,
+                threshold=cfg.straggler_threshold,
+                windows=cfg.straggler_windows,
+                attempt=self.attempt,
+            )
+            for rank in range(world_size):  # earlier attempts' lines are not this attempt's business
+                with contextlib.suppress(OSError):
+                    self._offsets[rank] = steptimes_file(paths, rank).stat().st_size
+
+    def check(self, worker_pids: Callable[[], list[int]], now: float | None = None) -> Verdict | None:
+        """Poll when due; on a hang, gather the evidence, stop this node's workers, return the verdict."""
+        if self.verdict is not None:
+            return self.verdict
+        now = time.time() if now is None else now
+        if now < self._next_poll:
+            return None
+        self._next_poll = now + self.cfg.poll_s
+        if self.ctx.is_head:
+            self._note_stragglers()
+            verdict = find_hang(self.observe(now), attempt=self.attempt, now=now)
+            if verdict is not None:
+                with contextlib.suppress(OSError):  # the other nodes then only see their peers fail
+                    atomic_write_json(hang_file(self.paths, self.attempt), verdict.to_json())
+        else:
+            verdict = read_verdict(self.paths, self.attempt)
+        if verdict is not None:
+            self.verdict = verdict
+            self._respond(verdict, worker_pids())
+        return verdict
+
+    def observe(self, now: float) -> list[RankState]:
+        """Every rank's state now (node 0; a rank without a heartbeat is still launching)."""
+        records = {**self._records, **read_progress(self.paths, self.attempt)}
+        self._records = records  # a file unreadable for one poll keeps its last record
+        states = []
+        for rank in range(self.world_size):
+            rec = records.get(rank)
+            if rec is None:
+                stalled = now - self.launched_at
+                states.append(RankState(rank, None, 0, "launch", None, stalled, float(self.cfg.launch_s)))
+                continue
+            key = (rec.step, rec.phase, rec.phase_since)
+            seen = self._seen.get(rank)
+            if seen is None or seen[0] != key:
+                seen = self._seen[rank] = (key, now)
+            since = seen[1]
+            window = window_s(
+                self.cfg,
+                rec.phase,
+                stepped=rec.last_step_s is not None,
+                recent_max_step_s=rec.recent_max_step_s,
+            )
+            states.append(RankState(rank, rec.node, rec.step, rec.phase, rec.waiting, now - since, window))
+        return states
+
+    # ---- a hang: evidence, then stop ---------------------------------------------------------
+
+    def _respond(self, verdict: Verdict, pids: list[int]) -> None:
+        print(f"hpclaunch: watchdog: {verdict.reason}; dumping stacks", file=sys.stderr, flush=True)
+        try:
+            self._gather_evidence(verdict, pids)
+        except OSError as e:  # evidence is worth a lot, but never a run that stays hung
+            print(f"hpclaunch: watchdog: gathering the evidence failed: {e}", file=sys.stderr, flush=True)
+        finally:
+            stop_workers(pids)
+
+    def _gather_evidence(self, verdict: Verdict, pids: list[int]) -> None:
+        began = time.time()
+        dumped = dump_stacks(self.paths, self.attempt, pids, verdict.reason, wait_s=self.cfg.dump_wait_s)
+        traces = (
+            trigger_flight_recorder(self.paths, self.attempt, sorted(dumped), self.cfg.dump_wait_s)
+            if self.nccl
+            else []
+        )
+        atomic_write_json(self._ack(self.ctx.node_rank), {"stacks": dumped, "flight_recorder": traces})
+        self._wait_for_nodes(deadline=began + self.cfg.dump_wait_s + 2 * self.cfg.poll_s + 5)
+        if self.ctx.is_head:
+            logs = self.paths.attempt_logs(self.attempt)
+            stacks = sorted(
+                str(p.relative_to(self.paths.root)) for p in logs.glob("rank*.stacks.txt") if _size(p)
+            )
+            recorder: Any = "not used (gloo)"
+            if self.nccl:
+                found = sorted(nccl_dump_dir(self.paths, self.attempt).glob(f"{NCCL_TRACE_STEM}*"))
+                recorder = [str(p.relative_to(self.paths.root)) for p in found] or "no dump arrived"
+            fields = {k: v for k, v in verdict.to_json().items() if k != "attempt"}
+            if len(verdict.states) > LEDGER_STATES:  # one ledger line: the culprits and a sample
+                keep = [
+                    st
+                    for st in verdict.states
+                    if st["rank"] in verdict.ranks or st["rank"] < LEDGER_STATES // 2
+                ]
+                fields["states"] = keep[:LEDGER_STATES]  # hang.json keeps every rank
+            self.ledger.append(
+                HANG, **fields, stacks=stacks, flight_recorder=recorder, dump_s=round(time.time() - began, 3)
+            )
+
+    def _ack(self, node_rank: int) -> Path:
+        return self.paths.attempt_dir(self.attempt) / f"hang.node{node_rank}.json"
+
+    def _wait_for_nodes(self, deadline: float) -> None:
+        others = [self._ack(r) for r in range(self.ctx.num_nodes) if r != self.ctx.node_rank]
+        while others and time.time() < deadline:
+            others = [p for p in others if not p.exists()]
+            time.sleep(0.1)
+
+    def _note_stragglers(self) -> None:
+        if self.tracker is None:
+            return
+        lines: list[dict[str, Any]] = []
+        for rank in range(self.world_size):
+            new, self._offsets[rank] = read_new_lines(
+                steptimes_file(self.paths, rank), self._offsets.get(rank, 0)
+            )
+            lines += new
+        for found in self.tracker.feed(lines):
+            self.ledger.append(STRAGGLER, **found.fields(), reason=found.describe())
+            print(f"hpclaunch: watchdog: {found.describe()}", file=sys.stderr, flush=True)
+
+
+def read_verdict(paths: RunPaths, attempt: str) -> Verdict | None:
+    try:
+        return Verdict.from_json(json.loads(hang_file(paths, attempt).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def dump_stacks(paths: RunPaths, attempt: str, pids: list[int], why: str, *, wait_s: float) -> list[int]:
+    """Ask this node's workers for every thread's stack; the ranks whose dump arrived in ``wait_s``."""
+    asked: dict[int, tuple[Path, int]] = {}
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    for pid in pids:
+        rank = _rank_of(pid)
+        if rank is None:
+            continue
+        path = stacks_file(paths, attempt, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a") as f:
+            f.write(
+                f"# hpclaunch watchdog {stamp}: {why}\n# rank {rank}, pid {pid}: most recent call first\n"
+            )
+        asked[rank] = (path, _size(path))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, STACK_SIGNAL)
+    deadline = time.time() + wait_s
+    pending = dict(asked)
+    while pending and time.time() < deadline:
+        pending = {r: (p, n) for r, (p, n) in pending.items() if _size(p) <= n}
+        time.sleep(0.05)
+    time.sleep(0.2)  # faulthandler writes thread after thread
+    return sorted(r for r in asked if r not in pending)
+
+
+def flight_recorder_env(paths: RunPaths, attempt: str) -> dict[str, str]:
+    """The NCCL flight recorder's variables, dumping into this attempt's log directory."""
+    from ..nccl import flight_recorder_env as variables
+
+    where = nccl_dump_dir(paths, attempt)
+    where.mkdir(parents=True, exist_ok=True)
+    return variables(str(where / NCCL_TRACE_STEM), str(where / NCCL_PIPE_STEM))
+
+
+def trigger_flight_recorder(paths: RunPaths, attempt: str, ranks: list[int], wait_s: float) -> list[str]:
+    """Make this node's NCCL ranks dump their flight record (torch's dump pipe); the files that came."""
+    directory = nccl_dump_dir(paths, attempt)
+    for rank in ranks:
+        pipe = directory / f"{NCCL_PIPE_STEM}{rank}.pipe"
+        with contextlib.suppress(OSError):  # no pipe: NCCL never started on this rank
+            fd = os.open(pipe, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                os.write(fd, b"1")
+            finally:
+                os.close(fd)
+    wanted = [directory / f"{NCCL_TRACE_STEM}{rank}" for rank in ranks]
+    deadline = time.time() + wait_s
+    while time.time() < deadline and not all(p.exists() for p in wanted):
+        time.sleep(0.1)
+    return [str(p.relative_to(paths.root)) for p in wanted if p.exists()]
+
+
+def stop_workers(pids: list[int]) -> None:
+    """SIGKILL the workers (and anything they started): a hung rank cannot save or exit by itself."""
+    import psutil
+
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            family = [*proc.children(recursive=True), proc]
+        except psutil.NoSuchProcess:
+            continue
+        for p in family:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.send_signal(signal.SIGKILL)
+
+
+def _rank_of(pid: int) -> int | None:
+    import psutil
+
+    try:
+        value = psutil.Process(pid).environ().get("RANK")
+    except (psutil.Error, OSError):
+        return None
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -1,0 +1,340 @@
+"""The report's figures, drawn with matplotlib's Agg backend (no display needed) into PNG bytes.
+
+Each function takes plain data (the status summary, its ``time`` accounting, metrics lines) and
+returns the PNG's bytes, or None when the run has nothing to draw for that figure. Never imports
+torch.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # before pyplot: no display on login nodes or in CI
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+from matplotlib.transforms import blended_transform_factory
+
+# One colour per phase, the same in every figure and in the HTML table.
+PHASE_STYLE: dict[str, tuple[str, str]] = {
+    "queue": ("#e3e3e3", "queue (not allocated)"),
+    "startup": ("#f0a202", "start-up"),
+    "training": ("#2a9d46", "training (kept)"),
+    "stall": ("#7b3fa0", "checkpoint stall"),
+    "lost": ("#d62728", "lost work"),
+    "end_save": ("#1f77b4", "stop + save"),
+    "idle": ("#9a9a9a", "idle"),
+}
+VAL_COLOURS = ("#9467bd", "#2ca02c", "#8c564b")
+LOSS_KEYS = (
+    ("loss", "loss", "#222222"),
+    ("text_loss", "text", "#1f77b4"),
+    ("latent_loss", "latent", "#ff7f0e"),
+)
+# Per-rank step times, when the trainer records them in metrics lines (a list or {rank: seconds}).
+RANK_TIME_KEY = re.compile(r"^(rank_step_time_s|step_time_s_by_rank|rank_step_times?_s)$")
+DPI = 110
+MAX_LABELLED_ATTEMPTS = 12  # more boundaries than this are drawn without their labels
+
+
+def _png(fig: Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight", facecolor="white")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def _clock(spent: dict[str, Any], origin: float) -> tuple[float, str]:
+    """Seconds or minutes on the time axis, whichever a person reads more easily for this run."""
+    last = max((s[2] for a in spent["attempts"] for s in a["segments"]), default=origin)
+    return (60.0, "min") if last - origin > 300 else (1.0, "s")
+
+
+def origin_of(spent: dict[str, Any]) -> float | None:
+    starts = [s[1] for a in spent["attempts"] for s in a["segments"]]
+    return min(starts) if starts else None
+
+
+# Causes as a person says them (the ledger's words are short).
+CAUSE_WORDS = {"user": "user stop", "timeout": "time limit", "node_failure": "node failure"}
+
+
+def cause_words(cause: str | None) -> str:
+    return CAUSE_WORDS.get(cause or "", cause or "stop")
+
+
+def end_label(attempt: dict[str, Any]) -> str:
+    """How an attempt ended, in a few words: 'time limit -> requeued', 'crash -> requeued', 'finished'."""
+    end, cause = attempt.get("end") or "running", attempt.get("cause")
+    if end == "requeued":
+        return f"{cause_words(cause)} → requeued"
+    if end in ("stopped", "failed") and cause:
+        return f"{end} ({cause_words(cause)})"
+    return end
+
+
+# ---- the loss against step, with every attempt's boundary and stop marked ---------------------
+
+
+def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes | None:
+    times = {a["attempt"]: a for a in summary["time"]["attempts"]}
+    by_attempt: dict[str, list[dict[str, Any]]] = {}
+    for line in lines:
+        by_attempt.setdefault(str(line.get("attempt")), []).append(line)
+    if not any(line.get("loss") is not None for line in lines):
+        return None
+    val_keys = sorted({k for line in lines for k in line if k.startswith("val") and "loss" in k})
+    fig, ax = plt.subplots(figsize=(10, 5.2))
+    labelled: set[str] = set()
+    for key, rows in by_attempt.items():
+        kept = (times.get(key) or {}).get("kept_step")
+        for name, label, colour in LOSS_KEYS:
+            pts = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
+            good = [p for p in pts if kept is None or p[0] <= kept]
+            lost = [p for p in pts if kept is not None and p[0] >= kept]
+            if good:
+                ax.plot(
+                    *zip(*good, strict=True),
+                    color=colour,
+                    lw=1.6,
+                    marker="o" if len(good) < 4 else None,  # a short attempt is still seen
+                    ms=3,
+                    label=None if label in labelled else label,
+                )
+                labelled.add(label)
+            if len(lost) > 1:
+                ax.plot(*zip(*lost, strict=True), color=colour, lw=1.2, ls=":", alpha=0.6)
+        for j, name in enumerate(val_keys):
+            pts = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
+            if pts:
+                core = name.removeprefix("val").removesuffix("loss").strip("_").replace("_", " ")
+                tag = f"validation {core}".strip()
+                colour = VAL_COLOURS[j % len(VAL_COLOURS)]
+                ax.plot(
+                    *zip(*pts, strict=True),
+                    "s--",
+                    color=colour,
+                    ms=4,
+                    lw=1,
+                    label=None if tag in labelled else tag,
+                )
+                labelled.add(tag)
+    _mark_attempts(ax, summary)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (mean over each logging window)")
+    ax.set_title(f"loss of {summary['run_name']}: {_attempts_caption(summary)}", loc="left", fontsize=11)
+    ax.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()
+    if any(a.get("lost_steps") for a in summary["time"]["attempts"]):
+        handles.append(Patch(color=PHASE_STYLE["lost"][0], alpha=0.15))
+        labels.append("steps lost (dotted: computed, then discarded)")
+    handles.append(plt.Line2D([], [], color="#555555", ls="--", lw=1))
+    labels.append("attempt boundary (label: why the previous one ended)")
+    # below the axes: the curves keep the whole plot
+    ax.legend(
+        handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.11), ncol=3, fontsize=8, frameon=False
+    )
+    return _png(fig)
+
+
+def _attempts_caption(summary: dict[str, Any]) -> str:
+    n = len(summary["time"]["attempts"])
+    lost = sum(a.get("lost_steps") or 0 for a in summary["time"]["attempts"])
+    text = f"{n} attempt{'s' if n != 1 else ''}, {summary['requeues']} requeue{'s' if summary['requeues'] != 1 else ''}"
+    return text + (f", {lost} steps lost" if lost else "") + f"; {summary['state']}"
+
+
+def _mark_attempts(ax: Any, summary: dict[str, Any]) -> None:
+    """A dashed line where each attempt resumed, labelled with why the previous one ended."""
+    times = summary["time"]["attempts"]
+    trans = blended_transform_factory(ax.transData, ax.transAxes)
+    labels = len(times) <= MAX_LABELLED_ATTEMPTS
+    for i, t in enumerate(times):
+        if t.get("lost_steps"):
+            ax.axvspan(t["kept_step"], t["last_step"], color=PHASE_STYLE["lost"][0], alpha=0.15, lw=0)
+        if i == 0 or t.get("first_step") is None:
+            continue
+        x = t["first_step"]
+        ax.axvline(x, color="#555555", ls="--", lw=1)
+        if labels:
+            prev = times[i - 1]
+            text = (
+                f"#{i + 1} after {cause_words(prev.get('cause')) if prev.get('cause') else prev.get('end')}"
+            )
+            ax.text(x, 0.02, text, transform=trans, rotation=90, ha="right", va="bottom", fontsize=8)
+
+
+# ---- where the wall-clock time went, attempt by attempt ------------------------------------------
+
+
+def timeline_figure(summary: dict[str, Any]) -> bytes | None:
+    spent = summary["time"]
+    origin = origin_of(spent)
+    if origin is None:
+        return None
+    scale, unit = _clock(spent, origin)
+    n = len(spent["attempts"])
+    height = 1.6 + 0.55 * min(n, 30)
+    fig, ax = plt.subplots(figsize=(10, height))
+    seen: list[str] = []
+    right = 0.0
+    for row, t in enumerate(spent["attempts"]):
+        for phase, start, end in t["segments"]:
+            colour = PHASE_STYLE[phase][0]
+            x0, width = (start - origin) / scale, (end - start) / scale
+            ax.barh(
+                row,
+                width,
+                left=x0,
+                height=0.6,
+                color=colour,
+                edgecolor="#777777" if phase == "queue" else colour,
+                lw=0.5,
+            )
+            if phase not in seen:
+                seen.append(phase)
+            right = max(right, x0 + width)
+        text = end_label(t)
+        if t.get("lost_steps"):
+            text += f", {t['lost_steps']} steps lost"
+        if t.get("goodput") is not None:
+            text += f"  [{t['goodput']:.0%}]"
+        end_x = max((s[2] for s in t["segments"]), default=origin)
+        ax.text((end_x - origin) / scale, row, "  " + text, va="center", fontsize=8)
+    ax.set_yticks(range(n), [f"#{i + 1}" for i in range(n)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, right * 1.3 if right else 1)
+    ax.set_xlabel(f"wall clock since the first submission ({unit})")
+    ratio = spent.get("goodput")
+    title = f"where the time went: {summary['run_name']}"
+    if ratio is not None:
+        title += f", goodput {ratio:.0%} of the allocated time  [per attempt in brackets]"
+    ax.set_title(title, loc="left", fontsize=11)
+    ax.grid(axis="x", alpha=0.3)
+    order = [p for p in PHASE_STYLE if p in seen]
+    handles = [
+        Patch(facecolor=PHASE_STYLE[p][0], edgecolor="#777777" if p == "queue" else PHASE_STYLE[p][0])
+        for p in order
+    ]
+    ax.legend(
+        handles,
+        [PHASE_STYLE[p][1] for p in order],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.5 / (height * 0.77)),  # 0.5 in below the axes: under the x label
+        ncol=min(len(order), 4),
+        fontsize=8,
+        frameon=False,
+    )
+    return _png(fig)
+
+
+# ---- throughput over wall-clock time -----------------------------------------------------------
+
+
+def throughput_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes | None:
+    spent = summary["time"]
+    origin = origin_of(spent)
+    pts = [line for line in lines if line.get("samples_per_s") and line.get("ts")]
+    if origin is None or not pts:
+        return None
+    scale, unit = _clock(spent, origin)
+    fig, (ax, strip) = plt.subplots(
+        2, 1, figsize=(10, 4.2), sharex=True, gridspec_kw={"height_ratios": [7, 1], "hspace": 0.08}
+    )
+    keys = [a["attempt"] for a in spent["attempts"]]
+    for key in dict.fromkeys(str(p.get("attempt")) for p in pts):
+        rows = [p for p in pts if str(p.get("attempt")) == key]
+        number = keys.index(key) + 1 if key in keys else "?"
+        xs = [(p["ts"] - origin) / scale for p in rows]
+        ax.plot(xs, [p["samples_per_s"] for p in rows], "o-", ms=3, lw=1.2, label=f"#{number}")
+    # the timeline's phases as one strip under the curve: why the curve has gaps
+    for t in spent["attempts"]:
+        for phase, start, end in t["segments"]:
+            width = (end - start) / scale
+            strip.barh(0, width, left=(start - origin) / scale, color=PHASE_STYLE[phase][0], height=1)
+    strip.set_yticks([0], ["phase"])
+    strip.set_ylim(-0.5, 0.5)
+    strip.set_xlabel(f"wall clock since the first submission ({unit})")
+    ax.set_ylim(bottom=0)
+    ax.set_ylabel("samples/s (per logging window)")
+    ax.set_title(
+        "throughput while training (the strip: each moment's phase, coloured as in the timeline)",
+        loc="left",
+        fontsize=11,
+    )
+    ax.grid(alpha=0.3)
+    if len(keys) <= MAX_LABELLED_ATTEMPTS:
+        ax.legend(title="attempt", fontsize=8, ncol=min(len(keys), 6), loc="lower right")
+    return _png(fig)
+
+
+# ---- per-rank step time, where the trainer records it ---------------------------------------
+
+
+def rank_times(line: dict[str, Any]) -> dict[int, float]:
+    for key, value in line.items():
+        if RANK_TIME_KEY.match(key):
+            if isinstance(value, list):
+                return {i: float(v) for i, v in enumerate(value) if isinstance(v, (int, float))}
+            if isinstance(value, dict):
+                return {int(k): float(v) for k, v in value.items() if isinstance(v, (int, float))}
+    return {}
+
+
+def ranks_figure(lines: list[dict[str, Any]]) -> bytes | None:
+    series: dict[int, list[tuple[int, float]]] = {}
+    for line in lines:
+        for rank, seconds in rank_times(line).items():
+            series.setdefault(rank, []).append((int(line["step"]), seconds))
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 3.6))
+    for rank in sorted(series):
+        ax.plot(*zip(*series[rank], strict=True), lw=1, label=f"rank {rank}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("step time (s)")
+    ax.set_ylim(0, 1.15 * max(t for pts in series.values() for _, t in pts))
+    ax.set_title("step time per rank (a straggler stands out above the others)", loc="left", fontsize=11)
+    ax.grid(alpha=0.3)
+    if len(series) <= 16:
+        ax.legend(fontsize=8, ncol=min(len(series), 8))
+    return _png(fig)
+
+
+# ---- a sweep: its points side by side ----------------------------------------------------------
+
+
+def sweep_figure(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> bytes | None:
+    """(name, summary, metrics lines) per point: loss against step, and each point's goodput."""
+    if not any(lines for _, _, lines in points):
+        return None
+    fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]})
+    for name, _, lines in points:
+        latest: dict[int, float] = {}
+        for line in lines:  # a step computed twice (lost to a crash) shows its kept value
+            if line.get("loss") is not None:
+                latest[int(line["step"])] = float(line["loss"])
+        if latest:
+            steps = sorted(latest)
+            ax.plot(steps, [latest[s] for s in steps], lw=1.4, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title("loss of every point", loc="left", fontsize=11)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    names = [name for name, _, _ in points]
+    ratios = [float((s.get("time") or {}).get("goodput") or 0.0) for _, s, _ in points]
+    bars.barh(range(len(names)), ratios, color=PHASE_STYLE["training"][0])
+    for i, (ratio, (_, s, _)) in enumerate(zip(ratios, points, strict=True)):
+        bars.text(ratio, i, f" {ratio:.0%} ({s['state']})", va="center", fontsize=8)
+    bars.set_yticks(range(len(names)), names, fontsize=8)
+    bars.invert_yaxis()
+    bars.set_xlim(0, 1.35)
+    bars.set_xlabel("goodput (kept training / allocated time)")
+    bars.set_title("goodput of every point", loc="left", fontsize=11)
+    return _png(fig)

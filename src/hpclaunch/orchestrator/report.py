@@ -1,0 +1,283 @@
+"""``hpclaunch report``: a run's story as PNG figures and one self-contained HTML page.
+
+The page embeds every figure (base64), so it can be mailed or attached as one file; the PNGs are
+written beside it for slides and notebooks. Everything is rendered in memory first and written
+only at the end (each file atomically), so a failure leaves no half-written report. Works on a
+running run (the current attempt ends "now"), a finished one, and a sweep (its points compared
+in one figure, each point's own report in a sub-directory). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunNotFoundError, UserInputError
+from ..fsutil import read_jsonl
+from ..rundir import RunPaths
+from ..rundir.readers import sweep_roots
+from .accounting import PHASES, fmt_seconds
+from .status import summarize
+
+FIGURE_TITLES = {
+    "timeline.png": "Where the time went",
+    "loss.png": "Loss",
+    "throughput.png": "Throughput",
+    "ranks.png": "Step time per rank",
+    "sweep.png": "The sweep's points",
+}
+
+
+@dataclass
+class Report:
+    directory: Path
+    page: Path
+    figures: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what could not be drawn, and why
+    points: list[Report] = field(default_factory=list)
+
+
+def build_report(run: Path, out: Path | None = None, *, scheduler_status: Any = None) -> Report:
+    """Render the report of ``run`` (a run or a sweep's root) into ``out`` (default RUN/report)."""
+    paths = RunPaths(Path(run))
+    if not paths.is_run():
+        raise RunNotFoundError(
+            f"{run} is not a hpclaunch run directory", where="RUN", hint="see runs/ for your runs"
+        )
+    out = Path(out) if out is not None else paths.root / "report"
+    points = sweep_roots(paths)
+    files = _sweep_files(paths.root, points) if points else _run_files(paths.root, scheduler_status)
+    return _write(out, files)
+
+
+# ---- one run -------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Files:
+    """A report rendered in memory: file name -> bytes, and the same for sub-reports."""
+
+    items: dict[str, bytes]
+    notes: list[str]
+    subdirs: dict[str, _Files] = field(default_factory=dict)
+
+
+def _run_summary(root: Path, scheduler_status: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    summary = summarize(root, scheduler_status=scheduler_status)
+    summary["run_name"] = root.name
+    ends = {a["attempt"]: a for a in summary["attempts"]}
+    for t in summary["time"]["attempts"]:  # how each attempt ended, beside where its time went
+        a = ends.get(t["attempt"], {})
+        t.update(end=a.get("end"), cause=a.get("cause"), error=a.get("error"), job_id=a.get("job_id"))
+    return summary, read_jsonl(RunPaths(root).metrics)
+
+
+def _run_files(root: Path, scheduler_status: Any) -> _Files:
+    return _files_of(root, *_run_summary(root, scheduler_status))
+
+
+def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) -> _Files:
+    from . import figures
+
+    if not any(line.get("step") is not None for line in lines):
+        raise UserInputError(
+            f"{root} has no metrics yet: the run has not logged a step",
+            where="report",
+            hint=f"wait for its first log step (train.log_every), or see: hpclaunch status {root}",
+        )
+    drawn = {
+        "timeline.png": figures.timeline_figure(summary),
+        "loss.png": figures.loss_figure(summary, lines),
+        "throughput.png": figures.throughput_figure(summary, lines),
+        "ranks.png": figures.ranks_figure(lines),
+    }
+    notes = []
+    if drawn["ranks.png"] is None:
+        notes.append("per-rank step times are not recorded in this run's metrics")
+    if drawn["loss.png"] is None:
+        notes.append("no finite loss was logged yet")
+    items = {name: png for name, png in drawn.items() if png is not None}
+    items["index.html"] = _run_page(summary, items, notes).encode()
+    return _Files(items, notes)
+
+
+def _run_page(summary: dict[str, Any], pngs: dict[str, bytes], notes: list[str]) -> str:
+    spent = summary["time"]
+    ratio = spent.get("goodput")
+    steps = f"step {summary['step']}/{summary.get('steps') or '?'}"
+    loss = summary.get("loss")
+    head = [
+        f"<p><b>{_e(summary['state'])}</b> &middot; {_e(steps)}"
+        + (f" &middot; loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+        + f" &middot; {len(spent['attempts'])} attempts, {summary['requeues']} requeues</p>",
+    ]
+    if ratio is not None:
+        head.append(
+            f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent['training_s'])} of kept training in "
+            f"{fmt_seconds(spent['allocated_s'])} allocated (queue {fmt_seconds(spent['queue_s'])} apart)</p>"
+        )
+    gp = summary["goodput"]
+    head.append(
+        f"<p>steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed; "
+        f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped</p>"
+    )
+    body = [_time_table(spent), *_figure_blocks(pngs), _attempts_table(summary)]
+    body += [f"<p class='note'>{_e(n)}</p>" for n in notes]
+    return _page(f"hpclaunch report: {summary['run_name']}", summary["run"], head + body)
+
+
+def _time_table(spent: dict[str, Any]) -> str:
+    from .figures import PHASE_STYLE
+
+    cols = "".join(
+        f"<th><span class='sw' style='background:{PHASE_STYLE[p][0]}'></span>{_e(PHASE_STYLE[p][1])}</th>"
+        for p in PHASES
+    )
+    rows = []
+    for i, a in enumerate(spent["attempts"], 1):
+        rows.append(_time_row(f"#{i} {a['attempt']}", a))
+    if len(spent["attempts"]) > 1:
+        rows.append(_time_row("run", spent, bold=True))
+    return (
+        "<h2>Time by phase (seconds)</h2><table><tr><th>attempt</th>"
+        + cols
+        + "<th>allocated</th><th>goodput</th><th>lost steps</th></tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
+def _time_row(label: str, t: dict[str, Any], *, bold: bool = False) -> str:
+    cells = "".join(f"<td>{float(t.get(f'{p}_s') or 0):.1f}</td>" for p in PHASES)
+    ratio = t.get("goodput")
+    tag = " class='total'" if bold else ""
+    return (
+        f"<tr{tag}><td>{_e(label)}</td>{cells}<td>{float(t.get('allocated_s') or 0):.1f}</td>"
+        f"<td>{f'{ratio:.1%}' if ratio is not None else '-'}</td><td>{t.get('lost_steps') or 0}</td></tr>"
+    )
+
+
+def _figure_blocks(pngs: dict[str, bytes]) -> list[str]:
+    out = []
+    for name, title in FIGURE_TITLES.items():
+        if name in pngs:
+            data = base64.b64encode(pngs[name]).decode()
+            out.append(f"<h2>{_e(title)}</h2><img alt='{_e(title)}' src='data:image/png;base64,{data}'>")
+    return out
+
+
+def _attempts_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for i, a in enumerate(summary["attempts"], 1):
+        steps = f"{a['resumed_step']} → {a['last_step']}" if a.get("resumed_step") is not None else "-"
+        started = (
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["started"])) if a.get("started") else "-"
+        )
+        rows.append(
+            f"<tr><td>#{i}</td><td>{_e(a['attempt'])}</td><td>{_e(started)}</td><td>{_e(steps)}</td>"
+            f"<td>{_e(str(a.get('checkpoint_step') or '-'))}</td><td>{_e(a['end'])}</td>"
+            f"<td>{_e(a.get('cause') or '')}</td><td>{_e(a.get('error') or '')}</td></tr>"
+        )
+    return (
+        "<h2>Attempts</h2><table><tr><th>#</th><th>attempt</th><th>started</th><th>steps</th>"
+        "<th>checkpoint</th><th>end</th><th>cause</th><th>error</th></tr>" + "".join(rows) + "</table>"
+    )
+
+
+# ---- a sweep -------------------------------------------------------------------------------------
+
+
+def _sweep_files(root: Path, points: list[Path]) -> _Files:
+    from . import figures
+
+    gathered = []
+    subdirs: dict[str, _Files] = {}
+    notes = []
+    for point in points:
+        if not RunPaths(point).is_run():
+            notes.append(f"point {point.name}: not started (no run directory yet)")
+            continue
+        summary, lines = _run_summary(point, None)
+        gathered.append((point.name, summary, lines))
+        try:
+            subdirs[point.name] = _files_of(point, summary, lines)
+        except UserInputError as e:
+            notes.append(f"point {point.name}: {e.one_line()}")
+    sweep_png = figures.sweep_figure(gathered)
+    if sweep_png is None:
+        raise UserInputError(
+            f"{root} is a sweep whose points have no metrics yet",
+            where="report",
+            hint=f"wait for their first log steps, or see: hpclaunch status {root}",
+        )
+    items = {"sweep.png": sweep_png}
+    links = "".join(
+        f"<tr><td><a href='{_e(name)}/index.html'>{_e(name)}</a></td><td>{_e(s['state'])}</td>"
+        f"<td>{s['step']}/{s.get('steps') or '?'}</td>"
+        f"<td>{_pct((s.get('time') or {}).get('goodput'))}</td></tr>"
+        for name, s, _ in gathered
+        if name in subdirs
+    )
+    body = [
+        *_figure_blocks(items),
+        "<h2>Points</h2><table><tr><th>point</th><th>state</th><th>step</th><th>goodput</th></tr>"
+        + links
+        + "</table>",
+        *(f"<p class='note'>{_e(n)}</p>" for n in notes),
+    ]
+    items["index.html"] = _page(f"hpclaunch report: sweep {root.name}", str(root), body).encode()
+    return _Files(items, notes, subdirs)
+
+
+# ---- the page and the files ----------------------------------------------------------------------
+
+_STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222}
+h1{font-size:1.5em;margin-bottom:0.2em} h2{font-size:1.15em;margin-top:1.6em}
+table{border-collapse:collapse;font-size:0.9em} td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
+td:first-child,th:first-child{text-align:left} tr.total{font-weight:bold} img{max-width:100%}
+.sw{display:inline-block;width:0.8em;height:0.8em;margin-right:4px;border:1px solid #999}
+.big{font-size:1.1em} .note{color:#8a6d00} .muted{color:#777;font-size:0.85em}
+"""
+
+
+def _page(title: str, where: str, body: list[str]) -> str:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    return (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{_e(title)}</title>"
+        f"<style>{_STYLE}</style></head><body><h1>{_e(title)}</h1>"
+        f"<p class='muted'>{_e(where)} &middot; generated {stamp} by hpclaunch report</p>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
+
+
+def _write(out: Path, files: _Files) -> Report:
+    report = Report(directory=out, page=out / "index.html", notes=list(files.notes))
+    out.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items.items():
+        _atomic_write_bytes(out / name, data)
+        if name.endswith(".png"):
+            report.figures.append(out / name)
+    for name, sub in files.subdirs.items():
+        report.points.append(_write(out / name, sub))
+    return report
+
+
+def _atomic_write_bytes(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _e(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _pct(value: float | None) -> str:
+    return f"{value:.1%}" if value is not None else "-"

@@ -1,0 +1,105 @@
+"""What ``status`` says about stragglers: the slowest rank now, and the ranks the watchdog reported.
+
+Reads the per-rank step-time summaries (``RUN/steptimes/rank<r>.jsonl``, only their last lines) and
+the ledger's ``straggler`` events (written by node 0's watchdog, ``jobs.stragglers``). Own work per
+step is compared, never wall time: the collectives make every rank's step as long as the slowest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from ..rundir import STRAGGLER, RunPaths
+from ..rundir.progress import steptimes_dir
+
+_TAIL_BYTES = 4096  # a few summaries: enough for each rank's latest
+
+
+def straggler_summary(paths: RunPaths, events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """``{"slowest": {...} | None, "reported": [...]}`` for ``status --json``."""
+    reported = [
+        {k: e.get(k) for k in ("attempt", "rank", "rank_node", "step", "work_s", "fastest_s", "ratio")}
+        for e in events
+        if e.get("event") == STRAGGLER
+    ]
+    return {"slowest": slowest_rank(paths), "reported": reported}
+
+
+def slowest_rank(paths: RunPaths) -> dict[str, Any] | None:
+    """The rank with the most own work per step in the latest summary every rank wrote."""
+    latest = [
+        line for line in (_last_line(p) for p in sorted(steptimes_dir(paths).glob("rank*.jsonl"))) if line
+    ]
+    if not latest:
+        return None
+    newest = max(latest, key=lambda line: float(line.get("ts") or 0))
+    same = [
+        line
+        for line in latest
+        if line.get("attempt") == newest.get("attempt") and isinstance(line.get("work_s"), (int, float))
+    ]
+    if not same:
+        return None
+    slow = max(same, key=lambda line: float(line["work_s"]))
+    fast = min(same, key=lambda line: float(line["work_s"]))
+    ratio = round(float(slow["work_s"]) / float(fast["work_s"]), 3) if fast["work_s"] else None
+    return {
+        "rank": slow.get("rank"),
+        "node": slow.get("node"),
+        "attempt": slow.get("attempt"),
+        "step": slow.get("step"),
+        "work_s": slow.get("work_s"),
+        "wait_s": slow.get("wait_s"),
+        "fastest_rank": fast.get("rank"),
+        "fastest_s": fast.get("work_s"),
+        "ratio": ratio,
+        "ranks": len(same),
+        "basis": slow.get("basis"),
+    }
+
+
+def describe(summary: dict[str, Any] | None) -> str | None:
+    """One status line, or None when no rank has summarised a step yet."""
+    if not summary:
+        return None
+    slow, reported = summary.get("slowest"), summary.get("reported") or []
+    parts = []
+    if slow:
+        ratio = (
+            f", {slow['ratio']:.2f}x the fastest (rank {slow['fastest_rank']})" if slow.get("ratio") else ""
+        )
+        parts.append(
+            f"slowest rank {slow['rank']} on {slow['node']}: {float(slow['work_s']) * 1000:.1f} ms own work "
+            f"per step{ratio} at step {slow['step']}"
+        )
+    if reported:
+        names = ", ".join(
+            f"rank {r['rank']} on {r['rank_node']}" + (f" ({r['ratio']:.2f}x)" if r.get("ratio") else "")
+            for r in reported
+        )
+        parts.append(f"stragglers: {names}")
+    elif slow:
+        parts.append("no stragglers")
+    return "; ".join(parts) or None
+
+
+def _last_line(path: Path) -> dict[str, Any] | None:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - _TAIL_BYTES))
+            data = f.read()
+    except OSError:
+        return None
+    for raw in reversed(data.splitlines()):
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue  # a torn last line, or the cut first one
+        if isinstance(obj, dict):
+            return obj
+    return None

@@ -1,0 +1,48 @@
+"""What the time accounting reads from a run directory: the merged ledger, metrics.jsonl, rank 0's
+progress file per attempt and the plan's time limit (``accounting.account`` does the arithmetic)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..fsutil import read_jsonl
+from ..rundir import RunPaths, read_events
+from .accounting import RunTime, account, attempt_keys
+
+
+def read_progress(paths: RunPaths, attempt: str) -> dict[str, Any] | None:
+    """Rank 0's last progress record of ``attempt`` (written about once a second by the trainer)."""
+    try:
+        data = json.loads((paths.attempt_dir(attempt) / "rank0.progress.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def time_limit_of(paths: RunPaths) -> float | None:
+    """The limit the scheduler applies to each attempt (SLURM counts whole minutes)."""
+    try:
+        data = json.loads(paths.plan.read_text())
+        limit = float(data["time_limit_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return max(1, math.ceil(limit / 60)) * 60.0 if data.get("scheduler") == "slurm" else limit
+
+
+def run_time(
+    run: Path,
+    *,
+    events: list[dict[str, Any]] | None = None,
+    metrics: list[dict[str, Any]] | None = None,
+    live: bool = False,
+    now: float | None = None,
+) -> RunTime:
+    """``account()`` of the run directory ``run`` (events and metrics may be passed in when read)."""
+    paths = RunPaths(run)
+    events = read_events(paths).events if events is None else events
+    metrics = read_jsonl(paths.metrics) if metrics is None else metrics
+    progress = {k: p for k in attempt_keys(events) if (p := read_progress(paths, k)) is not None}
+    return account(events, metrics, time_limit_s=time_limit_of(paths), progress=progress, live=live, now=now)

@@ -1,0 +1,134 @@
+"""Each rank's progress, its stacks and its step times: what a rank writes, the node agent's watchdog
+and ``status`` read.
+
+```
+RUN/attempts/<attempt>/rank<r>.progress.json   heartbeat, replaced about once a second
+RUN/logs/attempt-<attempt>/rank<r>.stacks.txt   Python stacks of every thread, appended on STACK_SIGNAL
+RUN/logs/attempt-<attempt>/nccl/                NCCL flight recorder: trigger pipes and dumps (NCCL only)
+RUN/steptimes/rank<r>.jsonl                     one line per N steps: this rank's step time, split
+RUN/attempts/<attempt>/hang.json                node 0's watchdog verdict (the other nodes act on it)
+```
+
+One file per rank, no collective: a rank stuck in a collective cannot take part in another one, and
+a file per writer is the ledger's rule too (appends from several hosts are not atomic on NFS).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .paths import RunPaths
+
+PHASES = ("startup", "load", "data", "compute", "collective", "save", "eval", "done")
+# Where a phase lies within one step: a rank at a lower (step, order) is behind one at a higher.
+PHASE_ORDER = {name: i for i, name in enumerate(PHASES)}
+TRAINING_PHASES = ("data", "compute", "collective")
+
+# The signal a worker dumps its stacks on (faulthandler, in C: it works while the main thread is
+# stuck in a C call). SIGURG's default action is to do nothing, so a worker that has not registered
+# the handler yet (still importing torch) ignores it instead of dying.
+STACK_SIGNAL = signal.SIGURG
+
+# File stems torch's flight recorder appends the rank to (TORCH_FR_DUMP_TEMP_FILE and
+# TORCH_NCCL_DEBUG_INFO_PIPE_FILE): writing to "<pipe stem><rank>.pipe" makes a rank dump.
+NCCL_TRACE_STEM = "nccl_trace_rank_"
+NCCL_PIPE_STEM = "nccl_pipe_rank_"
+
+
+def progress_file(paths: RunPaths, attempt: str, rank: int) -> Path:
+    return paths.attempt_dir(attempt) / f"rank{rank}.progress.json"
+
+
+def stacks_file(paths: RunPaths, attempt: str, rank: int) -> Path:
+    return paths.attempt_logs(attempt) / f"rank{rank}.stacks.txt"
+
+
+def nccl_dump_dir(paths: RunPaths, attempt: str) -> Path:
+    return paths.attempt_logs(attempt) / "nccl"
+
+
+def steptimes_dir(paths: RunPaths) -> Path:
+    return paths.root / "steptimes"
+
+
+def steptimes_file(paths: RunPaths, rank: int) -> Path:
+    return steptimes_dir(paths) / f"rank{rank}.jsonl"
+
+
+def hang_file(paths: RunPaths, attempt: str) -> Path:
+    return paths.attempt_dir(attempt) / "hang.json"
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One rank's heartbeat as read back (see ``trainer.progress`` for the writer)."""
+
+    rank: int
+    node: str
+    pid: int | None
+    step: int
+    phase: str
+    phase_since: float
+    updated: float
+    last_step_s: float | None = None  # wall time of the last step this attempt (None: no step yet)
+    recent_max_step_s: float | None = None  # slowest of the last few steps
+    waiting: str | None = None  # the torch.distributed call the main thread is blocked in, if any
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ProgressRecord:
+        phase = str(data.get("phase", "startup"))
+        return cls(
+            rank=int(data["rank"]),
+            node=str(data.get("node") or data.get("host") or "?"),
+            pid=int(data["pid"]) if data.get("pid") is not None else None,
+            step=int(data.get("step", 0)),
+            phase=phase if phase in PHASE_ORDER else "startup",
+            phase_since=float(data.get("phase_since", 0.0)),
+            updated=float(data.get("updated", 0.0)),
+            last_step_s=_float(data.get("last_step_s")),
+            recent_max_step_s=_float(data.get("recent_max_step_s")),
+            waiting=str(data["waiting"]) if data.get("waiting") else None,
+        )
+
+
+def read_progress(paths: RunPaths, attempt: str) -> dict[int, ProgressRecord]:
+    """Every rank's latest heartbeat of ``attempt`` (a rank without a readable file is left out)."""
+    out: dict[int, ProgressRecord] = {}
+    directory = paths.attempt_dir(attempt)
+    if not directory.is_dir():
+        return out
+    for path in directory.glob("rank*.progress.json"):
+        try:
+            record = ProgressRecord.from_json(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # replaced whole, so only a file being created can be unreadable
+        out[record.rank] = record
+    return out
+
+
+def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+    """Complete JSON lines of ``path`` after byte ``offset``, and the offset after the last one."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except OSError:
+        return [], offset
+    end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
+    lines: list[dict[str, Any]] = []
+    for raw in data[:end].splitlines():
+        try:
+            obj = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            lines.append(obj)
+    return lines, offset + end
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None

@@ -1,0 +1,107 @@
+"""``hpclaunch report`` on synthetic run directories: every figure, the page, a sweep, bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tests.unit.test_accounting import EVENTS, LIMIT, METRICS
+
+from hpclaunch.orchestrator.report import build_report
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def make_run(root: Path, *, metrics: bool = True, extra: bool = True) -> Path:
+    root.mkdir(parents=True)
+    (root / "plan.json").write_text(json.dumps({"time_limit_s": LIMIT, "scheduler": "local"}))
+    (root / "config.yaml").write_text("train:\n  steps: 70\n")
+    (root / "events").mkdir()
+    (root / "events" / "all-host-1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in EVENTS))
+    if metrics:
+        lines = []
+        for m in METRICS:
+            line = {**m, "text_loss": 0.6, "latent_loss": 0.4, "samples_per_s": 16.0}
+            if extra:
+                line["rank_step_time_s"] = [1.0, 1.3 if m["step"] > 40 else 1.0]
+                if m["step"] % 20 == 0:
+                    line["val_loss"] = 0.9
+            lines.append(line)
+        (root / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return root
+
+
+def test_a_run_gets_every_figure_and_one_page_that_embeds_them(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "runs" / "a<b>&c")
+    report = build_report(run)
+    assert report.directory == run / "report"
+    assert sorted(p.name for p in report.figures) == [
+        "loss.png",
+        "ranks.png",
+        "throughput.png",
+        "timeline.png",
+    ]
+    for png in report.figures:
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    page = report.page.read_text()
+    assert page.count("data:image/png;base64,") == 4
+    assert "a&lt;b&gt;&amp;c" in page and "a<b>" not in page  # the run's name is escaped
+    assert "crash" in page and "lost steps" in page and report.notes == []
+    assert not list(report.directory.glob(".*tmp*"))  # written atomically, nothing left over
+
+
+def test_a_run_without_per_rank_times_says_so(tmp_path: Path) -> None:
+    report = build_report(make_run(tmp_path / "r", extra=False), tmp_path / "out")
+    assert "ranks.png" not in {p.name for p in report.figures}
+    assert report.notes == ["per-rank step times are not recorded in this run's metrics"]
+    assert "per-rank step times are not recorded" in report.page.read_text()
+
+
+def test_a_sweep_compares_its_points_and_reports_each(tmp_path: Path) -> None:
+    root = tmp_path / "sweep"
+    a = make_run(root / "lr-1")
+    b = make_run(root / "lr-2", metrics=False)
+    (root / "plan.json").write_text("{}")
+    (root / "sweep.json").write_text(json.dumps({"points": [{"run_dir": str(a)}, {"run_dir": str(b)}]}))
+    report = build_report(root)
+    assert [p.name for p in report.figures] == ["sweep.png"]
+    assert [p.directory.name for p in report.points] == ["lr-1"]
+    assert (root / "report" / "lr-1" / "loss.png").exists()
+    assert any("lr-2" in n and "no metrics yet" in n for n in report.notes)
+    assert "lr-1/index.html" in report.page.read_text()
+
+
+def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hpclaunch", *args], cwd=cwd, capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("case", ["not a run", "no metrics"])
+def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, case: str) -> None:
+    run = tmp_path / "x"
+    if case == "no metrics":
+        make_run(run, metrics=False)
+    else:
+        run.mkdir()
+    result = _cli("report", str(run), "-o", str(tmp_path / "out"), cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("hpclaunch: error:") and "Traceback" not in result.stderr
+    assert ("is not a hpclaunch run directory" if case == "not a run" else "has no metrics yet") in first
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_draws_without_torch(tmp_path: Path) -> None:
+    run = make_run(tmp_path / "r")
+    result = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "hpclaunch", "report", str(run)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"report: {run / 'report' / 'index.html'}" in result.stdout
+    modules = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if "|" in line}
+    assert "matplotlib" in modules and not any(m == "torch" or m.startswith("torch.") for m in modules)
