@@ -107,3 +107,17 @@ def test_array_task_ids() -> None:
     assert array_task_id("pbs", "12[].pbshead", 3) == "12[3].pbshead"
     assert array_task_id("slurm", "12", 3) == "12_3"
     assert array_task_id("pbs", "12", 1) == "12[1]"  # Slurm's Torque emulation answers a bare number
+
+
+def test_kill_grace_is_the_queue_kill_delay(monkeypatch: pytest.MonkeyPatch) -> None:
+    queues = (DATA / "queues.json").read_text()
+
+    class Done:
+        returncode, stdout = 0, queues
+
+    monkeypatch.setenv("PBS_JOBID", "39.pbshead")
+    monkeypatch.setattr(pbs, "own_job", lambda job_id: job(queue="short"))
+    monkeypatch.setattr(pbs.subprocess, "run", lambda *a, **k: Done())
+    assert pbs.PbsScheduler().kill_grace_s(plan()) == 1.0
+    monkeypatch.setattr(pbs, "own_job", lambda job_id: None)
+    assert pbs.PbsScheduler().kill_grace_s(plan()) == 10.0  # no queue known: PBS's default

@@ -13,6 +13,7 @@ substate RERUN (PBS runs the same job again, so nothing is submitted), a ``qdel`
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -220,9 +221,23 @@ class PbsScheduler:
         return Continuation(submit_after(paths.root / rendered.filename, paths, ctx))
 
     def kill_grace_s(self, plan: JobPlan) -> float:
-        # The queue's kill_delay; PBS's default is 10 s (preflight names a queue whose delay is
-        # shorter than a save).
-        return 10.0
+        """The kill_delay of this job's queue (preflight names a queue whose delay is shorter than
+        a save); PBS's default, 10 s, where the server does not say."""
+        queue = plan.partition
+        job = own_job(os.environ.get("PBS_JOBID", "")) if os.environ.get("PBS_JOBID") else None
+        if job is not None and job.queue:
+            queue = job.queue
+        if queue:
+            try:
+                out = subprocess.run(
+                    ["qstat", "-Q", "-f", "-F", "json", queue], capture_output=True, text=True, timeout=20
+                )
+                found = pbs_json.parse_queues(out.stdout).get(queue) if out.returncode == 0 else None
+                if found is not None and found.kill_delay_s is not None:
+                    return float(found.kill_delay_s)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        return float(pbs_json.DEFAULT_KILL_DELAY_S)
 
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["qdel", ctx.job_id], what="qdel")
