@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit cluster pbs demo golden docs bench cluster-up cluster-down clean
+.PHONY: venv test lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
 
 # torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
 $(STAMP): pyproject.toml
@@ -63,6 +63,13 @@ bench: venv
 	$(BIN)/python bench/checkpoint_stall.py
 	$(BIN)/python bench/restart_cost.py  # its SLURM scenario needs the local cluster (root)
 	$(BIN)/python bench/watchdog.py
+	$(BIN)/python bench/data_path.py
+	$(BIN)/python bench/fsdp_vs_ddp.py
+
+# On a machine with GPUs (a CUDA build of torch 2.13 in .venv): bf16 FSDP steps of a ~1B MMDiT on
+# every visible GPU, MFU, peak memory, async-checkpoint stall, determinism and bitwise resume.
+gpu-check: venv
+	$(BIN)/python bench/gpu_check.py --out gpu-check.json
 
 cluster-up:
 	scripts/local-slurm up

@@ -5,7 +5,10 @@ same objective, batch, optimizer and number of steps:
 
 (a) bare: ~20 lines; batches read in order, diffusion times/masks/noise from torch's global RNG;
 (b) hpclaunch: ``Trainer.run`` without checkpoints: per-sample deterministic draws, LR schedule,
-    NaN guard (one host sync a step), on-device metrics and metrics.jsonl lines, stop checks.
+    NaN guard (one host sync a step), on-device metrics and metrics.jsonl lines, stop checks,
+    the failed-background-save check; EMA and validation off (their defaults), and the data read
+    in the training process (``--workers 0``, the default here) so that CPU time compares the same
+    work: with workers the data path runs in other processes (see ``bench/data_path.py``).
 
 The two alternate for ``--rounds`` rounds of ``--steps`` steps; reported: the best round of
 each, and the medians of the per-round ratios by wall time and by process CPU time (paired rounds
@@ -30,7 +33,8 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data import ShardedDataset
-from hpclaunch.trainer.loop import Trainer, set_deterministic
+from hpclaunch.trainer.dist import set_deterministic
+from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import Draws, compute_losses
 
@@ -83,6 +87,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=8, help="alternating rounds")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 = least noise)")
     ap.add_argument("--log-every", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=0, help="data.num_workers of the hpclaunch loop")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -96,6 +101,7 @@ def main() -> None:
             "scheduler.procs_per_node=1",
             f"train.steps={args.steps}",
             f"train.log_every={args.log_every}",
+            f"data.num_workers={args.workers}",
             f"data.token_dir={root / 'data/tokens'}",
             f"data.latent_dir={root / 'data/latents'}",
         ]

@@ -310,6 +310,30 @@ class DataConfig(_Section):
         "data/tiny/latents",
         description="Directory of *.npy shards [N, latent_len, latent_dim], paired by stem.",
     )
+    val_token_dir: str | None = Field(
+        None, description="Validation token shards (same format); null = none, or data.val_fraction."
+    )
+    val_latent_dir: str | None = Field(
+        None, description="Validation latent shards, paired with data.val_token_dir by stem."
+    )
+    val_fraction: float = Field(
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="Hold out this fraction of the training samples for validation (fixed by train.seed).",
+    )
+    pad_id: int | None = Field(
+        None,
+        ge=0,
+        description="Token id that pads variable-length text (masked out of attention and loss); null = fixed-length text.",
+    )
+    num_workers: int = Field(
+        1,
+        ge=0,
+        le=64,
+        description="DataLoader worker processes per rank (raise it where cores are spare); 0 = read in the training process.",
+    )
+    prefetch_factor: int = Field(2, ge=1, le=64, description="Steps of data each worker prepares ahead.")
 
 
 class TrainConfig(_Section):
@@ -341,6 +365,37 @@ class TrainConfig(_Section):
     log_every: int = Field(10, ge=1, description="Steps between metrics lines.")
     max_nonfinite_skips: int = Field(
         5, ge=1, description="Consecutive non-finite steps that end the run with an error."
+    )
+    parallel: Literal["ddp", "fsdp"] = Field(
+        "ddp",
+        description="ddp: every rank holds the whole model; fsdp: FSDP2 shards parameters, gradients and optimizer state per MMDiT block.",
+    )
+    fsdp_shard_size: int | None = Field(
+        None,
+        ge=1,
+        description="fsdp: shard within groups of this many ranks and replicate across groups (HSDP, e.g. the GPUs of a node); null = all ranks.",
+    )
+    activation_checkpointing: bool = Field(
+        False, description="Recompute each MMDiT block's activations in the backward pass (less memory)."
+    )
+    compile: bool = Field(False, description="torch.compile each MMDiT block.")
+    ema_decay: float | None = Field(
+        None,
+        gt=0,
+        lt=1,
+        description="Keep an exponential moving average of the weights (e.g. 0.9999), used by validation and sampling; null = off.",
+    )
+    eval_every: int | None = Field(
+        None, ge=1, description="Steps between validation losses (needs a validation set); null = off."
+    )
+    eval_samples: int = Field(
+        256, ge=1, description="Validation samples per evaluation (the same fixed ones every time)."
+    )
+    tensorboard: bool = Field(True, description="Write TensorBoard event files to RUN/tensorboard (rank 0).")
+    memory_budget_gb: float | None = Field(
+        None,
+        gt=0,
+        description="GPU memory per rank that preflight's estimate must fit; null = what the probe sees on the GPUs.",
     )
 
     @field_validator("betas")
@@ -543,7 +598,40 @@ class RunConfig(_Section):
         for key, rank in knobs:
             if rank >= world:
                 raise KeyedValueError(key, f"rank {rank} does not exist (world size {world})")
+        self._check_data_and_parallel()
         return self
+
+    def _check_data_and_parallel(self) -> None:
+        d, t, m = self.data, self.train, self.model
+        if d.pad_id is not None and d.pad_id >= m.vocab_size:
+            raise KeyedValueError(
+                "data.pad_id",
+                f"{d.pad_id} is outside the vocabulary (model.vocab_size={m.vocab_size}: ids 0..{m.vocab_size - 1}); "
+                "use the tokenizer's pad id",
+            )
+        if (d.val_token_dir is None) != (d.val_latent_dir is None):
+            missing = "data.val_latent_dir" if d.val_latent_dir is None else "data.val_token_dir"
+            raise KeyedValueError(
+                missing, "is missing: validation needs both val_token_dir and val_latent_dir"
+            )
+        if d.val_token_dir is not None and d.val_fraction > 0:
+            raise KeyedValueError(
+                "data.val_fraction", "give validation directories or a held-out fraction, not both"
+            )
+        if t.eval_every is not None and d.val_token_dir is None and d.val_fraction == 0:
+            raise KeyedValueError(
+                "train.eval_every",
+                "needs a validation set: set data.val_token_dir + data.val_latent_dir or data.val_fraction",
+            )
+        world = self.scheduler.world_size
+        if t.fsdp_shard_size is not None:
+            if t.parallel != "fsdp":
+                raise KeyedValueError("train.fsdp_shard_size", "only applies to train.parallel: fsdp")
+            if world % t.fsdp_shard_size:
+                raise KeyedValueError(
+                    "train.fsdp_shard_size",
+                    f"{t.fsdp_shard_size} does not divide the {world} ranks (scheduler.nodes x procs_per_node)",
+                )
 
     # ---- derived values -------------------------------------------------------------------
 
@@ -580,6 +668,8 @@ class RunConfig(_Section):
             update={
                 "token_dir": absolute(self.data.token_dir),
                 "latent_dir": absolute(self.data.latent_dir),
+                "val_token_dir": absolute(self.data.val_token_dir) if self.data.val_token_dir else None,
+                "val_latent_dir": absolute(self.data.val_latent_dir) if self.data.val_latent_dir else None,
             }
         )
         update["data"] = data
@@ -605,8 +695,20 @@ class RunConfig(_Section):
         across machines). What the shards contain is checked by the data validation instead.
         """
         math = {k: v for k, v in self.to_dict().items() if k in ("model", "train")}
-        math["train"] = {k: v for k, v in math["train"].items() if k != "log_every"}
+        defaults = TrainConfig.model_validate({}).model_dump(mode="json")
+        math["train"] = {
+            k: v
+            for k, v in math["train"].items()
+            if k not in _NOT_MATH and not (k in _ADDED_LATER and v == defaults[k])
+        }
         return _hash(math)
+
+
+# Train settings that change what is logged or checked, never the weights.
+_NOT_MATH = ("log_every", "eval_every", "eval_samples", "tensorboard", "memory_budget_gb")
+# Settings added after the first release enter the hash only when set away from their default, so
+# a run (and its checkpoints, and its rendered scripts) keeps its identity across the upgrade.
+_ADDED_LATER = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile", "ema_decay")
 
 
 def _hash(obj: Any) -> str:

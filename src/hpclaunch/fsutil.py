@@ -1,4 +1,4 @@
-"""Small durable-file helpers: atomic replace, directory fsync, append-one-line."""
+"""Small durable-file helpers: atomic replace, directory fsync, append-one-line; how sizes are shown."""
 
 from __future__ import annotations
 
@@ -64,3 +64,12 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         if isinstance(obj, dict):
             out.append(obj)
     return out
+
+
+def human_bytes(n: float) -> str:
+    """``1.5 GiB``-style size (binary units): the one way sizes are shown to users."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_KILL, Checkpointer
+from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL, Checkpointer
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +24,15 @@ WORKER = Path(__file__).parent / "helpers" / "ckpt_worker.py"
 
 
 def launch(
-    run_dir: Path, mode: str, *, nproc: int | None, kill: str | None = None
+    run_dir: Path, mode: str, *, nproc: int | None, kill: str | None = None, fail: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     """torchrun (nproc ranks) or, with nproc=None, plain python (one process, no torch.distributed)."""
-    env = {k: v for k, v in os.environ.items() if k not in (ENV_KILL, ENV_DELAY_WRITE)}
+    env = {k: v for k, v in os.environ.items() if k not in (ENV_KILL, ENV_DELAY_WRITE, ENV_FAIL)}
     env["OMP_NUM_THREADS"] = "1"
     if kill:
         env[ENV_KILL] = kill
+    if fail:
+        env[ENV_FAIL] = fail
     prefix = [sys.executable]
     if nproc is not None:
         prefix += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
@@ -108,3 +110,17 @@ def test_kill_9_after_metadata_before_publish_leaves_nothing_loadable(tmp_path: 
     assert result is not None and result.info.step == 10
     assert [p.name for p, _ in result.skipped] == [leftover.name]
     assert int(state["progress"]["step"]) == 10 and float(state["model"]["w"][0]) == 10.0
+
+
+def test_disk_full_injected_enospc_on_one_of_two_ranks_is_said_in_the_users_words_on_both(
+    tmp_path: Path,
+) -> None:
+    # Rank 1's DCP filesystem writer fails with ENOSPC (injected); DCP hands the failure to every
+    # rank, and every rank says it the same way: where, how much is free, how much is needed.
+    ok(launch(tmp_path, "diskfull", nproc=2, fail="ENOSPC@30:1"))
+    got = results(tmp_path, "diskfull", 2)
+    needed = "the checkpoint needs about 11.4 MiB (saving step 30)"  # 8 MB shared + 2 x 2 MB rank-local
+    for res in got:
+        assert res["error"].startswith(f"no space left on {tmp_path / 'checkpoints'}: "), res
+        assert res["error"].endswith(f" free, {needed}") and "checkpoint.dir" in res["hint"]
+    assert not list((tmp_path / "checkpoints").iterdir())  # the partial save was removed

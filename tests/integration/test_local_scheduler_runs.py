@@ -245,12 +245,16 @@ def test_a_second_writer_is_refused_while_the_run_is_active(work: Path, data: Pa
         assert "this run is active: local job local" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
     trainers = [
-        p for p in psutil.process_iter(["cmdline"]) if "hpclaunch.trainer" in (p.info["cmdline"] or [])
+        p
+        for p in psutil.process_iter(["cmdline", "name"])
+        if "hpclaunch.trainer" in (p.info["cmdline"] or [])
     ]
     ranks = [
         p
         for p in trainers
-        if str(run) in p.info["cmdline"] and "torch.distributed.run" not in p.info["cmdline"]
+        if str(run) in p.info["cmdline"]
+        and "torch.distributed.run" not in p.info["cmdline"]
+        and p.info["name"] != "pt_data_worker"  # the ranks' DataLoader workers (forked copies)
     ]
     assert len(ranks) == 2  # still the one job's 2 ranks, no second writer
     hpclaunch("stop", str(run), cwd=work)

@@ -20,7 +20,8 @@ from hpclaunch.fsutil import read_jsonl
 from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.loop import Trainer, lr_at, main, params_sha256
+from hpclaunch.trainer.entry import main
+from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
 from hpclaunch.trainer.metrics import FIELDS
 
 MODEL = [

@@ -35,6 +35,7 @@ def _register_all() -> None:
         "nccl_cmd",
         "data_cmd",
         "report_cmd",
+        "sample_cmd",
     ):
         __import__(f"{__name__}.{name}", fromlist=["register"]).register(app)
 

@@ -36,6 +36,14 @@ def synth(
     force: Annotated[
         bool, typer.Option("--force", help="Write into OUT even if it already holds shards.")
     ] = False,
+    pad_id: Annotated[
+        int | None,
+        typer.Option(
+            "--pad-id",
+            help="Variable-length text: pad each sample's tail with this id (set data.pad_id to it).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Write a small learnable dataset: OUT/tokens/*.npz (input_ids) + OUT/latents/*.npy.
 
@@ -59,6 +67,12 @@ def synth(
     if shard_size < 1:
         raise UserInputError(f"--shard-size {shard_size}: need at least 1", where="data synth")
     model_cfg = load_config(config, overrides or []).model
+    if pad_id is not None and not 0 <= pad_id < model_cfg.vocab_size:
+        raise UserInputError(
+            f"--pad-id {pad_id} is outside the vocabulary (model.vocab_size={model_cfg.vocab_size}: "
+            f"ids 0..{model_cfg.vocab_size - 1})",
+            where="data synth",
+        )
     if out.exists() and not out.is_dir():
         raise UserInputError("exists and is not a directory", where=str(out))
     existing = [*out.glob("tokens/*.npz"), *out.glob("latents/*.npy")] if out.is_dir() else []
@@ -71,14 +85,17 @@ def synth(
     for path in existing:
         path.unlink()
     try:
-        info = synth_dataset(out, samples=samples, seed=seed, model_cfg=model_cfg, shard_size=shard_size)
+        info = synth_dataset(
+            out, samples=samples, seed=seed, model_cfg=model_cfg, shard_size=shard_size, pad_id=pad_id
+        )
     except OSError as e:
         raise UserInputError(f"cannot write the dataset ({e.strerror})", where=str(out)) from None
     m = model_cfg
     console.print(
         f"wrote {info.num_samples} samples in {len(info.shards)} shards to {out}: "
         f"tokens/ input_ids [N, {m.text_len}] int32 (vocab {m.vocab_size}), "
-        f"latents/ [N, {m.latent_len}, {m.latent_dim}] float32",
+        f"latents/ [N, {m.latent_len}, {m.latent_dim}] float32"
+        + (f"; text padded with id {pad_id} (set data.pad_id: {pad_id})" if pad_id is not None else ""),
         highlight=False,
         soft_wrap=True,
     )

@@ -93,6 +93,9 @@ def submit(
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if resume is not None:
         refuse_if_locked(prepared.plan)
+        from .train_checks import refuse_other_model_shape
+
+        refuse_other_model_shape(cfg, prepared.plan.paths().root)
     if not no_preflight:
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
@@ -182,6 +185,8 @@ def train(
     from ..jobs.agent import FOREGROUND_VAR
     from ..orchestrator.launch import scheduler_says_active
     from ..rundir import RunLock, latest_outcome
+    from .live_progress import live_progress
+    from .train_checks import refuse_bad_data, refuse_other_model_shape
 
     cfg = load(config, overrides)
     raw = cfg.to_dict()
@@ -195,6 +200,9 @@ def train(
             where="run_dir",
             hint="add --resume to continue it, or change name/run_dir",
         )
+    refuse_bad_data(cfg)
+    if resume:
+        refuse_other_model_shape(cfg, paths.root)
     job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
     lock = RunLock(paths)
     holder = lock.acquire(
@@ -204,7 +212,8 @@ def train(
         write_run_dir(cfg, prepared.plan, prepared.rendered)
         Ledger(paths, role="cli").append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
         os.environ[FOREGROUND_VAR] = "1"
-        code = _attempts_in_the_foreground(str(paths.root))
+        with live_progress(paths.metrics, cfg.train.steps):
+            code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
     outcome = latest_outcome(paths)

@@ -38,6 +38,16 @@ def check_data(ctx: CheckContext) -> Outcome:
     except DataError as e:
         f.fail(e.one_line(), e.hint)
         return f.outcome()
+    dc = cfg.data
+    if dc.val_token_dir and dc.val_latent_dir:
+        try:
+            val = validate_dataset(
+                dc.val_token_dir, dc.val_latent_dir, cfg.model, max_shards=VALUE_CHECKED_SHARDS
+            )
+        except DataError as e:
+            f.fail(f"validation data: {e.one_line()}", e.hint)
+            return f.outcome()
+        f.ok(f"validation: {len(val.shards)} shard pair(s), {val.num_samples} samples")
     n = info.num_samples
     batch = cfg.train.global_batch
     wanted = cfg.train.steps * batch

@@ -8,16 +8,24 @@ batch that does not divide). What is estimated, and said so: the checkpoint size
 parameter count, exact when the probe built the model) and its save time (at an assumed
 200 MB/s), the startup time (60 s), the step time (unknown, unless ``testing.step_sleep_s`` gives a
 lower bound). Doubts are warnings, never failures: they cannot be proven before the run.
+
+Memory per GPU (GPU runs): parameters, gradients, optimizer state, EMA and activations under the
+chosen sharding (``sizes.estimate_memory``), against ``train.memory_budget_gb`` or the smallest GPU
+the probe sees. An estimate that does not fit fails the check: the run would die of CUDA OOM
+after its queue wait. With no budget to compare against (a login node without GPUs and no
+``train.memory_budget_gb``) the figure is reported, not judged; the node checks see the GPUs.
 """
 
 from __future__ import annotations
 
+from ..config import RunConfig
 from ..nccl import validate_nccl_env
 from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
     ASSUMED_WRITE_BPS,
     checkpoint_bytes,
+    estimate_memory,
     estimated_save_s,
     human_bytes,
 )
@@ -38,7 +46,7 @@ def check_config(ctx: CheckContext) -> Outcome:
         layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
 
     params, exact = ctx.parameters()
-    ckpt = checkpoint_bytes(params)
+    ckpt = checkpoint_bytes(params, ema=cfg.train.ema_decay is not None)
     save_s = estimated_save_s(ckpt)
     est = f"checkpoint {human_bytes(ckpt)}{'' if exact else ' (estimated)'}, ~{save_s:.0f} s to save at an assumed {ASSUMED_WRITE_BPS / 1e6:.0f} MB/s"
     if cfg.launch.stop_lead_s is None:
@@ -80,4 +88,50 @@ def check_config(ctx: CheckContext) -> Outcome:
         hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
         (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
     f.ok(f"{layout}; {lead_text}; {est}")
+    _check_memory(ctx, f, params, exact)
     return f.outcome()
+
+
+def _gpu_budget(ctx: CheckContext) -> tuple[int | None, str]:
+    """Bytes one rank may use: the configured budget, else the smallest GPU the probe sees."""
+    budget = ctx.cfg.train.memory_budget_gb
+    if budget is not None:
+        return int(budget * 1e9), "train.memory_budget_gb"
+    devices = ((ctx.probe_result() or {}).get("torch") or {}).get("devices") or []
+    sizes = [int(d["total_memory"]) for d in devices if isinstance(d.get("total_memory"), int)]
+    if sizes:
+        return min(sizes), f"{devices[0].get('name', 'GPU')} as the probe sees it"
+    return None, ""
+
+
+def _check_memory(ctx: CheckContext, f: Findings, params: int, exact: bool) -> None:
+    cfg = ctx.cfg
+    if cfg.scheduler.gpus_per_node == 0:
+        return  # CPU ranks: the node's memory, which the disk/node checks do not size either
+    est = estimate_memory(cfg, params)
+    t = cfg.train
+    how = f"{t.parallel}" + (", activation checkpointing" if t.activation_checkpointing else "")
+    text = f"memory per GPU ~{est.describe()} [{how}, micro-batch {cfg.micro_batch}{'' if exact else ', parameters estimated'}]"
+    budget, source = _gpu_budget(ctx)
+    if budget is None:  # the usual login node: say the figure, check it where GPUs are seen
+        f.ok(f"{text}, not checked: no GPU visible here (set train.memory_budget_gb to check it)")
+    elif est.total > budget:
+        f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _memory_hint(cfg))
+    else:
+        f.ok(f"{text} fits {human_bytes(budget)} ({source})")
+
+
+def _memory_hint(cfg: RunConfig) -> str:
+    t, m = cfg.train, cfg.model
+    options = []
+    if t.parallel != "fsdp":
+        options.append("train.parallel: fsdp (shards weights, gradients and optimizer state)")
+    if not t.activation_checkpointing:
+        options.append("train.activation_checkpointing: true")
+    if cfg.micro_batch > 1:
+        options.append(
+            f"a smaller train.micro_batch (now {cfg.micro_batch}; accumulation keeps the global batch)"
+        )
+    if not m.flash_attn:
+        options.append("model.flash_attn: true")
+    return "try " + "; ".join(options) if options else "use more GPUs per shard group or a smaller model"

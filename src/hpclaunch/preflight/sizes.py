@@ -9,6 +9,7 @@ add about 1 %), and every figure built on it is labelled as an estimate.
 from __future__ import annotations
 
 from ..config import ModelConfig, RunConfig
+from ..fsutil import human_bytes as human_bytes  # the checks import it from here
 
 # fp32 weights + AdamW's two moments; DCP metadata, manifest and RNG state are small.
 BYTES_PER_PARAM = 4 * 3
@@ -19,16 +20,21 @@ ASSUMED_WRITE_BPS = 200e6
 ASSUMED_STARTUP_S = 60
 
 
+def stream_parameters(m: ModelConfig, d: int) -> int:
+    """Parameters of one modality of width ``d`` inside one MMDiT block."""
+    dc, inner = m.dim_cond, m.heads * m.dim_head
+    adaln = 2 * (dc * 2 * d + 2 * d)  # attention and feed-forward AdaLN (gamma, beta)
+    attn = d * 3 * inner + inner * d  # qkv and out projections, no bias
+    ff = d * 4 * d + 4 * d + 4 * d * d + d
+    return adaln + attn + ff
+
+
 def estimate_parameters(m: ModelConfig) -> int:
     """Parameters of ``trainer.model.MMDiTDiffusion`` for ``m`` by formula (see module doc)."""
     dt, dl, dc = m.dim_text, m.dim_latent, m.dim_cond
-    inner = m.heads * m.dim_head
 
-    def stream(d: int) -> int:  # one modality inside one MMDiT block
-        adaln = 2 * (dc * 2 * d + 2 * d)  # attention and feed-forward AdaLN (gamma, beta)
-        attn = d * 3 * inner + inner * d  # qkv and out projections, no bias
-        ff = d * 4 * d + 4 * d + 4 * d * d + d
-        return adaln + attn + ff
+    def stream(d: int) -> int:
+        return stream_parameters(m, d)
 
     block = dc * 2 * (dt + dl) + 2 * (dt + dl) + stream(dt) + stream(dl)  # + post-branch gammas
     trunk = m.depth * block + dt + dl  # + final norms
@@ -38,8 +44,9 @@ def estimate_parameters(m: ModelConfig) -> int:
     return trunk + embed + time + heads
 
 
-def checkpoint_bytes(params: int) -> int:
-    return int(params * BYTES_PER_PARAM * 1.01) + CHECKPOINT_OVERHEAD
+def checkpoint_bytes(params: int, *, ema: bool = False) -> int:
+    """fp32 weights, AdamW's two moments and, with ``train.ema_decay``, the EMA's fp32 copy."""
+    return int(params * (BYTES_PER_PARAM + (4 if ema else 0)) * 1.01) + CHECKPOINT_OVERHEAD
 
 
 def kept_checkpoints(cfg: RunConfig) -> int:
@@ -53,14 +60,6 @@ def estimated_save_s(ckpt_bytes: int) -> float:
     return 2.0 + ckpt_bytes / ASSUMED_WRITE_BPS
 
 
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
-
-
 def human_count(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f}B"
@@ -69,3 +68,107 @@ def human_count(n: int) -> str:
     if n >= 1e3:
         return f"{n / 1e3:.1f}k"
     return str(n)
+
+
+# ---- memory per GPU ------------------------------------------------------------------------------
+
+# CUDA context, NCCL buffers and cuBLAS workspaces, measured at 1-2 GiB per rank on H100s (assumed).
+GPU_RUNTIME_BYTES = int(1.5 * (1 << 30))
+# The caching allocator's fragmentation on top of what tensors hold (assumed).
+FRAGMENTATION = 0.10
+# Activation values each MMDiT block keeps for the backward pass, per token of a modality of width
+# d (inner = heads x dim_head): the two AdaLN norms and modulations (6 d), q/k/v and the attention
+# output and its projection's input (5 inner), the gates and residuals (2 d) and the feed-forward's
+# input, hidden pre-activation and activation (d + 4 d + 4 d). Counted, not measured: an estimate.
+ACT_PER_D = 17
+ACT_PER_INNER = 5
+
+
+def block_parameters(m: ModelConfig) -> int:
+    """Parameters of one MMDiT block (both modalities), by the formula of ``estimate_parameters``."""
+    with_one = estimate_parameters(m.model_copy(update={"depth": 1}))
+    with_two = estimate_parameters(m.model_copy(update={"depth": 2}))
+    return with_two - with_one
+
+
+class MemoryEstimate:
+    """Bytes per GPU of one training rank, by part (see ``estimate_memory``)."""
+
+    PARTS = ("parameters", "gradients", "optimizer", "ema", "fsdp_gathered", "activations", "runtime")
+
+    def __init__(self, **parts: int):
+        self.parts = {k: int(parts.get(k, 0)) for k in self.PARTS}
+
+    @property
+    def total(self) -> int:
+        tensors = sum(v for k, v in self.parts.items() if k != "runtime")
+        return int(tensors * (1 + FRAGMENTATION)) + self.parts["runtime"]
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for k, v in self.parts.items() if v)
+        return f"{human_bytes(self.total)} ({shown}, +{FRAGMENTATION:.0%} fragmentation)"
+
+
+def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
+    """Memory per GPU for ``cfg`` with ``params`` parameters, under its sharding and precision.
+
+    Weights, gradients and AdamW's two moments are fp32 (4 + 4 + 8 bytes a parameter), the EMA 4;
+    FSDP divides all four by the shard group (``train.fsdp_shard_size``, else every rank) and adds
+    the unsharded blocks in flight (the block computing, the next one prefetched, and one block's
+    unsharded gradients, in the compute dtype); DDP keeps everything whole, plus its gradient
+    buckets (4 bytes a parameter) and, under bf16 autocast, bf16 copies of the weights. Activations:
+    per micro-batch sample, every block keeps ``ACT_PER_D * d + ACT_PER_INNER * inner`` values a
+    token of each modality, plus the attention matrix ``2 * heads * N^2`` without flash attention;
+    with activation checkpointing only each block's inputs are kept and one block is recomputed at
+    a time. The text head's logits, their fp32 copy and their gradient add ``text_len x vocab``
+    values of 10 bytes (bf16) a sample.
+    """
+    m, t, s = cfg.model, cfg.train, cfg.scheduler
+    bf16 = t.precision == "bf16" or (t.precision == "auto" and s.gpus_per_node > 0)
+    act = 2 if bf16 else 4
+    micro = cfg.micro_batch
+    block = block_parameters(m)
+    fsdp = t.parallel == "fsdp"
+    shard = (t.fsdp_shard_size or s.world_size) if fsdp else 1
+    parts: dict[str, int] = {
+        "parameters": 4 * params // shard,
+        "gradients": 4 * params // shard,
+        "optimizer": 8 * params // shard,
+        "ema": (4 * params // shard) if t.ema_decay else 0,
+    }
+    if fsdp:
+        parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else 0
+    else:
+        parts["gradients"] += 4 * params  # DDP's gradient buckets
+        parts["parameters"] += 2 * params if bf16 else 0  # autocast's bf16 weight copies
+    inner = m.heads * m.dim_head
+    n = m.text_len + m.latent_len
+    per_token = [(m.text_len, m.dim_text), (m.latent_len, m.dim_latent)]
+    full_block = sum(tokens * (ACT_PER_D * d + ACT_PER_INNER * inner) for tokens, d in per_token)
+    full_block += m.heads * n if m.flash_attn else 2 * m.heads * n * n
+    inputs = sum(tokens * d for tokens, d in per_token) + m.dim_cond
+    per_sample = (m.depth * inputs + full_block) if t.activation_checkpointing else m.depth * full_block
+    logits_bytes = m.text_len * m.vocab_size * (10 if bf16 else 12)
+    parts["activations"] = micro * (per_sample * act + logits_bytes)
+    parts["runtime"] = GPU_RUNTIME_BYTES if s.gpus_per_node > 0 else 0
+    return MemoryEstimate(**parts)
+
+
+def train_flops_per_sample(m: ModelConfig) -> int:
+    """Model FLOPs of one training sample (forward + backward = 3 x forward; recomputation by
+    activation checkpointing not counted, as MFU conventionally does not).
+
+    Forward, multiply-adds counted as 2: every token passes its own modality's weights in every
+    block (``stream_parameters``: MMDiT keeps separate weights per modality), text tokens the text
+    head (``dim_text x vocab``), latent tokens the latent projection in and out; attention adds
+    ``2 x 2 x N^2 x heads x dim_head`` per block (Q K^T and A V over the joint sequence of
+    N = text_len + latent_len tokens). Embedding lookups, norms and the time MLP are left out (small).
+    """
+    inner = m.heads * m.dim_head
+    n = m.text_len + m.latent_len
+    per_block = m.text_len * stream_parameters(m, m.dim_text) + m.latent_len * stream_parameters(
+        m, m.dim_latent
+    )
+    heads = m.text_len * m.dim_text * m.vocab_size + m.latent_len * 2 * m.latent_dim * m.dim_latent
+    forward = 2 * (m.depth * per_block + heads) + m.depth * 4 * n * n * inner
+    return 3 * forward

@@ -7,6 +7,7 @@ It imports none of them; only ``config``, ``errors`` and ``fsutil`` below it.
 
 from .ledger import (
     CANCELLED,
+    CHECKPOINT_FAILED,
     CHECKPOINT_INVALID,
     CHECKPOINT_SAVED,
     ENDED,
@@ -39,6 +40,7 @@ from .readers import read_config, read_sweep
 
 __all__ = [
     "CANCELLED",
+    "CHECKPOINT_FAILED",
     "CHECKPOINT_INVALID",
     "CHECKPOINT_SAVED",
     "ENDED",

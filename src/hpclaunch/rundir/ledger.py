@@ -37,6 +37,7 @@ NCCL_PRESET = "nccl_preset"
 RESUMED = "resumed"  # trainer rank 0: step it continues from (0 = fresh start)
 CHECKPOINT_SAVED = "checkpoint_saved"
 CHECKPOINT_INVALID = "checkpoint_invalid"
+CHECKPOINT_FAILED = "checkpoint_failed"  # trainer rank 0: a save failed (what, and what was done)
 STOP_REQUESTED = "stop_requested"
 STOPPED = "stopped"  # trainer rank 0: all ranks stopped after `step` and saved
 REQUEUED = "requeued"

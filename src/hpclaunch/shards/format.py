@@ -43,6 +43,25 @@ class DatasetInfo:
     num_samples: int
     shards: list[ShardInfo] = field(default_factory=list)
     fully_checked: int = 0  # shards whose values (not just headers) were checked
+    known_good: int = 0  # shards whose values a check record vouched for (not read again)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "num_samples": self.num_samples,
+            "shards": [[s.stem, s.n, str(s.token_path), str(s.latent_path)] for s in self.shards],
+            "fully_checked": self.fully_checked,
+            "known_good": self.known_good,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, object]) -> DatasetInfo:
+        shards = [ShardInfo(str(a), int(b), Path(c), Path(d)) for a, b, c, d in data["shards"]]  # type: ignore[attr-defined]
+        return cls(
+            num_samples=int(data["num_samples"]),  # type: ignore[call-overload]
+            shards=shards,
+            fully_checked=int(data["fully_checked"]),  # type: ignore[call-overload]
+            known_good=int(data.get("known_good", 0)),  # type: ignore[call-overload]
+        )
 
 
 # ---- validation --------------------------------------------------------------------------------
@@ -54,12 +73,14 @@ def validate_dataset(
     model_cfg: ModelConfig,
     *,
     max_shards: int | None = None,
+    known_good: set[str] | None = None,
 ) -> DatasetInfo:
     """Check the shard pairs against the model; raise ``DataError(where=<file or dir>)``.
 
     Every shard's presence, pairing, dtype and shape are checked from the array headers (cheap).
     Token values (0 <= id < vocab_size) are read for the first ``max_shards`` shards only
-    (None = all): preflight samples a few, the trainer checks everything it will read.
+    (None = all): preflight samples a few, the trainer checks everything it will read, except
+    the token files named in ``known_good`` (a check record vouches for them: ``shards.checked``).
     """
     token_dir, latent_dir = Path(token_dir), Path(latent_dir)
     tokens = _shard_files(token_dir, ".npz", "token", "data.token_dir")
@@ -92,11 +113,15 @@ def validate_dataset(
                 where=str(latents[stem]),
                 hint="a token shard and its latent shard must hold the same samples in the same order",
             )
-        if max_shards is None or i < max_shards:
+        vouched = known_good is not None and str(tokens[stem]) in known_good
+        if (max_shards is None or i < max_shards) and not vouched:
             _check_token_values(ids, tokens[stem], model_cfg)
             checked += 1
         shards.append(ShardInfo(stem, int(ids.shape[0]), tokens[stem], latents[stem]))
-    return DatasetInfo(num_samples=sum(s.n for s in shards), shards=shards, fully_checked=checked)
+    good = sum(1 for s in shards if known_good is not None and str(s.token_path) in known_good)
+    return DatasetInfo(
+        num_samples=sum(s.n for s in shards), shards=shards, fully_checked=checked, known_good=good
+    )
 
 
 def _shard_files(directory: Path, suffix: str, kind: str, key: str) -> dict[str, Path]:

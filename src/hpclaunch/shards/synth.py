@@ -20,6 +20,7 @@ def synth_dataset(
     seed: int,
     model_cfg: ModelConfig,
     shard_size: int = DEFAULT_SHARD_SIZE,
+    pad_id: int | None = None,
 ) -> DatasetInfo:
     """Write ``OUT/tokens/shard_NNNNN.npz`` + ``OUT/latents/shard_NNNNN.npy``; return their info.
 
@@ -30,6 +31,11 @@ def synth_dataset(
     - latents: a deterministic function of the tokens: latent vector j is a fixed random
       projection of the mean embedding of its chunk of text positions, squashed by tanh and
       scaled to unit variance. Given the text, the latents carry no extra randomness.
+
+    ``pad_id`` (variable-length text): sample i keeps its first ``L_i`` tokens, ``L_i`` uniform in
+    ``[text_len // 4, text_len]`` (at least 1), and the rest is ``pad_id``; no real token equals
+    ``pad_id``; a latent chunk averages the real tokens of its chunk (all real tokens when its chunk
+    is padding). Without ``pad_id`` the output is exactly that of earlier versions.
     """
     if samples < 1:
         raise ValueError("samples must be at least 1")
@@ -49,6 +55,13 @@ def synth_dataset(
         ids[rows] = motif[(pos[None, :] + phase[rows, None]) % len(motif)]
     noisy = rng.random((samples, m.text_len)) < 0.05
     ids[noisy] = rng.integers(0, m.vocab_size, size=int(noisy.sum()))
+    real = None
+    if pad_id is not None:
+        if not 0 <= pad_id < m.vocab_size:
+            raise ValueError(f"pad_id {pad_id} is outside the vocabulary 0..{m.vocab_size - 1}")
+        ids[ids == pad_id] = (pad_id + 1) % m.vocab_size  # no real token looks like padding
+        lengths = rng.integers(max(1, m.text_len // 4), m.text_len + 1, size=samples)
+        real = np.arange(m.text_len)[None, :] < lengths[:, None]
 
     emb_dim = 32
     table = rng.standard_normal((m.vocab_size, emb_dim)).astype(np.float32)
@@ -61,7 +74,11 @@ def synth_dataset(
         for j in range(m.latent_len)
     ]
     emb = table[ids]  # [N, L, E]
-    chunks = np.stack([emb[:, min(a, m.text_len - 1) : b].mean(axis=1) for a, b in bounds], axis=1)
+    if real is None:
+        chunks = np.stack([emb[:, min(a, m.text_len - 1) : b].mean(axis=1) for a, b in bounds], axis=1)
+    else:
+        chunks = _masked_chunk_means(emb, real, bounds)
+        ids[~real] = pad_id  # type: ignore[assignment]
     latents = np.tanh(chunks @ proj * 2.0)
     latents = ((latents - latents.mean()) / (latents.std() + 1e-6)).astype(np.float32)
 
@@ -78,6 +95,19 @@ def synth_dataset(
         _save_atomic(latent_path, lambda f, a=latents[start:stop]: np.save(f, a))
         shards.append(ShardInfo(stem, stop - start, token_path, latent_path))
     return DatasetInfo(num_samples=samples, shards=shards, fully_checked=len(shards))
+
+
+def _masked_chunk_means(emb: np.ndarray, real: np.ndarray, bounds: list[tuple[int, int]]) -> np.ndarray:
+    """Mean embedding of the real tokens in each chunk (all real tokens of the sample when none)."""
+    w = real.astype(np.float32)[:, :, None]
+    overall = (emb * w).sum(axis=1) / np.maximum(w.sum(axis=1), 1.0)
+    out = []
+    for a, b in bounds:
+        a = min(a, emb.shape[1] - 1)
+        n = w[:, a:b].sum(axis=1)
+        mean = (emb[:, a:b] * w[:, a:b]).sum(axis=1) / np.maximum(n, 1.0)
+        out.append(np.where(n > 0, mean, overall))
+    return np.stack(out, axis=1)
 
 
 def _save_atomic(path: Path, write: Any) -> None:

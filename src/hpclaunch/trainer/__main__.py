@@ -1,7 +1,7 @@
-"""``python -m hpclaunch.trainer RUN_DIR``: what torchrun starts on every rank (see ``loop``)."""
+"""``python -m hpclaunch.trainer RUN_DIR``: what torchrun starts on every rank (see ``entry``)."""
 
 import sys
 
-from .loop import main
+from .entry import main
 
 sys.exit(main())

@@ -1,9 +1,13 @@
-"""What the trainer reads: random access to samples across shards, and the sample order.
+"""What the trainer reads: samples across memory-mapped shards, the sample order, the validation split.
 
 Sample order follows the determinism rule: the data position is one integer, the number of samples
-consumed by the whole run; position ``p`` is sample ``perm(seed, p // N)[p % N]``, a per-epoch
-permutation. So any world size with the same global batch reads the same samples in the same order.
-The on-disk format and its validation live in ``hpclaunch.shards``.
+consumed by the whole run; position ``p`` is training sample ``perm(seed, p // N)[p % N]``, a
+per-epoch permutation of the N training samples. So any world size with the same global batch
+reads the same samples in the same order. ``data.val_fraction`` holds out a fixed set of samples
+(chosen by the seed alone); the permutation then runs over the others. The on-disk format and its
+validation live in ``hpclaunch.shards``; feeding batches to the loop lives in ``loader``.
+
+Torch-free (numpy only): the CLI's ``sample`` command and preflight read samples through it too.
 """
 
 from __future__ import annotations
@@ -19,7 +23,11 @@ if TYPE_CHECKING:
 
 
 class ShardedDataset:
-    """Random access to sample i (0 <= i < num_samples) across the shard pairs of ``info``."""
+    """Random access to sample i (0 <= i < num_samples) across the shard pairs of ``info``.
+
+    Shards stay memory-mapped: a read touches only the rows it asks for, so a dataset larger than
+    memory costs nothing to open and every DataLoader worker shares the page cache.
+    """
 
     def __init__(self, info: DatasetInfo, model_cfg: ModelConfig):
         self.info = info
@@ -30,24 +38,38 @@ class ShardedDataset:
             for s in info.shards
         ]
         self._starts = np.cumsum([0] + [s.n for s in info.shards])
+        self.text_len = model_cfg.text_len
+        self.latent_shape = (model_cfg.latent_len, model_cfg.latent_dim)
 
     def __len__(self) -> int:
         return self.num_samples
 
     def get(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(input_ids int64 [B, text_len], latents float32 [B, latent_len, latent_dim])."""
+        indices = np.asarray(indices, dtype=np.int64)
+        ids = np.empty((len(indices), self.text_len), dtype=np.int64)
+        lat = np.empty((len(indices), *self.latent_shape), dtype=np.float32)
         shard = np.searchsorted(self._starts, indices, side="right") - 1
-        local = indices - self._starts[shard]
-        ids = np.stack([self._tokens[s][i] for s, i in zip(shard, local, strict=True)]).astype(np.int64)
-        lat = np.stack([self._latents[s][i] for s, i in zip(shard, local, strict=True)]).astype(np.float32)
+        for s in np.unique(shard):
+            rows = np.nonzero(shard == s)[0]
+            local = indices[rows] - self._starts[s]
+            # One fancy-index read per shard (sorted rows read the file front to back).
+            order = np.argsort(local, kind="stable")
+            ids[rows[order]] = self._tokens[s][local[order]]
+            lat[rows[order]] = self._latents[s][local[order]]
         return ids, lat
 
 
 class SampleOrder:
-    """Global position -> sample index: a fresh permutation of all samples per epoch."""
+    """Global position -> sample index: a fresh permutation of the training samples per epoch.
 
-    def __init__(self, num_samples: int, seed: int):
-        self.n = num_samples
+    ``subset`` (sorted sample indices) restricts training to those samples (the rest are held out
+    for validation); without it every sample trains, in exactly the order earlier versions used.
+    """
+
+    def __init__(self, num_samples: int, seed: int, subset: np.ndarray | None = None):
+        self.subset = subset
+        self.n = len(subset) if subset is not None else num_samples
         self.seed = seed
         self._epoch = -1
         self._perm = np.empty(0, dtype=np.int64)
@@ -67,4 +89,20 @@ class SampleOrder:
         for epoch in np.unique(epochs):
             sel = epochs == epoch
             out[sel] = self.permutation(int(epoch))[offsets[sel]]
-        return out
+        return self.subset[out] if self.subset is not None else out
+
+
+def holdout_split(num_samples: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(training indices, validation indices), both sorted: ``round(fraction * N)`` samples (at
+    least one) chosen by ``seed`` alone, so every attempt and every world size holds out the same."""
+    k = min(num_samples - 1, max(1, round(fraction * num_samples)))
+    rng = np.random.Generator(np.random.PCG64([seed, 0x7A11D]))
+    val = np.sort(rng.permutation(num_samples)[:k]).astype(np.int64)
+    keep = np.ones(num_samples, dtype=bool)
+    keep[val] = False
+    return np.nonzero(keep)[0].astype(np.int64), val
+
+
+def text_mask(ids: np.ndarray, pad_id: int | None) -> np.ndarray | None:
+    """True where a token is text (not padding); None when the data has no pad id."""
+    return None if pad_id is None else ids != pad_id

@@ -1,10 +1,13 @@
-"""Distributed set-up for one rank: the process group, the device, deterministic kernels, and small
-JSON collectives (rank 0's verdicts reach the other ranks as JSON bytes, never pickles).
+"""Distributed set-up for one rank: the process group, the device, deterministic kernels, wrapping
+the model for data parallelism (DDP or FSDP2), and small JSON collectives (rank 0's verdicts reach
+the other ranks as JSON bytes, never pickles).
 
 ``setup_distributed`` joins the group torchrun describes (NCCL on GPUs, gloo on CPU, plus a gloo
-group for host-side collectives when the training backend is NCCL) or runs as a single process.
-torch is imported inside the functions: the checkpoint package's torch-free part imports this
-module's collectives by name.
+group for host-side collectives when the training backend is NCCL) or runs as a single process
+(FSDP needs a process group even then: a one-rank gloo group of its own). ``wrap_model`` applies
+activation checkpointing and ``torch.compile`` per MMDiT block, then DDP, or FSDP2 per block and
+on the root. torch is imported inside the functions: the checkpoint package's torch-free part
+imports this module's collectives by name.
 """
 
 from __future__ import annotations
@@ -22,12 +25,18 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-def set_deterministic() -> None:
-    """Deterministic kernels where torch has them (warn where it has none, e.g. some SDPA paths)."""
+def set_deterministic(*, compile: bool = False) -> None:
+    """Deterministic kernels where torch has them (warn where it has none, e.g. some SDPA paths).
+
+    ``torch.use_deterministic_algorithms`` imports torch's inductor (seconds on every rank start,
+    only to set inductor's own flag); without ``train.compile`` the kernel flag alone is set."""
     import torch
 
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    if compile:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    else:
+        torch._C._set_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -42,10 +51,19 @@ class DistContext:
     device: torch.device = field(default_factory=lambda: _cpu())
     initialized: bool = False
     cpu_group: Any = None  # gloo group for host-side collectives (None = the default group)
+    own_group: bool = False  # a one-rank group this process made for itself (FSDP without torchrun)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def host_group(self) -> Any:
+        """The gloo group for host-side collectives (None when not distributed)."""
+        if not self.initialized:
+            return None
+        import torch.distributed as dist
+
+        return self.cpu_group if self.cpu_group is not None else dist.group.WORLD
 
 
 def _cpu() -> torch.device:
@@ -75,7 +93,8 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         backend = cfg.backend
         kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
-        dist.init_process_group(backend=backend, **kwargs)
+        if not dist.is_initialized():  # (a caller such as a benchmark may have joined it already)
+            dist.init_process_group(backend=backend, **kwargs)
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
         if backend == "nccl":
@@ -84,6 +103,11 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
         raise TrainingError(
             f"WORLD_SIZE={world} but MASTER_ADDR is not set", hint="start ranks with torchrun"
         )
+    elif cfg.train.parallel == "fsdp":
+        backend = cfg.backend
+        kwargs = {"device_id": device} if backend == "nccl" else {}
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        ctx.initialized = ctx.own_group = True
     # The global batch is what the math depends on; the rank count may differ from the config's
     # (a resume on fewer nodes) as long as it divides the global batch.
     if cfg.train.global_batch % ctx.world_size:
@@ -92,7 +116,101 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
             "this attempt started",
             hint="choose a global batch divisible by every rank count the run may use",
         )
+    shard = cfg.train.fsdp_shard_size
+    if cfg.train.parallel == "fsdp" and shard is not None and ctx.world_size % shard:
+        raise TrainingError(
+            f"train.fsdp_shard_size={shard} does not divide the {ctx.world_size} ranks this attempt started",
+            hint="choose a shard size that divides every rank count the run may use (e.g. GPUs per node)",
+        )
     return ctx
+
+
+def close_distributed(ctx: DistContext) -> None:
+    """Destroy a process group this process made for itself (torchrun's is destroyed by the entry point)."""
+    import torch.distributed as dist
+
+    if ctx.own_group and dist.is_initialized():
+        dist.destroy_process_group()
+        ctx.initialized = ctx.own_group = False
+
+
+# ---- data parallelism ----------------------------------------------------------------------------
+
+
+def wants_bf16(cfg: RunConfig, device: torch.device) -> bool:
+    p = cfg.train.precision
+    return p == "bf16" or (p == "auto" and device.type == "cuda")
+
+
+def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torch.nn.Module:
+    """The module the training step calls: ``model`` (changed in place) under DDP or FSDP2.
+
+    Per MMDiT block (``model.trunk.blocks``), in this order: activation checkpointing (the block's
+    activations are recomputed in the backward), ``torch.compile``, FSDP2 (one all-gather and one
+    reduce-scatter per block). FSDP2 then wraps the root (embeddings, time MLP, heads). On bf16 FSDP
+    keeps fp32 sharded weights and optimizer state and computes in bf16 with fp32 gradient
+    reduction; on CPU everything stays fp32. Under DDP bf16 is autocast (the loop's business).
+    """
+    import torch
+
+    t = cfg.train
+    blocks: Any = model.trunk.blocks  # type: ignore[union-attr]
+    if t.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+        for i, block in enumerate(blocks):
+            blocks[i] = checkpoint_wrapper(block)
+    if t.compile:
+        for block in blocks:
+            block.compile()
+    if t.parallel == "fsdp":
+        import warnings
+
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # The heads' outputs are views (a 3-D Linear); the objective only reads them out of place.
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+        mesh = _fsdp_mesh(ctx, t.fsdp_shard_size)
+        mp = MixedPrecisionPolicy()
+        if wants_bf16(cfg, ctx.device):
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        for block in blocks:
+            fully_shard(block, mesh=mesh, mp_policy=mp)
+        fully_shard(model, mesh=mesh, mp_policy=mp)
+        return model
+    if ctx.initialized:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        cuda = ctx.device.type == "cuda"
+        return DDP(
+            model,
+            device_ids=[ctx.device] if cuda else None,
+            # the clean side's last-block branches feed only its (unused) head in l2t/t2l
+            find_unused_parameters=t.mode != "joint",
+        )
+    return model
+
+
+def _fsdp_mesh(ctx: DistContext, shard_size: int | None) -> Any:
+    """1-D mesh over all ranks, or 2-D (replicate, shard) for HSDP with ``shard_size`` ranks per shard group."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    kind = ctx.device.type
+    if shard_size is None or shard_size == ctx.world_size:
+        return init_device_mesh(kind, (ctx.world_size,), mesh_dim_names=("shard",))
+    return init_device_mesh(
+        kind, (ctx.world_size // shard_size, shard_size), mesh_dim_names=("replicate", "shard")
+    )
+
+
+def reshard(model: torch.nn.Module) -> None:
+    """Free every unsharded FSDP parameter (before weights are swapped in place); no-op without FSDP."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 # ---- JSON collectives ----------------------------------------------------------------------------

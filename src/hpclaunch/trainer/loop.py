@@ -1,75 +1,69 @@
-"""The training loop torchrun starts on every rank: ``python -m hpclaunch.trainer RUN_DIR``.
-
-Reads ``RUN_DIR/config.yaml``; optional environment ``HPCLAUNCH_ATTEMPT`` (default "local") and
-``HPCLAUNCH_JOB_END_TIME`` (epoch seconds; absent = no deadline). Runs under torchrun (RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single process (world size 1, no process group).
+"""The training loop every rank runs (``python -m hpclaunch.trainer RUN_DIR``, see ``entry``).
 
 What happens, top to bottom (``Trainer.run``):
 
-1. set-up: process group (NCCL on GPUs, gloo on CPU; a separate gloo group for the stop protocol
-   on NCCL), deterministic kernels, the distributed smoke test, data (rank 0 validates every
-   shard and broadcasts the result), model (a pure function of the seed), DDP, AdamW;
-2. resume: the newest valid checkpoint, if any (``Trainer.resume``); rank 0 appends ``resumed``;
-3. steps: ``grad_accum`` micro-batches (DDP ``no_sync`` on all but the last), global grad norm,
-   the NaN guard, clipping, the optimizer step; metrics; the stop check after every step (but
-   the last: a run that has done all its steps is finished); periodic non-blocking saves every
-   ``checkpoint.every_steps`` (a step that stops saves once, blocking);
+1. set-up: process group (NCCL on GPUs, gloo on CPU; a separate gloo group for host-side
+   collectives on NCCL), deterministic kernels, the distributed smoke test, data (rank 0 validates
+   the shards and broadcasts the result), the model (a pure function of the seed) wrapped for DDP
+   or FSDP2 (``dist.wrap_model``), AdamW, the EMA of the weights and the validation set when
+   configured;
+2. resume: the newest valid checkpoint, if any (``Trainer.resume``); rank 0 appends ``resumed``
+   with how long start-up took (``startup``);
+3. steps: one DataLoader item per step (``loader``: workers read, draw and pin ahead), ``grad_accum``
+   micro-batches (DDP ``no_sync`` on all but the last), global grad norm, the NaN guard, clipping,
+   the optimizer step, the EMA; metrics (``metrics.jsonl``, TensorBoard); validation every
+   ``train.eval_every`` steps; a failed background save is acted on at the next step; the stop
+   check after every step (but the last: a run that has done all its steps is finished);
+   periodic non-blocking saves every ``checkpoint.every_steps`` (a step that stops saves once,
+   blocking);
 4. the end: finished (all steps done), stopped (a stop cause; blocking save, ``stopped`` event),
-   or failed (``train.max_nonfinite_skips`` consecutive non-finite steps, or an error). Rank 0
-   writes ``RUN/attempts/<attempt>.json``; every rank exits 0 unless the run failed.
+   or failed (``train.max_nonfinite_skips`` consecutive non-finite steps, or an error).
 
 NaN guard. A non-finite loss multiplies the backward by NaN, so its gradients are non-finite;
-DDP all-reduces the gradients, so the global grad norm is non-finite on every rank whenever any
-rank's loss or gradient was. Deciding on that norm makes the skip identical on all ranks with no
-extra collective. A skipped step leaves parameters and optimizer state untouched but still counts
-as a step: the step counter and the data position advance (the batch is dropped), so the run keeps
-its length and the sample <-> step mapping stays the same as in a run without the fault. Reading
-the norm is one scalar host sync per step (as GradScaler does); everything else that is logged
-stays on the device until a log step. Saves check that every parameter is finite first, so a
-non-finite value never reaches a checkpoint.
+DDP all-reduces and FSDP reduce-scatters the gradients, so the global grad norm is non-finite on
+every rank whenever any rank's loss or gradient was. Deciding on that norm makes the skip
+identical on all ranks with no extra collective. A skipped step leaves parameters, optimizer state
+and EMA untouched but still counts as a step: the step counter and the data position advance (the
+batch is dropped), so the run keeps its length and the sample <-> step mapping stays the same as in
+a run without the fault. Reading the norm is one scalar host sync per step; everything else that
+is logged stays on the device until a log step. Saves check that every parameter is finite first.
 
 Determinism: the learning rate is a pure function of the step, every random draw a pure function
 of (seed, step, sample position) (see ``objective``), the data position is one integer
-(``samples_consumed``). Nothing else carries state from one step to the next except the model and
-the optimizer, which the checkpoint holds.
+(``samples_consumed``). Nothing else carries state from one step to the next except the model, the
+optimizer and the EMA, which the checkpoint holds.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
-import os
-import random
-import sys
 import time
-import traceback
-from contextlib import nullcontext, suppress
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..config import RunConfig, TrainConfig
-from ..errors import DataError, HpclaunchError, TrainingError, debug_enabled
+from ..errors import CheckpointError, TrainingError
 from ..jobs.stop import StopCause, StopController
-from ..rundir import RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths, read_config, write_outcome
-from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
+from ..rundir import CHECKPOINT_FAILED, RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths
 from ..rundir.outcome import Status
-from ..shards import DatasetInfo, validate_dataset
-from .checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
-from .data import SampleOrder, ShardedDataset
-from .dist import set_deterministic, setup_distributed
-from .metrics import MetricsLog, MetricsWindow
-from .model import build_model
-from .objective import compute_losses, draw
-from .progress import Progress, register_stack_dump
+from .build import build_model_parts, load_data, make_checkpointer
+from .checkpoint import RANK_LOCAL, rank_local_key
+from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
+from .evaluate import Evaluator
+from .loader import StepBatches, StepPlan, make_loader, micro_batches
+from .metrics import MetricsLog, MetricsWindow, max_memory_gb
+from .objective import compute_losses
+from .progress import Progress
 from .smoke import run_distributed_smoke
+from .startup import StartupClock
+from .state import params_finite, params_sha256, restore_rng_state, rng_state, state_digests
+from .tensorboard import TensorBoardLog
 
-# ---- small pure pieces ---------------------------------------------------------------------------
+__all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
 
 
 def lr_at(step: int, t: TrainConfig) -> float:
@@ -80,40 +74,6 @@ def lr_at(step: int, t: TrainConfig) -> float:
     progress = min(1.0, (step - t.warmup_steps) / span)
     low = t.lr * t.min_lr_ratio
     return low + (t.lr - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def params_sha256(model: nn.Module) -> str:
-    """sha256 over the model's state dict (names, dtypes, shapes, bytes), in name order."""
-    h = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        t = tensor.detach().to("cpu").contiguous()
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
-    return h.hexdigest()
-
-
-def params_finite(model: nn.Module) -> bool:
-    flags = [torch.isfinite(p.detach()).all() for p in model.parameters()]
-    return bool(torch.stack(flags).all().item()) if flags else True
-
-
-def init_adamw_state(opt: torch.optim.Optimizer) -> None:
-    """Create AdamW's state eagerly, exactly as its first step would (step 0, zero moments).
-
-    DCP's ``get_state_dict`` otherwise initialises it by running a zero-lr step, which would move
-    Adam's step count by one in runs that save or resume but not in runs that never do; eager
-    state keeps every run on the same arithmetic and gives ``load`` tensors to fill in place.
-    """
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state[p]
-            if not st:
-                st["step"] = torch.tensor(0.0)
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-
-
-# ---- the trainer ---------------------------------------------------------------------------------
 
 
 @dataclass
@@ -137,13 +97,17 @@ class Trainer:
         checkpoints: bool = True,
         echo: bool = True,
         tty: bool | None = None,
+        startup: StartupClock | None = None,
     ):
         self.cfg = cfg
         self.paths = paths
         self.attempt = attempt
         self.end_time = end_time
         self.counters = Counters()
+        self.startup = startup or StartupClock()
+        self.startup.begin()
         self.ctx = setup_distributed(cfg)
+        self.startup.mark("distributed")
         # What this rank is doing, for the node agent's watchdog (no collective, no sync).
         self.progress = Progress.for_rank(
             cfg, paths, attempt, self.ctx.rank, device_type=self.ctx.device.type, enabled=checkpoints
@@ -160,115 +124,55 @@ class Trainer:
             margin_s=cfg.launch.stop_margin_s,
         )
         self.stop.install_signal_handlers()
+        self.echo, self.tty = echo, tty
+        self.log: MetricsLog | None = None
+        self.tb: TensorBoardLog | None = None
+        self.last_lr = 0.0
         try:
             self._build(checkpoints)
         except BaseException:
             self.stop.restore_signal_handlers()
             self.progress.close()
+            close_distributed(self.ctx)
             raise
-        self.echo = echo
-        self.tty = tty
-        self.log: MetricsLog | None = None
-        self.last_lr = 0.0
 
     def _build(self, checkpoints: bool) -> None:
-        cfg, paths = self.cfg, self.paths
-        set_deterministic()
-        self._smoke()
-        t = cfg.train
-        self.per_rank = cfg.train.global_batch // self.ctx.world_size
+        cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
+        set_deterministic(compile=t.compile)
+        if ctx.world_size > 1 and cfg.preflight.distributed_smoke:
+            run_distributed_smoke(float(cfg.preflight.smoke_timeout_s), group=ctx.cpu_group)
+        self.startup.mark("smoke")
+        self.per_rank = t.global_batch // ctx.world_size
         self.micro = min(cfg.micro_batch, self.per_rank)
         if self.per_rank % self.micro:
             self.micro = self.per_rank  # a resume on another rank count: no accumulation then
         self.accum = self.per_rank // self.micro
         self.inject = set(cfg.testing.inject_nonfinite_at)
-        self.ledger = Ledger(paths, role="trainer", attempt=self.attempt) if self.ctx.is_main else None
+        self.ledger = Ledger(self.paths, role="trainer", attempt=self.attempt) if ctx.is_main else None
+        self.data = load_data(cfg, ctx, self.paths.root if checkpoints else None)
+        self.startup.mark("data")
 
-        self.data_info = self._validated_data()
-        self.dataset = ShardedDataset(self.data_info, cfg.model)
-        self.order = SampleOrder(self.data_info.num_samples, t.seed)
-
-        self.model = build_model(cfg.model, seed=t.seed).to(self.ctx.device)
-        self._freeze_clean_head()
-        self.ddp: nn.Module = self.model
-        if self.ctx.initialized:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-
-            cuda = self.ctx.device.type == "cuda"
-            self.ddp = DDP(
-                self.model,
-                device_ids=[self.ctx.device] if cuda else None,
-                # the clean side's last-block branches feed only its (unused) head in l2t/t2l
-                find_unused_parameters=t.mode != "joint",
-            )
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        decay = [p for p in self.params if p.ndim >= 2]
-        no_decay = [p for p in self.params if p.ndim < 2]
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr_at(1, t),
-            betas=(t.betas[0], t.betas[1]),
-        )
-        init_adamw_state(self.opt)
-        self.autocast: Any = nullcontext
-        bf16 = t.precision == "bf16" or (t.precision == "auto" and self.ctx.device.type == "cuda")
-        if bf16:
-            self.autocast = lambda: torch.autocast(device_type=self.ctx.device.type, dtype=torch.bfloat16)
-
-        self.checkpointer: Any = None
-        if checkpoints:
-            c = cfg.checkpoint
-            self.checkpointer = Checkpointer(
-                paths.checkpoints,
-                rank=self.ctx.rank,
-                world_size=self.ctx.world_size,
-                config_hash=cfg.config_hash(),
-                model_hash=cfg.model_hash(),
-                keep_last=c.keep_last,
-                keep_every=c.keep_every,
-                async_save=c.async_save,
-                ledger=self.ledger,
-            )
-        self.window = MetricsWindow(self.ctx.device)
-
-    # ---- set-up helpers -----------------------------------------------------------------------
-
-    def _smoke(self) -> None:
-        if self.ctx.initialized and self.cfg.preflight.distributed_smoke:
-            run_distributed_smoke(float(self.cfg.preflight.smoke_timeout_s), group=self.ctx.cpu_group)
-
-    def _validated_data(self) -> DatasetInfo:
-        """Rank 0 checks every shard; the others get its verdict (no rank trains on bad data)."""
-        d = self.cfg.data
-        payload: Any = None
-        if self.ctx.is_main:
-            try:
-                payload = validate_dataset(d.token_dir, d.latent_dir, self.cfg.model)
-            except DataError as e:
-                payload = ("error", e.message, e.where, e.hint)
-        if self.ctx.initialized:
-            box = [payload]
-            dist.broadcast_object_list(box, src=0, group=self.ctx.cpu_group)
-            payload = box[0]
-        if isinstance(payload, tuple):
-            _, message, where, hint = payload
-            raise DataError(message, where=where, hint=hint)
-        assert isinstance(payload, DatasetInfo)
-        return payload
-
-    def _freeze_clean_head(self) -> None:
-        mode = self.cfg.train.mode
-        if mode == "l2t":
-            self.model.latent_head.requires_grad_(False)
-        elif mode == "t2l":
-            self.model.text_head.requires_grad_(False)
+        p = build_model_parts(cfg, ctx, lr=lr_at(1, t))
+        self.model, self.train_module, self.opt, self.ema = p.model, p.train_module, p.opt, p.ema  # fmt: skip
+        self.params, self.autocast, self.sharded = p.params, p.autocast, p.sharded
+        self.evaluator: Evaluator | None = None
+        if t.eval_every and self.data.val is not None and self.data.val_indices is not None:
+            self.evaluator = Evaluator(
+                cfg, self.data.val, self.data.val_indices, rank=ctx.rank, world=ctx.world_size,
+                batch=self.micro, device=ctx.device,
+            )  # fmt: skip
+        self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
+        self.window = MetricsWindow(ctx.device)
+        self.startup.mark("model")
 
     # ---- checkpoint hooks ---------------------------------------------------------------------
 
     def app_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds (the layout ``checkpoint.Checkpointer`` saves/loads).
 
-        ``model``/``optim``: DCP state dicts (FQN keys, DDP wrapper stripped); ``train``: the loop
+        ``model``/``optim``: DCP state dicts (FQN keys, wrappers stripped; DTensor shards under
+        FSDP, so DCP reshards on load to any world size and between DDP and FSDP); ``ema``: the
+        average's shadow weights (sharded like the model) and update count; ``train``: the loop
         counters as int64 tensors; ``RANK_LOCAL/rank<r>``: this rank's RNG states. The loop draws
         nothing from them (determinism rule); they are kept for code that does (e.g. dropout).
         """
@@ -276,24 +180,15 @@ class Trainer:
 
         model_sd, optim_sd = get_state_dict(self.model, self.opt)
         c = self.counters
-        rank_local: dict[str, Any] = {
-            "torch_rng": torch.get_rng_state(),
-            "python_rng": random.getstate(),
-            "numpy_rng": _numpy_rng_tensor(),
-        }
-        if self.ctx.device.type == "cuda":
-            rank_local["cuda_rng"] = torch.cuda.get_rng_state(self.ctx.device)
-        return {
+        state: dict[str, Any] = {
             "model": model_sd,
             "optim": optim_sd,
-            "train": {
-                "step": torch.tensor(c.step, dtype=torch.int64),
-                "samples_consumed": torch.tensor(c.samples_consumed, dtype=torch.int64),
-                "nonfinite_consecutive": torch.tensor(c.nonfinite_consecutive, dtype=torch.int64),
-                "skipped_total": torch.tensor(c.skipped_total, dtype=torch.int64),
-            },
-            RANK_LOCAL: {rank_local_key(self.ctx.rank): rank_local},
+            "train": {k: torch.tensor(v, dtype=torch.int64) for k, v in asdict(c).items()},
+            RANK_LOCAL: {rank_local_key(self.ctx.rank): rng_state(self.ctx.device)},
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
+        return state
 
     def resume(self) -> None:
         """Load the newest valid checkpoint (if any) before the first step; log ``resumed``."""
@@ -307,18 +202,15 @@ class Trainer:
                 set_state_dict(
                     self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
                 )
-                tr = state["train"]
-                self.counters = Counters(
-                    step=int(tr["step"]),
-                    samples_consumed=int(tr["samples_consumed"]),
-                    nonfinite_consecutive=int(tr["nonfinite_consecutive"]),
-                    skipped_total=int(tr["skipped_total"]),
-                )
+                self.counters = Counters(**{k: int(v) for k, v in state["train"].items()})
+                if self.ema is not None and "ema" in result.saved_sections:
+                    self.ema.load_counts(state["ema"])
+                elif self.ema is not None:  # turned on after this checkpoint was written
+                    self.ema.reset_from_model()
                 if self.ctx.rank not in result.ranks_without_rank_local:
-                    mine = state[RANK_LOCAL][rank_local_key(self.ctx.rank)]
-                    torch.set_rng_state(mine["torch_rng"])
-                    random.setstate(_as_python_rng_state(mine["python_rng"]))
+                    restore_rng_state(state[RANK_LOCAL][rank_local_key(self.ctx.rank)], self.ctx.device)
                 checkpoint_path = str(result.info.path)
+        self.startup.mark("load")
         c = self.counters
         if self.ledger is not None:
             self.ledger.append(
@@ -327,13 +219,21 @@ class Trainer:
                 checkpoint=checkpoint_path,
                 world_size=self.ctx.world_size,
                 samples_consumed=c.samples_consumed,
+                parallel=self.cfg.train.parallel,
+                token_shards_checked=self.data.checked_shards,
+                process_start=round(self.startup.process_start, 3),
+                startup_s=self.startup.seconds(),
             )
 
     def save(self, *, blocking: bool) -> None:
         """Checkpoint the state after step ``counters.step`` (collective)."""
         if self.checkpointer is None:
             return
-        if not params_finite(self.model):  # identical on all ranks: the replicas are identical
+        try:
+            self.checkpointer.wait()  # the previous background save, should it have failed unseen
+        except CheckpointError as error:
+            return self._save_again_after(error)
+        if not params_finite(self.model, sharded=self.sharded):
             raise TrainingError(
                 f"parameters are not finite after step {self.counters.step}; refusing to checkpoint them"
             )
@@ -344,51 +244,94 @@ class Trainer:
             c.step,
             self.app_state(),
             blocking=blocking,
-            extra={"samples_consumed": c.samples_consumed, "skipped_total": c.skipped_total},
+            extra={
+                "samples_consumed": c.samples_consumed,
+                "skipped_total": c.skipped_total,
+                "parallel": self.cfg.train.parallel,
+                "ema": self.ema is not None,
+                "model": self.cfg.model.model_dump(mode="json"),  # names what differs on a refusal
+            },
         )
         if blocking:
             self.stop.note_checkpoint_seconds(time.perf_counter() - t0)
         elif self.checkpointer.last_save_seconds is not None:
             self.stop.note_checkpoint_seconds(self.checkpointer.last_save_seconds)
 
+    def act_on_failed_background_save(self) -> None:
+        """A background save that failed is saved again now, blocking; if that fails too, the run
+        stops with the reason (collective while a background save is pending)."""
+        if self.checkpointer is None:
+            return
+        error = self.checkpointer.poll_background(self.ctx.host_group())
+        if error is not None:
+            self._save_again_after(error)
+
+    def _save_again_after(self, error: CheckpointError) -> None:
+        step = self.counters.step
+        if self.ledger is not None:
+            self.ledger.append(CHECKPOINT_FAILED, step=step, error=error.one_line(), action="blocking retry")
+        if self.log is not None:
+            self.log.message(f"background checkpoint failed ({error.one_line()}); saving step {step} now")
+        try:
+            self.save(blocking=True)
+        except CheckpointError as again:
+            raise CheckpointError(
+                f"checkpoint failed twice (background, then a blocking retry at step {step}): "
+                f"{again.message}",
+                where=again.where,
+                hint=again.hint
+                or "fix the checkpoint directory, then resume: the last good checkpoint is kept",
+            ) from again
+
     # ---- one optimizer step -------------------------------------------------------------------
 
-    def train_step(self) -> tuple[bool, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Run step ``counters.step + 1``; return (applied, loss, text, latent, grad_norm)."""
+    def step_batches(self) -> StepBatches:
+        """This rank's items from the current step to the end of the run."""
+        cfg, c = self.cfg, self.counters
+        plan = StepPlan(
+            seed=cfg.train.seed, first_step=c.step + 1, first_position=c.samples_consumed,
+            steps=max(0, cfg.train.steps - c.step), global_batch=cfg.train.global_batch,
+            rank=self.ctx.rank, per_rank=self.per_rank, micro=self.micro, pad_id=cfg.data.pad_id,
+        )  # fmt: skip
+        return StepBatches(self.data.train, self.data.order, plan)
+
+    def loader(self) -> Any:
+        """The DataLoader over ``step_batches`` (workers prefetch; pinned on CUDA)."""
+        d = self.cfg.data
+        cuda = self.ctx.device.type == "cuda"
+        return make_loader(
+            self.step_batches(), num_workers=d.num_workers, prefetch_factor=d.prefetch_factor, pin_memory=cuda
+        )
+
+    def train_step(
+        self, item: dict[str, torch.Tensor] | None = None
+    ) -> tuple[bool, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Run step ``counters.step + 1`` on its loader item (None: build it here); return
+        (applied, loss, text, latent, grad_norm)."""
         cfg, t, c = self.cfg, self.cfg.train, self.counters
         step = c.step + 1
+        if item is None:
+            item = self.step_batches()[0]
+        if int(item["step"]) != step:  # the loader and the counters must never drift apart
+            raise TrainingError(f"data loader is at step {int(item['step'])}, the trainer at {step}")
         self.last_lr = lr_at(step, t)
         for group in self.opt.param_groups:
             group["lr"] = self.last_lr
         dev = self.ctx.device
         sums = torch.zeros(3, device=dev)
-        base = c.samples_consumed + self.ctx.rank * self.per_rank
-        latent_shape = (cfg.model.latent_len, cfg.model.latent_dim)
-        for m in range(self.accum):
-            start = base + m * self.micro
-            positions = list(range(start, start + self.micro))
-            self.progress.phase("data", step)
-            ids, lat = self.dataset.get(self.order.indices(start, self.micro))
-            d = draw(t.seed, step, positions, cfg.model.text_len, latent_shape)
-            tokens = torch.from_numpy(ids).to(dev, non_blocking=True)
-            latents = torch.from_numpy(lat).to(dev, non_blocking=True)
-            d.t_text, d.t_latent = d.t_text.to(dev), d.t_latent.to(dev)
-            d.mask_keys, d.noise = d.mask_keys.to(dev), d.noise.to(dev)
+        batches = micro_batches(item, dev)
+        ddp = self.train_module is not self.model
+        for m, mb in enumerate(batches):
             last = m == self.accum - 1
-            sync = nullcontext() if last or self.ddp is self.model else self.ddp.no_sync()  # type: ignore[operator]
-            self.progress.phase("compute")
+            sync = nullcontext() if last or not ddp else self.train_module.no_sync()  # type: ignore[operator]
+            self.progress.phase("compute", step)
             with sync:
                 with self.autocast():
                     losses = compute_losses(
-                        self.ddp,
-                        tokens,
-                        latents,
-                        d,
-                        mode=t.mode,
-                        mask_id=cfg.model.vocab_size,
-                        text_weight=t.text_weight,
-                        latent_weight=t.latent_weight,
-                    )
+                        self.train_module, mb.tokens, mb.latents, mb.draws, mode=t.mode,
+                        mask_id=cfg.model.vocab_size, text_weight=t.text_weight,
+                        latent_weight=t.latent_weight, text_mask=mb.text_mask,
+                    )  # fmt: skip
                 loss = losses.total
                 if step in self.inject:
                     loss = loss * float("nan")
@@ -398,14 +341,17 @@ class Trainer:
             sums += torch.stack([loss.detach(), losses.text, losses.latent]).float()
         sums /= self.accum
 
-        self.progress.phase("collective")  # the grad norm's host sync waits for DDP's all-reduce
+        self.progress.phase("collective")  # the grad norm's host sync waits for the gradient reduction
         grads = [p.grad for p in self.params if p.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=dev)
-        applied = bool(torch.isfinite(norm).item())  # the one host sync of a step
+        plain_norm = norm.full_tensor() if self.sharded else norm  # type: ignore[attr-defined]
+        applied = bool(torch.isfinite(plain_norm).item())  # the one host sync of a step
         if applied:
             if t.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(self.params, t.grad_clip, norm)
             self.opt.step()
+            if self.ema is not None:
+                self.ema.update()
             c.nonfinite_consecutive = 0
         else:
             c.nonfinite_consecutive += 1
@@ -413,12 +359,22 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         c.step = step
         c.samples_consumed += t.global_batch
-        return applied, sums[0], sums[1], sums[2], norm
+        return applied, sums[0], sums[1], sums[2], plain_norm
+
+    def evaluate(self) -> dict[str, float | None]:
+        """Validation losses of the current weights (the EMA's when on); collective."""
+        assert self.evaluator is not None
+        self.progress.phase("eval")
+        # The bare model, not the DDP wrapper (no gradient hooks); under FSDP it is the sharded root.
+        if self.ema is None:
+            return self.evaluator.run(self.model, autocast=self.autocast)
+        with self.ema.applied(before=lambda: reshard(self.model)):
+            return self.evaluator.run(self.model, autocast=self.autocast)
 
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> AttemptOutcome:
-        t, c = self.cfg.train, self.counters
+        t = self.cfg.train
         try:
             self.progress.phase("load")
             self.resume()
@@ -432,47 +388,65 @@ class Trainer:
                     echo=self.echo,
                     attempt=self.attempt,
                 )
+                if t.tensorboard and self.checkpointer is not None:
+                    self.tb = TensorBoardLog(self.paths.root / "tensorboard", resumed_step=c.step)
+                    self.tb.mark("resumed", c.step, self._resume_text())
             cause = StopCause.NONE
+            batches: Any = iter(self.loader())
             while c.step < t.steps:
                 t0 = time.perf_counter()
-                applied, loss, text, latent, norm = self.train_step()
+                self.progress.phase("data", c.step + 1)
+                item = next(batches)
+                applied, loss, text, latent, norm = self.train_step(item)
                 if self.cfg.testing.step_sleep_s:
                     time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
                 self.progress.stepped(c.step, dt)
                 self.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)
                 failing = c.nonfinite_consecutive >= t.max_nonfinite_skips
-                if c.step % t.log_every == 0 or c.step == t.steps or failing:
-                    self.log_window()
+                val = self.evaluate() if t.eval_every and c.step % t.eval_every == 0 else None
+                if c.step % t.log_every == 0 or c.step == t.steps or failing or val is not None:
+                    self.log_window(val)
                 if failing:
                     raise TrainingError(
                         f"{c.nonfinite_consecutive} consecutive non-finite steps (the last at step {c.step}); "
                         f"train.max_nonfinite_skips is {t.max_nonfinite_skips}",
                         hint="lower train.lr, check the data, or raise train.max_nonfinite_skips",
                     )
+                self.act_on_failed_background_save()
                 if c.step < t.steps:
                     self.progress.phase("collective")
                     cause = self.stop.check(c.step, dt)
                     if cause != StopCause.NONE:
                         if self.window.steps:
-                            self.log_window()
+                            self.log_window(None)
                         break
                     if c.step % self.cfg.checkpoint.every_steps == 0:
                         self.save(blocking=False)
+            batches = None  # stops the loader's workers before the final save
             self.save(blocking=True)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
             if cause != StopCause.NONE and c.step < t.steps:
                 if self.ledger is not None:
                     self.ledger.append(STOPPED, cause=cause.label, step=c.step)
+                if self.tb is not None:
+                    self.tb.mark("stopped", c.step, f"stopped after step {c.step}: {cause.label}")
                 return self.outcome("stopped", cause.label)
+            if self.tb is not None:
+                self.tb.mark("finished", c.step, f"finished at step {c.step}")
             return self.outcome("finished", None)
         finally:
             self.stop.restore_signal_handlers()
 
-    def log_window(self) -> None:
+    def _resume_text(self) -> str:
+        c = self.counters
+        start = f"resumed from step {c.step}" if c.step else "started"
+        return f"{start} (attempt {self.attempt}, {self.ctx.world_size} ranks, {self.cfg.train.parallel})"
+
+    def log_window(self, val: dict[str, float | None] | None) -> None:
         cfg, c = self.cfg, self.counters
-        reduce = (lambda x: dist.all_reduce(x)) if self.ctx.initialized else None
+        reduce = (lambda x: dist.all_reduce(x)) if self.ctx.initialized and self.ctx.world_size > 1 else None
         rec = self.window.collect(reduce, self.ctx.world_size)
         if self.log is None:
             return
@@ -484,28 +458,24 @@ class Trainer:
             samples_per_s=sps,
             tokens_per_s=sps * (cfg.model.text_len + cfg.model.latent_len) if sps else None,
             skipped=c.skipped_total,
+            max_memory_gb=max_memory_gb(self.ctx.device),
+            **(val or {}),
         )
         self.log.write(rec)
+        if self.tb is not None:
+            self.tb.scalars(rec)
 
-    def rank_summary(self) -> dict[str, Any]:
-        c = self.counters
-        return {
-            "rank": self.ctx.rank,
-            "step": c.step,
-            "samples_consumed": c.samples_consumed,
-            "skipped": c.skipped_total,
-            "params_sha256": params_sha256(self.model),
-            "params_finite": params_finite(self.model),
-        }
+    # ---- the end ------------------------------------------------------------------------------
 
     def gather_summaries(self) -> list[dict[str, Any]]:
-        """Every rank's counters and parameter hash (collective; the replicas must agree)."""
-        mine = self.rank_summary()
-        if not self.ctx.initialized:
-            return [mine]
-        out: list[Any] = [None] * self.ctx.world_size
-        dist.all_gather_object(out, mine, group=self.ctx.cpu_group)
-        return out
+        """Every rank's counters and digests (collective; DDP replicas must agree)."""
+        c = self.counters
+        mine = {"rank": self.ctx.rank, "step": c.step, "samples_consumed": c.samples_consumed}
+        mine |= {
+            "skipped": c.skipped_total,
+            **state_digests(self.model, self.opt, self.ema, sharded=self.sharded),
+        }
+        return list(all_gather_json(mine, self.ctx.host_group()))
 
     def outcome(self, status: Status, cause: str | None, error: str | None = None) -> AttemptOutcome:
         ranks = self.gather_summaries()
@@ -530,100 +500,11 @@ class Trainer:
         self.stop.restore_signal_handlers()
         if self.log is not None:
             self.log.close()
-        if self.checkpointer is not None:
-            self.checkpointer.close()
-
-
-def _numpy_rng_tensor() -> torch.Tensor:
-    """numpy's legacy global MT19937 key as a tensor (checkpoints load with weights_only=True)."""
-    state: Any = np.random.get_state(legacy=True)
-    return torch.from_numpy(np.asarray(state[1], dtype=np.int64))
-
-
-def _as_python_rng_state(value: Any) -> Any:
-    """``random.setstate`` wants (int, tuple, None|float); a checkpoint round trip may give lists."""
-    version, internal, gauss = value
-    return (int(version), tuple(int(x) for x in internal), gauss)
-
-
-# ---- the entry point -----------------------------------------------------------------------------
-
-
-def _one_line(err: BaseException) -> str:
-    if isinstance(err, HpclaunchError):
-        return err.one_line()
-    text = f"{type(err).__name__}: {err}".strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hpclaunch.trainer RUN_DIR``: train, write the outcome, return the exit code."""
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or argv[0].startswith("-"):
-        print("usage: python -m hpclaunch.trainer RUN_DIR", file=sys.stderr)
-        return 2
-    run_dir = Path(argv[0]).resolve()
-    if os.environ.get(JOIN_STDERR_VAR) == "1":
-        # Under the node agent: this rank's stderr joins its stdout, so the agent can keep torchrun's
-        # own stderr (its failure report) apart from what the ranks print.
-        os.dup2(1, 2)
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
-    attempt = os.environ.get(ATTEMPT_VAR) or "local"
-    end_time = float(os.environ[END_TIME_VAR]) if os.environ.get(END_TIME_VAR) else None
-    rank = int(os.environ.get("RANK", 0))
-    paths = RunPaths(run_dir)
-    trainer: Trainer | None = None
-    try:
-        cfg = read_config(paths)
-        paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
-        register_stack_dump(cfg, paths, attempt, rank)  # before the process group: start-up hangs too
-        trainer = Trainer(cfg, paths, attempt=attempt, end_time=end_time)
-        outcome = trainer.run()
-        code = 0
-    except (Exception, KeyboardInterrupt) as err:
-        # Errors every rank raises together (the NaN guard's verdict, rank 0's data verdict) are
-        # reported by rank 0 alone; any other error by the rank that hit it.
-        collective = isinstance(err, (TrainingError, DataError)) and trainer is not None
-        collective = collective or (isinstance(err, DataError) and trainer is None)
-        if rank == 0 or not collective:
-            print(f"hpclaunch: training failed: {_one_line(err)}", file=sys.stderr, flush=True)
-            if debug_enabled():
-                traceback.print_exc()
-        step = trainer.counters.step if trainer is not None else 0
-        world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
-        # "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible
-        # checkpoint) that a retry would repeat; "crash": anything else (a network error, a bug),
-        # which the node agent may retry within scheduler.max_failure_retries.
-        cause = (
-            "data"
-            if isinstance(err, DataError)
-            else "training"
-            if isinstance(err, HpclaunchError)
-            else "crash"
-        )
-        outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
-        if isinstance(err, TrainingError) and trainer is not None:
-            with suppress(Exception):  # best effort: the failure itself is what matters
-                outcome = trainer.outcome("failed", cause, _one_line(err))
-        code = err.exit_code if isinstance(err, HpclaunchError) else 1
-        if not collective:
-            _write_outcome(paths, attempt, outcome, rank)
-            return code
-    finally:
-        if trainer is not None:
-            try:
-                trainer.close()
-            except Exception as e:  # pragma: no cover - a failing close must not hide the outcome
-                print(f"hpclaunch: closing the trainer failed: {_one_line(e)}", file=sys.stderr)
-    _write_outcome(paths, attempt, outcome, rank)
-    if dist.is_available() and dist.is_initialized():
-        # Rank 0 has written the outcome before any rank exits (torchrun stops the others as soon
-        # as one exits non-zero).
-        dist.barrier(group=trainer.ctx.cpu_group if trainer else None)
-        dist.destroy_process_group()
-    return code
-
-
-def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
-    if rank == 0:
-        write_outcome(paths, attempt, outcome)
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
+        try:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+        finally:
+            close_distributed(self.ctx)

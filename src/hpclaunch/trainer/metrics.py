@@ -12,6 +12,10 @@ step. Each ``metrics.jsonl`` line describes the window of steps since the previo
 - ``lr``: the learning rate of the last step; ``skipped``: non-finite steps so far (cumulative);
 - ``ts``: epoch seconds when the line was written (right after the window's last step);
   ``attempt``: the attempt that computed the window (``status`` and ``report`` time the run by them).
+- ``val_loss``, ``val_text_loss``, ``val_latent_loss``: validation losses of the fixed validation
+  set at this step (``train.eval_every``; null on other lines);
+- ``max_memory_gb``: this rank's (rank 0's) peak memory so far: CUDA memory allocated by tensors
+  on a GPU, the process's peak resident set on CPU.
 """
 
 from __future__ import annotations
@@ -42,6 +46,10 @@ FIELDS = (
     "skipped",
     "ts",  # stamped by MetricsLog.write
     "attempt",
+    "val_loss",
+    "val_text_loss",
+    "val_latent_loss",
+    "max_memory_gb",
 )
 
 
@@ -86,6 +94,15 @@ class MetricsWindow:
         self.steps = 0
         self.time_s = 0.0
         return out
+
+
+def max_memory_gb(device: torch.device) -> float:
+    """Peak memory of this rank so far, in GB (CUDA: allocated by tensors; CPU: peak RSS)."""
+    if device.type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 1e9, 4)
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9, 4)  # KiB on Linux
 
 
 def _mean(total: float, count: float) -> float | None:
@@ -171,4 +188,6 @@ def describe(line: dict[str, Any]) -> str:
     )
     if line.get("skipped"):
         text += f" skipped {line['skipped']}"
+    if line.get("val_loss") is not None:
+        text += f" val {f('val_loss', '.4f')}"
     return text

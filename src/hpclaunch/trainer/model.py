@@ -110,14 +110,17 @@ class MMDiTDiffusion(nn.Module):
         *,
         want_text: bool = True,
         want_latent: bool = True,
+        text_mask: Tensor | None = None,
     ) -> tuple[Tensor | None, Tensor | None]:
         """``tokens`` [B, text_len] (may hold mask_id), ``latents`` [B, latent_len, latent_dim]
-        (already noised), ``t_*`` [B]. A head that is not wanted is not run (returns None), so
-        the clean side's head takes no part in the graph and gets no gradient."""
+        (already noised), ``t_*`` [B], ``text_mask`` bool [B, text_len] (True = a real token;
+        None = all real). A head that is not wanted is not run (returns None), so the clean
+        side's head takes no part in the graph and gets no gradient."""
         text = self.token_emb(tokens) + self.text_pos
         lat = self.latent_in(latents) + self.latent_pos
         cond = self.time_mlp(torch.cat([self.time_text(t_text), self.time_latent(t_latent)], dim=-1))
-        text, lat = self.trunk(modality_tokens=(text, lat), time_cond=cond)
+        masks = None if text_mask is None else (text_mask, None)
+        text, lat = self.trunk(modality_tokens=(text, lat), modality_masks=masks, time_cond=cond)
         logits = self.text_head(text) if want_text else None
         velocity = self.latent_head(lat) if want_latent else None
         return logits, velocity

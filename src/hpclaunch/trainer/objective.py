@@ -13,6 +13,10 @@ global batch, draws exactly the same numbers for the same sample.
   the velocity noise - x0; loss = mean squared error over all latent elements.
 - mode ``l2t``: latents clean (t_latent = 0, no noise), no latent loss; ``t2l``: text clean
   (t_text = 0, nothing masked), no text loss. The clean side's head is not run at all.
+- variable-length text (``data.pad_id``): ``text_mask`` marks real tokens. Padding is never
+  masked and never scored, the number masked is ``max(1, round(t * real_length))``, and the model
+  gets the mask as mmdit's modality mask (padding is not attended to). Without a mask the
+  arithmetic is exactly that of fixed-length text.
 """
 
 from __future__ import annotations
@@ -73,6 +77,11 @@ class Losses:
     total: Tensor
     text: Tensor  # 0 when the text side is clean (mode t2l)
     latent: Tensor  # 0 when the latent side is clean (mode l2t)
+    # Detached sums and counts behind the two means (validation adds them up over batches and ranks).
+    text_sum: Tensor | None = None
+    text_count: Tensor | None = None
+    latent_sum: Tensor | None = None
+    latent_count: float | None = None
 
 
 def compute_losses(
@@ -85,10 +94,12 @@ def compute_losses(
     mask_id: int,
     text_weight: float,
     latent_weight: float,
+    text_mask: Tensor | None = None,
 ) -> Losses:
     """Noise the batch per ``d`` and ``mode``, run ``model``, return the weighted losses.
 
-    ``tokens``/``latents`` and the tensors of ``d`` must already be on the model's device.
+    ``tokens``/``latents``, ``text_mask`` (bool [B, text_len], True = a real token; None = no
+    padding) and the tensors of ``d`` must already be on the model's device.
     """
     text_noised = mode != "t2l"
     latent_noised = mode != "l2t"
@@ -96,8 +107,14 @@ def compute_losses(
 
     if text_noised:
         t_text = d.t_text
-        k = torch.clamp(torch.round(t_text * n), min=1).long()  # [B] positions to mask
-        rank = d.mask_keys.argsort(dim=1).argsort(dim=1)  # rank of each key within its row
+        if text_mask is None:
+            k = torch.clamp(torch.round(t_text * n), min=1).long()  # [B] positions to mask
+            keys = d.mask_keys
+        else:  # only real tokens are masked: padding sorts last (keys are < 1)
+            real = text_mask.sum(dim=1)
+            k = torch.minimum(torch.clamp(torch.round(t_text * real), min=1).long(), real)
+            keys = torch.where(text_mask, d.mask_keys, torch.full_like(d.mask_keys, 2.0))
+        rank = keys.argsort(dim=1).argsort(dim=1)  # rank of each key within its row
         masked = rank < k[:, None]
         text_in = torch.where(masked, torch.full_like(tokens, mask_id), tokens)
     else:
@@ -113,19 +130,28 @@ def compute_losses(
         t_lat = torch.zeros_like(d.t_latent)
         lat_in = latents
 
-    logits, velocity = model(text_in, lat_in, t_text, t_lat, want_text=text_noised, want_latent=latent_noised)
+    extra = {} if text_mask is None else {"text_mask": text_mask}
+    logits, velocity = model(
+        text_in, lat_in, t_text, t_lat, want_text=text_noised, want_latent=latent_noised, **extra
+    )
 
     zero = latents.new_zeros(())
     text_loss = zero
     latent_loss = zero
+    out = Losses(zero, zero, zero)
     if text_noised:
         assert logits is not None and masked is not None
         ce = F.cross_entropy(logits.float().reshape(b * n, -1), tokens.reshape(-1), reduction="none")
         m = masked.reshape(-1).float()
-        text_loss = (ce * m).sum() / m.sum()
+        text_sum, text_count = (ce * m).sum(), m.sum()
+        text_loss = text_sum / text_count
+        out.text_sum, out.text_count = text_sum.detach(), text_count
     if latent_noised:
         assert velocity is not None
         target = d.noise - latents
         latent_loss = F.mse_loss(velocity.float(), target)
-    total = text_weight * text_loss + latent_weight * latent_loss
-    return Losses(total, text_loss.detach(), latent_loss.detach())
+        out.latent_sum = latent_loss.detach() * target.numel()
+        out.latent_count = float(target.numel())
+    out.total = text_weight * text_loss + latent_weight * latent_loss
+    out.text, out.latent = text_loss.detach(), latent_loss.detach()
+    return out

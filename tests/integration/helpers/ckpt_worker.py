@@ -9,6 +9,8 @@ Modes:
   crash      blocking save of step 10, then an async save of step 20 during which the test hook
              HPCLAUNCH_TEST_CKPT_KILL (set by the test) SIGKILLs one rank.
   resume     load_latest into fresh state and report what was loaded.
+  diskfull   a blocking save of step 30 while the test's HPCLAUNCH_TEST_CKPT_FAIL makes one rank's
+             writer fail (ENOSPC): every rank reports the error it got.
 
 Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
 """
@@ -29,6 +31,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from hpclaunch.errors import CheckpointError
 from hpclaunch.rundir import Ledger, RunPaths
 from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, RANK_LOCAL, Checkpointer, rank_local_key
 
@@ -42,7 +45,8 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s: %(message)s")
-    result = {"roundtrip": roundtrip, "crash": crash, "resume": resume}[mode](run_dir, rank, world)
+    modes = {"roundtrip": roundtrip, "crash": crash, "resume": resume, "diskfull": diskfull}
+    result = modes[mode](run_dir, rank, world)
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
     if distributed:
         dist.barrier()
@@ -207,6 +211,17 @@ def resume(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
         "progress_step": int(state["progress"]["step"]),
         "rank_local_value": float(local[0]),
     }
+
+
+def diskfull(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    ckpt = checkpointer(run_dir, rank, world)
+    try:
+        ckpt.save(30, big_state(rank, 30), blocking=True)
+        return {"error": None}
+    except CheckpointError as e:
+        return {"error": e.one_line(), "hint": e.hint}
+    finally:
+        ckpt.close()
 
 
 if __name__ == "__main__":

@@ -89,6 +89,17 @@ def train(
     )
 
 
+def hpclaunch_cli(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The ``hpclaunch`` command line in a subprocess."""
+    return subprocess.run(
+        [sys.executable, "-m", "hpclaunch", *args],
+        env=env_for("cli"),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def start(run: Path, *, nproc: int = 2, attempt: str = "a1") -> subprocess.Popen[str]:
     return subprocess.Popen(
         command(run, nproc),

@@ -1,10 +1,13 @@
 """Checkpoints of a training run: writing, publishing, validating, choosing, loading, pruning.
 
 This package owns ``RUN/checkpoints/``: ``manifest`` (names, manifest, verification, scanning,
-retention; torch-free), ``safe_load`` (loading without arbitrary unpickling) and ``checkpointer``
-(collective saves and loads). Data is written by torch.distributed.checkpoint (DCP), so DDP
-today and FSDP later share one format; everything around DCP (atomic publishing, the manifest,
-validation, safe unpickling, retention) lives here.
+retention rules; torch-free), ``directory`` (rank 0's view: valid, corrupt, what to load, what to
+prune; torch-free), ``safe_load`` (loading without arbitrary unpickling), ``reader`` (loading one
+checkpoint, also read-only for ``hpclaunch sample``), ``faults`` (failures in the user's words, test
+hooks) and ``checkpointer`` (collective saves and loads). Data is written by
+torch.distributed.checkpoint (DCP), so DDP and FSDP share one format and a checkpoint written by
+either loads into either, at any world size; everything around DCP (atomic publishing, the
+manifest, validation, safe unpickling, retention) lives here.
 
 Layout and publishing
 ---------------------
@@ -17,11 +20,20 @@ step, world size, config and model hashes, creation time, hpclaunch/torch versio
 A directory without a valid manifest does not exist for resume. Retention deletes by renaming to
 ``.step_000123.del-<nonce>`` first, so a half-deleted checkpoint never looks like a real one.
 
-A published directory is never overwritten. Saving a step that is already published and has a
-manifest for that step is skipped (it holds the same state: the typical case is the stop save right
-after a periodic save of the same step). A published directory for that step without a usable
-manifest (not ours, or damaged) is replaced: the new save is published by moving the old directory
-aside and renaming the new one in, then the old one is deleted.
+A published directory is never overwritten. Saving a step that is already published and valid is
+skipped (it holds the same state: the typical case is the stop save right after a periodic save of
+the same step). A published checkpoint that fails verification (on resume, before a save of its
+step, or when retention meets it) is renamed ``step_N.corrupt`` and recorded in the ledger as
+``checkpoint_invalid`` with the reason, so the step is saved again when the run recomputes it;
+retention counts only valid checkpoints among the ``keep_last`` it keeps.
+
+Failures
+--------
+A save that fails says why in the user's words on every rank ("no space left on DIR: 12.0 MiB
+free, the checkpoint needs about 230.0 MiB", "permission denied: cannot write PATH"); its temporary
+directory is removed. A background save that fails is noticed by every rank at the same step
+(``poll_background``, called after every step); the trainer then saves again, blocking, and stops
+with the reason if that fails too.
 
 State-dict conventions (for the trainer)
 ----------------------------------------
@@ -77,21 +89,17 @@ Nothing read from a checkpoint is unpickled with plain pickle: ``.metadata`` goe
 allow-list unpickler (the classes DCP metadata actually contains) and non-tensor items through
 ``torch.load(weights_only=True)``. Anything else raises ``CheckpointError`` naming file and class.
 
-Test hooks (environment variables, read at call time; never set them in production)
------------------------------------------------------------------------------------
-``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>``
-    the writer sleeps this long before writing a save (proves that staging copied the state).
-``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>``
-    rank ``<rank>`` SIGKILLs itself while saving ``<step>``; phase ``data``: after its own data
-    files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
-    ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint.
+Test hooks (``HPCLAUNCH_TEST_CKPT_*`` environment variables: a slow writer, a SIGKILL mid-save,
+an injected OSError such as ENOSPC) are described in ``faults``.
 
-``manifest`` is torch-free (``hpclaunch status`` must not import torch); the other modules import
+``manifest`` and ``directory`` are torch-free (``hpclaunch status`` must not import torch); the other modules import
 torch inside the functions that need it.
 """
 
-from .checkpointer import ENV_DELAY_WRITE, ENV_KILL, Checkpointer
+from .checkpointer import Checkpointer
+from .faults import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .manifest import (
+    CORRUPT_SUFFIX,
     FORMAT_VERSION,
     MANIFEST_NAME,
     METADATA_NAME,
@@ -111,10 +119,13 @@ from .manifest import (
     steps_to_delete,
     verify_checkpoint,
 )
+from .reader import load_readonly
 from .safe_load import load_item_safely, load_metadata_safely
 
 __all__ = [
+    "CORRUPT_SUFFIX",
     "ENV_DELAY_WRITE",
+    "ENV_FAIL",
     "ENV_KILL",
     "FORMAT_VERSION",
     "MANIFEST_NAME",
@@ -129,6 +140,7 @@ __all__ = [
     "leftover_dirs",
     "load_item_safely",
     "load_metadata_safely",
+    "load_readonly",
     "newest_valid",
     "published_dirs",
     "rank_local_key",

@@ -9,43 +9,45 @@ training loop). See the package docstring for the layout and the state-dict conv
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import shutil
-import signal
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
 from ...fsutil import atomic_write_json, fsync_dir
-from ...rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger
+from ...rundir import CHECKPOINT_SAVED, Ledger
 from ..dist import all_gather_json, broadcast_json
+from .directory import CheckpointDir
+from .faults import (
+    delay_write_hook,
+    hooked_writer_class,
+    injected_failure,
+    is_filesystem_failure,
+    kill_hook,
+    kill_requested,
+    save_error,
+)
+from .faults import estimated_bytes as _estimated_bytes
 from .manifest import (
     MANIFEST_NAME,
     METADATA_NAME,
     RANK_LOCAL,
     CheckpointInfo,
-    InvalidCheckpoint,
     LoadResult,
     _jsonable,
-    _ranks_with_rank_local,
     build_manifest,
     file_digest,
-    leftover_dirs,
-    leftover_reason,
-    newest_valid,
-    published_dirs,
-    read_manifest,
+    move_aside_corrupt,
     scan_checkpoints,
     step_dir_name,
-    steps_to_delete,
 )
-from .safe_load import load_metadata_safely, safe_load_parts
+from .reader import dcp_load
+from .safe_load import safe_load_parts
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,29 +55,6 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
-
-ENV_DELAY_WRITE = "HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S"
-ENV_KILL = "HPCLAUNCH_TEST_CKPT_KILL"
-
-
-def _as_checkpoint_error(exc: BaseException, what: str, where: Path) -> CheckpointError:
-    """One CheckpointError from whatever DCP raised (it wraps per-rank errors)."""
-    if isinstance(exc, CheckpointError):
-        return exc
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = [(rank, pair[0]) for rank, pair in sorted(failures.items())]
-        for _, err in inner:
-            if isinstance(err, CheckpointError):
-                return err
-        err = inner[0][1]
-        ranks = ",".join(str(r) for r, _ in inner)
-        first = str(err).splitlines()[0] if str(err) else ""
-        return CheckpointError(
-            f"{what} failed on rank(s) {ranks}: {type(err).__name__}: {first}", where=str(where)
-        )
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return CheckpointError(f"{what} failed: {type(exc).__name__}: {first}", where=str(where))
 
 
 def _silence_single_process_warning() -> None:
@@ -92,10 +71,10 @@ class _SaveJob:
     step: int
     tmp: Path
     final: Path
-    replace: bool  # an unusable published directory of this step is to be replaced
     blocking: bool
     extra: dict[str, Any]
     started: float  # time.monotonic() when save() was called
+    needed_bytes: int  # about what the whole checkpoint takes on disk (for a "no space" message)
 
 
 class Checkpointer:
@@ -136,10 +115,22 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self._stager: Any = None
         self._loading: set[int] = set()
+        self._dir = CheckpointDir(
+            self.directory,
+            world_size=world_size,
+            config_hash=config_hash,
+            model_hash=model_hash,
+            keep_last=keep_last,
+            keep_every=keep_every,
+            ledger=ledger,
+        )
         self._closed = False
         safe_load_parts()  # import DCP now, so the first save does not pay for it in its stall
         if self._is_coordinator:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+            except OSError as e:
+                raise save_error(e, directory=self.directory, step=0, needed_bytes=None) from None
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -207,7 +198,10 @@ class Checkpointer:
         if self._closed:
             raise CheckpointError("save() after close()")
         self.wait()
-        job = self._plan_save(step, blocking=blocking or not self.async_save, extra=extra, started=started)
+        needed = _estimated_bytes(state, self.world_size, RANK_LOCAL)
+        job = self._plan_save(
+            step, blocking=blocking or not self.async_save, extra=extra, started=started, needed=needed
+        )
         if job is None:
             self.last_stall_seconds = time.monotonic() - started
             return
@@ -220,10 +214,10 @@ class Checkpointer:
         self._submit(job, staged)
 
     def _plan_save(
-        self, step: int, *, blocking: bool, extra: dict[str, Any] | None, started: float
+        self, step: int, *, blocking: bool, extra: dict[str, Any] | None, started: float, needed: int
     ) -> _SaveJob | None:
-        """Rank 0 decides (skip / write / replace), names the temporary directory and checks
-        ``extra``; its errors are raised on every rank, so none is left waiting in a collective."""
+        """Rank 0 decides (skip / write), names the temporary directory and checks ``extra``; its
+        errors are raised on every rank, so none is left waiting in a collective."""
         final = self.directory / step_dir_name(step)
         decision: dict[str, Any] = {}
         if self._is_coordinator:
@@ -236,8 +230,7 @@ class Checkpointer:
                 log.info("checkpoint %s already published; not saving it again", final.name)
             return None
         tmp = self.directory / f".{final.name}.tmp-{decision['nonce']}"
-        replace = decision["action"] == "replace"
-        return _SaveJob(step, tmp, final, replace, blocking, decision["extra"], started)
+        return _SaveJob(step, tmp, final, blocking, decision["extra"], started, needed)
 
     def _decide(self, final: Path, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
         try:
@@ -252,29 +245,29 @@ class Checkpointer:
             return {"error": f"cannot prepare checkpoint {final}: {e}"}
 
     def _existing_action(self, final: Path, step: int) -> str:
+        """A published directory of this step is kept when valid (typically the stop save right
+        after a periodic save of the same step: same state), else moved aside and saved again."""
         if not final.exists():
             return "write"
-        try:
-            if read_manifest(final).get("step") == step:
-                return "skip"
-        except InvalidCheckpoint:
-            pass
-        log.warning("checkpoint %s exists without a usable manifest; it will be replaced", final.name)
-        return "replace"
+        if self._dir.is_valid(step, final):
+            return "skip"
+        return "write"  # is_valid moved it aside
 
     def _write_and_publish(self, job: _SaveJob, state: dict[str, Any]) -> None:
         """Every rank: DCP write, hash own files; rank 0: manifest + publish. Collective."""
         begun = time.monotonic()
-        _test_delay_write()
+        delay_write_hook()
         self._dcp_save(job, state)
-        _test_kill(job.step, self.rank, "publish")
+        kill_hook(job.step, self.rank, "publish")
         reports = all_gather_json(self._own_digests(job.tmp), self._pg)
         status: dict[str, Any] = {}
         if self._is_coordinator:
             status = self._publish_or_report(job, reports, begun)
         status = broadcast_json(status, self._pg, is_source=self._is_coordinator)
         if status.get("error"):
-            raise CheckpointError(f"publishing failed: {status['error']}", where=str(job.final))
+            raise CheckpointError(
+                f"publishing failed: {status['error']}", where=str(job.final), hint=status.get("hint")
+            )
         self.last_save_seconds = time.monotonic() - begun
 
     def _dcp_save(self, job: _SaveJob, state: dict[str, Any]) -> None:
@@ -286,13 +279,17 @@ class Checkpointer:
                 state, storage_writer=self._writer(job), process_group=self._pg, no_dist=self._pg is None
             )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-            raise _as_checkpoint_error(e, f"writing {job.final.name}", job.tmp) from e
+            fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
+            if self._is_coordinator and fs:  # free the space a half-written save holds, then measure
+                shutil.rmtree(job.tmp, ignore_errors=True)  # (a peer's death leaves it for the resume)
+            raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
 
     def _writer(self, job: _SaveJob) -> Any:
         import torch.distributed.checkpoint as dcp
 
-        if _kill_requested(job.step, self.rank, "data"):
-            return _hooked_writer_class()(job.tmp, lambda: _test_kill(job.step, self.rank, "data"))
+        fail = injected_failure(job.step, self.rank)
+        if fail is not None or kill_requested(job.step, self.rank, "data"):
+            return hooked_writer_class()(job.tmp, fail, lambda: kill_hook(job.step, self.rank, "data"))
         return dcp.FileSystemWriter(job.tmp, sync_files=True, overwrite=False)
 
     def _own_digests(self, tmp: Path) -> dict[str, Any]:
@@ -312,7 +309,9 @@ class Checkpointer:
             return {}
         except Exception as e:  # reported to every rank, raised there on the next save/wait
             log.error("publishing %s failed: %s", job.final.name, e)
-            return {"error": str(e)}
+            shutil.rmtree(job.tmp, ignore_errors=True)
+            err = save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes)
+            return {"error": err.message, "hint": err.hint}
 
     def _publish(self, job: _SaveJob, reports: list[Any], begun: float) -> None:
         errors = [r["error"] for r in reports if r.get("error")]
@@ -332,19 +331,16 @@ class Checkpointer:
         )
         atomic_write_json(job.tmp / MANIFEST_NAME, manifest)
         self._rename_into_place(job)
-        self._apply_retention(protect={job.step})
+        self._dir.mark_valid(job.step, job.final)
+        self._dir.apply_retention(protect={job.step}, loading=self._loading)
         self._report_saved(job, manifest, time.monotonic() - begun)
 
     def _rename_into_place(self, job: _SaveJob) -> None:
-        aside = None
-        if job.replace and job.final.exists():
-            aside = self.directory / f".{job.final.name}.del-{uuid.uuid4().hex[:12]}"
-            os.rename(job.final, aside)
+        if job.final.exists():  # appeared since the decision (not ours): never overwrite it
+            move_aside_corrupt(job.final)
         # rename() of a directory onto an existing non-empty one fails: never overwrites.
         os.rename(job.tmp, job.final)
         fsync_dir(self.directory)
-        if aside is not None:
-            shutil.rmtree(aside, ignore_errors=True)
 
     def _report_saved(self, job: _SaveJob, manifest: dict[str, Any], seconds: float) -> None:
         stall = self.last_stall_seconds if not job.blocking else time.monotonic() - job.started
@@ -368,30 +364,6 @@ class Checkpointer:
                 stall_s=round(stall, 4) if stall is not None else None,
             )
 
-    # ---- retention ----------------------------------------------------------------------------
-
-    def _apply_retention(self, *, protect: set[int]) -> None:
-        steps = [s for s, _ in published_dirs(self.directory)]
-        doomed = steps_to_delete(
-            steps,
-            keep_last=self.keep_last,
-            keep_every=self.keep_every,
-            protect=protect | self._loading,
-        )
-        for step in doomed:
-            self._delete(self.directory / step_dir_name(step))
-
-    def _delete(self, path: Path) -> None:
-        """Rename first so that a kill mid-delete leaves a leftover, never a broken step_N."""
-        aside = self.directory / f".{path.name}.del-{uuid.uuid4().hex[:12]}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
-            return
-        fsync_dir(self.directory)
-        shutil.rmtree(aside, ignore_errors=True)
-        log.info("retention: deleted checkpoint %s", path.name)
-
     # ---- wait / close -------------------------------------------------------------------------
 
     def wait(self) -> None:
@@ -399,6 +371,38 @@ class Checkpointer:
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.result()
+
+    def poll_background(self, group: dist.ProcessGroup | None) -> CheckpointError | None:
+        """After every step, on every rank: has the background save failed? Its error, else None.
+
+        Collective (a two-integer all-reduce on ``group``, the caller's host-side group, never
+        ours: the save itself uses ours from its thread) but only while a save is pending, which
+        every rank knows alike. A save that finished on every rank is settled; one that failed on
+        any rank is reported on all of them at the same step.
+        """
+        if self._pending is None:
+            return None
+        done = self._pending.done()
+        flags = [0 if done else 1, 1 if done and self._pending.exception() is not None else 0]
+        if group is not None:
+            import torch
+            import torch.distributed as dist
+
+            agreed = torch.tensor(flags, dtype=torch.int64)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
+            flags = [int(x) for x in agreed.tolist()]
+        running, failed = flags
+        if failed:
+            try:
+                self.wait()  # every rank's part has ended: the failure is collective in DCP
+            except CheckpointError as e:
+                return e
+            except Exception as e:
+                return CheckpointError(f"background save failed: {type(e).__name__}: {e}")
+            return CheckpointError("the background save failed on another rank (see its log)")
+        if not running:
+            self.wait()
+        return None
 
     def close(self) -> None:
         """Wait for a pending save, then release the thread, staging buffers and our group."""
@@ -436,7 +440,7 @@ class Checkpointer:
         self.wait()
         choice: dict[str, Any] = {}
         if self._is_coordinator:
-            choice = self._choose()
+            choice = self._dir.choose()
         choice = broadcast_json(choice, self._pg, is_source=self._is_coordinator)
         if choice.get("error"):
             raise CheckpointError(choice["error"])
@@ -450,137 +454,15 @@ class Checkpointer:
         skipped = [(Path(p), reason) for p, reason in choice["skipped"]]
         self._loading.add(info.step)
         try:
-            missing_ranks = self._dcp_load(info, state)
+            saved_ranks, sections = dcp_load(info, state, self._pg)
         finally:
             self._loading.discard(info.step)
-        return LoadResult(info=info, skipped=skipped, ranks_without_rank_local=missing_ranks)
-
-    def _choose(self) -> dict[str, Any]:
-        """Rank 0: the checkpoint to load, as JSON for the broadcast (errors included)."""
-        try:
-            leftovers = self._remove_leftovers()
-            info, skipped = newest_valid(self.directory)
-            for path, reason in skipped + [(p, r) for _, p, r in leftovers]:
-                self._report_invalid(path, reason)
-            chosen = info.step if info else -1
-            skipped += [(p, reason) for step, p, reason in leftovers if step > chosen]
-            if info is None:
-                log.info("no valid checkpoint in %s; starting fresh", self.directory)
-                return {"step": None}
-            self._check_compatible(info)
-            log.info("resuming from checkpoint %s", info.path.name)
-            return {
-                "step": info.step,
-                "name": info.path.name,
-                "manifest": info.manifest,
-                "skipped": [[str(p), r] for p, r in skipped],
-            }
-        except CheckpointError as e:
-            return {"error": e.one_line()}
-        except Exception as e:
-            return {"error": f"choosing a checkpoint in {self.directory} failed: {type(e).__name__}: {e}"}
-
-    def _remove_leftovers(self) -> list[tuple[int, Path, str]]:
-        """Delete unpublished / half-deleted directories of killed writers; return what they were."""
-        removed = []
-        for step, path in leftover_dirs(self.directory):
-            reason = f"{leftover_reason(path)}; removed"
-            if ".del-" in path.name:
-                log.info("removing %s (%s)", path.name, reason)
-            else:
-                removed.append((step, path, reason))
-            shutil.rmtree(path, ignore_errors=True)
-        if removed:
-            fsync_dir(self.directory)
-        return removed
-
-    def _report_invalid(self, path: Path, reason: str) -> None:
-        log.warning("skipping checkpoint %s: %s", path.name, reason)
-        if self.ledger is not None:
-            self.ledger.append(CHECKPOINT_INVALID, path=str(path), reason=reason)
-
-    def _check_compatible(self, info: CheckpointInfo) -> None:
-        theirs = info.manifest.get("model_hash")
-        if theirs != self.model_hash:
-            raise CheckpointError(
-                f"checkpoint {info.path.name} was written for a different model shape "
-                f"(model_hash {theirs} != {self.model_hash}: model.depth/dim_* or another shape "
-                "setting changed); start a new run or restore the old model config"
-            )
-        if info.manifest.get("config_hash") != self.config_hash:
-            log.info(
-                "checkpoint %s was written with a different config (non-shape settings changed)",
-                info.path.name,
-            )
-        saved_world = info.manifest.get("world_size")
-        if saved_world != self.world_size:
-            log.info(
-                "checkpoint %s was written by %s ranks, this run has %s",
-                info.path.name,
-                saved_world,
-                self.world_size,
-            )
-
-    def _dcp_load(self, info: CheckpointInfo, state: dict[str, Any]) -> list[int]:
-        """DCP load through the safe reader/planner; returns ranks that got no RANK_LOCAL entry."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        parts = safe_load_parts()
-        reader = parts.reader(info.path, self._read_metadata_everywhere(info.path))
-        planner = parts.planner(reader, info.path)
-        try:
-            dcp.load(
-                state,
-                storage_reader=reader,
-                planner=planner,
-                process_group=self._pg,
-                no_dist=self._pg is None,
-            )
-        except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-            raise _as_checkpoint_error(e, f"loading {info.path.name}", info.path) from e
-        saved_ranks = _ranks_with_rank_local(planner.saved_keys)
         missing = sorted(set(range(self.world_size)) - saved_ranks)
         if self._is_coordinator:
-            self._report_rank_local(info, saved_ranks, missing)
-        return missing
-
-    def _read_metadata_everywhere(self, path: Path) -> Any:
-        """Every rank reads .metadata safely; if any rank cannot, all raise (no rank is left
-        waiting in a DCP collective)."""
-        from torch.distributed.checkpoint.metadata import Metadata
-
-        metadata, error = None, None
-        try:
-            metadata = load_metadata_safely(path / METADATA_NAME)
-            if not isinstance(metadata, Metadata):
-                raise CheckpointError("is not DCP metadata", where=str(path / METADATA_NAME))
-        except CheckpointError as e:
-            error = e
-        errors = [msg for msg in all_gather_json(error and error.one_line(), self._pg) if msg]
-        if error is not None:
-            raise error
-        if errors:
-            raise CheckpointError(f"another rank cannot read the checkpoint: {errors[0]}")
-        return metadata
-
-    def _report_rank_local(self, info: CheckpointInfo, saved: set[int], missing: list[int]) -> None:
-        if missing and saved:
-            log.warning(
-                "checkpoint %s has no %s state for rank(s) %s; they keep their freshly seeded state",
-                info.path.name,
-                RANK_LOCAL,
-                ",".join(map(str, missing)),
-            )
-        unused = sorted(r for r in saved if r >= self.world_size)
-        if unused:
-            log.info(
-                "checkpoint %s: saved %s state of rank(s) %s is not used by %d ranks",
-                info.path.name,
-                RANK_LOCAL,
-                ",".join(map(str, unused)),
-                self.world_size,
-            )
+            self._dir.report_rank_local(info, saved_ranks, missing)
+        return LoadResult(
+            info=info, skipped=skipped, ranks_without_rank_local=missing, saved_sections=sections
+        )
 
 
 def _collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]]:
@@ -602,44 +484,3 @@ def _torch_version() -> str:
     import torch
 
     return str(torch.__version__)
-
-
-def _test_delay_write() -> None:
-    seconds = os.environ.get(ENV_DELAY_WRITE)
-    if seconds:
-        time.sleep(float(seconds))
-
-
-def _kill_requested(step: int, rank: int, phase: str) -> bool:
-    return os.environ.get(ENV_KILL, "") == f"{step}:{rank}:{phase}"
-
-
-def _test_kill(step: int, rank: int, phase: str) -> None:
-    if _kill_requested(step, rank, phase):
-        log.warning("test hook %s: rank %d kills itself (%s phase of step %d)", ENV_KILL, rank, phase, step)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-@functools.cache
-def _hooked_writer_class() -> type[Any]:
-    """Test-only DCP writer that SIGKILLs this rank after its data files are written (ENV_KILL)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-    from torch.distributed.checkpoint.storage import WriteResult
-    from torch.futures import Future as TorchFuture
-
-    class HookedWriter(dcp.FileSystemWriter):
-        """Test-only writer: SIGKILLs this rank after its data files are written (ENV_KILL)."""
-
-        def __init__(self, path: Path, on_data_written: Callable[[], None]) -> None:
-            super().__init__(path, sync_files=True, overwrite=False)
-            self.on_data_written = on_data_written
-
-        def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-            fut = super().write_data(plan, planner)
-            fut.wait()
-            self.on_data_written()
-            return fut
-
-    return HookedWriter

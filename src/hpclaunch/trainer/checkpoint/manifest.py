@@ -21,6 +21,10 @@ FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
 METADATA_NAME = ".metadata"
 RANK_LOCAL = "rank_local"
+# Top-level sections a checkpoint may lack (the loader keeps the caller's values for them):
+# rank-local state (another world size) and the EMA (turned on after the checkpoint was written).
+OPTIONAL_SECTIONS = (RANK_LOCAL, "ema")
+CORRUPT_SUFFIX = ".corrupt"
 
 _STEP_RE = re.compile(r"^step_(\d{6,})$")
 _LEFTOVER_RE = re.compile(r"^\.step_(\d{6,})\.(tmp|del)-[0-9a-f]+$")
@@ -43,6 +47,8 @@ class LoadResult:
     # Ranks of this run that found no saved RANK_LOCAL entry (world size changed): they keep the
     # state they came with.
     ranks_without_rank_local: list[int] = field(default_factory=list)
+    # Top-level keys the checkpoint holds (e.g. "ema" is absent when it was written without one).
+    saved_sections: set[str] = field(default_factory=set)
 
 
 class InvalidCheckpoint(Exception):
@@ -233,8 +239,30 @@ def steps_to_delete(
     return [s for s in ordered if s not in keep]
 
 
-def _is_rank_local(flat_key: str) -> bool:
-    return flat_key == RANK_LOCAL or flat_key.startswith(RANK_LOCAL + ".")
+def _is_optional(flat_key: str) -> bool:
+    return any(flat_key == s or flat_key.startswith(s + ".") for s in OPTIONAL_SECTIONS)
+
+
+def move_aside_corrupt(path: Path) -> Path:
+    """Rename an invalid published checkpoint to ``step_N.corrupt`` (``.corrupt-2``, ...), so the
+    step no longer exists for resume or retention and is saved again when the run recomputes it.
+    The files stay for inspection; nothing ever loads or prunes a ``.corrupt`` directory."""
+    target = path.with_name(path.name + CORRUPT_SUFFIX)
+    n = 2
+    while target.exists():
+        target = path.with_name(f"{path.name}{CORRUPT_SUFFIX}-{n}")
+        n += 1
+    path.rename(target)
+    return target
+
+
+def file_signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """(name, size, mtime_ns) of every file in a checkpoint directory: unchanged since verified?"""
+    out = []
+    for child in sorted(path.iterdir()):
+        st = child.stat()
+        out.append((child.name, int(st.st_size), int(st.st_mtime_ns)))
+    return tuple(out)
 
 
 def _ranks_with_rank_local(flat_keys: Iterable[str]) -> set[int]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from ...errors import CheckpointError
-from .manifest import _is_rank_local
+from .manifest import _is_optional
 
 # (Found by recording find_class while unpickling the .metadata of a DDP model + AdamW state with
 # every dtype and memory format we use.)
@@ -136,7 +136,8 @@ def safe_load_parts() -> SafeLoadParts:
             return str(self.storage_data[read_item.storage_index].relative_path)
 
     class SafeLoadPlanner(dcp.DefaultLoadPlanner):
-        """Loads non-tensor items with weights_only=True; tolerates missing RANK_LOCAL keys."""
+        """Loads non-tensor items with weights_only=True; tolerates missing keys of the optional
+        sections (RANK_LOCAL, ema)."""
 
         def __init__(self, reader: SafeReader, where: Path) -> None:
             super().__init__(allow_partial_load=False)
@@ -151,7 +152,7 @@ def safe_load_parts() -> SafeLoadParts:
             saved = self.metadata.state_dict_metadata
             self.saved_keys = list(saved)
             missing = [k for k in self.state_dict if k not in saved]
-            required = [k for k in missing if not _is_rank_local(k)]
+            required = [k for k in missing if not _is_optional(k)]
             if required:
                 shown = ", ".join(sorted(required)[:5]) + (" ..." if len(required) > 5 else "")
                 raise CheckpointError(
@@ -159,7 +160,7 @@ def safe_load_parts() -> SafeLoadParts:
                     "(state layout changed; start a new run or restore the old code)",
                     where=str(self.where),
                 )
-            for key in missing:  # rank-local entries this checkpoint lacks: keep the caller's
+            for key in missing:  # optional entries this checkpoint lacks: keep the caller's
                 del self.state_dict[key]
             return create_default_local_load_plan(self.state_dict, self.metadata, True)
 

@@ -1,0 +1,60 @@
+"""What ``hpclaunch train`` and ``submit --resume`` refuse before they write anything (exit 2).
+
+- data that cannot be read as the model expects: the training shards and, when configured, the
+  validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size);
+- a resume whose newest checkpoint was written for another model shape: the run would fail in
+  every rank after minutes of start-up, so it is refused here, naming the settings that differ.
+
+Bad values within one config (a pad id outside the vocabulary, an FSDP shard size the rank count
+cannot satisfy) are refused when the config is loaded. Torch-free.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..config import RunConfig
+from ..errors import UserInputError
+from ..rundir import RunPaths
+
+
+def refuse_bad_data(cfg: RunConfig) -> None:
+    """DataError (exit 2, the file named) when the training or validation shards do not fit the model."""
+    from ..shards import validate_dataset
+
+    d = cfg.data
+    validate_dataset(d.token_dir, d.latent_dir, cfg.model, max_shards=0)
+    if d.val_token_dir and d.val_latent_dir:
+        validate_dataset(d.val_token_dir, d.val_latent_dir, cfg.model, max_shards=0)
+
+
+def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
+    """UserInputError when the run's newest published checkpoint holds another model shape."""
+    from ..trainer.checkpoint.manifest import InvalidCheckpoint, published_dirs, read_manifest
+
+    checkpoints = RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints
+    for _, path in reversed(published_dirs(checkpoints)):
+        try:
+            manifest = read_manifest(path)
+        except InvalidCheckpoint:
+            continue  # the trainer reports and sets aside what it cannot use
+        if manifest.get("model_hash") in (None, cfg.model_hash()):
+            return
+        raise UserInputError(
+            f"checkpoint {path.name} was written for another model shape"
+            f"{_differences(manifest.get('extra', {}).get('model'), cfg)}; resuming would fail on every rank",
+            where=str(checkpoints),
+            hint="restore the model settings the run was started with, or start a new run (another name)",
+        )
+
+
+def _differences(saved: object, cfg: RunConfig) -> str:
+    if not isinstance(saved, dict):
+        return ""
+    now = cfg.model.model_dump(mode="json")
+    diffs = [
+        f"model.{k}: {saved[k]!r} in the checkpoint, {now[k]!r} now"
+        for k in now
+        if k in saved and saved[k] != now[k]
+    ]
+    return f" ({'; '.join(diffs)})" if diffs else ""

@@ -1,0 +1,105 @@
+"""The trainer's entry point: ``python -m hpclaunch.trainer RUN_DIR`` on every rank (torchrun starts it).
+
+Reads ``RUN_DIR/config.yaml``; optional environment ``HPCLAUNCH_ATTEMPT`` (default "local") and
+``HPCLAUNCH_JOB_END_TIME`` (epoch seconds; absent = no deadline). Runs under torchrun (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single process. Rank 0 writes
+``RUN/attempts/<attempt>.json`` (how the attempt ended); every rank exits 0 unless the run failed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from contextlib import suppress
+from pathlib import Path
+
+import torch.distributed as dist
+
+from ..errors import DataError, HpclaunchError, TrainingError, debug_enabled
+from ..rundir import AttemptOutcome, RunPaths, read_config, write_outcome
+from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
+from .loop import Trainer
+from .progress import register_stack_dump
+from .startup import StartupClock
+
+
+def _one_line(err: BaseException) -> str:
+    if isinstance(err, HpclaunchError):
+        return err.one_line()
+    text = f"{type(err).__name__}: {err}".strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m hpclaunch.trainer RUN_DIR``: train, write the outcome, return the exit code."""
+    startup = StartupClock.since_process_start()  # `imports`: process start until now
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print("usage: python -m hpclaunch.trainer RUN_DIR", file=sys.stderr)
+        return 2
+    run_dir = Path(argv[0]).resolve()
+    if os.environ.get(JOIN_STDERR_VAR) == "1":
+        # Under the node agent: this rank's stderr joins its stdout, so the agent can keep torchrun's
+        # own stderr (its failure report) apart from what the ranks print.
+        os.dup2(1, 2)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
+    attempt = os.environ.get(ATTEMPT_VAR) or "local"
+    end_time = float(os.environ[END_TIME_VAR]) if os.environ.get(END_TIME_VAR) else None
+    rank = int(os.environ.get("RANK", 0))
+    paths = RunPaths(run_dir)
+    trainer: Trainer | None = None
+    try:
+        cfg = read_config(paths)
+        paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
+        register_stack_dump(cfg, paths, attempt, rank)  # before the process group: start-up hangs too
+        trainer = Trainer(cfg, paths, attempt=attempt, end_time=end_time, startup=startup)
+        outcome = trainer.run()
+        code = 0
+    except (Exception, KeyboardInterrupt) as err:
+        # Errors every rank raises together (the NaN guard's verdict, rank 0's data verdict) are
+        # reported by rank 0 alone; any other error by the rank that hit it.
+        collective = isinstance(err, (TrainingError, DataError)) and trainer is not None
+        collective = collective or (isinstance(err, DataError) and trainer is None)
+        if rank == 0 or not collective:
+            print(f"hpclaunch: training failed: {_one_line(err)}", file=sys.stderr, flush=True)
+            if debug_enabled():
+                traceback.print_exc()
+        step = trainer.counters.step if trainer is not None else 0
+        world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
+        # "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible
+        # checkpoint) that a retry would repeat; "crash": anything else (a network error, a bug),
+        # which the node agent may retry within scheduler.max_failure_retries.
+        cause = (
+            "data"
+            if isinstance(err, DataError)
+            else "training"
+            if isinstance(err, HpclaunchError)
+            else "crash"
+        )
+        outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
+        if isinstance(err, TrainingError) and trainer is not None:
+            with suppress(Exception):  # best effort: the failure itself is what matters
+                outcome = trainer.outcome("failed", cause, _one_line(err))
+        code = err.exit_code if isinstance(err, HpclaunchError) else 1
+        if not collective:
+            _write_outcome(paths, attempt, outcome, rank)
+            return code
+    finally:
+        if trainer is not None:
+            try:
+                trainer.close()
+            except Exception as e:  # pragma: no cover - a failing close must not hide the outcome
+                print(f"hpclaunch: closing the trainer failed: {_one_line(e)}", file=sys.stderr)
+    _write_outcome(paths, attempt, outcome, rank)
+    if dist.is_available() and dist.is_initialized():
+        # Rank 0 has written the outcome before any rank exits (torchrun stops the others as soon
+        # as one exits non-zero).
+        dist.barrier(group=trainer.ctx.cpu_group if trainer else None)
+        dist.destroy_process_group()
+    return code
+
+
+def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
+    if rank == 0:
+        write_outcome(paths, attempt, outcome)

@@ -1,0 +1,80 @@
+"""Preflight's memory estimate per GPU: the 2 x 8 H100 example fits under FSDP with activation
+checkpointing and fails the ``config`` check when it would not fit; the budget comes from the
+config or from the GPUs the probe sees."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpclaunch.config import load_config
+from hpclaunch.preflight.base import CheckContext
+from hpclaunch.preflight.layout import check_config
+from hpclaunch.preflight.probe import StaticProbe
+from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "fsdp-2x8xh100.yaml"
+NOT_FITTING = ["train.parallel=ddp", "train.fsdp_shard_size=null", "train.activation_checkpointing=false"]
+
+
+def outcome(sets: list[str], probe: dict[str, Any] | None = None) -> Any:
+    cfg = load_config(EXAMPLE, sets)
+    answer = {"torch": {"devices": []}} if probe is None else probe
+    return check_config(CheckContext(cfg=cfg, node=None, probe=StaticProbe(answer)))
+
+
+def test_the_example_fits_80_gb_and_says_how_much_of_what() -> None:
+    out = outcome([])
+    assert out.status.value == "pass", out
+    (memory,) = [part for part in out.finding.split("; ") if part.startswith("memory per GPU")]
+    assert "fits 74.5 GiB (train.memory_budget_gb)" in memory  # 80 GB
+    for part in ("parameters", "gradients", "optimizer", "ema", "fsdp gathered", "activations"):
+        assert part in memory
+    assert "[fsdp, activation checkpointing, micro-batch 16" in memory
+
+
+def test_without_sharding_and_checkpointing_it_does_not_fit_and_preflight_fails_with_what_to_change() -> None:
+    out = outcome(NOT_FITTING)
+    assert out.status.value == "fail"
+    assert "does not fit 74.5 GiB (train.memory_budget_gb)" in out.finding
+    assert out.hint is not None
+    assert "train.parallel: fsdp" in out.hint and "train.activation_checkpointing: true" in out.hint
+
+
+def test_sharding_divides_the_states_and_checkpointing_the_activations() -> None:
+    base = load_config(EXAMPLE)
+    params = estimate_parameters(base.model)
+    fsdp = estimate_memory(base, params).parts
+    ddp = estimate_memory(
+        load_config(EXAMPLE, ["train.parallel=ddp", "train.fsdp_shard_size=null"]), params
+    ).parts
+    assert fsdp["optimizer"] * 8 == ddp["optimizer"] == 8 * params  # fp32 moments, shard group of 8
+    assert fsdp["ema"] * 8 == ddp["ema"] == 4 * params
+    no_ckpt = estimate_memory(load_config(EXAMPLE, ["train.activation_checkpointing=false"]), params).parts
+    assert no_ckpt["activations"] > 2 * fsdp["activations"]
+
+
+def test_the_budget_is_the_smallest_gpu_the_probe_sees_when_the_config_sets_none() -> None:
+    gpus = {"torch": {"devices": [{"name": "NVIDIA A100-SXM4-40GB", "total_memory": 40 * 10**9}] * 8}}
+    out = outcome(["train.memory_budget_gb=null"], gpus)
+    assert out.status.value == "pass" and "(NVIDIA A100-SXM4-40GB as the probe sees it)" in out.finding
+    out = outcome(["train.memory_budget_gb=null", "train.activation_checkpointing=false"], gpus)
+    assert out.status.value == "fail"
+    blind = outcome(["train.memory_budget_gb=null"])  # a login node without GPUs
+    assert blind.status.value == "pass" and "not checked: no GPU visible here" in blind.finding
+
+
+@pytest.mark.parametrize(("sets", "code"), [([], 0), (NOT_FITTING, 1)])
+def test_hpclaunch_preflight_config_check_exit_code(sets: list[str], code: int, tmp_path: Path) -> None:
+    args = [sys.executable, "-m", "hpclaunch", "preflight", str(EXAMPLE), "--only", "config", "--json"]
+    for item in sets:
+        args += ["--set", item]
+    proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert proc.returncode == code, proc.stdout + proc.stderr
+    (check,) = json.loads(proc.stdout)["checks"]
+    assert "memory per GPU ~" in check["finding"] and ("does not fit" in check["finding"]) == bool(code)

@@ -1,0 +1,150 @@
+"""``hpclaunch train`` refuses bad trainer input in one line, exit 2, before writing anything:
+validation directories missing or mismatched, a pad id outside the vocabulary, an FSDP option the
+rank count cannot satisfy, a resume onto a checkpoint of another model shape."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpclaunch.cli import main
+from hpclaunch.config import load_config
+from hpclaunch.rundir import RunPaths
+from hpclaunch.shards import synth_dataset
+from hpclaunch.trainer.checkpoint import Checkpointer
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    model = load_config(None).model
+    synth_dataset(root / "train", samples=64, seed=0, model_cfg=model)
+    synth_dataset(root / "val", samples=16, seed=1, model_cfg=model)
+    other = load_config(None, ["model.text_len=12"]).model
+    synth_dataset(root / "val-other-shape", samples=16, seed=1, model_cfg=other)
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HPCLAUNCH_DEBUG", raising=False)
+    yield
+
+
+def train(data: Path, *sets: str) -> list[str]:
+    args = ["train", str(Path(__file__).parents[2] / "examples" / "tiny.yaml"), "--set", "name=refused"]
+    args += [
+        "--set",
+        f"data.token_dir={data / 'train' / 'tokens'}",
+        "--set",
+        f"data.latent_dir={data / 'train' / 'latents'}",
+    ]
+    for item in sets:
+        args += ["--set", item]
+    return args
+
+
+CASES = [
+    (
+        "validation dir missing",
+        ["data.val_token_dir={data}/nope/tokens", "data.val_latent_dir={data}/nope/latents"],
+        "{data}/nope/tokens: token directory does not exist",
+    ),
+    (
+        "validation shards of another shape",
+        [
+            "data.val_token_dir={data}/val-other-shape/tokens",
+            "data.val_latent_dir={data}/val-other-shape/latents",
+        ],
+        "input_ids has shape [16, 12]; the model wants [N, 32] (model.text_len=32)",
+    ),
+    (
+        "validation token dir without its latent dir",
+        ["data.val_token_dir={data}/val/tokens"],
+        "data.val_latent_dir: is missing: validation needs both val_token_dir and val_latent_dir",
+    ),
+    (
+        "eval without a validation set",
+        ["train.eval_every=10"],
+        "train.eval_every: needs a validation set",
+    ),
+    (
+        "pad id outside the vocabulary",
+        ["data.pad_id=256"],
+        "data.pad_id: 256 is outside the vocabulary (model.vocab_size=256: ids 0..255)",
+    ),
+    (
+        "FSDP shard size the ranks cannot satisfy",
+        ["train.parallel=fsdp", "train.fsdp_shard_size=3"],
+        "train.fsdp_shard_size: 3 does not divide the 2 ranks",
+    ),
+    (
+        "FSDP option without FSDP",
+        ["train.fsdp_shard_size=2"],
+        "train.fsdp_shard_size: only applies to train.parallel: fsdp",
+    ),
+]
+
+
+@pytest.mark.parametrize(("sets", "message"), [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_trainer_input_is_one_line_exit_2_and_nothing_written(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], sets: list[str], message: str
+) -> None:
+    code = main(train(data, *(s.format(data=data) for s in sets)))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines[0].startswith("hpclaunch: error: ") and message.format(data=data) in lines[0], err
+    assert len(lines) <= 2 and "Traceback" not in err  # the error and its hint
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_settings(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = load_config(None, ["name=refused", "run_dir=runs/refused"], base=tmp_path)
+    run = RunPaths(tmp_path / "runs" / "refused").ensure()
+    run.config.write_text(cfg.to_yaml())
+    ck = Checkpointer(
+        run.checkpoints, rank=0, world_size=1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2
+    )
+    model = cfg.model.model_dump(mode="json")
+    ck.save(40, {"model": {"w": torch.zeros(3)}}, blocking=True, extra={"model": model})
+    ck.close()
+    before = sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*"))
+    config_text = run.config.read_text()
+
+    code = main([*train(data, "model.depth=3", "model.dim_text=128"), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    first = err.splitlines()[0]
+    assert first == (
+        f"hpclaunch: error: {run.checkpoints}: checkpoint step_000040 was written for another model "
+        "shape (model.depth: 2 in the checkpoint, 3 now; model.dim_text: 64 in the checkpoint, 128 "
+        "now); resuming would fail on every rank"
+    )
+    assert sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*")) == before
+    assert run.config.read_text() == config_text
+    assert os.listdir(run.checkpoints) == ["step_000040"]
+
+
+def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = load_config(None, ["name=s", "run_dir=runs/s"], base=tmp_path)
+    run = RunPaths(tmp_path / "runs" / "s").ensure()
+    run.config.write_text(cfg.to_yaml())
+    ck = Checkpointer(run.checkpoints, rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=2)
+    ck.save(40, {"model": {"w": torch.zeros(3)}}, blocking=True)
+    ck.close()
+    assert main(["sample", str(run.root), "--mode", "l2t", "--step", "7"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == f"hpclaunch: error: {run.checkpoints}: no checkpoint of step 7 (published steps: 40)"
+    assert main(["sample", str(run.root), "--mode", "text"]) == 2
+    assert "--mode 'text' is not one of t2l, l2t, joint" in capsys.readouterr().err
+    assert not (run.root / "samples").exists()
