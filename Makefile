@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit cluster demo golden docs bench gpu-check cluster-up cluster-down clean
+.PHONY: venv test lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
 
 # torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
 $(STAMP): pyproject.toml
@@ -24,16 +24,20 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM;
-# skipped with a reason when it cannot start, an error when HPCLAUNCH_REQUIRE_SLURM=1 as in CI).
+# Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
+# and OpenPBS; skipped with a reason when they cannot start, an error when
+# HPCLAUNCH_REQUIRE_SLURM=1 / HPCLAUNCH_REQUIRE_PBS=1 as in CI).
 test: lint typecheck
 	$(BIN)/pytest -q --durations=15
 
 unit: venv
-	$(BIN)/pytest -q -m "not slow and not slurm"
+	$(BIN)/pytest -q -m "not slow and not slurm and not pbs"
 
 cluster: venv
 	$(BIN)/pytest -q -m slurm
+
+pbs: venv
+	$(BIN)/pytest -q -m pbs
 
 # Accept changed golden job scripts after reviewing the diff.
 golden: venv

@@ -107,7 +107,15 @@ def test_sub_minute_limit_on_slurm_warns_about_rounding() -> None:
 
 
 def test_multi_node_pbs_starts_one_agent_per_node() -> None:
+    # PBS Pro's pbsdsh has no -u: it starts one task per select chunk, and each chunk is one node
     text = render([*PBS, "scheduler.nodes=2", "scheduler.pbs_launcher=pbsdsh"]).rendered.text  # type: ignore[attr-defined]
-    assert "pbsdsh -u --" in text
+    assert '\npbsdsh -- /usr/bin/env PBS_NODEFILE="$PBS_NODEFILE" ' in text
+    torque = [*PBS, "scheduler.nodes=2", "scheduler.pbs_launcher=pbsdsh", "scheduler.pbs_dialect=torque"]
+    assert "\npbsdsh -u -- " in render(torque).rendered.text  # type: ignore[attr-defined]
     text = render([*PBS, "scheduler.nodes=2"]).rendered.text  # type: ignore[attr-defined]
     assert "mpiexec -n 2 --ppn 1" in text
+
+
+def test_pbs_exclude_is_named_not_dropped_silently() -> None:
+    out = render([*PBS, "scheduler.exclude=[n7]"])
+    assert any("scheduler.exclude n7 is not applied" in w for w in out.rendered.warnings)  # type: ignore[attr-defined]

@@ -235,11 +235,19 @@ def _write_and_submit(
         job_id = ",".join(j for _, j in targets)
     else:
         job_id = scheduler.submit(plan, rendered)
-        task = "{}_{}" if plan.scheduler == "slurm" else "{}[{}]"
-        targets = [(p, task.format(job_id, i)) for i, (p, _, _) in enumerate(points)]
+        targets = [(p, array_task_id(plan.scheduler, job_id, i)) for i, (p, _, _) in enumerate(points)]
     if plan.sweep:
         atomic_write_json(paths.sweep, {"job_id": job_id, "points": [p.model_dump() for p in plan.sweep]})
     return paths, job_id, targets
+
+
+def array_task_id(scheduler: str, job_id: str, index: int) -> str:
+    """One task of an array job: SLURM ``12_3``; PBS Pro ``12[3].server`` (qsub answers ``12[].server``)."""
+    if scheduler == "slurm":
+        return f"{job_id}_{index}"
+    if "[]" in job_id:
+        return job_id.replace("[]", f"[{index}]", 1)
+    return f"{job_id}[{index}]"
 
 
 def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:

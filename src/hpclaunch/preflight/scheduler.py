@@ -5,19 +5,30 @@ SLURM: ``sbatch``/``squeue``/``sinfo`` installed; one ``sinfo -N`` call in an ex
 its nodes have the GPUs (gres), the features (a plain ``constraint``) and are not excluded. A job
 that asks for more than a partition has would pend forever; more time than MaxTime is refused
 (EnforcePartLimits) or pends forever.
-PBS: ``qsub`` installed; the queue exists and its ``resources_max.walltime`` allows the time limit,
-when ``qstat -Q`` answers (Slurm's Torque emulation knows ``qstat -Q [-f]``; some sites hide it).
+PBS Pro / OpenPBS (``qstat -F json``): the queue (or the server's default) exists, is enabled and
+started, its ``resources_max``/``resources_min.walltime`` allow the time limit, its ``kill_delay``
+leaves time for a stop save, how a preemption comes back (``preempt_order``), and whether enough
+usable nodes (``pbsnodes -a -F json``) can take one ``select`` chunk each (``ngpus`` above every
+node's own is a failure here, not a job that queues forever). Torque and Slurm's Torque emulation
+(no JSON): the queue exists and its ``resources_max.walltime`` allows the time limit, when
+``qstat -Q`` answers.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..config import format_hms
 from ..errors import did_you_mean
+from ..schedulers import pbs_json
 from .base import CheckContext, Findings, Outcome, skip
+from .sizes import checkpoint_bytes, estimated_save_s
+
+T = TypeVar("T")
 
 SINFO_FORMAT = "%P|%a|%l|%N|%T|%G|%f"
 _FLAGS = "*~#!%$@^-+"
@@ -222,11 +233,22 @@ def parse_qstat_table(text: str) -> list[str]:
 
 
 def _pbs(ctx: CheckContext) -> Outcome:
-    s = ctx.cfg.scheduler
     f = Findings()
     if ctx.which("qsub") is None:
         f.fail("qsub not found on PATH", "run on a PBS login node (or load the PBS module)")
         return f.outcome()
+    res = ctx.run(["qstat", "-Q", "-f", "-F", "json"], 20)
+    if res is not None and res.ok and res.stdout.lstrip().startswith("{"):
+        try:
+            return _pbs_pro(ctx, f, pbs_json.parse_queues(res.stdout))
+        except ValueError:
+            pass
+    return _pbs_text(ctx, f)
+
+
+def _pbs_text(ctx: CheckContext, f: Findings) -> Outcome:
+    """Torque and Slurm's Torque emulation: no JSON; queue names and walltime from ``qstat -Q``."""
+    s = ctx.cfg.scheduler
     queues: dict[str, dict[str, str]] = {}
     res = ctx.run(["qstat", "-Q", "-f"], 20)
     if res is not None and res.ok:
@@ -244,18 +266,170 @@ def _pbs(ctx: CheckContext) -> Outcome:
         f.ok(f"qsub found; default queue (queues: {', '.join(queues)})")
         return f.outcome()
     if s.partition not in queues:
-        f.fail(
-            f"queue {s.partition!r} does not exist{did_you_mean(s.partition, queues)}"
-            + f"; queues: {', '.join(queues)}",
-            "set scheduler.partition to one of them (qstat -Q lists them)",
-        )
+        _no_such_queue(f, s.partition, queues)
         return f.outcome()
     wmax = queues[s.partition].get("resources_max.walltime")
     limit = parse_slurm_time(wmax) if wmax else None
     if limit is not None and s.time_limit_s > limit:
-        f.fail(
-            f"scheduler.time_limit {s.time_limit} exceeds queue {s.partition}'s resources_max.walltime {wmax}",
-            "lower scheduler.time_limit or pick another queue",
-        )
+        _walltime_too_long(f, s.time_limit, s.partition, wmax or "")
     f.ok(f"queue {s.partition}" + (f", max walltime {wmax}" if wmax else ", no max walltime"))
     return f.outcome()
+
+
+def _no_such_queue(f: Findings, name: str, queues: Iterable[str]) -> None:
+    names = list(queues)
+    f.fail(
+        f"queue {name!r} does not exist{did_you_mean(name, names)}; queues: {', '.join(names)}",
+        "set scheduler.partition to one of them (qstat -Q lists them)",
+    )
+
+
+def _walltime_too_long(f: Findings, time_limit: str, queue: str, wmax: str) -> None:
+    f.fail(
+        f"scheduler.time_limit {time_limit} exceeds queue {queue}'s resources_max.walltime {wmax}",
+        "lower scheduler.time_limit (the run continues in the next attempt) or pick another queue",
+    )
+
+
+def _pbs_pro(ctx: CheckContext, f: Findings, queues: dict[str, pbs_json.PbsQueue]) -> Outcome:
+    """PBS Pro / OpenPBS, from the server's own JSON: the queue, its walltime limits and kill_delay,
+    how preemption comes back, and whether any node can take the job's ``select`` chunks."""
+    s = ctx.cfg.scheduler
+    server = _json(ctx, ["qstat", "-B", "-f", "-F", "json"], pbs_json.parse_server) or {}
+    version = server.get("pbs_version", "")
+    name = s.partition or server.get("default_queue")
+    if not name:
+        f.fail(
+            f"no scheduler.partition given and the server has no default_queue ({', '.join(queues)})",
+            "set scheduler.partition",
+        )
+        return f.outcome()
+    if name not in queues:
+        _no_such_queue(f, name, queues)
+        return f.outcome()
+    q = queues[name]
+    label = f"queue {name}" + (" (default)" if s.partition is None else "")
+    if q.queue_type.lower() != "execution":
+        f.warn(f"{label} is a {q.queue_type.lower()} queue: jobs are routed on to other queues")
+    if not q.enabled:
+        f.fail(f"{label} is disabled: qsub refuses jobs there", "pick another queue (qstat -Q)")
+    elif not q.started:
+        f.warn(f"{label} is stopped: jobs queue but do not start", "ask the admins or pick another queue")
+    if q.max_walltime_s is not None and s.time_limit_s > q.max_walltime_s:
+        f.fail(
+            f"scheduler.time_limit {s.time_limit} exceeds {label}'s resources_max.walltime "
+            f"{format_hms(q.max_walltime_s)}",
+            "lower scheduler.time_limit (the run continues in the next attempt) or pick another queue",
+        )
+    if q.min_walltime_s is not None and s.time_limit_s < q.min_walltime_s:
+        f.fail(
+            f"scheduler.time_limit {s.time_limit} is below {label}'s resources_min.walltime "
+            f"{format_hms(q.min_walltime_s)}",
+            "raise scheduler.time_limit or pick another queue",
+        )
+    kill_delay = q.kill_delay_s if q.kill_delay_s is not None else pbs_json.DEFAULT_KILL_DELAY_S
+    params, _ = ctx.parameters()
+    save_s = estimated_save_s(checkpoint_bytes(params))
+    if kill_delay < save_s:
+        f.warn(
+            f"{label}'s kill_delay {kill_delay} s is shorter than a checkpoint save (~{save_s:.0f} s "
+            "estimated): a qdel, qrerun or a preemption kills the job before its stop save ends, and "
+            "the run resumes from its last periodic checkpoint",
+            "pick a queue with a longer kill_delay (qstat -Qf), or keep checkpoint.every_steps small",
+        )
+    chunk = select_chunk(s.cpus_per_task, s.gpus_per_node, s.mem_gb)
+    select = f"select={s.nodes}:{chunk}:mpiprocs=1"
+    _queue_totals(f, label, q, s.nodes, s.cpus_per_task, s.gpus_per_node)
+    fit = _nodes_for(ctx, f, select)
+    order = _preempt_order(ctx)
+    if order and "R" not in order.upper():
+        f.warn(
+            f"the scheduler's preempt_order {order!r} never requeues (R): a preempted job is suspended, "
+            "checkpointed by the site or deleted, and comes back only by `hpclaunch submit --resume`",
+            "ask the admins whether preemption can requeue (preempt_order with R)",
+        )
+    wall = "no max walltime" if q.max_walltime_s is None else f"max walltime {format_hms(q.max_walltime_s)}"
+    line = f"PBS {version}: {label}, {wall}, kill_delay {kill_delay} s"
+    if fit is not None:
+        line += f"; {fit} node(s) can take a chunk of {select}"
+    line += "; reruns: the job is submitted rerunnable (-r y)"
+    line += f", preempt_order {order}" if order else ""
+    f.ok(line)
+    return f.outcome()
+
+
+def select_chunk(cpus: int, gpus: int, mem_gb: float | None) -> str:
+    """One ``select`` chunk's resources, as the PBS Pro template writes them."""
+    chunk = f"ncpus={cpus}" + (f":ngpus={gpus}" if gpus else "")
+    if mem_gb:
+        chunk += f":mem={int(mem_gb)}gb" if mem_gb == int(mem_gb) else f":mem={int(mem_gb * 1024)}mb"
+    return chunk
+
+
+def _queue_totals(f: Findings, label: str, q: pbs_json.PbsQueue, nodes: int, cpus: int, gpus: int) -> None:
+    for res, want in (("ncpus", nodes * cpus), ("ngpus", nodes * gpus), ("nodect", nodes)):
+        limit = q.resources_max.get(res)
+        if limit is not None and limit.isdigit() and want > int(limit):
+            f.fail(
+                f"the job asks for {res} {want} in all; {label}'s resources_max.{res} is {limit}",
+                "lower scheduler.nodes / gpus_per_node / cpus_per_task, or pick another queue",
+            )
+
+
+def _nodes_for(ctx: CheckContext, f: Findings, select: str) -> int | None:
+    """How many usable nodes can take one chunk; fails when fewer than the job's node count."""
+    s = ctx.cfg.scheduler
+    nodes = _json(ctx, ["pbsnodes", "-a", "-F", "json"], pbs_json.parse_nodes)
+    if not nodes:
+        f.skip("nodes not checked (pbsnodes -a -F json did not answer)")
+        return None
+    want = {"ncpus": s.cpus_per_task, "ngpus": s.gpus_per_node}
+    candidates = [n for n in nodes.values() if n.name not in set(s.exclude)]
+    fits = [n for n in candidates if all(n.count(r) >= v for r, v in want.items())]
+    usable = [n for n in fits if n.usable]
+    if not fits:
+        short = next(r for r, v in want.items() if all(n.count(r) < v for n in candidates))
+        most = max(n.count(short) for n in candidates)
+        owners = [n.name for n in candidates if n.count(short) == most]
+        have = (
+            f"{owners[0]}'s {most}"
+            if len(owners) == 1
+            else f"the most any node has ({most}: {', '.join(owners)})"
+        )
+        f.fail(
+            f"no node can take {select}: {short} {want[short]} > {have}",
+            "lower scheduler.gpus_per_node / cpus_per_task (pbsnodes -a lists what the nodes have)",
+        )
+    elif len(fits) < s.nodes:
+        f.fail(
+            f"{len(fits)} node(s) can take a chunk of {select}; the run asks for {s.nodes}"
+            + (f" (outside exclude {','.join(s.exclude)})" if s.exclude else ""),
+            "lower scheduler.nodes, or pick a queue whose nodes can take the job",
+        )
+    elif len(usable) < s.nodes:
+        down = ", ".join(f"{n.name} {n.state}" for n in fits if not n.usable)
+        f.warn(
+            f"only {len(usable)} of the {len(fits)} node(s) that can take {select} are up now ({down}); "
+            "the job waits",
+            "pbsnodes -l lists why nodes are down or offline",
+        )
+    return len(fits)
+
+
+def _preempt_order(ctx: CheckContext) -> str | None:
+    """The scheduler's preempt_order (S suspend, C checkpoint, R requeue, D delete), when readable."""
+    res = ctx.run(["qmgr", "-c", "list sched"], 20)
+    if res is None or not res.ok:
+        return None
+    m = re.search(r"^\s*preempt_order\s*=\s*(.+?)\s*$", res.stdout, re.M)
+    return m.group(1).strip('"') if m else None
+
+
+def _json(ctx: CheckContext, argv: list[str], parse: Callable[[str], T]) -> T | None:
+    res = ctx.run(argv, 20)
+    if res is None or not res.ok:
+        return None
+    try:
+        return parse(res.stdout)
+    except ValueError:
+        return None

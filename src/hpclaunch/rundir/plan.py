@@ -63,6 +63,9 @@ class JobPlan(BaseModel):
     qos: str | None
     constraint: str | None
     exclude: list[str]
+    # The nodes the job must run on, one each. Set by a continuation that avoids failed nodes where
+    # the scheduler can name hosts but not exclude them (PBS Pro: one select chunk per host).
+    hosts: list[str] = []
     extra_directives: list[str]
     setup: list[str]
     pbs_dialect: Literal["pro", "torque"]

@@ -36,7 +36,9 @@ class JobState(str, Enum):
     """Scheduler states, never collapsed: a preemption is not a failure, a timeout not a crash."""
 
     PENDING = "pending"
+    HELD = "held"  # waits for a person (PBS qhold / a system hold), not for resources
     RUNNING = "running"
+    SUSPENDED = "suspended"  # stopped in place (PBS preemption by suspension), not requeued
     REQUEUED = "requeued"
     PREEMPTED = "preempted"
     TIMEOUT = "timeout"
@@ -52,7 +54,7 @@ class JobState(str, Enum):
         return self.value in ACTIVE_STATES
 
 
-ACTIVE_STATES = ("pending", "running", "requeued")
+ACTIVE_STATES = ("pending", "held", "running", "suspended", "requeued")
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,16 @@ A sibling of the SLURM module, not a fork: same plan, same lint, its own directi
 (PBS Pro ``select=N:ncpus=C:ngpus=G:mpiprocs=1`` + ``place=scatter``, ``-J`` arrays; Torque
 ``nodes=N:ppn=C:gpus=G``, ``-t`` arrays). PBS users cannot requeue their own job (``qrerun`` needs
 operator rights), so a stopped run continues through a continuation job submitted from inside the
-job: ``qsub -W depend=afterany:$PBS_JOBID``.
+job: ``qsub -W depend=afterany:$PBS_JOBID``. What PBS itself does is read from its JSON
+(``qstat -f -F json``, see ``pbs_json``): a ``qrerun`` or a preemption that requeues shows as
+substate RERUN (PBS runs the same job again, so nothing is submitted), a ``qdel`` as the comment
+"... terminated by USER@HOST" (never continued). Tested against a real OpenPBS 23.06
+(``scripts/local-pbs``, ``tests/pbs``); Torque only under Slurm's Torque emulation.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import socket
 import subprocess
@@ -17,11 +22,13 @@ from pathlib import Path
 
 from ..config import format_hms
 from ..errors import SchedulerError
-from ..rundir import JobPlan, RunPaths, read_events
+from ..fsutil import atomic_write_json, atomic_write_text
+from ..rundir import JobPlan, RunLock, RunPaths, read_events
 from ..rundir.env import NODE_RANK_VAR
 from ..rundir.ledger import STARTED
 from ..templates import jinja, lint
 from ..templates.shell import Raw, directive_value, export_line, join
+from . import pbs_json
 from .base import (
     Continuation,
     JobState,
@@ -39,12 +46,13 @@ from .nodes import resolve_address
 
 SCRIPT_NAME = "job.pbs"
 
+# Where PBS has no JSON (Torque, Slurm's emulation) only the state letter is known.
 STATE_MAP: dict[str, JobState] = {
     "Q": JobState.PENDING,
-    "H": JobState.PENDING,
+    "H": JobState.HELD,
     "W": JobState.PENDING,
     "T": JobState.PENDING,
-    "S": JobState.PENDING,
+    "S": JobState.SUSPENDED,
     "R": JobState.RUNNING,
     "E": JobState.RUNNING,  # exiting
     "B": JobState.RUNNING,  # array with running subjobs
@@ -66,6 +74,8 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
     gpus_key = "ngpus" if plan.pbs_dialect == "pro" else "gpus"
     gpus_part = f":{gpus_key}={plan.gpus_per_node}" if plan.gpus_per_node else ""
     mem = mem_directive(plan.mem_gb, lower=True)
+    for host in plan.hosts:
+        directive_value(host, what="hosts")
     n = len(run_dirs)
     array_spec = ""
     if n > 1:
@@ -96,6 +106,8 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
         launcher=plan.pbs_launcher,
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
+        task_cmd=Raw(_task_cmd(plan)),
+        select=Raw(select_spec(plan, mem)),
     )
     generated = max(
         i for i, line in enumerate(text.splitlines(), 1) if line.startswith("#PBS") and line not in extra
@@ -103,6 +115,32 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
     findings = lint.lint_pbs(text, generated_lines=generated, plan=plan)
     warnings = lint.enforce(findings, script_name=SCRIPT_NAME)
     return RenderedJob(text=text, filename=SCRIPT_NAME, warnings=[w.message for w in warnings])
+
+
+def select_spec(plan: JobPlan, mem: str | None) -> str:
+    """PBS Pro ``select``: N identical chunks, or one chunk per host when ``plan.hosts`` names them
+    (PBS can name the hosts a job runs on, never the ones it must avoid)."""
+    chunk = f"ncpus={plan.cpus_per_task}"
+    if plan.gpus_per_node:
+        chunk += f":ngpus={plan.gpus_per_node}"
+    if mem:
+        chunk += f":mem={mem}"
+    if plan.hosts:
+        if len(plan.hosts) != plan.nodes:
+            raise SchedulerError(
+                f"{len(plan.hosts)} host(s) named for a {plan.nodes}-node job", where="plan.hosts"
+            )
+        return "+".join(f"1:{chunk}:mpiprocs=1:host={h}" for h in plan.hosts)
+    return f"{plan.nodes}:{chunk}:mpiprocs=1"
+
+
+def _task_cmd(plan: JobPlan) -> str:
+    """What pbsdsh starts on every node: the agent, after the setup lines when there are any (a
+    pbsdsh task starts from the job's base environment, not from this script's)."""
+    agent = plan.agent_argv()[:-1]
+    if not plan.setup:
+        return join(agent)
+    return join(["/bin/bash", "-c", "; ".join([*plan.setup, 'exec "$@"']), "bash", *agent])
 
 
 class PbsScheduler:
@@ -123,44 +161,145 @@ class PbsScheduler:
 
     # ---- allocation side ------------------------------------------------------------------------
 
-    # PBS Pro can place a job on named hosts only, not "anywhere but these": a continuation that
-    # avoids a node is not expressible in general (the ledger and status say so).
-    can_exclude_nodes = False
+    # PBS Pro names the hosts a job may use (select ...:host=), so a continuation can avoid a node
+    # by naming healthy ones instead; exclude_nodes says why where it cannot (Torque, too few nodes).
+    can_exclude_nodes = True
 
     def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
         ctx = node_context_from_env(environ, time_limit_s=plan.time_limit_s, now=now)
-        # PBS has no restart counter: each continuation is a new job, counted in the ledger.
-        earlier = {e.get("job_id") for e in read_events(plan.paths()).named(STARTED)}
-        return NodeContext(**{**ctx.__dict__, "restart_count": len(earlier - {ctx.job_id})})
+        # PBS has no restart counter in the job's environment: attempts of earlier jobs of this run
+        # come from the ledger, reruns of this very job (qrerun, preemption) from its run_count.
+        earlier = {
+            e.get("attempt")
+            for e in read_events(plan.paths()).named(STARTED)
+            if e.get("job_id") != ctx.job_id
+        }
+        job = own_job(ctx.job_id)
+        reruns = max(0, job.run_count - 1) if job is not None else 0
+        return NodeContext(**{**ctx.__dict__, "restart_count": len(earlier) + reruns})
 
     def node_address(self, host: str) -> str:
         return resolve_address(host)
 
     def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
-        # A walltime kill comes at the end; qdel, qrerun and preemption all arrive as SIGTERM
-        # before it (`hpclaunch cancel` records its own ledger event, which the decision reads).
+        """qdel, qrerun, a preemption and the walltime all arrive as SIGTERM; PBS's record of the
+        job tells them apart: qdel comments it "... terminated by USER@HOST" before the signal, a
+        rerun shows as substate RERUN (PBS will run the job again)."""
+        job = own_job(ctx.job_id)
+        if job is not None and job.rerun_in_progress:
+            return "preemption"
+        if job is not None and " terminated by " in job.comment:
+            return "cancelled"
         return "timeout" if at_time_limit(ctx, now) else "preemption"
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
-        """Submit the continuation: the same run's script, starting once this job has ended."""
-        script = paths.root / SCRIPT_NAME
-        return Continuation(
-            qsub(["-W", f"depend=afterany:{ctx.job_id}", str(script)], cwd=paths.scheduler_dir)
-        )
+        """Come back after a stop: PBS reruns a job it is requeueing itself (qrerun, preemption);
+        otherwise a continuation job runs this run's script once this job has ended."""
+        job = own_job(ctx.job_id)
+        if job is not None and job.rerun_in_progress:
+            return Continuation(ctx.job_id, by="scheduler")
+        return Continuation(submit_after(paths.root / SCRIPT_NAME, paths, ctx))
 
     def exclude_nodes(
         self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
     ) -> Continuation:
-        raise SchedulerError("PBS cannot keep a continuation off named nodes", where="exclude")
+        """A continuation that avoids ``nodes``. PBS Pro cannot say "not these": the new job names as
+        many healthy hosts as it needs (``select=1:...:host=A+1:...:host=B``) and waits for those."""
+        avoid = sorted({*plan.exclude, *nodes})
+        if plan.pbs_dialect != "pro":
+            raise SchedulerError(
+                f"PBS ({plan.pbs_dialect} dialect) cannot keep a job off {', '.join(avoid)}: only PBS Pro's "
+                "select names the hosts of a job",
+                where="exclude",
+                hint="drain or fix the node (pbsnodes -o), then hpclaunch submit --resume",
+            )
+        hosts = pick_hosts(plan, avoid)
+        new_plan = plan.model_copy(update={"exclude": avoid, "hosts": hosts})
+        rendered = render_pbs(new_plan)
+        atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
+        atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+        return Continuation(submit_after(paths.root / rendered.filename, paths, ctx))
 
     def kill_grace_s(self, plan: JobPlan) -> float:
-        # The queue's kill_delay; PBS's default is 10 s (preflight names a queue whose delay is
-        # shorter than a save).
-        return 10.0
+        """The kill_delay of this job's queue (preflight names a queue whose delay is shorter than
+        a save); PBS's default, 10 s, where the server does not say."""
+        queue = plan.partition
+        job = own_job(os.environ.get("PBS_JOBID", "")) if os.environ.get("PBS_JOBID") else None
+        if job is not None and job.queue:
+            queue = job.queue
+        if queue:
+            try:
+                out = subprocess.run(
+                    ["qstat", "-Q", "-f", "-F", "json", queue], capture_output=True, text=True, timeout=20
+                )
+                found = pbs_json.parse_queues(out.stdout).get(queue) if out.returncode == 0 else None
+                if found is not None and found.kill_delay_s is not None:
+                    return float(found.kill_delay_s)
+            except (OSError, subprocess.TimeoutExpired, ValueError):
+                pass
+        return float(pbs_json.DEFAULT_KILL_DELAY_S)
 
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["qdel", ctx.job_id], what="qdel")
         return f"deleted job {ctx.job_id}"
+
+
+def own_job(job_id: str) -> pbs_json.PbsJob | None:
+    """PBS's record of a job (``qstat -f -F json``); None where PBS has no JSON (Torque, Slurm's
+    emulation) or does not answer: callers then know only what the signal and the clock say."""
+    try:
+        out = subprocess.run(
+            ["qstat", "-f", "-F", "json", job_id], capture_output=True, text=True, timeout=20
+        )
+        return pbs_json.find_job(pbs_json.parse_jobs(out.stdout), job_id) if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError):
+        return None
+
+
+def submit_after(script: Path, paths: RunPaths, ctx: NodeContext) -> str:
+    """qsub ``script`` to run once this job has ended.
+
+    PBS refuses a dependency on a sub-job of an array ("illegal -W value" for ``afterany:12[3]``),
+    so a sweep point's continuation is submitted held, the run directory is handed to it (it must
+    not find this attempt still holding it) and only then released.
+    """
+    if ctx.array_task is None:
+        return qsub(["-W", f"depend=afterany:{ctx.job_id}", str(script)], cwd=paths.scheduler_dir)
+    job_id = qsub(["-h", str(script)], cwd=paths.scheduler_dir)
+    lock = RunLock(paths)
+    holder = lock.read()
+    if holder is not None:
+        lock.hand_over(holder, job_id)
+    _run(["qrls", job_id], what="qrls")
+    return job_id
+
+
+def pick_hosts(plan: JobPlan, avoid: list[str]) -> list[str]:
+    """``plan.nodes`` usable hosts outside ``avoid`` that can take one chunk, free ones first."""
+    try:
+        nodes = pbs_json.parse_nodes(_run(["pbsnodes", "-a", "-F", "json"], what="pbsnodes"))
+    except ValueError as e:
+        raise SchedulerError(f"cannot read PBS's nodes ({e})", where="pbsnodes") from None
+    fit = [
+        n
+        for n in nodes.values()
+        if n.usable
+        and n.host not in avoid
+        and n.name not in avoid
+        and n.count("ncpus") >= plan.cpus_per_task
+        and n.count("ngpus") >= plan.gpus_per_node
+    ]
+    fit.sort(key=lambda n: n.state != "free")
+    hosts = list(dict.fromkeys(n.host for n in fit))
+    if len(hosts) < plan.nodes:
+        have = f"only {len(hosts)} ({', '.join(hosts)})" if hosts else "none"
+        raise SchedulerError(
+            f"PBS cannot keep this run off {', '.join(avoid)}: the job needs {plan.nodes} other usable "
+            f"node(s) that can take a chunk, the server has {have}",
+            where="exclude",
+            hint="fix the node or bring others online, then hpclaunch submit --resume",
+        )
+    return hosts[: plan.nodes]
 
 
 def qsub(args: list[str], *, cwd: Path) -> str:
@@ -177,7 +316,20 @@ def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float 
 
 
 def pbs_status(job_id: str) -> SchedulerStatus:
-    """``qstat -f``: ``job_state = X`` (PBS Pro, Torque and Slurm's emulation all print it)."""
+    """``qstat -x -f -F json`` (finished jobs too; every state told apart, see ``pbs_json``); where
+    PBS has no JSON (Torque, Slurm's emulation), the state letter of ``qstat -f``."""
+    try:
+        out = subprocess.run(
+            ["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, timeout=30
+        )
+        if out.returncode == 0 and out.stdout.lstrip().startswith("{"):
+            job = pbs_json.find_job(pbs_json.parse_jobs(out.stdout), job_id)
+            if job is not None:
+                return job.status()
+        elif "Unknown Job Id" in out.stderr:
+            return SchedulerStatus(JobState.UNKNOWN, "", "PBS no longer lists the job")
+    except (FileNotFoundError, subprocess.TimeoutExpired, ValueError):
+        pass
     try:
         out = subprocess.run(["qstat", "-f", job_id], capture_output=True, text=True, timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired) as e:
@@ -222,7 +374,7 @@ def node_context_from_env(environ: Mapping[str, str], *, time_limit_s: int, now:
             raise NodeContextError(
                 f"cannot tell which of the {len(hosts)} PBS nodes this is (host {hostname} is not in "
                 f"PBS_NODEFILE and no MPI rank variable is set)",
-                hint="launch one agent per node with mpiexec --ppn 1 or pbsdsh -u",
+                hint="launch one agent per node with mpiexec --ppn 1 or pbsdsh",
             )
     array = environ.get("PBS_ARRAY_INDEX") or environ.get("PBS_ARRAYID")
     return NodeContext(

@@ -212,11 +212,21 @@ def lint_pbs(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFi
             LintFinding("error", f"walltime {walltime} differs from the plan's {plan.time_limit_s} s")
         )
     body = script.split("\n\n", 1)[-1]
-    if plan.nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh -u)", body):
+    # one agent per node: mpiexec --ppn 1, PBS Pro's pbsdsh (one task per select chunk, each
+    # mpiprocs=1), Torque's pbsdsh -u (one task per unique node)
+    if plan.nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh (-u )?--)", body):
         findings.append(LintFinding("error", "a multi-node PBS job must start exactly one agent per node"))
     if re.search(r"^\s*torchrun\b", body, re.M):
         findings.append(
             LintFinding("error", "torchrun is started by the node agent, not by the batch script")
+        )
+    if plan.exclude and not plan.hosts:
+        findings.append(
+            LintFinding(
+                "warning",
+                f"scheduler.exclude {','.join(plan.exclude)} is not applied: a PBS select can name the hosts "
+                "of a job, not exclude some (a continuation that must avoid a node names healthy ones)",
+            )
         )
     findings += _common_time_checks(plan)
     return findings
