@@ -432,6 +432,13 @@ class CheckpointConfig(_Section):
         True, description="Periodic saves in the background (the stop save is always synchronous)."
     )
     dir: str | None = Field(None, description="Checkpoint directory; null = RUN/checkpoints.")
+    writer_nice: int = Field(
+        10,
+        ge=0,
+        le=19,
+        description="Niceness added to the background save's thread (Linux): where every core trains, "
+        "its CPU work (copies, hashing) yields to the training step; 0 = same priority as training.",
+    )
 
 
 class PreflightConfig(_Section):

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +281,28 @@ def test_constructor_refuses_a_world_without_torch_distributed(tmp_path: Path) -
         make(tmp_path, rank=1, world_size=2)
     with pytest.raises(CheckpointError, match="keep_last"):
         make(tmp_path, keep_last=0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_a_background_save_runs_below_training_priority_and_a_blocking_one_does_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[tuple[str, int]] = []
+    write = ckpt_mod.Checkpointer._dcp_save
+
+    def spy(self: Checkpointer, job: Any, state: dict[str, Any]) -> None:
+        tid = threading.get_native_id()
+        seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)))
+        write(self, job, state)
+
+    monkeypatch.setattr(ckpt_mod.Checkpointer, "_dcp_save", spy)
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    ck = make(tmp_path, writer_nice=7)
+    ck.save(1, state_at(1), blocking=False)
+    ck.wait()
+    ck.save(2, state_at(2), blocking=True)
+    ck.close()
+    assert seen[0][0].startswith("hpclaunch-ckpt") and seen[0][1] == min(19, base + 7), seen
+    assert seen[1] == (threading.main_thread().name, base), seen
+    assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base  # training's own thread untouched
+    assert [e["step"] for e in events(tmp_path, CHECKPOINT_SAVED)] == [1, 2]

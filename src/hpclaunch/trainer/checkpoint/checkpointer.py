@@ -9,9 +9,12 @@ training loop). See the package docstring for the layout and the state-dict conv
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import sys
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -91,6 +94,7 @@ class Checkpointer:
         keep_last: int,
         keep_every: int | None = None,
         async_save: bool = True,
+        writer_nice: int = 0,
         ledger: Ledger | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
@@ -106,6 +110,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
+        self.writer_nice = writer_nice
         self.ledger = ledger
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
@@ -256,6 +261,8 @@ class Checkpointer:
     def _write_and_publish(self, job: _SaveJob, state: dict[str, Any]) -> None:
         """Every rank: DCP write, hash own files; rank 0: manifest + publish. Collective."""
         begun = time.monotonic()
+        if threading.current_thread() is not threading.main_thread():
+            set_thread_nice(self.writer_nice)
         delay_write_hook()
         self._dcp_save(job, state)
         kill_hook(job.step, self.rank, "publish")
@@ -478,6 +485,17 @@ def _collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]
         known = reported.get(path.name)
         files[path.name] = known if known and known[0] == path.stat().st_size else file_digest(path)
     return files
+
+
+def set_thread_nice(added: int) -> None:
+    """Run the calling thread at the process's niceness plus ``added`` (Linux: niceness is per
+    thread, and the threads this one starts, DCP's writers included, inherit it). Elsewhere, or
+    where the kernel refuses, the thread keeps its priority: a slower save, never a failed one."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError):
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + added))
 
 
 def _torch_version() -> str:
