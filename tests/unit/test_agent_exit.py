@@ -18,7 +18,8 @@ import pytest
 # the moment a real warning hit an exiting agent on a loaded machine.
 SCRIPT = """
 import os, signal, sys, time
-from hpclaunch.jobs.agent import SignalInbox, ignore_late_signals
+from hpclaunch.jobs.agent import ignore_late_signals
+from hpclaunch.jobs.stop_relay import SignalInbox
 SignalInbox().install()
 class LateWarning:
     def __del__(self):

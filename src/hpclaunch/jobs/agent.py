@@ -7,9 +7,10 @@ It owns everything between the scheduler and torchrun:
 3. runs the node checks; on several nodes node 0 gathers every node's verdict before anyone starts
    torchrun (``node_checks.StartBarrier``);
 4. starts torchrun with USR1/USR2/TERM/INT ignored (so a scheduler signal can never kill torchrun and
-   orphan the workers) and relays the scheduler's warning / SIGTERM / Ctrl-C to the workers: the
-   cause goes into the control file (authoritative) and a signal straight to the worker pids; its
-   watchdog (``jobs.watchdog``) watches the ranks' progress meanwhile and stops a hung attempt;
+   orphan the workers) and relays the scheduler's warning / SIGTERM / Ctrl-C to the workers
+   (``jobs.stop_relay``: the cause into the control file, a signal straight to the worker pids, a
+   stop save cut short before the scheduler's kill); its watchdog (``jobs.watchdog``) watches the
+   ranks' progress meanwhile and stops a hung attempt;
 5. afterwards node 0 gathers the facts and calls ``decide``, then carries the decision out through
    the scheduler Protocol. Other nodes report and exit.
 """
@@ -24,7 +25,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any, BinaryIO
 
 from ..config import RunConfig
@@ -36,7 +36,6 @@ from ..rundir import (
     NODE_PREFLIGHT,
     REFUSED,
     STARTED,
-    STOP_REQUESTED,
     Heartbeat,
     JobPlan,
     Ledger,
@@ -53,39 +52,14 @@ from ..schedulers.base import NodeContext, Scheduler, get_scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
 from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
-from .stop import StopCause, read_stop_request, write_stop_request
+from .stop import StopCause, read_stop_request
+from .stop_relay import StopRelay, ignored_signals_preexec
 from .watchdog import Verdict, Watchdog, flight_recorder_env
 
 POLL_S = 0.2
-CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 FOREGROUND_VAR = (
     "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep torchrun's own report off the terminal
 )
-
-
-class SignalInbox:
-    """Signal handlers that only record what arrived; the agent's loop acts on it."""
-
-    def __init__(self) -> None:
-        self.received: list[tuple[int, float]] = []
-
-    def install(self) -> None:
-        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGCONT):
-            signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.received.append((signum, time.time()))
-
-    def take(self) -> list[tuple[int, float]]:
-        taken, self.received = self.received[:], []
-        return taken
-
-
-def _ignored_signals_preexec() -> None:
-    """Runs in the child before exec: ignored dispositions survive exec (and reach the workers,
-    which install their own handlers)."""
-    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
 
 
 def torchrun_supports(flag: str) -> bool:
@@ -115,21 +89,14 @@ class NodeAgent:
         self.ledger = Ledger(paths, role="agent", attempt=self.attempt, node=ctx.node_rank)
         self.lock = RunLock(paths)
         self.holder: LockHolder | None = None
-        self.inbox = SignalInbox()
+        self.relay = StopRelay(paths, plan, ctx, scheduler, self.ledger)
         self.proc: subprocess.Popen[bytes] | None = None
-        self.stop_cause: StopCause = StopCause.NONE
-        self.cancelled = False
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
-        # After the scheduler's SIGTERM its SIGKILL follows (KillWait, kill_delay): if the workers
-        # have not finished their stop save by shortly before it, node 0 ends the attempt itself so
-        # that it can still decide (continue from the last checkpoint) instead of dying undecided.
-        self.cut_off_at: float | None = None
-        self.interrupted: str | None = None
 
     # ---- main ----------------------------------------------------------------------------------
 
     def run(self) -> int:
-        self.inbox.install()
+        self.relay.install()
         self.ledger.append(
             STARTED,
             scheduler=self.ctx.scheduler,
@@ -285,7 +252,7 @@ class NodeAgent:
                 env=env,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
-                preexec_fn=_ignored_signals_preexec,
+                preexec_fn=ignored_signals_preexec,
                 cwd=str(self.paths.root),
             )
             lock = threading.Lock()
@@ -297,18 +264,14 @@ class NodeAgent:
             for pump in pumps:
                 pump.start()
             watchdog = self._watchdog()
+            self.relay.proc = self.proc
             while self.proc.poll() is None:
-                self._handle_signals()
+                self.relay.handle_signals()
                 if watchdog is not None and self.hang is None:
-                    self.hang = watchdog.check(self._worker_pids)
-                if (
-                    self.cut_off_at is not None
-                    and time.time() >= self.cut_off_at
-                    and self.interrupted is None
-                ):
-                    self._cut_short()
+                    self.hang = watchdog.check(self.relay.worker_pids)
+                self.relay.cut_off_if_due(time.time())
                 time.sleep(POLL_S)
-            self._handle_signals()
+            self.relay.handle_signals()
             for pump in pumps:
                 pump.join(timeout=5)
         return self.proc.returncode
@@ -326,88 +289,11 @@ class NodeAgent:
             ledger=self.ledger,
         )
 
-    # ---- stop relay ------------------------------------------------------------------------------
-
-    def _handle_signals(self) -> None:
-        for signum, at in self.inbox.take():
-            if signum == signal.SIGCONT:
-                continue  # SLURM sends CONT before TERM/USR*; nothing to do
-            cause, relay = self._classify(signum, at)
-            if cause == StopCause.NONE:
-                continue
-            first = self.stop_cause == StopCause.NONE
-            self.stop_cause = max(self.stop_cause, cause)
-            if self.ctx.is_head or read_stop_request(self.paths.stop_file) == StopCause.NONE:
-                write_stop_request(
-                    self.paths.stop_file, self.stop_cause, by=f"agent:{signal.Signals(signum).name}"
-                )
-            if first or signum == signal.SIGTERM:
-                self.ledger.append(
-                    STOP_REQUESTED,
-                    cause="cancelled" if self.cancelled else self.stop_cause.label,
-                    source=signal.Signals(signum).name,
-                )
-            self._signal_workers(relay)
-            if signum == signal.SIGINT and not first:
-                self._escalate()
-
-    def _cut_short(self) -> None:
-        """The scheduler's kill is seconds away and the workers are still at it: end them now."""
-        self.interrupted = "preemption" if self.stop_cause == StopCause.PREEMPTION else "timeout"
-        self.ledger.append(
-            "stop_overdue",
-            cause=self.interrupted,
-            reason="the stop save did not finish before the scheduler's kill; the workers were ended",
-        )
-        for pid in self._worker_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-
-    def _classify(self, signum: int, at: float) -> tuple[StopCause, int]:
-        if signum in (signal.SIGUSR1, signal.SIGUSR2):
-            return StopCause.TIMEOUT, signal.SIGUSR1
-        if signum == signal.SIGINT:
-            return StopCause.USER, signal.SIGINT
-        if signum == signal.SIGTERM:
-            # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
-            # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
-            what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
-            if self.cut_off_at is None and self.ctx.is_head:
-                self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
-            if what == "cancelled":
-                self.cancelled = True
-                return StopCause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
-            if what == "timeout":
-                return StopCause.TIMEOUT, signal.SIGUSR1
-            return StopCause.PREEMPTION, signal.SIGTERM
-        return StopCause.NONE, 0
-
-    def _worker_pids(self) -> list[int]:
-        if self.proc is None:
-            return []
-        import psutil
-
-        try:
-            # Only torchrun's direct children are trainer ranks; deeper processes keep default handlers.
-            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=False)]
-        except psutil.NoSuchProcess:
-            return []
-
-    def _signal_workers(self, signum: int) -> None:
-        for pid in self._worker_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
-
-    def _escalate(self) -> None:
-        """Second Ctrl-C: stop waiting for the save; torchrun shuts the workers down."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGHUP)
-
     # ---- decision (node 0) -----------------------------------------------------------------------
 
     def _decide(self, returncode: int) -> Decision:
         events = self.ledger.events()
-        cancelled = self.cancelled or any(
+        cancelled = self.relay.cancelled or any(
             e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
         )
         facts = Facts(
@@ -418,7 +304,7 @@ class NodeAgent:
             hang=self.hang.reason if self.hang is not None else None,
             hang_node=self.hang.culprit_node if self.hang is not None else None,
             user_stop=read_stop_request(self.paths.stop_file) == StopCause.USER,
-            interrupted=self.interrupted,
+            interrupted=self.relay.interrupted,
         )
         return self._decision(facts, events)
 
