@@ -215,7 +215,13 @@ def test_hpclaunch_cancel_ends_the_run_as_cancelled_not_requeued(work: Path, dat
     hpclaunch("cancel", str(run), cwd=work)
     s = wait_run_done(run, work, timeout=120)
     assert s["state"] == "cancelled", json.dumps(s, indent=1)[-3000:]
-    assert not any(e["event"] in ("requeued", "failed") for e in events(run))
+    story = "\n".join(json.dumps(e) for e in events(run))
+    assert not any(e["event"] in ("requeued", "failed") for e in events(run)), story
+    # The cancel's SIGTERM reaches every process of the job, as on SLURM (DataLoader workers
+    # included): the ranks still stop together and save, so `submit --resume` loses nothing.
+    stopped = [e for e in events(run) if e["event"] == "stopped"]
+    assert stopped, story
+    assert (run / "checkpoints" / f"step_{stopped[-1]['step']:06d}" / "manifest.json").is_file(), story
 
 
 def test_a_local_sweep_runs_every_point_to_the_end(work: Path, data: Path) -> None:

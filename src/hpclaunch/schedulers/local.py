@@ -2,8 +2,9 @@
 
 It keeps SLURM's contract on one machine, so the whole stop -> save -> requeue -> resume cycle runs
 here for real: a detached controller process runs the rendered ``job.local.sh`` once per attempt,
-sends SIGUSR2 to the node agent ``warn_lead_s`` before the time limit, SIGTERM at the limit and
-SIGKILL to the whole process tree ``kill_wait_s`` later; when the agent exits with
+sends SIGUSR2 to every process of the job ``warn_lead_s`` before the time limit, SIGTERM at the
+limit and SIGKILL ``kill_wait_s`` later (as SLURM signals every process of a job step: the agent,
+torchrun, the ranks and their DataLoader workers all receive it); when the agent exits with
 ``LOCAL_REQUEUE_EXIT`` it starts the next attempt with the restart count increased.
 
 Why not submitit's LocalExecutor: it caps restarts at 6 whatever ``max_requeues`` says, its
@@ -254,13 +255,13 @@ class Controller:
                 # Like scancel: TERM now, KILL after the kill wait. The state file says why, so
                 # the agent does not mistake it for a preemption and ask for another attempt.
                 self._state("cancelling", restart_count=restart)
-                self._signal_agent(signal.SIGTERM)
+                self._signal_job(signal.SIGTERM)
                 terminated, end = True, now
             if not warned and not terminated and now >= end - self.plan.warn_lead_s:
-                self._signal_agent(signal.SIGUSR2)
+                self._signal_job(signal.SIGUSR2)
                 warned = True
             if not terminated and now >= end:
-                self._signal_agent(signal.SIGTERM)
+                self._signal_job(signal.SIGTERM)
                 terminated, how = True, "timeout"
             if terminated and now >= end + self.plan.kill_wait_s:
                 self._kill_tree()
@@ -268,25 +269,29 @@ class Controller:
             time.sleep(0.1)
         return self.proc.returncode, how
 
-    def _signal_agent(self, signum: int) -> None:
-        # Like SLURM under proctrack/cgroup: only the launched task gets the signal; the agent relays.
-        if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signum)
+    def _signal_job(self, signum: int) -> None:
+        # Like SLURM (a time limit, scancel, scontrol requeue, --signal without B:): every process of
+        # the job gets the signal, not only the launched task. The agent relays the cause; everything
+        # else under it (torchrun, ranks in their own sessions, DataLoader workers) must survive it.
+        for p in self._job_processes():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signum)
 
     def _kill_tree(self) -> None:
+        for p in self._job_processes():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+
+    def _job_processes(self) -> list[int]:
         import psutil
 
         if self.proc is None:
-            return
+            return []
         try:
             parent = psutil.Process(self.proc.pid)
-            procs = [parent, *parent.children(recursive=True)]
+            return [parent.pid, *(c.pid for c in parent.children(recursive=True))]
         except psutil.NoSuchProcess:
-            return
-        for p in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
+            return []
 
 
 def main() -> None:
