@@ -80,6 +80,18 @@ def wait_for(predicate: Any, *, timeout: float, poll: float = 0.5, what: str = "
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
+def wait_for_text(path: Path, text: str, timeout: float) -> str:
+    """The file's content once ``text`` is in it (polled every 0.1 s), else TimeoutError with what it holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and text in (content := path.read_text()):
+            return content
+        time.sleep(0.1)
+    raise TimeoutError(
+        f"{text!r} not in {path} after {timeout}s: {path.read_text() if path.exists() else '(no file)'}"
+    )
+
+
 def wait_run_done(run: Path, cwd: Path, timeout: float) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         s = status(run, cwd)

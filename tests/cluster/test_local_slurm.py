@@ -12,23 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from tests.runlib import wait_for_text
 
 if TYPE_CHECKING:  # the fixtures' type; conftest modules are not importable by name
     from tests.cluster.conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "local-slurm"
-
-
-def wait_for_text(path: Path, text: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in (content := path.read_text()):
-            return content
-        time.sleep(0.1)
-    raise TimeoutError(
-        f"{text!r} not in {path} after {timeout}s: {path.read_text() if path.exists() else '(no file)'}"
-    )
 
 
 def test_status_reports_the_running_layout(slurm_cluster: SlurmCluster) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 from tests.pbs.conftest import user_dir
+from tests.runlib import wait_for_text
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
@@ -31,17 +32,6 @@ def submit(server: PbsServer, directory: Path, text: str, *args: str) -> str:
     script.write_text(text)
     script.chmod(0o644)
     return server.qsub(*args, str(script), cwd=directory)
-
-
-def wait_text(path: Path, text: str, timeout: float) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and text in (content := path.read_text()):
-            return content
-        time.sleep(0.1)
-    raise TimeoutError(
-        f"{text!r} not in {path} after {timeout}s: {path.read_text() if path.exists() else '(none)'}"
-    )
 
 
 def test_status_and_a_rerun_of_up_is_fast(pbs_server: PbsServer) -> None:
@@ -94,7 +84,7 @@ def test_qdel_of_a_user_job_leaves_it_time_after_sigterm(pbs_server: PbsServer) 
         ' > {log} 2>&1
         """
     job = submit(pbs_server, d, job_script(body, "-l walltime=00:02:00", "-l select=1:ncpus=1", "-r y"))
-    wait_text(log, "up", 30)
+    wait_for_text(log, "up", 30)
     pbs_server.check("qdel", job)
     info = pbs_server.wait_job(job, timeout=pbs_server.kill_delay_s + 10)
     assert "saved 3." in log.read_text()  # ran on for 3 s after SIGTERM, then ended by itself
@@ -125,13 +115,13 @@ def test_qrerun_shows_substate_rerun_and_runs_the_same_job_again(pbs_server: Pbs
         '
         """
     job = submit(pbs_server, d, job_script(body, "-l walltime=00:05:00", "-l select=1:ncpus=1", "-r y"))
-    wait_text(log, "run", 30)
+    wait_for_text(log, "run", 30)
     # a job the server still sees starting (substate PRERUN) is requeued without a signal
     deadline = time.monotonic() + 30
     while pbs_server.job(job)["substate"] != 42 and time.monotonic() < deadline:
         time.sleep(0.1)
     pbs_server.check("qrerun", job, as_user=False)  # qrerun needs a manager (root)
-    text = wait_text(log, "term ", 30)
+    text = wait_for_text(log, "term ", 30)
     assert "term 60 1" in text, text
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and log.read_text().count("run ") < 2:
