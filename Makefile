@@ -51,11 +51,12 @@ DEMO_RUN := runs/tiny-demo
 demo: venv
 	$(BIN)/hpclaunch data synth data/tiny --samples 1024
 	rm -rf $(DEMO_RUN)
-	# A 40 s limit per attempt and a slowed tiny model (0.2 s/step, the math unchanged): the run is
+	# A 40 s limit per attempt and a slowed tiny model (0.2 s/step, the math unchanged): 360 steps are
+	# 72 s of training, more than two attempts can hold even with a 3 s start-up, so the run is
 	# stopped, saved and requeued at least twice before it finishes; --wait prints its status (where
 	# the wall-clock time went, the goodput), then the report's figures show every stop.
 	$(BIN)/hpclaunch submit examples/tiny.yaml --set name=tiny-demo --set scheduler.time_limit=40s \
-		--set testing.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait
+		--set train.steps=360 --set testing.step_sleep_s=0.2 --set launch.stop_margin_s=2 --wait
 	$(BIN)/hpclaunch report $(DEMO_RUN)
 
 bench: venv
