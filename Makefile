@@ -49,7 +49,8 @@ docs: venv
 
 DEMO_RUN := runs/tiny-demo
 demo: venv
-	$(BIN)/hpclaunch data synth data/tiny --samples 1024
+	# the demo data is made once; a second `make demo` reuses it
+	test -d data/tiny/tokens || $(BIN)/hpclaunch data synth data/tiny --samples 1024
 	rm -rf $(DEMO_RUN)
 	# A 40 s limit per attempt and a slowed tiny model (0.2 s/step, the math unchanged): 360 steps are
 	# 72 s of training, more than two attempts can hold even with a 3 s start-up, so the run is
