@@ -25,12 +25,24 @@ def make_run(root: Path, *, metrics: bool = True, extra: bool = True) -> Path:
         lines = []
         for m in METRICS:
             line = {**m, "text_loss": 0.6, "latent_loss": 0.4, "samples_per_s": 16.0}
-            if extra:
-                line["rank_step_time_s"] = [1.0, 1.3 if m["step"] > 40 else 1.0]
-                if m["step"] % 20 == 0:
-                    line["val_loss"] = 0.9
+            if extra and m["step"] % 20 == 0:
+                line["val_loss"] = 0.9
             lines.append(line)
         (root / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    if extra:  # each rank's own work per step, as trainer.progress writes it; rank 1 slows down
+        (root / "steptimes").mkdir()
+        for rank in (0, 1):
+            summaries = [
+                {
+                    "rank": rank,
+                    "node": "n1",
+                    "step": m["step"],
+                    "work_s": 1.3 if rank and m["step"] > 40 else 1.0,
+                }
+                for m in METRICS
+            ]
+            text = "".join(json.dumps(x) + "\n" for x in summaries) + '{"rank": 1, "st'  # a torn last line
+            (root / "steptimes" / f"rank{rank}.jsonl").write_text(text)
     return root
 
 
@@ -56,8 +68,8 @@ def test_a_run_gets_every_figure_and_one_page_that_embeds_them(tmp_path: Path) -
 def test_a_run_without_per_rank_times_says_so(tmp_path: Path) -> None:
     report = build_report(make_run(tmp_path / "r", extra=False), tmp_path / "out")
     assert "ranks.png" not in {p.name for p in report.figures}
-    assert report.notes == ["per-rank step times are not recorded in this run's metrics"]
-    assert "per-rank step times are not recorded" in report.page.read_text()
+    assert report.notes == ["no rank has recorded its step times yet (steptimes/)"]
+    assert "no rank has recorded its step times yet" in report.page.read_text()
 
 
 def test_a_sweep_compares_its_points_and_reports_each(tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ torch.
 from __future__ import annotations
 
 import io
-import re
 from typing import Any
 
 import matplotlib
@@ -36,8 +35,6 @@ LOSS_KEYS = (
     ("text_loss", "text", "#1f77b4"),
     ("latent_loss", "latent", "#ff7f0e"),
 )
-# Per-rank step times, when the trainer records them in metrics lines (a list or {rank: seconds}).
-RANK_TIME_KEY = re.compile(r"^(rank_step_time_s|step_time_s_by_rank|rank_step_times?_s)$")
 DPI = 110
 MAX_LABELLED_ATTEMPTS = 12  # more boundaries than this are drawn without their labels
 
@@ -273,33 +270,24 @@ def throughput_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> b
     return _png(fig)
 
 
-# ---- per-rank step time, where the trainer records it ---------------------------------------
+# ---- per-rank own work per step (RUN/steptimes/) ------------------------------------------------
 
 
-def rank_times(line: dict[str, Any]) -> dict[int, float]:
-    for key, value in line.items():
-        if RANK_TIME_KEY.match(key):
-            if isinstance(value, list):
-                return {i: float(v) for i, v in enumerate(value) if isinstance(v, (int, float))}
-            if isinstance(value, dict):
-                return {int(k): float(v) for k, v in value.items() if isinstance(v, (int, float))}
-    return {}
-
-
-def ranks_figure(lines: list[dict[str, Any]]) -> bytes | None:
-    series: dict[int, list[tuple[int, float]]] = {}
-    for line in lines:
-        for rank, seconds in rank_times(line).items():
-            series.setdefault(rank, []).append((int(line["step"]), seconds))
+def ranks_figure(series: dict[int, list[tuple[int, float]]]) -> bytes | None:
+    """Each rank's own work per step (compute and data, not the waiting in collectives, which makes
+    every rank's step as long as the slowest): a straggler stands out above the others."""
     if not series:
         return None
     fig, ax = plt.subplots(figsize=(10, 3.6))
     for rank in sorted(series):
-        ax.plot(*zip(*series[rank], strict=True), lw=1, label=f"rank {rank}")
+        steps, seconds = zip(*series[rank], strict=True)
+        ax.plot(steps, [1000 * t for t in seconds], lw=1, marker=".", label=f"rank {rank}")
     ax.set_xlabel("step")
-    ax.set_ylabel("step time (s)")
-    ax.set_ylim(0, 1.15 * max(t for pts in series.values() for _, t in pts))
-    ax.set_title("step time per rank (a straggler stands out above the others)", loc="left", fontsize=11)
+    ax.set_ylabel("own work per step (ms)")
+    ax.set_ylim(0, 1.15 * 1000 * max(t for pts in series.values() for _, t in pts))
+    ax.set_title(
+        "own work per step, per rank (a straggler stands out above the others)", loc="left", fontsize=11
+    )
     ax.grid(alpha=0.3)
     if len(series) <= 16:
         ax.legend(fontsize=8, ncol=min(len(series), 8))

@@ -23,6 +23,7 @@ from ..rundir import RunPaths
 from ..rundir.readers import sweep_roots
 from .accounting import PHASES, fmt_seconds
 from .status import summarize
+from .stragglers import work_per_step
 
 FIGURE_TITLES = {
     "timeline.png": "Where the time went",
@@ -94,11 +95,11 @@ def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) 
         "timeline.png": figures.timeline_figure(summary),
         "loss.png": figures.loss_figure(summary, lines),
         "throughput.png": figures.throughput_figure(summary, lines),
-        "ranks.png": figures.ranks_figure(lines),
+        "ranks.png": figures.ranks_figure(work_per_step(RunPaths(root))),
     }
     notes = []
     if drawn["ranks.png"] is None:
-        notes.append("per-rank step times are not recorded in this run's metrics")
+        notes.append("no rank has recorded its step times yet (steptimes/)")
     if drawn["loss.png"] is None:
         notes.append("no finite loss was logged yet")
     items = {name: png for name, png in drawn.items() if png is not None}

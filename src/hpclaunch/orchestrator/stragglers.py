@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import read_jsonl
 from ..rundir import STRAGGLER, RunPaths
 from ..rundir.progress import steptimes_dir
 
@@ -84,6 +85,18 @@ def describe(summary: dict[str, Any] | None) -> str | None:
     elif slow:
         parts.append("no stragglers")
     return "; ".join(parts) or None
+
+
+def work_per_step(paths: RunPaths) -> dict[int, list[tuple[int, float]]]:
+    """Every rank's own work per step over the whole run, ``{rank: [(step, seconds), ...]}`` in
+    step order (one summary per N steps; a torn line is skipped): the report's per-rank figure."""
+    series: dict[int, list[tuple[int, float]]] = {}
+    for path in sorted(steptimes_dir(paths).glob("rank*.jsonl")):
+        for line in read_jsonl(path):
+            rank, step, work = line.get("rank"), line.get("step"), line.get("work_s")
+            if isinstance(rank, int) and isinstance(step, int) and isinstance(work, (int, float)):
+                series.setdefault(rank, []).append((step, float(work)))
+    return {rank: sorted(points) for rank, points in sorted(series.items())}
 
 
 def _last_line(path: Path) -> dict[str, Any] | None:
