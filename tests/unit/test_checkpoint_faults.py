@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import load_config
 from hpclaunch.errors import CheckpointError
@@ -164,25 +165,9 @@ def test_permission_denied_injected_eacces_through_the_filesystem_writer_names_t
 
 # ---- the trainer acts on a failed background save at the next step --------------------------------
 
-MODEL = [
-    "model.depth=1",
-    "model.dim_text=32",
-    "model.dim_latent=32",
-    "model.dim_cond=32",
-    "model.heads=2",
-    "model.text_len=16",
-    "model.latent_len=4",
-    "model.latent_dim=8",
-    "model.vocab_size=64",
-]
+MODEL = tiny_model(1)
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HPCLAUNCH_JOB_END_TIME"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    torch.use_deterministic_algorithms(False)
+pytestmark = pytest.mark.usefixtures("in_process_trainer")
 
 
 def trainer_run(tmp_path: Path) -> Path:

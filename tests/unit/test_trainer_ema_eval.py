@@ -4,11 +4,11 @@ training untouched, and sampling that unmasks every position."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.fsutil import read_jsonl
@@ -20,25 +20,9 @@ from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.sample import generate
 from hpclaunch.trainer.state import params_sha256
 
-MODEL = [
-    "model.depth=2",
-    "model.dim_text=32",
-    "model.dim_latent=32",
-    "model.dim_cond=32",
-    "model.heads=2",
-    "model.text_len=16",
-    "model.latent_len=4",
-    "model.latent_dim=8",
-    "model.vocab_size=64",
-]
+MODEL = tiny_model(2)
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    torch.use_deterministic_algorithms(False)
+pytestmark = pytest.mark.usefixtures("in_process_trainer")
 
 
 @pytest.fixture(scope="module")

@@ -8,11 +8,11 @@ import math
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import TrainingError
@@ -24,25 +24,9 @@ from hpclaunch.trainer.entry import main
 from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
 from hpclaunch.trainer.metrics import FIELDS
 
-MODEL = [
-    "model.depth=1",
-    "model.dim_text=32",
-    "model.dim_latent=32",
-    "model.dim_cond=32",
-    "model.heads=2",
-    "model.text_len=16",
-    "model.latent_len=4",
-    "model.latent_dim=8",
-    "model.vocab_size=64",
-]
+MODEL = tiny_model(1)
 
-
-@pytest.fixture(autouse=True)
-def _isolated(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-    torch.use_deterministic_algorithms(False)  # the trainer turns it on for the whole process
+pytestmark = pytest.mark.usefixtures("in_process_trainer")
 
 
 @pytest.fixture(scope="module")
