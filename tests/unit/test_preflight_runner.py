@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 
@@ -13,7 +14,7 @@ from hpclaunch.config import RunConfig
 from hpclaunch.errors import UserInputError
 from hpclaunch.preflight import LOGIN_CHECKS, NODE_CHECKS, Report, Status, print_report, run_login_checks
 from hpclaunch.preflight.base import CheckContext, Findings, Outcome
-from hpclaunch.preflight.probe import Probe, ProbeError, StaticProbe
+from hpclaunch.preflight.probe import Probe, ProbeError, StaticProbe, send_request
 from hpclaunch.preflight.report import CheckResult
 from hpclaunch.preflight.runner import Check, run_checks, select
 from hpclaunch.schedulers.base import NodeContextError
@@ -147,6 +148,24 @@ def test_probe_failing_interpreter(tmp_path) -> None:
     script.chmod(0o755)
     with pytest.raises(ProbeError, match="failed: ImportError"):
         Probe(str(script), model=None, timeout_s=5).result()
+
+
+def test_a_probe_that_closed_its_stdin_still_reports_its_failure(tmp_path) -> None:
+    # The race CI once lost: the broken interpreter exits before the request is written, the
+    # flush on close() raises BrokenPipeError and leaves a closed file that communicate() tripped
+    # on (ValueError). Here the probe closes its stdin before the request is sent, every time.
+    proc = subprocess.Popen(
+        ["sh", "-c", "exec 0<&-; echo ready; read _ 2>/dev/null; echo 'ImportError: x' >&2; exit 1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+    send_request(proc, "x" * 400)
+    assert proc.stdin is None
+    out, err = proc.communicate(timeout=10)
+    assert proc.returncode == 1 and "ImportError" in err
 
 
 def test_probe_timeout_kills_it(tmp_path) -> None:

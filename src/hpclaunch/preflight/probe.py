@@ -34,6 +34,27 @@ def job_python(launch_python: str | None) -> str | None:
     return shutil.which(launch_python)
 
 
+def send_request(proc: subprocess.Popen[str], text: str) -> None:
+    """Write the request to the probe's stdin and close it, whatever state the probe is in.
+
+    A probe that died at once (a broken interpreter) has closed its end: the write or the flush in
+    ``close()`` raises BrokenPipeError, and the file ends up closed anyway. ``proc.stdin`` is cleared
+    first so that ``communicate()`` never flushes a closed file (ValueError); the exit code and
+    stderr then say why the probe failed.
+    """
+    stdin, proc.stdin = proc.stdin, None
+    if stdin is None:
+        return
+    try:  # a few hundred bytes: fits the pipe buffer, never blocks
+        stdin.write(text)
+        stdin.close()
+    except OSError:
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+
 class Probe:
     """One running probe; ``result()`` waits (bounded) and caches the answer for every check."""
 
@@ -66,13 +87,7 @@ class Probe:
         except OSError as e:
             self._error = f"cannot start {python}: {e.strerror}"
             return
-        assert self._proc.stdin is not None
-        try:  # a few hundred bytes: fits the pipe buffer, never blocks
-            self._proc.stdin.write(json.dumps({"model": model}))
-            self._proc.stdin.close()
-            self._proc.stdin = None  # communicate() must not flush a closed pipe
-        except OSError:
-            pass  # the probe died at once; its exit code and stderr tell why
+        send_request(self._proc, json.dumps({"model": model}))
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """The probe's JSON; raises ProbeError (why) when it failed or took longer than allowed."""
