@@ -164,7 +164,7 @@ def test_a_probe_that_closed_its_stdin_still_reports_its_failure(tmp_path) -> No
     assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
     send_request(proc, "x" * 400)
     assert proc.stdin is None
-    out, err = proc.communicate(timeout=10)
+    _, err = proc.communicate(timeout=10)
     assert proc.returncode == 1 and "ImportError" in err
 
 

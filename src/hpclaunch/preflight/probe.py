@@ -7,6 +7,7 @@ job will use: ``launch.python`` or this one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -49,10 +50,8 @@ def send_request(proc: subprocess.Popen[str], text: str) -> None:
         stdin.write(text)
         stdin.close()
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             stdin.close()
-        except OSError:
-            pass
 
 
 class Probe:
