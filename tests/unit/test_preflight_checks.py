@@ -351,6 +351,16 @@ def test_disk_pass(tmp_path: Path) -> None:
     assert "3 checkpoints x 5.0 MiB" in out.finding and "348.0k parameters" in out.finding
 
 
+def test_disk_counts_the_ema_copy_in_every_checkpoint(tmp_path: Path) -> None:
+    # 348.0k parameters: 12 bytes each without EMA (weights + two AdamW moments), 16 with its fp32 copy
+    plain = check_disk(context(config(tmp_path, preflight={"min_free_disk_gb": 0.001})))
+    ema = check_disk(
+        context(config(tmp_path, preflight={"min_free_disk_gb": 0.001}, train={"ema_decay": 0.99}))
+    )
+    assert "3 checkpoints x 5.0 MiB" in plain.finding
+    assert "3 checkpoints x 6.4 MiB" in ema.finding, ema.finding
+
+
 def test_disk_huge_model_fails(tmp_path: Path) -> None:
     huge = {"vocab_size": 1_000_000, "dim_text": 65536, "dim_latent": 8, "dim_cond": 8, "depth": 1}
     cfg = config(tmp_path, model=huge)

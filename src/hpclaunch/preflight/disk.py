@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import CheckContext, Findings, Outcome
-from .sizes import checkpoint_bytes, human_bytes, human_count, kept_checkpoints
+from .sizes import human_bytes, human_count, kept_checkpoints, run_checkpoint_bytes
 
 
 @dataclass
@@ -38,7 +38,7 @@ def check_disk(ctx: CheckContext) -> Outcome:
     cfg = ctx.cfg
     f = Findings()
     params, exact = ctx.parameters()
-    ckpt = checkpoint_bytes(params)
+    ckpt = run_checkpoint_bytes(cfg, params)
     kept = kept_checkpoints(cfg)
     run_dir = cfg.run_path()
     ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"

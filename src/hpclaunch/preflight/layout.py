@@ -24,10 +24,10 @@ from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
     ASSUMED_WRITE_BPS,
-    checkpoint_bytes,
     estimate_memory,
     estimated_save_s,
     human_bytes,
+    run_checkpoint_bytes,
 )
 
 MIN_TRAIN_S = 60  # an attempt that trains less than this per time limit mostly restarts
@@ -46,7 +46,7 @@ def check_config(ctx: CheckContext) -> Outcome:
         layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
 
     params, exact = ctx.parameters()
-    ckpt = checkpoint_bytes(params, ema=cfg.train.ema_decay is not None)
+    ckpt = run_checkpoint_bytes(cfg, params)
     save_s = estimated_save_s(ckpt)
     est = f"checkpoint {human_bytes(ckpt)}{'' if exact else ' (estimated)'}, ~{save_s:.0f} s to save at an assumed {ASSUMED_WRITE_BPS / 1e6:.0f} MB/s"
     if cfg.launch.stop_lead_s is None:

@@ -26,7 +26,7 @@ from ..config import format_hms
 from ..errors import did_you_mean
 from ..schedulers import pbs_json
 from .base import CheckContext, Findings, Outcome, skip
-from .sizes import checkpoint_bytes, estimated_save_s
+from .sizes import estimated_save_s, run_checkpoint_bytes
 
 T = TypeVar("T")
 
@@ -329,7 +329,7 @@ def _pbs_pro(ctx: CheckContext, f: Findings, queues: dict[str, pbs_json.PbsQueue
         )
     kill_delay = q.kill_delay_s if q.kill_delay_s is not None else pbs_json.DEFAULT_KILL_DELAY_S
     params, _ = ctx.parameters()
-    save_s = estimated_save_s(checkpoint_bytes(params))
+    save_s = estimated_save_s(run_checkpoint_bytes(ctx.cfg, params))
     if kill_delay < save_s:
         f.warn(
             f"{label}'s kill_delay {kill_delay} s is shorter than a checkpoint save (~{save_s:.0f} s "

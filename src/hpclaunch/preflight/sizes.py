@@ -49,6 +49,11 @@ def checkpoint_bytes(params: int, *, ema: bool = False) -> int:
     return int(params * (BYTES_PER_PARAM + (4 if ema else 0)) * 1.01) + CHECKPOINT_OVERHEAD
 
 
+def run_checkpoint_bytes(cfg: RunConfig, params: int) -> int:
+    """One checkpoint of this run: with the EMA's copy when ``train.ema_decay`` is set."""
+    return checkpoint_bytes(params, ema=cfg.train.ema_decay is not None)
+
+
 def kept_checkpoints(cfg: RunConfig) -> int:
     """Checkpoints on disk at the worst moment: keep_last, the one being written, the keep_every ones."""
     c = cfg.checkpoint
