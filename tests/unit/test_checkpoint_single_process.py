@@ -187,6 +187,33 @@ def test_background_error_surfaces_on_wait_and_the_next_save_works(
     ck.close()
 
 
+def test_saves_reuse_their_plan_and_a_changed_state_is_planned_again(tmp_path: Path) -> None:
+    from torch.distributed.checkpoint.planner import SavePlanner
+
+    ck, other = make(tmp_path), make(tmp_path / "other")
+    key = ck._plans._key
+    ck.save(1, state_at(1), blocking=True)
+    assert key in SavePlanner._cached_all_plans  # DCP's plan cache, under this checkpointer's key
+    assert other._plans._key != key  # two checkpointers in one process never share plans
+    ck.save(2, state_at(2), blocking=False)  # same structure: the cached plan
+    ck.wait()
+    changed = state_at(3)
+    changed["model"]["w"] = torch.full((32, 80), 3.0)  # same count of tensors, another shape
+    changed["model"]["new"] = torch.arange(7.0)
+    ck.save(3, changed, blocking=True)
+
+    into = blank()
+    into["model"]["w"], into["model"]["new"] = torch.zeros(32, 80), torch.zeros(7)
+    result = make(tmp_path).load_latest(into)
+    assert result is not None and result.info.step == 3
+    assert torch.equal(into["model"]["w"], changed["model"]["w"])
+    assert torch.equal(into["model"]["new"], changed["model"]["new"])
+    assert into["progress"]["tag"] == "s3"
+    ck.close()
+    assert key not in SavePlanner._cached_all_plans  # closed: its plans are dropped
+    other.close()
+
+
 def test_extra_must_be_json(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="not JSON-serializable"):
         make(tmp_path).save(1, state_at(1), blocking=True, extra={"x": object()})

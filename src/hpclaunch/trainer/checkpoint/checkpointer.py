@@ -51,6 +51,7 @@ from .manifest import (
 )
 from .reader import dcp_load
 from .safe_load import safe_load_parts
+from .save_plans import SavePlans
 
 if TYPE_CHECKING:
     from concurrent.futures import Future, ThreadPoolExecutor
@@ -120,6 +121,7 @@ class Checkpointer:
         self._executor: ThreadPoolExecutor | None = None
         self._stager: Any = None
         self._loading: set[int] = set()
+        self._plans = SavePlans()
         self._dir = CheckpointDir(
             self.directory,
             world_size=world_size,
@@ -283,9 +285,14 @@ class Checkpointer:
 
         try:
             dcp.save(
-                state, storage_writer=self._writer(job), process_group=self._pg, no_dist=self._pg is None
+                state,
+                storage_writer=self._writer(job),
+                planner=self._plans.planner(),
+                process_group=self._pg,
+                no_dist=self._pg is None,
             )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+            self._plans.forget()  # the ranks' cached plans may be out of step now
             fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
             if self._is_coordinator and fs:  # free the space a half-written save holds, then measure
                 shutil.rmtree(job.tmp, ignore_errors=True)  # (a peer's death leaves it for the resume)
@@ -424,6 +431,7 @@ class Checkpointer:
     def _teardown(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=True)
+        self._plans.forget()
         if self._stager is not None:
             self._stager.close()
         if self._owns_pg and self._pg is not None:
