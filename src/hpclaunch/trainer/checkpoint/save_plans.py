@@ -22,7 +22,13 @@ import uuid
 from typing import Any
 
 # The class attributes of torch's SavePlanner that hold cached plans, per key.
-_CACHES = ("_cached_save_plan", "_cached_all_plans", "_cached_global_plan", "_cached_metadata", "_cached_final_save_plan")
+_CACHES = (
+    "_cached_save_plan",
+    "_cached_all_plans",
+    "_cached_global_plan",
+    "_cached_metadata",
+    "_cached_final_save_plan",
+)
 
 
 class SavePlans:
