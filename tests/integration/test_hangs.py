@@ -136,3 +136,37 @@ def _check_one_hang(run: Path, hang: dict[str, Any], host: str) -> None:
         assert "Current thread" in text and "hpclaunch/trainer/loop.py" in text, text
         assert ("in hang_forever" in text) == (rank == culprit), text
     assert hang["flight_recorder"] == "not used (gloo)"
+
+
+def test_a_rank_that_misses_the_start_up_barrier_is_a_hang_continued_not_a_failed_run(
+    work: Path, data: Path, slowed: Path
+) -> None:
+    # With the default windows the smoke test's barrier (preflight.smoke_timeout_s, 60 s) notices a
+    # rank stuck at start-up long before the watchdog's start-up window (600 s). Rank 0 names the
+    # rank that never arrived; that is a hang with a known culprit, continued within
+    # scheduler.max_hang_retries, never the run's own failure (it once ended the run, cause
+    # "training", with no retry).
+    run = work / "runs" / "smoke-hang"
+    overrides = tiny_overrides(
+        work,
+        data,
+        "smoke-hang",
+        *COMMON,
+        "preflight.smoke_timeout_s=5",
+        "launch.shutdown_timeout_s=5",  # torchrun's kill of the hung rank after rank 0 has failed
+        "testing.hang=[{rank: 1, phase: startup}]",
+    )
+    hpclaunch("train", str(TINY), *overrides, cwd=work, timeout=600)
+    s = status(run, work)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("requeued", "hang"), ("finished", None)]
+    story = events(run)
+    (hang,) = [e for e in story if e["event"] == "hang"]
+    host = story[0]["host"]
+    assert (hang["phase"], hang["step"], hang["ranks"]) == ("startup", 0, [1])
+    assert hang["culprit"] == f"rank 1 on {host}" and hang["culprit_node"] == host
+    assert hang["source"] == "distributed smoke test" and hang["window_s"] == 5
+    assert "did not reach the barrier within 5 s" in hang["reason"]
+    (requeue,) = [e for e in story if e["event"] == "requeued"]
+    assert requeue["cause"] == "hang" and "continuing from the last checkpoint" in requeue["reason"]
+    assert final_params_sha(run) == final_params_sha(slowed)

@@ -22,10 +22,11 @@ from hpclaunch.jobs.watchdog import (
     dump_stacks,
     find_hang,
     read_verdict,
+    startup_hang,
     stop_workers,
     window_s,
 )
-from hpclaunch.rundir import Ledger, RunPaths, read_events
+from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.progress import hang_file, progress_file, stacks_file
 from hpclaunch.schedulers.base import NodeContext
 
@@ -207,6 +208,29 @@ def test_a_rank_that_never_reports_is_judged_from_the_launch(tmp_path: Path) -> 
     assert dog.check(lambda: [], now=299.0) is None
     verdict = dog.check(lambda: [], now=301.0)
     assert verdict is not None and verdict.ranks == (1,) and "never reported" in verdict.reason
+
+
+def test_ranks_the_smoke_test_names_are_a_start_up_hang_on_their_node(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path).ensure()
+    beat(paths, 0, "done", 0, 50.0)
+    beat(paths, 1, "startup", 0, 40.0)
+    missed = AttemptOutcome("failed", "hang", 0, "rank 1 did not reach the barrier within 60 s", 2)
+    missed.extra.update(phase="startup", ranks=[1])
+    verdict = startup_hang(paths, "j.0", missed, window_s=60)
+    assert verdict is not None and verdict.ranks == (1,) and verdict.phase == "startup"
+    assert verdict.culprit == "rank 1 on n1" and verdict.culprit_node == "n1" and verdict.window_s == 60
+    assert "did not reach the barrier" in verdict.reason
+    # a rank without a heartbeat names no node, so a continuation is never kept off a guessed one
+    missed.extra["ranks"] = [1, 2]
+    verdict = startup_hang(paths, "j.0", missed, window_s=60)
+    assert verdict is not None and verdict.culprit_node is None and verdict.culprit == "rank 1 on n1, rank 2"
+    for other in (
+        None,
+        AttemptOutcome("failed", "crash", 0, "boom", 2),
+        AttemptOutcome("failed", "training", 3, "non-finite", 2),
+        AttemptOutcome("stopped", "timeout", 5, None, 2),
+    ):
+        assert startup_hang(paths, "j.0", other, window_s=60) is None
 
 
 def test_other_nodes_follow_node_0s_verdict(tmp_path: Path) -> None:

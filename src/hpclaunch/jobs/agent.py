@@ -31,6 +31,7 @@ from ..config import RunConfig
 from ..errors import HpclaunchError
 from ..rundir import (
     CANCELLED,
+    HANG,
     NCCL_PRESET,
     NODE_EXCLUDED,
     NODE_PREFLIGHT,
@@ -54,7 +55,7 @@ from .decide import Action, Budgets, Decision, Facts, History, decide, decide_st
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .stop import StopCause, read_stop_request
 from .stop_relay import StopRelay, ignored_signals_preexec
-from .watchdog import Verdict, Watchdog, flight_recorder_env
+from .watchdog import Verdict, Watchdog, flight_recorder_env, startup_hang
 
 POLL_S = 0.2
 FOREGROUND_VAR = (
@@ -296,8 +297,16 @@ class NodeAgent:
         cancelled = self.relay.cancelled or any(
             e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
         )
+        outcome = read_outcome(self.paths, self.attempt)
+        if self.hang is None:  # the smoke test may have named ranks that never reached it
+            self.hang = startup_hang(
+                self.paths, self.attempt, outcome, window_s=self.cfg.preflight.smoke_timeout_s
+            )
+            if self.hang is not None:
+                fields = {k: v for k, v in self.hang.to_json().items() if k != "attempt"}
+                self.ledger.append(HANG, **fields, source="distributed smoke test")
         facts = Facts(
-            outcome=read_outcome(self.paths, self.attempt),
+            outcome=outcome,
             returncode=returncode,
             cancelled=cancelled,
             continue_requested=self.paths.continue_file.exists(),

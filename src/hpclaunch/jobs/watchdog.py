@@ -42,7 +42,7 @@ from typing import Any
 
 from ..config import WatchdogConfig
 from ..fsutil import atomic_write_json
-from ..rundir import HANG, STRAGGLER, Ledger, RunPaths
+from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths
 from ..rundir.progress import (
     NCCL_PIPE_STEM,
     NCCL_TRACE_STEM,
@@ -428,3 +428,34 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def startup_hang(
+    paths: RunPaths, attempt: str, outcome: AttemptOutcome | None, *, window_s: float
+) -> Verdict | None:
+    """The smoke test's verdict as a hang: rank 0 wrote an outcome with cause ``hang`` naming the ranks
+    that never reached the start-up barrier (``preflight.smoke_timeout_s``, usually shorter than
+    ``watchdog.startup_s``, so it is the first to notice). Their node comes from their heartbeats;
+    None when they name none or more than one."""
+    if outcome is None or outcome.status != "failed" or outcome.cause != "hang":
+        return None
+    ranks = tuple(sorted(int(r) for r in outcome.extra.get("ranks") or []))
+    records = read_progress(paths, attempt)
+    nodes = {records[r].node if r in records else None for r in ranks}
+    node = next(iter(nodes)) if len(nodes) == 1 else None
+    who = ", ".join(f"rank {r}" + (f" on {records[r].node}" if r in records else "") for r in ranks)
+    now = time.time()
+    return Verdict(
+        attempt=attempt,
+        phase="startup",
+        step=int(outcome.step or 0),
+        culprit=who or "no single culprit known",
+        ranks=ranks,
+        culprit_node=node,
+        reason=outcome.error or f"{who} did not reach the start-up barrier",
+        window_s=float(window_s),
+        stalled_s=float(window_s),
+        stalled_since=now - window_s,
+        detected_at=now,
+        states=tuple(asdict(records[r]) for r in sorted(records)),
+    )

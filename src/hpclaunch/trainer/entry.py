@@ -21,6 +21,7 @@ from ..rundir import AttemptOutcome, RunPaths, read_config, write_outcome
 from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
 from .loop import Trainer
 from .progress import register_stack_dump
+from .smoke import StartupHang
 from .startup import StartupClock
 
 
@@ -70,14 +71,20 @@ def main(argv: list[str] | None = None) -> int:
         # "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible
         # checkpoint) that a retry would repeat; "crash": anything else (a network error, a bug),
         # which the node agent may retry within scheduler.max_failure_retries.
+        # "hang": ranks that never reached the start-up barrier (rank 0 names them), continued
+        # within scheduler.max_hang_retries like a hang the node agent's watchdog catches.
         cause = (
             "data"
             if isinstance(err, DataError)
+            else "hang"
+            if isinstance(err, StartupHang)
             else "training"
             if isinstance(err, HpclaunchError)
             else "crash"
         )
         outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
+        if isinstance(err, StartupHang):
+            outcome.extra.update(phase="startup", ranks=list(err.ranks))
         if isinstance(err, TrainingError) and trainer is not None:
             with suppress(Exception):  # best effort: the failure itself is what matters
                 outcome = trainer.outcome("failed", cause, _one_line(err))

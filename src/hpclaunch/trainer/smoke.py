@@ -25,6 +25,16 @@ DELAY_VAR = "HPCLAUNCH_SMOKE_DELAY"
 _HOST_KEY = "hpclaunch/smoke/host/{rank}"
 
 
+class StartupHang(PreflightFailed):
+    """Ranks that did not reach the smoke test's barrier in time: a hang at start-up whose culprits
+    are known (rank 0 names them). The run continues within ``scheduler.max_hang_retries``, never
+    failed as if its own code or data were at fault."""
+
+    def __init__(self, message: str, *, ranks: list[int], where: str, hint: str):
+        super().__init__(message, where=where, hint=hint)
+        self.ranks = tuple(ranks)
+
+
 def run_distributed_smoke(timeout_s: float, group: Any = None) -> None:
     """Barrier + all_reduce across all ranks within ``timeout_s``; PreflightFailed names missing ranks.
 
@@ -58,9 +68,10 @@ def run_distributed_smoke(timeout_s: float, group: Any = None) -> None:
         missing = _missing_ranks(str(e))
         if missing:
             who = ", ".join(_describe(store, r) for r in missing)
-            raise PreflightFailed(
+            raise StartupHang(
                 f"distributed smoke test: {who} did not reach the barrier within {timeout_s:g} s "
                 f"({world} ranks)",
+                ranks=missing,
                 where=me,
                 hint="a slow or dead node: check that rank's log; the node agent's checks name bad nodes",
             ) from None
