@@ -240,3 +240,19 @@ def test_a_signal_during_set_up_stops_after_the_first_step(tmp_path: Path, data:
     assert (out.status, out.cause, out.step) == ("stopped", "preemption", 1)
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
     assert "stopped" in [e["event"] for e in read_events(RunPaths(tmp_path / "run")).events]
+
+
+def test_failure_causes_decide_what_is_retried() -> None:
+    from hpclaunch.errors import CheckpointError, DataError, PreflightFailed, TrainingError
+    from hpclaunch.trainer.entry import failure_cause
+    from hpclaunch.trainer.smoke import StartupHang
+
+    missed = StartupHang("rank 1 did not reach the barrier", ranks=[1], where="rank 0", hint="")
+    assert failure_cause(missed) == "hang"  # continued within max_hang_retries
+    # the smoke test's all_reduce failing or returning a wrong sum is the machine's fault: retried
+    assert failure_cause(PreflightFailed("distributed smoke test: all_reduce failed")) == "crash"
+    assert failure_cause(RuntimeError("Connection reset by peer")) == "crash"
+    # the run's own verdicts, which a retry would repeat
+    assert failure_cause(DataError("token id 70000 >= vocab_size")) == "data"
+    assert failure_cause(TrainingError("5 consecutive non-finite steps")) == "training"
+    assert failure_cause(CheckpointError("no space left on /ckpt")) == "training"

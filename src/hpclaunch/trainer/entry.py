@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..errors import DataError, HpclaunchError, TrainingError, debug_enabled
+from ..errors import DataError, HpclaunchError, PreflightFailed, TrainingError, debug_enabled
 from ..rundir import AttemptOutcome, RunPaths, read_config, write_outcome
 from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
 from .loop import Trainer
@@ -68,20 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
         step = trainer.counters.step if trainer is not None else 0
         world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
-        # "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible
-        # checkpoint) that a retry would repeat; "crash": anything else (a network error, a bug),
-        # which the node agent may retry within scheduler.max_failure_retries.
-        # "hang": ranks that never reached the start-up barrier (rank 0 names them), continued
-        # within scheduler.max_hang_retries like a hang the node agent's watchdog catches.
-        cause = (
-            "data"
-            if isinstance(err, DataError)
-            else "hang"
-            if isinstance(err, StartupHang)
-            else "training"
-            if isinstance(err, HpclaunchError)
-            else "crash"
-        )
+        cause = failure_cause(err)
         outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
         if isinstance(err, StartupHang):
             outcome.extra.update(phase="startup", ranks=list(err.ranks))
@@ -105,6 +92,27 @@ def main(argv: list[str] | None = None) -> int:
         dist.barrier(group=trainer.ctx.cpu_group if trainer else None)
         dist.destroy_process_group()
     return code
+
+
+def failure_cause(err: BaseException) -> str:
+    """The outcome's cause of a failed attempt, which decides whether it is retried.
+
+    "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible or
+    unwritable checkpoint) that a retry would repeat. "hang": ranks that never reached the start-up
+    barrier (rank 0 names them), continued within scheduler.max_hang_retries like a hang the node
+    agent's watchdog catches. "crash": anything else, the smoke test's other failures included (a
+    link that fails or corrupts an all_reduce is the machine's fault, not the run's), which the node
+    agent may retry within scheduler.max_failure_retries.
+    """
+    if isinstance(err, DataError):
+        return "data"
+    if isinstance(err, StartupHang):
+        return "hang"
+    if isinstance(err, PreflightFailed):
+        return "crash"
+    if isinstance(err, HpclaunchError):
+        return "training"
+    return "crash"
 
 
 def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
