@@ -153,7 +153,7 @@ def test_a_rank_that_misses_the_start_up_barrier_is_a_hang_continued_not_a_faile
         "smoke-hang",
         *COMMON,
         "preflight.smoke_timeout_s=5",
-        "launch.shutdown_timeout_s=5",  # torchrun's kill of the hung rank after rank 0 has failed
+        "watchdog.poll_s=1",
         "testing.hang=[{rank: 1, phase: startup}]",
     )
     hpclaunch("train", str(TINY), *overrides, cwd=work, timeout=600)
@@ -167,6 +167,10 @@ def test_a_rank_that_misses_the_start_up_barrier_is_a_hang_continued_not_a_faile
     assert hang["culprit"] == f"rank 1 on {host}" and hang["culprit_node"] == host
     assert hang["source"] == "distributed smoke test" and hang["window_s"] == 5
     assert "did not reach the barrier within 5 s" in hang["reason"]
+    # node 0's watchdog acted on rank 0's verdict: the hung rank's stack, then the stop (torchrun
+    # alone would have waited launch.shutdown_timeout_s, 60 s, before killing it)
+    assert f"logs/attempt-{hang['attempt']}/rank1.stacks.txt" in hang["stacks"], hang["stacks"]
+    assert "in hang_forever" in (run / "logs" / f"attempt-{hang['attempt']}" / "rank1.stacks.txt").read_text()
     (requeue,) = [e for e in story if e["event"] == "requeued"]
     assert requeue["cause"] == "hang" and "continuing from the last checkpoint" in requeue["reason"]
     assert final_params_sha(run) == final_params_sha(slowed)

@@ -17,6 +17,7 @@ import pytest
 from hpclaunch.config import WatchdogConfig
 from hpclaunch.jobs.watchdog import (
     RankState,
+    Verdict,
     Watchdog,
     culprits,
     dump_stacks,
@@ -219,7 +220,9 @@ def test_ranks_the_smoke_test_names_are_a_start_up_hang_on_their_node(tmp_path: 
     verdict = startup_hang(paths, "j.0", missed, window_s=60)
     assert verdict is not None and verdict.ranks == (1,) and verdict.phase == "startup"
     assert verdict.culprit == "rank 1 on n1" and verdict.culprit_node == "n1" and verdict.window_s == 60
-    assert "did not reach the barrier" in verdict.reason
+    assert "did not reach the barrier" in verdict.reason and verdict.source == "distributed smoke test"
+    old = {k: v for k, v in verdict.to_json().items() if k != "source"}  # a hang.json from before
+    assert Verdict.from_json(old).source == "watchdog"
     # a rank without a heartbeat names no node, so a continuation is never kept off a guessed one
     missed.extra["ranks"] = [1, 2]
     verdict = startup_hang(paths, "j.0", missed, window_s=60)

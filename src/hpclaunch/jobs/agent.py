@@ -288,6 +288,7 @@ class NodeAgent:
             world_size=self.plan.world_size,
             nccl=nccl,
             ledger=self.ledger,
+            smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
         )
 
     # ---- decision (node 0) -----------------------------------------------------------------------
@@ -304,7 +305,7 @@ class NodeAgent:
             )
             if self.hang is not None:
                 fields = {k: v for k, v in self.hang.to_json().items() if k != "attempt"}
-                self.ledger.append(HANG, **fields, source="distributed smoke test")
+                self.ledger.append(HANG, **fields)
         facts = Facts(
             outcome=outcome,
             returncode=returncode,

@@ -42,7 +42,7 @@ from typing import Any
 
 from ..config import WatchdogConfig
 from ..fsutil import atomic_write_json
-from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths
+from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
 from ..rundir.progress import (
     NCCL_PIPE_STEM,
     NCCL_TRACE_STEM,
@@ -118,6 +118,7 @@ class Verdict:
     stalled_since: float
     detected_at: float
     states: tuple[dict[str, Any], ...]  # every rank: node, step, phase, waiting, stalled_s, window_s
+    source: str = "watchdog"  # or "distributed smoke test": rank 0 named ranks missing from its barrier
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +126,7 @@ class Verdict:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
         data = {**data, "ranks": tuple(data.get("ranks") or ()), "states": tuple(data.get("states") or ())}
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
 
 
 def culprits(states: Sequence[RankState]) -> list[RankState]:
@@ -201,8 +202,10 @@ class Watchdog:
         nccl: bool,
         ledger: Ledger,
         launched_at: float | None = None,
+        smoke_timeout_s: float = 60.0,
     ):
         self.cfg = cfg
+        self.smoke_timeout_s = smoke_timeout_s
         self.paths = paths
         self.ctx = ctx
         self.attempt = ctx.attempt
@@ -238,6 +241,9 @@ class Watchdog:
         if self.ctx.is_head:
             self._note_stragglers()
             verdict = find_hang(self.observe(now), attempt=self.attempt, now=now)
+            if verdict is None:  # rank 0 may have named ranks missing from the start-up barrier
+                outcome = read_outcome(self.paths, self.attempt)
+                verdict = startup_hang(self.paths, self.attempt, outcome, window_s=self.smoke_timeout_s)
             if verdict is not None:
                 with contextlib.suppress(OSError):  # the other nodes then only see their peers fail
                     atomic_write_json(hang_file(self.paths, self.attempt), verdict.to_json())
@@ -436,7 +442,9 @@ def startup_hang(
     """The smoke test's verdict as a hang: rank 0 wrote an outcome with cause ``hang`` naming the ranks
     that never reached the start-up barrier (``preflight.smoke_timeout_s``, usually shorter than
     ``watchdog.startup_s``, so it is the first to notice). Their node comes from their heartbeats;
-    None when they name none or more than one."""
+    None when they name none or more than one. Node 0's watchdog acts on it as on its own verdicts
+    (stacks, then stop: torchrun would wait ``launch.shutdown_timeout_s`` for the hung rank), and the
+    agent's decision reads it when the watchdog is off or torchrun ended first."""
     if outcome is None or outcome.status != "failed" or outcome.cause != "hang":
         return None
     ranks = tuple(sorted(int(r) for r in outcome.extra.get("ranks") or []))
@@ -458,4 +466,5 @@ def startup_hang(
         stalled_since=now - window_s,
         detected_at=now,
         states=tuple(asdict(records[r]) for r in sorted(records)),
+        source="distributed smoke test",
     )
