@@ -207,6 +207,26 @@ def import_torch_s(python: str = sys.executable, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
+# After torch, what the trainer imports before its first step (mmdit pulls in x_transformers -> einx
+# -> torch._dynamo, DCP pulls in DTensor -> sympy); then the time the process takes to exit.
+_PARTS = (
+    "import time; t0 = time.perf_counter(); import torch; t1 = time.perf_counter(); "
+    "import mmdit, torch.distributed.checkpoint; t2 = time.perf_counter(); "
+    "print(t1 - t0, t2 - t1, time.time(), flush=True)"
+)
+
+
+def process_parts_s(python: str = sys.executable, repeats: int = 3) -> tuple[float, float, float]:
+    """Medians of: import torch, then mmdit + DCP, inside the process; and its exit (last line -> reaped)."""
+    rows = []
+    for _ in range(repeats):
+        out = subprocess.run([python, "-c", _PARTS], check=True, capture_output=True, text=True)
+        reaped = time.time()
+        torch_s, more_s, printed = (float(x) for x in out.stdout.split())
+        rows.append((torch_s, more_s, reaped - printed))
+    return tuple(statistics.median(r[i] for r in rows) for i in range(3))  # type: ignore[return-value]
+
+
 def load_s(run: Path, work: Path) -> float:
     """One checkpoint load of the run's newest checkpoint: a single process, the trainer's own path."""
     import shutil
@@ -276,6 +296,11 @@ def main() -> None:
             + ("met" if rest <= torch_s else "not met")
         )
     print(f'\npython -c "import torch" (median of 6 in this run): {torch_s:.2f} s')
+    inside, more, exit_s = process_parts_s()
+    print(
+        f"inside one process (median of 3): import torch {inside:.2f} s, then mmdit + DCP {more:.2f} s "
+        f"(the trainer's other imports); exit with them loaded {exit_s:.2f} s"
+    )
     print(f"checkpoint load of the same state (one process, the trainer's resume): {loaded:.2f} s")
     print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
