@@ -310,3 +310,16 @@ def test_the_flight_recorder_variables_are_known_and_point_into_the_attempt_logs
     for name in ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"):
         assert Path(env[name]).parent == paths.attempt_logs("j.0") / "nccl"
     assert Path(env["TORCH_FR_DUMP_TEMP_FILE"]).parent.is_dir()
+
+
+def test_a_hang_event_lists_the_culprits_and_a_sample_of_the_other_ranks(tmp_path: Path) -> None:
+    # both detectors (the watchdog and the smoke test) write the hang event from these fields
+    states = tuple({"rank": r, "node": f"n{r // 8}", "phase": "collective"} for r in range(300))
+    verdict = Verdict(
+        "j.0", "data", 7, "rank 250 on n31", (250,), "n31", "why", 60.0, 61.0, 0.0, 61.0, states
+    )
+    fields = verdict.ledger_fields()
+    assert "attempt" not in fields and fields["ranks"] == (250,) and fields["culprit_node"] == "n31"
+    ranks = [st["rank"] for st in fields["states"]]
+    assert ranks == [*range(32), 250]  # the first 32 ranks and the culprit, not all 300
+    assert len(verdict.to_json()["states"]) == 300  # hang.json keeps every rank

@@ -304,8 +304,7 @@ class NodeAgent:
                 self.paths, self.attempt, outcome, window_s=self.cfg.preflight.smoke_timeout_s
             )
             if self.hang is not None:
-                fields = {k: v for k, v in self.hang.to_json().items() if k != "attempt"}
-                self.ledger.append(HANG, **fields)
+                self.ledger.append(HANG, **self.hang.ledger_fields())
         facts = Facts(
             outcome=outcome,
             returncode=returncode,

@@ -123,6 +123,15 @@ class Verdict:
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
+    def ledger_fields(self) -> dict[str, Any]:
+        """The ``hang`` event's fields: one ledger line, so the culprits' states and a sample of the
+        others (``hang.json`` keeps every rank); the ledger adds the attempt itself."""
+        fields = {k: v for k, v in self.to_json().items() if k != "attempt"}
+        if len(self.states) > LEDGER_STATES:
+            keep = [st for st in self.states if st["rank"] in self.ranks or st["rank"] < LEDGER_STATES // 2]
+            fields["states"] = keep[:LEDGER_STATES]
+        return fields
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
         data = {**data, "ranks": tuple(data.get("ranks") or ()), "states": tuple(data.get("states") or ())}
@@ -309,16 +318,12 @@ class Watchdog:
             if self.nccl:
                 found = sorted(nccl_dump_dir(self.paths, self.attempt).glob(f"{NCCL_TRACE_STEM}*"))
                 recorder = [str(p.relative_to(self.paths.root)) for p in found] or "no dump arrived"
-            fields = {k: v for k, v in verdict.to_json().items() if k != "attempt"}
-            if len(verdict.states) > LEDGER_STATES:  # one ledger line: the culprits and a sample
-                keep = [
-                    st
-                    for st in verdict.states
-                    if st["rank"] in verdict.ranks or st["rank"] < LEDGER_STATES // 2
-                ]
-                fields["states"] = keep[:LEDGER_STATES]  # hang.json keeps every rank
             self.ledger.append(
-                HANG, **fields, stacks=stacks, flight_recorder=recorder, dump_s=round(time.time() - began, 3)
+                HANG,
+                **verdict.ledger_fields(),
+                stacks=stacks,
+                flight_recorder=recorder,
+                dump_s=round(time.time() - began, 3),
             )
 
     def _ack(self, node_rank: int) -> Path:
