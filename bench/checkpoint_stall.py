@@ -145,6 +145,11 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     stall = statistics.median(r["stalls"]) if r["stalls"] else float("nan")
     write = statistics.median(r["writes"]) if r["writes"] else float("nan")
     print(f"blocking part of an async save (stall_s, median): {stall:.3f} s")
+    if r.get("after_save_step_s") and r.get("other_step_s"):
+        print(
+            f"rank 0's step right after a save (the writer starts beside it), median: "
+            f"{r['after_save_step_s'] * 1e3:.0f} ms vs {r['other_step_s'] * 1e3:.0f} ms for the other steps"
+        )
     print(
         f"its background write (median): {write:.3f} s, beside {k} steps "
         f"({k * r['step_s']:.2f} s at the steady step time)"
@@ -179,11 +184,17 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     ckpt = trainer.checkpointer
     assert ckpt is not None
 
+    after_save: list[float] = []  # each step right after an async save (where the writer starts)
+    others: list[float] = []  # every other step of the saving arms
+
     def steps(n: int, *, save_every: int | None = None) -> float:
         dist.barrier(group=group)
         t0 = time.perf_counter()
         for i in range(1, n + 1):
+            s0 = time.perf_counter()
             trainer.train_step()
+            if save_every:
+                (after_save if i % save_every == 1 and i > 1 else others).append(time.perf_counter() - s0)
             if save_every and i % save_every == 0 and i < n:
                 trainer.save(blocking=False)
         ckpt.wait()  # the last save is published inside the measured time
@@ -201,6 +212,8 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     steps(every)  # warm-up: allocator, kernels
     steps(2 * every, save_every=every)  # warm-up: the stager's buffers, DCP's first plan
     sync_save()
+    after_save.clear()
+    others.clear()
     stalls: list[float] = []
     writes: list[float] = []
     rows = []
@@ -236,6 +249,8 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
                     "rounds": rows,
                     "stalls": stalls,
                     "writes": writes,
+                    "after_save_step_s": statistics.median(after_save) if after_save else None,
+                    "other_step_s": statistics.median(others) if others else None,
                 }
             ),
             flush=True,
