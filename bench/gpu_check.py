@@ -40,7 +40,7 @@ from typing import Any
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.fsutil import read_jsonl
-from hpclaunch.jobs.stop import write_stop_request
+from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters, train_flops_per_sample
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.shards import synth_dataset
@@ -118,7 +118,7 @@ class Runner:
                 if proc.poll() is not None:
                     break
                 time.sleep(0.05)
-            write_stop_request(RunPaths(run).stop_file, "user", by="gpu_check")
+            write_user_stop(RunPaths(run), continue_=False, attempt=None, by="gpu_check")
         out, _ = proc.communicate()
         RunPaths(run).stop_file.unlink(missing_ok=True)
         if proc.returncode != 0:

@@ -115,3 +115,23 @@ def final_params_sha(run: Path) -> str:
         if data.get("status") == "finished":
             return str(data["params_sha256"])
     raise AssertionError(f"no finished attempt in {run}")
+
+
+def rank_process(run: Path, rank: int, *, timeout: float = 180) -> Any:
+    """The running rank ``rank`` of the run's current attempt (a psutil.Process): the pid its
+    progress heartbeat names. Ranks are forked from the rank host's forkserver, so neither their
+    command line nor their /proc environment says which run or rank they are."""
+    import psutil
+
+    def found() -> Any:
+        started = [e["attempt"] for e in events(run) if e["event"] == "started"]
+        if not started:
+            return None
+        path = run / "attempts" / started[-1] / f"rank{rank}.progress.json"
+        try:
+            proc = psutil.Process(int(json.loads(path.read_text())["pid"]))
+        except (OSError, ValueError, KeyError, psutil.Error):
+            return None
+        return proc if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE else None
+
+    return wait_for(found, timeout=timeout, poll=0.1, what=f"rank {rank} of {run.name}")

@@ -60,7 +60,7 @@ class KeyedValueError(ValueError):
 
 
 def _check_directive_value(value: str | None, key: str) -> str | None:
-    if value is not None and not DIRECTIVE_VALUE_RE.match(value):
+    if value is not None and not DIRECTIVE_VALUE_RE.fullmatch(value):
         raise ValueError(
             f"{value!r} cannot go into a #SBATCH/#PBS line ({key} allows letters, digits and ._:@%+,=/-)"
         )
@@ -72,6 +72,13 @@ class SchedulerConfig(_Section):
         "local", description="Where the job runs: the embedded local scheduler, SLURM or PBS."
     )
     nodes: int = Field(1, ge=1, le=4096, description="Number of nodes (one node agent each).")
+    spare_nodes: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Hot spares: the job asks for nodes + spare_nodes; the spares' agents wait and one takes "
+        "the place of a node that fails, hangs or dies, in place (same world size, no requeue).",
+    )
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU ranks with gloo.")
     procs_per_node: int | None = Field(
         None, ge=1, le=256, description="torchrun --nproc-per-node; default gpus_per_node, or 1."
@@ -177,6 +184,10 @@ class SchedulerConfig(_Section):
             raise KeyedValueError(
                 "nodes", "the local scheduler runs one node; set nodes: 1 or kind: slurm/pbs"
             )
+        if self.kind == "local" and self.spare_nodes:
+            raise KeyedValueError(
+                "spare_nodes", "the local scheduler runs one node and has no spares; use kind: slurm/pbs"
+            )
         if self.kind != "pbs":
             for key in ("pbs_dialect", "pbs_launcher"):
                 if (
@@ -188,7 +199,13 @@ class SchedulerConfig(_Section):
 
 
 class LaunchConfig(_Section):
-    rdzv_port: int = Field(29500, ge=1024, le=65535, description="c10d rendezvous port on the head node.")
+    rdzv_port: int | None = Field(
+        None,
+        ge=1024,
+        le=65535,
+        description="c10d rendezvous port on the head node; null = chosen per job from its id (20000-32767), "
+        "so two jobs (or sweep points) sharing a head node do not collide.",
+    )
     backend: Literal["auto", "nccl", "gloo"] = Field(
         "auto", description="torch.distributed backend; auto = nccl with GPUs, gloo without."
     )
@@ -228,7 +245,7 @@ class LaunchConfig(_Section):
     @classmethod
     def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
         for name, value in v.items():
-            if not ENV_NAME_RE.match(name):
+            if not ENV_NAME_RE.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
             if not isinstance(value, str):
                 raise ValueError(f"{name}: value must be a string")
@@ -238,7 +255,7 @@ class LaunchConfig(_Section):
     @classmethod
     def _pass_env_names(cls, v: list[str]) -> list[str]:
         for name in v:
-            if not ENV_NAME_RE.match(name):
+            if not ENV_NAME_RE.fullmatch(name):
                 raise ValueError(f"{name!r} is not a valid environment variable name")
         return v
 
@@ -544,6 +561,12 @@ class TestingConfig(_Section):
         default_factory=list, description="Hangs to inject; each fires once per run (a marker file)."
     )
     slow_rank: SlowRankKnob | None = Field(None, description="Make one rank slow (a straggler).")
+    pause_before_continue_s: float = Field(
+        0.0,
+        ge=0,
+        description="Node 0's agent waits this long between deciding to continue and asking the "
+        "scheduler (widens the window a late cancellation must not fall through).",
+    )
 
 
 class RunConfig(_Section):
@@ -560,10 +583,24 @@ class RunConfig(_Section):
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_control_characters(cls, raw: Any) -> Any:
+        """Every value may reach a job script or a shell (directives, exports, paths): a newline in
+        ``partition: "gpu\n"`` would end a ``#PBS -q`` line early and every later directive would
+        be ignored. No string anywhere in the config may hold a control character."""
+        found = _first_control_character(raw, [])
+        if found is not None:
+            key, value = found
+            raise KeyedValueError(
+                key, f"{value!r} holds a control character (newline, tab, ...); values must be one plain line"
+            )
+        return raw
+
     @field_validator("name")
     @classmethod
     def _name_safe(cls, v: str) -> str:
-        if not NAME_RE.match(v):
+        if not NAME_RE.fullmatch(v):
             raise ValueError(f"{v!r} is not a run name: use letters, digits and ._- (at most 64)")
         return v
 
@@ -832,6 +869,28 @@ def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) ->
         where=where,
         hint=f"keys allowed {'under ' + prefix if prefix else 'at the top level'}: {', '.join(allowed)}",
     )
+
+
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _first_control_character(value: Any, path: list[str]) -> tuple[str, str] | None:
+    """(dotted key, value) of the first string under ``value`` holding a control character."""
+    if isinstance(value, str):
+        return (".".join(path), value) if _CONTROL_RE.search(value) else None
+    if isinstance(value, Mapping):
+        items: Iterable[tuple[str, Any]] = ((str(k), v) for k, v in value.items())
+    elif isinstance(value, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(value))
+    else:
+        return None
+    for key, item in items:
+        if isinstance(key, str) and _CONTROL_RE.search(key):
+            return ".".join([*path, key]), key
+        found = _first_control_character(item, [*path, key])
+        if found is not None:
+            return found
+    return None
 
 
 def validate_config(raw: Mapping[str, Any], *, where: str = "config") -> RunConfig:

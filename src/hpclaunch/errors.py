@@ -83,5 +83,11 @@ class PreflightFailed(HpclaunchError):
     """At least one preflight check failed."""
 
 
+class FilesystemError(HpclaunchError):
+    """The run's files cannot be read or written now (EIO, ESTALE, a permission that flickers):
+    not the files' fault, so never a reason to set a checkpoint aside; the attempt fails as a
+    filesystem problem and is retried like a crash."""
+
+
 class TrainingError(HpclaunchError):
     """The training run cannot continue (too many non-finite steps, incompatible checkpoint)."""

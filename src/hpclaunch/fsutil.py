@@ -2,10 +2,33 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Read errors that say "cannot read now" rather than "the content is bad": a network filesystem's
+# hiccup (EIO, ESTALE), a permission that flickers while a ticket or an ACL is renewed (EACCES,
+# EPERM), an interrupted or busy call. Never evidence that a file is corrupt.
+TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EIO,
+        errno.ESTALE,
+        errno.EACCES,
+        errno.EPERM,
+        errno.EAGAIN,
+        errno.EINTR,
+        errno.EBUSY,
+        errno.ETIMEDOUT,
+    }
+)
 
 
 def fsync_dir(path: Path) -> None:
@@ -21,7 +44,7 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> None
     """Write ``text`` to ``path`` so that readers see either the old or the whole new file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp.{unique_suffix()}")
     with open(tmp, "w") as f:
         f.write(text)
         f.flush()
@@ -30,6 +53,41 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> None
         os.chmod(tmp, mode)
     os.replace(tmp, path)
     fsync_dir(path.parent)
+
+
+def unique_suffix() -> str:
+    """A temporary name's suffix no other process on any host shares (pids repeat across hosts)."""
+    return f"{socket.gethostname().split('.')[0]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+
+
+def retry_transient(read: Callable[[], T], *, attempts: int = 5, first_delay_s: float = 0.2) -> T:
+    """``read()``, retried with a growing pause while it fails with a transient ``OSError`` (see
+    ``TRANSIENT_ERRNOS``); the last such error is raised. Other errors pass through at once."""
+    delay = first_delay_s
+    for i in range(attempts):
+        try:
+            return read()
+        except OSError as e:
+            if e.errno not in TRANSIENT_ERRNOS or i == attempts - 1:
+                raise
+        time.sleep(delay)
+        delay *= 2
+    raise AssertionError("unreachable")
+
+
+def create_exclusive(path: Path, text: str) -> bool:
+    """Create ``path`` holding ``text`` unless it exists; False when it does. ``link()`` of a fully
+    written temporary file: atomic, and exclusive over NFS too (where O_EXCL was not always)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{unique_suffix()}")
+    tmp.write_text(text)
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -17,7 +17,16 @@ from typing import Any
 
 import psutil
 import pytest
-from tests.runlib import TINY, events, hpclaunch, synth_data, tiny_overrides, wait_for, wait_run_done
+from tests.runlib import (
+    TINY,
+    events,
+    hpclaunch,
+    rank_process,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -44,15 +53,7 @@ def _attempt_keys(run: Path) -> list[str]:
 
 
 def _rank0(run: Path) -> psutil.Process:
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "hpclaunch.trainer" in cmd and str(run) in cmd:
-            try:
-                if p.environ().get("RANK") == "0":
-                    return p
-            except psutil.Error:
-                continue
-    raise LookupError(f"no rank 0 worker for {run}")
+    return rank_process(run, 0)
 
 
 class Terminal:

@@ -15,6 +15,7 @@ from tests.runlib import (
     events,
     final_params_sha,
     hpclaunch,
+    rank_process,
     status,
     synth_data,
     tiny_overrides,
@@ -57,15 +58,7 @@ def _attempts(run: Path) -> int:
 
 
 def _worker(run: Path, rank: int) -> psutil.Process:
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if "hpclaunch.trainer" in cmd and str(run) in cmd:
-            try:
-                if p.environ().get("RANK") == str(rank):
-                    return p
-            except psutil.Error:
-                continue
-    raise LookupError(f"no rank {rank} worker for {run}")
+    return rank_process(run, rank)
 
 
 def _wait_step(run: Path, step: int, attempt: int) -> None:
@@ -250,19 +243,12 @@ def test_a_second_writer_is_refused_while_the_run_is_active(work: Path, data: Pa
         assert refused.returncode == 2, refused.stdout + refused.stderr
         assert "this run is active: local job local" in refused.stderr, refused.stderr
         assert "Traceback" not in refused.stderr
-    trainers = [
-        p
-        for p in psutil.process_iter(["cmdline", "name"])
-        if "hpclaunch.trainer" in (p.info["cmdline"] or [])
+    ranks = [rank_process(run, r) for r in (0, 1)]
+    assert all(p.is_running() for p in ranks)  # still the one job's 2 ranks, no second writer
+    agents = [
+        p for p in psutil.process_iter(["cmdline"]) if "hpclaunch.jobs.agent" in (p.info["cmdline"] or [])
     ]
-    ranks = [
-        p
-        for p in trainers
-        if str(run) in p.info["cmdline"]
-        and "torch.distributed.run" not in p.info["cmdline"]
-        and p.info["name"] != "pt_data_worker"  # the ranks' DataLoader workers (forked copies)
-    ]
-    assert len(ranks) == 2  # still the one job's 2 ranks, no second writer
+    assert len([p for p in agents if str(run) in " ".join(p.info["cmdline"])]) == 1
     hpclaunch("stop", str(run), cwd=work)
     s = wait_run_done(run, work, timeout=120)
     assert s["state"] == "stopped"

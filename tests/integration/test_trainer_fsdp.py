@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import RunPaths
+from hpclaunch.rundir.control import write_user_stop
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h
@@ -85,7 +85,7 @@ def stopped_twice(root: Path, data: Path) -> dict[str, Any]:
 def _train_until_stopped(run: Path, attempt: str, at_least: int) -> int:
     proc = h.start(run, attempt=attempt)
     h.wait_for_step(run, at_least, proc, timeout=240)
-    write_stop_request(RunPaths(run).stop_file, "user", by="test")
+    write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, err[-4000:]
     out = h.outcome(run, attempt)

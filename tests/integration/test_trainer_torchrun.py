@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import RunPaths
+from hpclaunch.rundir.control import write_user_stop
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h
@@ -150,7 +150,7 @@ def test_stop_file_stops_both_ranks_after_the_same_step_and_resume_is_exact(
     run = h.make_run(root, "stopped", data, ["testing.step_sleep_s=0.1"])  # same math as the reference
     proc = h.start(run, attempt="a1")
     h.wait_for_step(run, 4, proc)
-    write_stop_request(RunPaths(run).stop_file, "user", by="test")
+    write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
     out = h.outcome(run, "a1")

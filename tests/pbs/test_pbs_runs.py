@@ -43,6 +43,16 @@ LONG = (
 )
 WALLTIME = "scheduler.time_limit=60s"
 ROOMY = "scheduler.time_limit=00:05:00"
+# The sweep: its long point sleeps 120 s in steps, more than a 120 s walltime can hold even with no
+# start-up at all, so it is always continued; its short point (4 s) always finishes in its sub-job,
+# even when the start-up takes 50 s on a loaded 2-core machine (a 60 s walltime failed there).
+SWEEP_WALLTIME = "scheduler.time_limit=120s"
+SWEEP = (
+    "testing.step_sleep_s=0.6",
+    "train.log_every=20",
+    "checkpoint.every_steps=50",
+    "launch.stop_margin_s=8",
+)
 
 
 @pytest.fixture(scope="module")
@@ -62,10 +72,10 @@ def runs(pbs_server: PbsServer) -> dict[str, Any]:
             work,
             data,
             "sweep",
-            WALLTIME,
-            *LONG[1:],
+            SWEEP_WALLTIME,
+            *SWEEP,
             "train.warmup_steps=5",
-            sweep="train.steps=20,200",
+            sweep="train.steps=6,200",
         ),
     }
     return {"work": work, "reference": reference, "reference_sha": None, **submitted}
@@ -161,9 +171,10 @@ def test_sweep_is_one_pbs_pro_array_and_one_point_continues_alone(
     assert array.endswith("[]." + pbs_server.head)  # one PBS Pro array (-J 0-1)
     points = [Path(p["run_dir"]) for p in sweep["points"]]
     assert len(points) == 2 and len({p.parent for p in points}) == 1
-    short, long = (wait_run_done(pbs_server, p, timeout=300) for p in points)
+    # Waits on the runs' own ends (no margin to hit): up to four 120 s attempts under load.
+    short, long = (wait_run_done(pbs_server, p, timeout=900) for p in points)
     assert short["state"] == long["state"] == "finished", (short, long)
-    # point 0 (20 steps) finished in its sub-job; point 1 (200 steps) was continued alone
+    # point 0 (6 steps) finished in its sub-job; point 1 (200 steps) was continued alone
     sub = [array.replace("[]", f"[{i}]") for i in range(2)]
     assert [a["job_id"] for a in short["attempts"]] == [sub[0]]
     assert long["attempts"][0]["job_id"] == sub[1] and attempt_ends(long)[0] == ("requeued", "timeout")

@@ -105,7 +105,21 @@ CASES = [
     ),
     ("nccl-nonexistent", None, ["nccl.env.NCCL_TIMEOUT=1800"], "NCCL_TIMEOUT: does not exist"),
     ("nccl-removed", None, ["nccl.env.NCCL_TREE_THRESHOLD=0"], "NCCL_TREE_THRESHOLD"),
-    ("multiline-setup", None, ['scheduler.setup=["a\\nb"]'], "scheduler.setup: entry 0 spans several lines"),
+    (
+        "multiline-setup",
+        None,
+        ['scheduler.setup=["a\\nb"]'],
+        "scheduler.setup.0: 'a\\nb' holds a control character",
+    ),
+    # "gpu\n" passed a `^...$` pattern (`$` matches before a final newline) and broke the #PBS -q
+    # line, so every later directive was ignored.
+    (
+        "newline-partition",
+        None,
+        ['scheduler.partition="gpu\\n"'],
+        "scheduler.partition: 'gpu\\n' holds a control character",
+    ),
+    ("tab-in-env", None, ['launch.env.X="a\\tb"'], "launch.env.X: 'a\\tb' holds a control character"),
 ]
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide, decide_start
 from hpclaunch.rundir import AttemptOutcome
+from hpclaunch.rundir.cause import Cause
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 
@@ -105,7 +106,7 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         # The scheduler's SIGKILL was seconds away and the stop save had not finished: node 0 ended
         # the attempt itself; it continues from the last checkpoint as the timeout it was.
         "stop cut short before the scheduler's kill",
-        Facts(None, returncode=-9, interrupted="timeout"),
+        Facts(None, returncode=-9, interrupted=Cause.TIMEOUT),
         History(),
         True,
         Action.CONTINUE,
@@ -114,7 +115,7 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
     ),
     (
         "preemption cut short, over budget",
-        Facts(None, returncode=-9, interrupted="preemption"),
+        Facts(None, returncode=-9, interrupted=Cause.PREEMPTION),
         History(requeues=3),
         True,
         Action.FAIL,
@@ -261,8 +262,93 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         History(),
         True,
         Action.END,
-        "hang",
-        "stopped by the user: resume with submit --resume",
+        "user",
+        "rank 1 hung in data at step 3; stopped by the user: resume with submit --resume",
+    ),
+    (
+        # Issue 16: `hpclaunch stop` and the scheduler's warning in one attempt. The ranks saved for
+        # the stronger cause (timeout); the user's request still ends the run: never requeued.
+        "a user stop and a time-limit warning in the same attempt end the run",
+        Facts(stopped("timeout"), user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "user",
+        "stopped by the user after step 40 (the attempt also heard: time limit)",
+    ),
+    (
+        "... and with a preemption after it",
+        Facts(stopped("preemption"), user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "user",
+        "stopped by the user after step 40",
+    ),
+    (
+        "a user stop --continue and a warning: continued once, for the timeout",
+        Facts(stopped("timeout"), user_stop=True, continue_requested=True),
+        History(),
+        True,
+        Action.CONTINUE,
+        "timeout",
+        "stopped after step 40 (timeout)",
+    ),
+    (
+        "a user stop that a crash beat to it still ends the run",
+        Facts(failed("crash", "RuntimeError: gloo connection reset"), user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "user",
+        "gloo connection reset; stopped by the user",
+    ),
+    (
+        "a user stop does not hide the run's own failure",
+        Facts(failed("training", "5 consecutive non-finite steps"), user_stop=True),
+        History(),
+        True,
+        Action.FAIL,
+        "training",
+        "non-finite",
+    ),
+    (
+        "a user stop does not hide a finish",
+        Facts(AttemptOutcome("finished", None, 200), user_stop=True),
+        History(),
+        True,
+        Action.FINISH,
+        None,
+        "finished at step 200",
+    ),
+    (
+        # Issue 16: the outcome file could not be read (EIO/ESTALE after retries): a filesystem
+        # failure, retried like a crash; never "no outcome, so it crashed" silently.
+        "the outcome cannot be read: a filesystem failure, retried",
+        Facts(None, returncode=0, read_error="attempts/7.0.json: Input/output error"),
+        History(),
+        True,
+        Action.CONTINUE,
+        "filesystem",
+        "could not be read: attempts/7.0.json",
+    ),
+    (
+        "a filesystem failure spends the crash budget",
+        Facts(failed("filesystem", "cannot read manifest.json now (Stale file handle)")),
+        History(crash_retries=1),
+        True,
+        Action.FAIL,
+        "filesystem",
+        "1 failure retries used of 1",
+    ),
+    (
+        "a bad batch named by one rank: the run's own data failure",
+        Facts(failed("data", "tokens/s0.npz: id 999 at sample 3, position 1 is outside 0..255")),
+        History(),
+        True,
+        Action.FAIL,
+        "data",
+        "id 999",
     ),
     (
         "a cancellation wins over a hang",

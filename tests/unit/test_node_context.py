@@ -7,14 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.config import RunConfig
+from hpclaunch.config import RunConfig, load_config
 from hpclaunch.orchestrator.plan import build
 from hpclaunch.schedulers import slurm
-from hpclaunch.schedulers.base import NodeContext, NodeContextError, get_scheduler
+from hpclaunch.schedulers.base import NodeContext, NodeContextError
 from hpclaunch.schedulers.local import LocalScheduler
 from hpclaunch.schedulers.nodes import rendezvous_address
 from hpclaunch.schedulers.pbs import node_context_from_env as pbs_context
 from hpclaunch.schedulers.pbs import read_pbs_nodefile
+from hpclaunch.schedulers.registry import get_scheduler
 
 
 def hostnames(table: dict[str, list[str]]):  # type: ignore[no-untyped-def]
@@ -38,7 +39,24 @@ def test_slurm_multi_node_context() -> None:
     assert (ctx.scheduler, ctx.job_id, ctx.node_rank, ctx.num_nodes) == ("slurm", "42", 1, 2)
     assert ctx.hosts == ("gpu07", "gpu08") and ctx.head == "gpu07" and ctx.hostname == "gpu08"
     assert ctx.restart_count == 3 and ctx.attempt == "42.3"
-    assert ctx.end_time == 1600.0
+
+
+def test_slurm_clock_takes_slurms_end_and_whole_minutes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EndTime from scontrol (it restarts with every requeue) is the end; the limit is what SLURM
+    applies (whole minutes), recorded in the clock; the start is SLURM's."""
+    monkeypatch.setattr(slurm, "scontrol_hostnames", lambda nodelist: ["n1"])
+    monkeypatch.setattr(slurm, "job_end_time", lambda job_id: 1720.0)
+    plan = build(load_config(None, ["scheduler.kind=slurm", "scheduler.time_limit=90s"]), python="python3")
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n1", "SLURM_JOB_START_TIME": "1600"}
+    ctx = slurm.SlurmScheduler().node_context(plan, env, now=1700.0)
+    assert ctx.clock is not None
+    assert (ctx.clock.start, ctx.clock.end, ctx.clock.limit_s) == (1600.0, 1720.0, 120.0)
+    assert ctx.end_time == 1720.0
+    monkeypatch.setattr(slurm, "job_end_time", lambda job_id: None)  # scontrol cannot say
+    ctx = slurm.SlurmScheduler().node_context(plan, {**env, "SLURM_JOB_END_TIME": "1690"}, now=1700.0)
+    assert ctx.end_time == 1690.0
+    ctx = slurm.SlurmScheduler().node_context(plan, env, now=1700.0)
+    assert ctx.end_time == 1600.0 + 120.0  # start + the limit SLURM applies
 
 
 def test_slurm_node_list_is_expanded_by_scontrol_not_by_hand(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -87,34 +105,35 @@ def test_pbs_nodefile_is_deduplicated_in_order(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("c1\nc1\nc1\nc2\nc2\nc3\n")
     assert read_pbs_nodefile(str(nodefile)) == ["c1", "c2", "c3"]
-    ctx = pbs_context(
-        {"PBS_JOBID": "9.server", "PBS_NODEFILE": str(nodefile), "PMI_RANK": "2"}, time_limit_s=60, now=0.0
-    )
+    ctx = pbs_context({"PBS_JOBID": "9.server", "PBS_NODEFILE": str(nodefile), "PMI_RANK": "2"})
     assert (ctx.scheduler, ctx.num_nodes, ctx.node_rank, ctx.hostname, ctx.head) == ("pbs", 3, 2, "c3", "c1")
 
 
 def test_pbs_without_nodefile_runs_one_node_on_this_host() -> None:
-    ctx = pbs_context({"PBS_JOBID": "12", "PBS_ARRAY_INDEX": "1"}, time_limit_s=60, now=100.0)
-    assert ctx.num_nodes == 1 and ctx.node_rank == 0 and ctx.array_task == 1 and ctx.end_time == 160.0
+    ctx = pbs_context({"PBS_JOBID": "12", "PBS_ARRAY_INDEX": "1"})
+    assert ctx.num_nodes == 1 and ctx.node_rank == 0 and ctx.array_task == 1
 
 
 def test_pbs_cannot_tell_which_node_fails(tmp_path: Path) -> None:
     nodefile = tmp_path / "nodes"
     nodefile.write_text("c1\nc2\n")
     with pytest.raises(NodeContextError, match="cannot tell which of the 2 PBS nodes"):
-        pbs_context({"PBS_JOBID": "9", "PBS_NODEFILE": str(nodefile)}, time_limit_s=60, now=0.0)
+        pbs_context({"PBS_JOBID": "9", "PBS_NODEFILE": str(nodefile)})
     with pytest.raises(NodeContextError, match="PBS_JOBID is not set"):
-        pbs_context({"SLURM_JOB_ID": "1"}, time_limit_s=60, now=0.0)
+        pbs_context({"SLURM_JOB_ID": "1"})
 
 
 def test_local_context_uses_controller_variables() -> None:
     plan = build(RunConfig(), python="python3")
     ctx = LocalScheduler().node_context(
         plan,
-        {"HPCLAUNCH_JOB_ID": "local77", "HPCLAUNCH_RESTART_COUNT": "2", "HPCLAUNCH_JOB_END_TIME": "123.5"},
+        {"HPCLAUNCH_JOB_ID": "local77", "HPCLAUNCH_RESTART_COUNT": "2", "HPCLAUNCH_JOB_START_TIME": "123.5"},
         now=0.0,
     )
-    assert (ctx.scheduler, ctx.job_id, ctx.restart_count, ctx.end_time) == ("local", "local77", 2, 123.5)
+    assert (ctx.scheduler, ctx.job_id, ctx.restart_count) == ("local", "local77", 2)
+    assert ctx.end_time == 123.5 + plan.time_limit_s
+    foreground = LocalScheduler().node_context(plan, {}, now=0.0)
+    assert foreground.clock is None and foreground.end_time is None  # `hpclaunch train`: no limit
 
 
 def test_multi_node_head_on_loopback_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -140,4 +159,4 @@ def test_the_plans_scheduler_reads_its_own_variables() -> None:
     """Slurm's Torque emulation sets SLURM_* and PBS_* at once: a PBS plan reads the PBS side."""
     environ = {"SLURM_JOB_ID": "26", "SLURM_JOB_NODELIST": "vm", "PBS_JOBID": "26"}
     assert slurm.node_context_from_env(environ, hostnames=hostnames({})).scheduler == "slurm"
-    assert pbs_context(environ, time_limit_s=60, now=0.0).scheduler == "pbs"
+    assert pbs_context(environ).scheduler == "pbs"

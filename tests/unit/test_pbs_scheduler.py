@@ -12,6 +12,7 @@ import pytest
 from hpclaunch.config import load_config
 from hpclaunch.errors import SchedulerError
 from hpclaunch.orchestrator.launch import array_task_id, prepare
+from hpclaunch.rundir.clock import AttemptClock
 from hpclaunch.schedulers import pbs
 from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.schedulers.pbs_json import parse_jobs
@@ -28,9 +29,16 @@ def job(**attrs: Any) -> pbs.pbs_json.PbsJob:
 
 
 def ctx(end_time: float = 1000.0, array_task: int | None = None) -> NodeContext:
-    return NodeContext(
-        "pbs", "39.pbshead", 0, 1, "pbshead", ("pbshead",), end_time=end_time, array_task=array_task
+    clock = AttemptClock.build(
+        start=end_time - 600,
+        limit_s=600,
+        scheduler_end=None,
+        warn_lead_s=60,
+        stop_lead_fixed_s=None,
+        margin_s=10,
+        save_estimate_s=2,
     )
+    return NodeContext("pbs", "39.pbshead", 0, 1, "pbshead", ("pbshead",), clock=clock, array_task=array_task)
 
 
 def plan(*overrides: str) -> Any:

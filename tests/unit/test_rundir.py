@@ -147,10 +147,16 @@ def test_heartbeat_hand_over_and_release(tmp_path: Path) -> None:
     assert lock.read() is None and not any(p.name.startswith(".lock") for p in tmp_path.iterdir())
 
 
-def test_an_unreadable_lock_is_stale(tmp_path: Path) -> None:
+def test_an_unreadable_lock_goes_stale_by_its_age_whatever_the_scheduler_says(tmp_path: Path) -> None:
+    """No heartbeat to trust: the file's modification time stands in for one. It used to be
+    alive forever when a scheduler was asked about its (unparseable) job."""
     paths = RunPaths(tmp_path)
     paths.lock.write_text("{not json")
-    RunLock(paths).acquire(job_id="1", scheduler="local", role="train", is_active=None)
+    with pytest.raises(RunLockedError, match="unreadable lock file"):
+        RunLock(paths).acquire(job_id="1", scheduler="local", role="train", is_active=lambda h: True)
+    old = time.time() - 2 * STALE_AFTER_S
+    os.utime(paths.lock, (old, old))
+    RunLock(paths).acquire(job_id="1", scheduler="local", role="train", is_active=lambda h: True)
     assert json.loads(paths.lock.read_text())["job_id"] == "1"
 
 

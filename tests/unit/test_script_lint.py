@@ -83,12 +83,14 @@ def test_pbs_contradicting_walltime_is_refused() -> None:
         render([*PBS, "scheduler.extra_directives=['#PBS -l walltime=100:00:00']"])
 
 
-def test_walltime_shorter_than_warning_lead_is_refused() -> None:
-    script = "#!/bin/bash\n#SBATCH --ntasks-per-node=1\n#SBATCH --open-mode=append\n#SBATCH --signal=USR2@120\n#SBATCH --time=1\n"
+def test_walltime_shorter_than_the_stop_lead_is_refused() -> None:
+    script = "#!/bin/bash\n#SBATCH --ntasks-per-node=1\n#SBATCH --open-mode=append\n#SBATCH --signal=USR2@12\n#SBATCH --time=1\n"
     plan = build(load_config(None, [*SLURM, "scheduler.time_limit=60s"]), python="python3")
-    plan = plan.model_copy(update={"warn_lead_s": 120})
+    plan = plan.model_copy(update={"save_estimate_s": 40.0})  # 1.5 x 40 + 10 s margin = 70 s > 60 s
     findings = lint_slurm(script, generated_lines=5, plan=plan)
-    assert any(f.severity == "error" and "not longer than the stop lead time" in f.message for f in findings)
+    assert any(
+        f.severity == "error" and "not longer than the stop lead time 70 s" in f.message for f in findings
+    )
 
 
 def test_missing_append_and_batch_signal_are_errors() -> None:

@@ -17,8 +17,9 @@ from tests.unit.tiny_model import tiny_model
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import TrainingError
 from hpclaunch.fsutil import read_jsonl
-from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.rundir.clock import AttemptClock
+from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.entry import main
 from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
@@ -180,7 +181,17 @@ def test_entry_point_reads_attempt_and_deadline_from_the_environment(
 ) -> None:
     run = write_run(tmp_path, data, "train.steps=20")
     monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "job7.1")
-    monkeypatch.setenv("HPCLAUNCH_JOB_END_TIME", str(time.time() - 1))  # already past: stop at once
+    past = AttemptClock.build(  # already past: stop at once
+        start=time.time() - 100,
+        limit_s=99,
+        scheduler_end=None,
+        warn_lead_s=10,
+        stop_lead_fixed_s=None,
+        margin_s=1,
+        save_estimate_s=1,
+    )
+    for name, value in past.to_env().items():
+        monkeypatch.setenv(name, value)
     assert main([str(run)]) == 0
     out = json.loads(RunPaths(run).outcome_file("job7.1").read_text())
     assert {k: out[k] for k in ("status", "cause", "step", "error", "world_size")} == {
@@ -200,8 +211,8 @@ def test_entry_point_stops_on_the_control_file_and_resumes(
     tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run = write_run(tmp_path, data, "train.steps=6")
-    monkeypatch.delenv("HPCLAUNCH_JOB_END_TIME", raising=False)
-    write_stop_request(RunPaths(run).stop_file, "user", by="test")
+    monkeypatch.delenv("HPCLAUNCH_ATTEMPT_CLOCK", raising=False)
+    write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
     monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "first")
     assert main([str(run)]) == 0
     first = json.loads(RunPaths(run).outcome_file("first").read_text())

@@ -8,12 +8,11 @@ Commands that do not train never import torch (checked by a test with ``python -
 
 from __future__ import annotations
 
-import os
 import sys
 
 import typer
 
-from ..errors import HpclaunchError
+from ..errors import HpclaunchError, debug_enabled
 
 app = typer.Typer(
     name="hpclaunch",
@@ -38,10 +37,6 @@ def _register_all() -> None:
         "sample_cmd",
     ):
         __import__(f"{__name__}.{name}", fromlist=["register"]).register(app)
-
-
-def debug_enabled() -> bool:
-    return os.environ.get("HPCLAUNCH_DEBUG", "") not in ("", "0", "false", "no")
 
 
 def report_error(err: HpclaunchError) -> int:

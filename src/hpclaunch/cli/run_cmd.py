@@ -13,6 +13,7 @@ from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, 
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
+from ..rundir.cause import Cause
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .common import JsonOpt, SetOpt, console, err_console, load, print_json
@@ -148,7 +149,7 @@ def _sweep_points(paths: RunPaths) -> list[Path]:
 
 def _scheduler_status(paths: RunPaths) -> Any:
     from ..orchestrator.status import current_job_id
-    from ..schedulers.base import get_scheduler
+    from ..schedulers.registry import get_scheduler
 
     job_id = current_job_id(read_events(paths).events)
     kind = _plan_scheduler(paths)
@@ -184,7 +185,8 @@ def train(
     from ..config import validate_config
     from ..jobs.agent import FOREGROUND_VAR
     from ..orchestrator.launch import scheduler_says_active
-    from ..rundir import RunLock, latest_outcome
+    from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
+    from ..rundir.control import drop_user_stop
     from .live_progress import live_progress
     from .train_checks import refuse_bad_data, refuse_other_model_shape
 
@@ -209,11 +211,17 @@ def train(
         job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
     )
     try:
-        write_run_dir(cfg, prepared.plan, prepared.rendered)
-        Ledger(paths, role="cli").append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
-        os.environ[FOREGROUND_VAR] = "1"
-        with live_progress(paths.metrics, cfg.train.steps):
-            code = _attempts_in_the_foreground(str(paths.root))
+        # The heartbeat tells another host sharing the filesystem that this run is alive.
+        with Heartbeat(lock, holder):
+            write_run_dir(cfg, prepared.plan, prepared.rendered)
+            ledger = Ledger(paths, role="cli")
+            dropped = drop_user_stop(paths) if resume else None
+            if dropped is not None:
+                ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
+            ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
+            os.environ[FOREGROUND_VAR] = "1"
+            with live_progress(paths.metrics, cfg.train.steps):
+                code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
     outcome = latest_outcome(paths)
@@ -252,7 +260,7 @@ def _attempts_in_the_foreground(run_dir: str) -> int:
 
 
 # Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
-_STOP_EXIT = {"user": 3, "timeout": 4, "preemption": 5}
+_STOP_EXIT = {Cause.USER: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
 
 
 def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
@@ -261,7 +269,7 @@ def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
     if outcome.get("status") == "finished":
         return 0
     if outcome.get("status") == "stopped":
-        return _STOP_EXIT.get(str(outcome.get("cause")), 3)
+        return _STOP_EXIT.get(Cause.parse(outcome.get("cause") or Cause.USER), 3)
     return 1
 
 
@@ -359,8 +367,8 @@ def _status_table(data: dict[str, Any]) -> Any:
             _fmt_time(a.get("started")),
             steps,
             str(a.get("checkpoint_step") or "-"),
-            end,
-            a.get("cause") or "",
+            Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
+            Text(a.get("cause") or ""),
         )
     parts: list[Any] = [head, progress, table, *time_parts(data)]
     if stragglers := describe_stragglers(data.get("stragglers")):
@@ -412,17 +420,25 @@ def stop(
 
     Example: hpclaunch stop runs/tiny
     """
-    from ..fsutil import atomic_write_text
-    from ..jobs.stop import write_stop_request
+    from ..orchestrator.status import running_attempt
+    from ..rundir.control import write_user_stop
 
     paths = _run_paths(run)
-    if continue_:
-        atomic_write_text(paths.continue_file, "continue\n")
-    write_stop_request(paths.stop_file, "user", by="hpclaunch stop")
-    Ledger(paths, role="cli").append(
-        STOP_REQUESTED, cause="user", source="hpclaunch stop", continue_=continue_
-    )
-    console.print(f"stop requested for {paths.root}: all ranks will save at the next check", highlight=False)
+    # A sweep's root runs nothing itself: the request goes to every point.
+    points = sweep_roots(paths)
+    targets = [RunPaths(p) for p in points] or [paths]
+    for target in targets:
+        attempt = running_attempt(read_events(target).events)
+        write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
+        Ledger(target, role="cli").append(
+            STOP_REQUESTED,
+            cause=Cause.USER,
+            source="hpclaunch stop",
+            continue_=continue_,
+            attempt_seen=attempt,
+        )
+    what = f"the {len(targets)} points of sweep {paths.root}" if points else str(paths.root)
+    console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)
 
 
 def cancel(run: RunArg) -> None:
@@ -431,7 +447,7 @@ def cancel(run: RunArg) -> None:
     Example: hpclaunch cancel runs/tiny
     """
     from ..orchestrator.status import current_job_id
-    from ..schedulers.base import get_scheduler
+    from ..schedulers.registry import get_scheduler
 
     paths = _run_paths(run)
     job_id = current_job_id(read_events(paths).events)

@@ -1,40 +1,46 @@
-"""The node agent: one per node, started by the scheduler (srun task, mpiexec/pbsdsh, local controller).
+"""The node agent: one per node, started by the scheduler (srun task, mpiexec/pbsdsh, local controller),
+staying for the whole allocation.
 
-It owns everything between the scheduler and torchrun:
-1. reads the plan and its NodeContext (from the scheduler module), records ``started``;
+It owns everything between the scheduler and the ranks:
+1. reads the plan and its NodeContext (from the scheduler module), records ``started``; starts its
+   rank host (``rank_host``: the process that forks this node's ranks, warming up meanwhile);
 2. node 0 first asks whether this attempt may run at all (``decide_start``: a run that had already
    ended is withdrawn) and takes the run-directory lock (a second writer is refused);
 3. runs the node checks; on several nodes node 0 gathers every node's verdict before anyone starts
-   torchrun (``node_checks.StartBarrier``);
-4. starts torchrun with USR1/USR2/TERM/INT ignored (so a scheduler signal can never kill torchrun and
-   orphan the workers) and relays the scheduler's warning / SIGTERM / Ctrl-C to the workers
-   (``jobs.stop_relay``: the cause into the control file, a signal straight to the worker pids, a
-   stop save cut short before the scheduler's kill); its watchdog (``jobs.watchdog``) watches the
-   ranks' progress meanwhile and stops a hung attempt;
-5. afterwards node 0 gathers the facts and calls ``decide``, then carries the decision out through
-   the scheduler Protocol. Other nodes report and exit.
+   (``node_checks.StartBarrier``) and names the roster: the training nodes, a healthy spare in the
+   place of a node that failed its checks, the other spares waiting;
+4. runs one attempt: its rank host rendezvouses and forks the ranks (torch's elastic launcher,
+   c10d), the agent relays the scheduler's warning / SIGTERM / Ctrl-C to them (``stop_relay``) and
+   its watchdog (``watchdog``) stops a hung attempt;
+5. after each attempt one decision (``decide``), made by node 0's agent (or, when node 0 died, by
+   the first live agent: ``allocation``) and published to every agent: in place, the agents of this
+   allocation start the next attempt at once (a spare in a failed node's place); through the
+   scheduler, node 0 carries it out (requeue, continuation job, exclusion) and every agent exits.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import os
 import signal
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..config import RunConfig
 from ..errors import HpclaunchError
+from ..fsutil import retry_transient
 from ..rundir import (
     CANCELLED,
+    FAILED,
     HANG,
     NCCL_PRESET,
     NODE_EXCLUDED,
     NODE_PREFLIGHT,
+    NODE_REPLACED,
     REFUSED,
     STARTED,
     Heartbeat,
@@ -43,38 +49,30 @@ from ..rundir import (
     LockHolder,
     RunLock,
     RunPaths,
-    holder_alive,
     read_config,
-    read_outcome,
     read_plan,
 )
-from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
-from ..schedulers.base import NodeContext, Scheduler, get_scheduler
+from ..rundir.cause import Cause
+from ..rundir.control import take_user_stop
+from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
+from ..rundir.lock import liveness
+from ..rundir.outcome import AttemptOutcome, attempt_outcome
+from ..rundir.plan import rdzv_port_for
+from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
+from ..schedulers.registry import get_scheduler
+from .allocation import REPORT_GRACE_S, Allocation, Roster
 from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
-from .stop import StopCause, read_stop_request
-from .stop_relay import StopRelay, ignored_signals_preexec
-from .watchdog import Verdict, Watchdog, flight_recorder_env, startup_hang
+from .rank_host import LogSink, RankHost
+from .stop_relay import StopRelay
+from .watchdog import Verdict, Watchdog, flight_recorder_env, startup_hang, stop_workers
 
 POLL_S = 0.2
+HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
 FOREGROUND_VAR = (
-    "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep torchrun's own report off the terminal
+    "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep the launcher's own report off the terminal
 )
-
-
-def torchrun_supports(flag: str) -> bool:
-    """Whether the installed torchrun has ``flag`` (read from its source; importing torch is slow)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.origin:
-        return False
-    source = Path(spec.origin).parent / "distributed" / "run.py"
-    try:
-        return flag in source.read_text()
-    except OSError:
-        return False
 
 
 class NodeAgent:
@@ -86,54 +84,85 @@ class NodeAgent:
         self.cfg = cfg
         self.ctx = ctx
         self.scheduler = scheduler
-        self.attempt = ctx.attempt
-        self.ledger = Ledger(paths, role="agent", attempt=self.attempt, node=ctx.node_rank)
+        self.ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=ctx.node_rank)
         self.lock = RunLock(paths)
         self.holder: LockHolder | None = None
         self.relay = StopRelay(paths, plan, ctx, scheduler, self.ledger)
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.alloc = Allocation(paths, ctx.allocation, ctx.hostname, ctx.hosts)
+        self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
+        self.sink = LogSink()
+        self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
+        self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is over
+        self.decider = ctx.is_head  # node 0 decides; another agent only when node 0 is gone
+
+    @property
+    def attempt(self) -> str:
+        return self.ctx.attempt
 
     # ---- main ----------------------------------------------------------------------------------
 
     def run(self) -> int:
         self.relay.install()
-        self.ledger.append(
-            STARTED,
-            scheduler=self.ctx.scheduler,
-            job_id=self.ctx.job_id,
-            restart_count=self.ctx.restart_count,
-            nodes=self.ctx.num_nodes,
-            hosts=list(self.ctx.hosts),
-            world_size=self.plan.world_size,
-            end_time=self.ctx.end_time,
-        )
-        barrier = StartBarrier(self.paths, self.attempt)
-        if self.ctx.is_head:
-            refusal = self._may_run()
-            if refusal is not None:
-                if self.ctx.num_nodes > 1:
-                    barrier.announce(go=False, reason=refusal)
-                return 0
-        verdict = self._node_checks()
-        if self.ctx.num_nodes > 1:
-            barrier.report(verdict)
-            if not self.ctx.is_head:
-                go, reason = barrier.wait_go(timeout_s=3600)
-                if not go:
-                    print(f"hpclaunch: node {self.ctx.hostname} does not start: {reason}", file=sys.stderr)
+        self.alloc.start_beating()
+        beat: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        try:
+            self._record_started()
+            barrier = StartBarrier(self.paths, self.attempt)
+            if self.ctx.is_head:
+                refusal = self._may_run()
+                if refusal is not None:
+                    if self.ctx.num_nodes > 1:
+                        barrier.announce(go=False, reason=refusal)
                     return 0
-            else:
-                verdicts = barrier.gather(self.ctx)
-                barrier.announce(go=verdicts.ok, reason="" if verdicts.ok else "a node failed its checks")
-                if not verdicts.ok:
-                    return self._carry_out(self._decide_after_checks(verdicts))
-        elif not verdict.ok:
-            return self._carry_out(self._decide_after_checks(Verdicts([verdict])))
-        returncode = self._launch(self._torchrun_argv(), self._environment())
+                if self.holder is not None:
+                    beat = Heartbeat(self.lock, self.holder)
+            with beat:
+                self.host = self._start_host()
+                started = self._start(barrier)
+                if started is not None:
+                    return started
+                return self._attempts()
+        finally:
+            self.alloc.stop_beating()
+            if self.host is not None:
+                self.host.close()
+            self.sink.close()
+
+    def _start(self, barrier: StartBarrier) -> int | None:
+        """Node checks and the start barrier: None when this node goes on to the attempts, else
+        the agent's exit code (the attempt does not run)."""
+        verdict = self._node_checks()
+        if self.ctx.num_nodes == 1:
+            return None if verdict.ok else self._carry_out(self._decide_after_checks(Verdicts([verdict])))
+        barrier.report(verdict)
         if not self.ctx.is_head:
-            return 0 if returncode == 0 else 1
-        return self._carry_out(self._decide(returncode))
+            go, reason, named = barrier.wait_go(timeout_s=3600)
+            if not go:
+                print(f"hpclaunch: node {self.ctx.hostname} does not start: {reason}", file=sys.stderr)
+                return 0
+            self.roster = Roster.from_json(named) if named else self.roster
+            return None
+        verdicts = barrier.gather(self.ctx)
+        roster = Roster.initial(self.ctx.hosts, self.plan.nodes, failed=verdicts.failed_nodes)
+        covered = not (set(roster.training) & set(verdicts.failed_nodes))
+        if verdicts.data_error is None and covered:
+            self._record_replacements(Roster.initial(self.ctx.hosts, self.plan.nodes), roster, verdicts)
+            self.roster = roster
+            barrier.announce(go=True, roster=roster.to_json())
+            return None
+        barrier.announce(go=False, reason="a node failed its checks")
+        return self._carry_out(self._decide_after_checks(verdicts))
+
+    def _attempts(self) -> int:
+        """Attempts in this allocation until a decision sends the run through the scheduler."""
+        while True:
+            result = self._run_attempt() if self.ctx.hostname in self.roster.training else {"state": "spare"}
+            self.alloc.report(self.attempt, self.ctx.node_rank, result)
+            decision = self._agree(result)
+            if not decision.get("in_place"):
+                return int(decision.get("exit_code", 0)) if self.decider else 0
+            self._next_in_place(decision)
 
     # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
@@ -148,8 +177,9 @@ class NodeAgent:
         holder = self.lock.read()
         # "" is a submission that has not learned its job id yet: this job, just started.
         ours = holder is None or holder.job_id in ("", self.ctx.job_id)
-        if holder is not None and not ours and holder_alive(holder, is_active=self._active):
-            reason = f"the run directory is held by {holder.describe()}; this attempt does not touch it"
+        live = liveness(holder, is_active=self._active) if holder is not None and not ours else None
+        if holder is not None and live is not None and live.alive:
+            reason = f"the run directory is held by {holder.describe()} ({live.why}); this attempt does not touch it"
             self.ledger.append(REFUSED, reason=reason, holder=holder.job_id)
             print(f"hpclaunch: {reason}", file=sys.stderr, flush=True)
             return reason
@@ -158,11 +188,11 @@ class NodeAgent:
         self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
         return None
 
-    def _active(self, holder: LockHolder) -> bool:
+    def _active(self, holder: LockHolder) -> bool | None:
         try:
-            return get_scheduler(holder.scheduler).status(self.paths, holder.job_id).state.active
+            return get_scheduler(holder.scheduler).status(self.paths, holder.job_id).active
         except (HpclaunchError, ValueError):
-            return True  # cannot ask: assume the other writer is alive
+            return None  # cannot ask: the lock assumes the other writer is alive
 
     # ---- node checks ---------------------------------------------------------------------------
 
@@ -173,17 +203,33 @@ class NodeAgent:
         return verdict
 
     def _decide_after_checks(self, verdicts: Verdicts) -> Decision:
+        user = take_user_stop(self.paths, self.attempt)
         facts = Facts(
             outcome=None,
             failed_nodes=tuple(verdicts.failed_nodes),
             node_problems=verdicts.failed_nodes,
             data_error=verdicts.data_error,
+            user_stop=user is not None,
+            continue_requested=user is not None and user.continue_,
         )
         return self._decision(facts)
 
-    # ---- launch ----------------------------------------------------------------------------------
+    def _record_replacements(self, planned: Roster, roster: Roster, verdicts: Verdicts) -> None:
+        for bad, spare in zip(planned.training, roster.training, strict=True):
+            if bad != spare:
+                why = verdicts.failed_nodes.get(bad, "failed its node check")
+                self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=f"{bad}: {why}")
+
+    # ---- one attempt -----------------------------------------------------------------------------
+
+    def _start_host(self) -> RankHost:
+        quiet = os.environ.get(FOREGROUND_VAR) == "1"
+        return RankHost(
+            self.plan.python, self._environment(), self.paths.root, self.sink, echo_stderr=not quiet
+        )
 
     def _environment(self) -> dict[str, str]:
+        """The rank host's environment, the same for every attempt of this allocation."""
         env = dict(os.environ)
         # The batch script exports these too, but launchers such as pbsdsh start agents with a
         # minimal environment: the plan is the source of truth.
@@ -195,13 +241,19 @@ class NodeAgent:
             iface = interface_of(self.scheduler.node_address(self.ctx.hostname))
             if iface:
                 env["GLOO_SOCKET_IFNAME"] = iface
-        env[ATTEMPT_VAR] = self.attempt
         env[RUN_DIR_VAR] = str(self.paths.root)
         env[JOIN_STDERR_VAR] = "1"
         env[NODE_NAME_VAR] = self.ctx.hostname  # ranks report their node as the scheduler names it
-        if self.ctx.end_time is not None:
-            env[END_TIME_VAR] = f"{self.ctx.end_time:.3f}"
         env.pop("SUBMITIT_EXECUTOR", None)
+        return env
+
+    def _attempt_env(self) -> dict[str, str]:
+        """What only this attempt's ranks see: its key, its clock, where its flight record goes."""
+        env = {ATTEMPT_VAR: self.attempt}
+        if self.ctx.clock is not None:
+            env.update(self.ctx.clock.to_env())
+        if self.plan.backend == "nccl" and self.cfg.nccl.preset != "none":
+            env.update(flight_recorder_env(self.paths, self.attempt))
         return env
 
     def _nccl_env(self) -> dict[str, str]:
@@ -210,112 +262,169 @@ class NodeAgent:
         from ..nccl import nccl_environment
 
         resolved = nccl_environment(self.cfg.nccl)
-        env = dict(resolved.env)
-        if self.cfg.nccl.preset != "none":  # the flight recorder, for the watchdog's evidence
-            env = {**flight_recorder_env(self.paths, self.attempt), **env}
-        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=env)
-        return env
+        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=dict(resolved.env))
+        return dict(resolved.env)
 
-    def _torchrun_argv(self) -> list[str]:
-        head_addr = local_addr = None
-        if self.ctx.num_nodes > 1:
-            head_addr = rendezvous_address(self.ctx, self.scheduler)
-            local_addr = self.scheduler.node_address(self.ctx.hostname)
-        argv = self.plan.torchrun_argv(
-            run_dir=str(self.paths.root),
-            node_rank=self.ctx.node_rank,
-            job_id=self.ctx.job_id,
-            head_addr=head_addr,
-            local_addr=local_addr,
+    def _request(self) -> dict[str, Any]:
+        """This node's part of the attempt, for its rank host (torch's elastic launcher)."""
+        nodes = len(self.roster.training)
+        request: dict[str, Any] = {
+            "run_id": self.attempt,
+            "nnodes": nodes,
+            "nproc": self.plan.torchrun.nproc_per_node,
+            "run_dir": str(self.paths.root),
+            "log_dir": str(self.paths.attempt_logs(self.attempt) / f"elastic-node{self.ctx.node_rank}"),
+            "env": self._attempt_env(),
+        }
+        if nodes > 1:
+            head = self.roster.training[0]
+            port = rdzv_port_for(self.attempt, self.plan.torchrun.rdzv_port)
+            request["rdzv_endpoint"] = f"{rendezvous_address(self.ctx, self.scheduler, head)}:{port}"
+            # Who hosts the c10d store is decided here, not by hostname matching, which fails when
+            # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).
+            request["rdzv_configs"] = {"is_host": self.ctx.hostname == head, "join_timeout": 600}
+            request["local_addr"] = self.scheduler.node_address(self.ctx.hostname)
+        return request
+
+    def _run_attempt(self) -> dict[str, Any]:
+        """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
+        assert self.host is not None
+        self.hang = None
+        if not self.host.alive() or not self.host.wait_ready(HOST_READY_S):
+            self.host.kill()
+            self.host = self._start_host()
+            if not self.host.wait_ready(HOST_READY_S):
+                return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
+        request = self._request()
+        self.sink.switch(
+            self.paths.node_log(self.attempt, self.ctx.node_rank),
+            f"# hpclaunch attempt {self.attempt} node {self.ctx.node_rank} ({self.ctx.hostname}): "
+            f"{json.dumps({k: v for k, v in request.items() if k != 'env'})}\n",
         )
-        extra = []
-        if torchrun_supports("--signals-to-handle"):
-            # torchrun would otherwise catch TERM/INT, kill the workers 30 s later and exit non-zero.
-            extra.append("--signals-to-handle=SIGHUP,SIGQUIT")
-        if torchrun_supports("--shutdown-timeout"):
-            extra.append(f"--shutdown-timeout={self.plan.torchrun.shutdown_timeout_s}")
-        i = argv.index("--module")
-        return argv[:i] + extra + argv[i:]
-
-    def _launch(self, argv: list[str], env: dict[str, str]) -> int:
-        """torchrun until it exits. Workers' output (their stderr joins stdout) goes to the log and
-        the terminal; torchrun's own stderr (its failure report) to the log, and to the terminal
-        only when this is not a foreground ``hpclaunch train``."""
-        log_path = self.paths.node_log(self.attempt, self.ctx.node_rank)
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        beat = Heartbeat(self.lock, self.holder) if self.holder is not None else contextlib.nullcontext()
-        with open(log_path, "ab") as log, beat:
-            header = f"# hpclaunch attempt {self.attempt} node {self.ctx.node_rank} ({self.ctx.hostname}): {' '.join(argv)}\n"
-            log.write(header.encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                argv,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                preexec_fn=ignored_signals_preexec,
-                cwd=str(self.paths.root),
-            )
-            lock = threading.Lock()
-            quiet = os.environ.get(FOREGROUND_VAR) == "1"
-            pumps = [
-                threading.Thread(target=_tee, args=(self.proc.stdout, log, lock, True), daemon=True),
-                threading.Thread(target=_tee, args=(self.proc.stderr, log, lock, not quiet), daemon=True),
-            ]
-            for pump in pumps:
-                pump.start()
-            watchdog = self._watchdog()
-            self.relay.proc = self.proc
-            while self.proc.poll() is None:
-                self.relay.handle_signals()
-                if watchdog is not None and self.hang is None:
-                    self.hang = watchdog.check(self.relay.worker_pids)
-                self.relay.cut_off_if_due(time.time())
-                time.sleep(POLL_S)
+        self.relay.ranks = self.host.rank_pids
+        self.relay.escalate = lambda: stop_workers(self.host.rank_pids()) if self.host else None
+        watchdog = self._watchdog()
+        self.host.begin(request)
+        ended_elsewhere = False
+        while (result := self.host.result()) is None:
             self.relay.handle_signals()
-            for pump in pumps:
-                pump.join(timeout=5)
-        return self.proc.returncode
+            if watchdog is not None and self.hang is None:
+                self.hang = watchdog.check(self.host.rank_pids)
+            self.relay.cut_off_if_due(time.time())
+            if not ended_elsewhere and self.alloc.ended(self.attempt):
+                # Another node's ranks failed: this node's cannot finish the attempt without them.
+                ended_elsewhere = True
+                stop_workers(self.host.rank_pids())
+            time.sleep(POLL_S)
+        self.relay.handle_signals()
+        self.relay.ranks = list
+        if result.get("state") != "succeeded":
+            self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
+        return result
 
     def _watchdog(self) -> Watchdog | None:
         if not self.cfg.watchdog.enabled:
             return None
-        nccl = self.plan.backend == "nccl"
         return Watchdog(
             self.cfg.watchdog,
             self.paths,
             self.ctx,
             world_size=self.plan.world_size,
-            nccl=nccl,
+            nccl=self.plan.backend == "nccl",
             ledger=self.ledger,
             smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
         )
 
-    # ---- decision (node 0) -----------------------------------------------------------------------
+    # ---- after an attempt: one decision for the whole allocation ----------------------------------
+
+    def _agree(self, result: dict[str, Any]) -> dict[str, Any]:
+        """The decision on this attempt, as published: made here when this agent decides, else
+        waited for (and made here after all if the decider's agent is gone)."""
+        while not self.decider:
+            published = self.alloc.decision(self.attempt)
+            if published is not None:
+                return published
+            self.relay.handle_signals()
+            if self.alloc.decider() == self.ctx.hostname:
+                self._take_over()
+                break
+            time.sleep(POLL_S)
+        decision = self._decide(int(result.get("returncode", 1)))
+        return self._publish(decision)
+
+    def _take_over(self) -> None:
+        """Node 0's agent is gone: this one decides from now on (and holds the run's lock)."""
+        self.decider = True
+        print(
+            f"hpclaunch: node {self.ctx.hostname} decides: node 0's agent is gone",
+            file=sys.stderr,
+            flush=True,
+        )
+        with contextlib.suppress(OSError):
+            self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
+
+    def _dead_nodes(self) -> tuple[str, ...]:
+        """Training nodes whose agent is gone: no report of this attempt, and no heartbeat."""
+        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
+        expect = [ranks[h] for h in self.roster.training if h in ranks]
+        deadline = time.time() + REPORT_GRACE_S
+        while True:
+            reports = self.alloc.reports(self.attempt, expect)
+            silent = [self.ctx.hosts[r] for r in expect if r not in reports]
+            dead = tuple(h for h in silent if not self.alloc.alive(h))
+            if len(dead) == len(silent) or time.time() >= deadline:
+                return tuple(silent) if time.time() >= deadline else dead
+            self.relay.handle_signals()
+            time.sleep(POLL_S)
 
     def _decide(self, returncode: int) -> Decision:
+        dead = self._dead_nodes() if len(self.roster.training) > 1 or not self.ctx.is_head else ()
         events = self.ledger.events()
         cancelled = self.relay.cancelled or any(
             e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
         )
-        outcome = read_outcome(self.paths, self.attempt)
+        outcome, read_error = self._read_outcome()
+        self.outcome = outcome
         if self.hang is None:  # the smoke test may have named ranks that never reached it
             self.hang = startup_hang(
                 self.paths, self.attempt, outcome, window_s=self.cfg.preflight.smoke_timeout_s
             )
             if self.hang is not None:
                 self.ledger.append(HANG, **self.hang.ledger_fields())
+        # Taken now (atomically): a request written after this moment is the next attempt's.
+        user = take_user_stop(self.paths, self.attempt)
         facts = Facts(
             outcome=outcome,
             returncode=returncode,
             cancelled=cancelled,
-            continue_requested=self.paths.continue_file.exists(),
+            user_stop=user is not None,
+            continue_requested=user is not None and user.continue_,
             hang=self.hang.reason if self.hang is not None else None,
             hang_node=self.hang.culprit_node if self.hang is not None else None,
-            user_stop=read_stop_request(self.paths.stop_file) == StopCause.USER,
             interrupted=self.relay.interrupted,
+            read_error=read_error,
+            dead_nodes=dead,
+            spares=tuple(h for h in self.roster.spares if self.alloc.alive(h)),
+            in_place_ok=self._in_place_ok(),
         )
         return self._decision(facts, events)
+
+    def _in_place_ok(self) -> bool:
+        """The allocation can carry another attempt: no stop under way, and time for a start-up and
+        a stop save before the end (else the next attempt goes through the scheduler)."""
+        if self.relay.stop_cause is not None or self.relay.cancelled:
+            return False
+        if self.ctx.end_time is None:
+            return True
+        return self.ctx.end_time - time.time() > max(60.0, 2 * self.plan.planned_stop_lead_s)
+
+    def _read_outcome(self) -> tuple[AttemptOutcome | None, str | None]:
+        """The trainer's outcome, read again while the filesystem says "not now" (EIO, ESTALE): a
+        shared filesystem's hiccup must not make a finished run look like a crash."""
+        try:
+            return retry_transient(lambda: attempt_outcome(self.paths, self.attempt)), None
+        except OSError as e:
+            return None, f"{self.paths.outcome_file(self.attempt)}: {e.strerror or e}"
 
     def _started_at(self, events: list[dict[str, Any]]) -> float:
         for e in events:
@@ -325,17 +434,66 @@ class NodeAgent:
 
     def _decision(self, facts: Facts, events: list[dict[str, Any]] | None = None) -> Decision:
         history = History.from_events(events if events is not None else self.ledger.events())
-        budgets = Budgets(
-            max_requeues=self.plan.max_requeues,
-            max_failure_retries=self.plan.max_failure_retries,
-            max_node_excludes=self.cfg.preflight.max_node_excludes,
-            max_hang_retries=self.cfg.scheduler.max_hang_retries,
+        return decide(
+            facts, history, Budgets.from_plan(self.plan), can_exclude_nodes=self.scheduler.can_exclude_nodes
         )
-        return decide(facts, history, budgets, can_exclude_nodes=self.scheduler.can_exclude_nodes)
+
+    def _publish(self, decision: Decision) -> dict[str, Any]:
+        """Record the decision and tell every agent of the allocation (exactly one decision per
+        attempt: a second decider's ``publish`` fails and it follows the first)."""
+        record: dict[str, Any] = {
+            "attempt": self.attempt,
+            "action": decision.action.value,
+            "cause": decision.cause.value if decision.cause else None,
+            "in_place": decision.in_place,
+            "by": self.ctx.hostname,
+        }
+        if decision.in_place:
+            record["next"] = f"{self.ctx.allocation}.{self.ctx.in_place + 1}"
+            record["roster"] = self.roster.replaced(decision.replace).to_json()
+        if not self.alloc.publish(self.attempt, record):
+            other = self.alloc.decision(self.attempt)
+            if other is not None:
+                return other
+        if decision.in_place:
+            for bad, spare in decision.replace:
+                self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=decision.reason)
+            self._record(decision, next_attempt=record["next"], roster=record["roster"])
+            return record
+        return {**record, "exit_code": self._carry_out(decision)}
+
+    def _next_in_place(self, record: dict[str, Any]) -> None:
+        """The next attempt of this allocation, on the roster the decision named."""
+        self.roster = Roster.from_json(record["roster"])
+        clock = self.ctx.clock
+        if clock is not None:  # the same end; this attempt's own start (what the accounting counts)
+            clock = dataclasses.replace(clock, start=time.time())
+        self.ctx = dataclasses.replace(self.ctx, in_place=self.ctx.in_place + 1, clock=clock)
+        self.ledger = Ledger(self.paths, role="agent", attempt=self.attempt, node=self.ctx.node_rank)
+        self.relay.ledger = self.ledger
+        self.relay.next_attempt(self.attempt)
+        self.relay.ctx = self.ctx
+        self.hang = self.outcome = None
+        self._record_started(previous=record["attempt"])
+
+    def _record_started(self, previous: str | None = None) -> None:
+        fields: dict[str, Any] = {
+            "scheduler": self.ctx.scheduler,
+            "job_id": self.ctx.job_id,
+            "restart_count": self.ctx.restart_count,
+            "nodes": self.ctx.num_nodes,
+            "hosts": list(self.ctx.hosts),
+            "world_size": self.plan.world_size,
+            "end_time": self.ctx.end_time,
+            "clock": self.ctx.clock.to_json() if self.ctx.clock is not None else None,
+        }
+        if previous is not None:
+            fields.update(in_place=True, previous=previous, roster=self.roster.to_json())
+        self.ledger.append(STARTED, **fields)
 
     def _carry_out(self, decision: Decision) -> int:
         """Do what ``decision`` says through the scheduler; record it; the agent's exit code."""
-        self._consume_stop_request(decision)
+        decision = self._unless_cancelled_meanwhile(decision)
         code = 0
         job_id = None
         by = "agent"
@@ -350,6 +508,13 @@ class NodeAgent:
             elif decision.action is Action.FAIL:
                 code = 1
         except HpclaunchError as e:
+            # A scancel that lands while the requeue is asked for makes the requeue fail: it was a
+            # cancellation, not a failure to continue.
+            late = self._unless_cancelled_meanwhile(decision)
+            if late is not decision:
+                self._record(late)
+                self._release_lock(None)
+                return 0
             failed = Decision(
                 Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
             )
@@ -361,7 +526,13 @@ class NodeAgent:
         return code
 
     def _record(
-        self, decision: Decision, *, job_id: str | None = None, by: str = "agent", note: str = ""
+        self,
+        decision: Decision,
+        *,
+        job_id: str | None = None,
+        by: str = "agent",
+        note: str = "",
+        **extra: Any,
     ) -> None:
         fields: dict[str, Any] = {
             "cause": decision.cause,
@@ -370,28 +541,37 @@ class NodeAgent:
         }
         if decision.action is Action.FAIL:
             fields["error"] = decision.reason
+        if self.outcome is not None and self.outcome.step is not None:
+            fields["step"] = self.outcome.step  # the step the attempt reached (finished: the last)
         if job_id is not None:
             fields["job_id"] = job_id
         if decision.action in (Action.CONTINUE, Action.EXCLUDE):
             fields["by"] = by
+            fields["in_place"] = decision.in_place
+            if decision.counts_as:
+                fields["counts_as"] = decision.counts_as
         if decision.exclude:
             fields["exclude"] = list(decision.exclude)
+        if decision.replace:
+            fields["replaced"] = dict(decision.replace)
         if note:
             fields["note"] = note
         if (
             self.ctx.scheduler != "slurm"
-            and decision.cause == "node_failure"
+            and decision.cause is Cause.NODE_FAILURE
             and decision.action is Action.FAIL
         ):
             fields["note"] = f"{self.ctx.scheduler} cannot keep a continuation off a node"
         if (
-            decision.cause == "hang"
+            decision.cause is Cause.HANG
             and decision.action is Action.CONTINUE
+            and not decision.in_place
             and not self.scheduler.can_exclude_nodes
         ):
             fields["note"] = (
                 f"{self.ctx.scheduler} cannot keep a continuation off a node: it may run where it hung"
             )
+        fields.update(extra)
         self.ledger.append(decision.event, **fields)
         print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
 
@@ -405,28 +585,24 @@ class NodeAgent:
             else:
                 self.lock.release(self.holder)
 
-    def _consume_stop_request(self, decision: Decision) -> None:
-        """A stop request applies to the attempt that saw it; the next attempt starts clean."""
-        stop = self.paths.stop_file
-        if stop.exists():
-            stop.rename(stop.with_name(f"stop.handled.{self.attempt}"))
-        if decision.cause == "user":
-            self.paths.continue_file.unlink(missing_ok=True)
-
-
-def _tee(source: BinaryIO | None, log: BinaryIO, lock: threading.Lock, echo: bool) -> None:
-    if source is None:
-        return
-    for line in iter(source.readline, b""):
-        with lock:
-            log.write(line)
-            log.flush()
-        if echo:
-            try:
-                sys.stdout.buffer.write(line)
-                sys.stdout.flush()
-            except (AttributeError, ValueError, OSError):
-                pass
+    def _unless_cancelled_meanwhile(self, decision: Decision) -> Decision:
+        """A cancellation (scancel, qdel) that arrives after the attempt ended but before its
+        continuation is asked for is still a cancellation: the SIGTERM that says so is read again
+        here, and so is the ledger (``hpclaunch cancel``), right before the scheduler is asked."""
+        if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
+            return decision
+        if self.cfg.testing.pause_before_continue_s:
+            time.sleep(self.cfg.testing.pause_before_continue_s)
+        self.relay.handle_signals()
+        events = self.ledger.events()
+        started = self._started_at(events)
+        if self.relay.cancelled or any(
+            e.get("event") == CANCELLED and (e.get("ts") or 0) >= started for e in events
+        ):
+            return Decision(
+                Action.END, Cause.CANCELLED, "cancelled before it could continue; never continued"
+            )
+        return decision
 
 
 def agent_main(run_dir: str) -> int:
@@ -450,7 +626,7 @@ def agent_main(run_dir: str) -> int:
         ledger = Ledger(paths, role="agent", node=node)
         # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
         if node == 0:
-            ledger.append("failed", cause="crash", error=e.one_line(), reason=e.one_line())
+            ledger.append(FAILED, cause=Cause.CRASH, error=e.one_line(), reason=e.one_line())
         else:
             ledger.append("agent_error", error=e.one_line())
         print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)

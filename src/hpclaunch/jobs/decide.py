@@ -10,6 +10,18 @@ started although the run had already ended (a preempted job requeued by Slurm af
 A hang (the watchdog's verdict) is its own cause: continued from the last checkpoint within
 ``max_hang_retries``, on SLURM without the node the evidence names; never counted as a crash.
 
+Where a continuation happens is part of the decision. In place (``Decision.in_place``): the agents
+of this allocation start the next attempt themselves, from the last checkpoint, with no new job and
+no trip through the queue, when the cause does not need a new allocation (a crash, a hang, a node
+that a hot spare can replace) and the allocation has time left (``Facts.in_place_ok``). Through the
+scheduler otherwise: a time limit, a preemption or a user's continue (the allocation is ending), or
+a failed node with no spare left (SLURM excludes it, PBS Pro names healthy hosts).
+
+The user's intent wins over everything that would continue the run: a ``hpclaunch stop`` (without
+``--continue``) ends the run after the attempt, whatever else ended it (a scheduler warning that
+came in the same attempt, a crash or a hang before the save). Only a cancellation, a finish and
+the run's own failures say more.
+
 Every case is a row of ``tests/unit/test_decide.py``.
 """
 
@@ -18,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..rundir import (
     CANCELLED,
@@ -27,12 +39,17 @@ from ..rundir import (
     FINISHED,
     HELD,
     NODE_EXCLUDED,
+    NODE_REPLACED,
     REQUEUED,
     RUN_ENDS,
     SUBMITTED,
+    SUBMITTING,
     AttemptOutcome,
 )
-from ..rundir.outcome import STOP_CAUSES
+from ..rundir.cause import Cause, UnknownCause
+
+if TYPE_CHECKING:
+    from ..rundir import JobPlan
 
 
 class Action(str, Enum):
@@ -51,16 +68,24 @@ class Facts:
     outcome: AttemptOutcome | None  # None: the trainer left none (a crash)
     returncode: int = 0  # torchrun's
     cancelled: bool = False  # scancel/qdel/`hpclaunch cancel` (scheduler's answer or ledger event)
-    continue_requested: bool = False  # `hpclaunch stop --continue`
+    user_stop: bool = False  # the user's `hpclaunch stop` was pending when the attempt ended
+    continue_requested: bool = False  # ... with --continue
     failed_nodes: tuple[str, ...] = ()  # nodes whose node checks failed (any node, head included)
     node_problems: Mapping[str, str] = field(default_factory=dict)  # node -> what failed there
     data_error: str | None = None  # the data check failed everywhere it ran: the data, not a node
     hang: str | None = None  # the watchdog's verdict in words (phase, step, culprit); None: no hang
     hang_node: str | None = None  # the one node the hang's evidence names, if it names one
-    user_stop: bool = False  # `hpclaunch stop` was asked for (a hung attempt could not honour it)
     # The stop the agent was relaying (timeout/preemption) when it had to end the attempt before
     # the scheduler's kill: the trainer never finished its stop save (or never began training).
-    interrupted: str | None = None
+    interrupted: Cause | None = None
+    # The run directory could not be read while deciding (the outcome file: EIO, ESTALE): the
+    # attempt is treated as a filesystem failure, retried like a crash.
+    read_error: str | None = None
+    dead_nodes: tuple[str, ...] = ()  # training nodes whose agent is gone (no report, no heartbeat)
+    spares: tuple[str, ...] = ()  # healthy hot spares waiting in this allocation, in order
+    # The allocation can carry another attempt (no stop pending, time left): a continuation that
+    # needs no new allocation happens in place.
+    in_place_ok: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,37 +93,49 @@ class History:
     """Budgets already spent by this run, counted from the ledger since its latest submission."""
 
     requeues: int = 0  # timeout, preemption, user continue
-    crash_retries: int = 0
+    crash_retries: int = 0  # crash, filesystem
     hang_retries: int = 0
-    node_excludes: int = 0
+    node_excludes: int = 0  # nodes kept off: excluded by a new job, or replaced by a spare in place
     excluded: tuple[str, ...] = ()  # nodes earlier decisions kept the run off
     ended: str | None = None  # the run already ended (finished/failed/...): the event name
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
-        requeues = crash = hang = excludes = 0
+        spent = {"requeue": 0, "crash": 0, "hang": 0}
+        excludes = 0
         excluded: list[str] = []
         ended: str | None = None
         for e in events:
             kind = e.get("event")
-            if kind == SUBMITTED and not e.get("resume"):
-                requeues = crash = hang = excludes = 0
-                excluded, ended = [], None
-            elif kind == SUBMITTED:
+            # `submitting` is written before the scheduler is asked, `submitted` once it answered:
+            # an attempt may start in between, and must already see the run started again.
+            if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+                spent = {"requeue": 0, "crash": 0, "hang": 0}
+                excludes, excluded, ended = 0, [], None
+            elif kind in (SUBMITTING, SUBMITTED):
                 ended = None  # `submit --resume` starts the run again; budgets carry on
             elif kind == REQUEUED:
-                if e.get("cause") in STOP_CAUSES:
-                    requeues += 1
-                elif e.get("cause") == "crash":
-                    crash += 1
-                elif e.get("cause") == "hang":
-                    hang += 1
-            elif kind == NODE_EXCLUDED:
+                budget = _budget_of(e)
+                if budget in spent:
+                    spent[budget] += 1
+            elif kind in (NODE_EXCLUDED, NODE_REPLACED):
                 excludes += 1
                 excluded += [str(n) for n in e.get("nodes") or [e.get("excluded")] if n]
             elif kind in RUN_ENDS:
                 ended = str(kind)
-        return cls(requeues, crash, hang, excludes, tuple(dict.fromkeys(excluded)), ended)
+        return cls(
+            spent["requeue"], spent["crash"], spent["hang"], excludes, tuple(dict.fromkeys(excluded)), ended
+        )
+
+
+def _budget_of(event: Mapping[str, Any]) -> str | None:
+    """The budget a recorded continuation spent (a cause this version does not know spends none:
+    it cannot be counted against a budget nobody defined)."""
+    try:
+        cause = Cause.parse_optional(event.get("cause"))
+    except UnknownCause:
+        return None
+    return cause.budget if cause is not None else None
 
 
 @dataclass(frozen=True)
@@ -108,14 +145,26 @@ class Budgets:
     max_node_excludes: int
     max_hang_retries: int = 3
 
+    @classmethod
+    def from_plan(cls, plan: JobPlan) -> Budgets:
+        """Every budget comes from the plan (one place, written at submission)."""
+        return cls(
+            max_requeues=plan.max_requeues,
+            max_failure_retries=plan.max_failure_retries,
+            max_node_excludes=plan.max_node_excludes,
+            max_hang_retries=plan.max_hang_retries,
+        )
+
 
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    cause: str | None  # finished -> None; else the cause kept all the way to `status`
+    cause: Cause | None  # finished -> None; else the cause kept all the way to `status`
     reason: str  # one line, the user's words
     exclude: tuple[str, ...] = ()
     counts_as: str | None = None  # the budget this continuation spends: requeue | crash | hang | node
+    in_place: bool = False  # CONTINUE: the agents of this allocation start the next attempt
+    replace: tuple[tuple[str, str], ...] = ()  # in place: (failed node, the spare taking its place)
 
     @property
     def event(self) -> str:
@@ -124,7 +173,7 @@ class Decision:
             Action.FINISH: FINISHED,
             Action.CONTINUE: REQUEUED,
             Action.EXCLUDE: REQUEUED,
-            Action.END: CANCELLED if self.cause == "cancelled" else ENDED,
+            Action.END: CANCELLED if self.cause is Cause.CANCELLED else ENDED,
             Action.FAIL: FAILED,
             Action.WITHDRAW: HELD,
         }[self.action]
@@ -133,46 +182,60 @@ class Decision:
 def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_nodes: bool) -> Decision:
     """The one decision after an attempt (see the module docstring)."""
     if facts.data_error is not None:
-        return Decision(Action.FAIL, "data", f"bad training data: {facts.data_error}")
-    if facts.failed_nodes:
-        return _node_failure(facts, history, budgets, can_exclude_nodes)
-    if facts.cancelled:
-        step = facts.outcome.step if facts.outcome is not None else None
-        saved = f" after step {step}" if step is not None and facts.outcome.status == "stopped" else ""  # type: ignore[union-attr]
-        return Decision(Action.END, "cancelled", f"cancelled{saved}; never continued")
+        return Decision(Action.FAIL, Cause.DATA, f"bad training data: {facts.data_error}")
     out = facts.outcome
-    if facts.hang is not None and (out is None or out.status != "finished"):
+    if facts.cancelled:
+        saved = f" after step {out.step}" if out is not None and out.status == "stopped" else ""
+        return Decision(Action.END, Cause.CANCELLED, f"cancelled{saved}; never continued")
+    if out is not None and out.status == "finished":
+        return Decision(Action.FINISH, None, f"finished at step {out.step}")
+    if out is not None and out.status == "failed" and out.cause is not None and out.cause.is_own_failure:
+        # The run's own verdict (non-finite steps, incompatible checkpoint, bad data): the same code
+        # on the same data would fail again, so it is never retried.
+        return Decision(Action.FAIL, out.cause, out.error or "the trainer failed")
+    if facts.user_stop and not facts.continue_requested:
+        return _user_end(facts)
+    if facts.failed_nodes or facts.dead_nodes:
+        return _node_failure(facts, history, budgets, can_exclude_nodes)
+    if facts.hang is not None:
         return _hang(facts, history, budgets, can_exclude_nodes)
-    if out is None and facts.interrupted in STOP_CAUSES:
+    if out is None and facts.interrupted is not None:
         return _within(
-            str(facts.interrupted),
+            facts.interrupted,
             f"the {facts.interrupted} came before the attempt could save; it resumes from its last checkpoint",
             used=history.requeues,
             budget=budgets.max_requeues,
             what="requeues",
         )
-    if out is None or (out.status == "failed" and out.cause == "crash"):
+    if facts.read_error is not None and out is None:
+        return _within(
+            Cause.FILESYSTEM,
+            f"the attempt's outcome could not be read: {facts.read_error}",
+            used=history.crash_retries,
+            budget=budgets.max_failure_retries,
+            what="failure retries",
+            in_place=facts.in_place_ok,
+        )
+    if out is None or out.status == "failed":
+        cause = Cause.CRASH if out is None or out.cause is None else out.cause
         error = (out.error if out is not None else None) or (
             f"torchrun exited with {facts.returncode} and the trainer left no outcome"
         )
+        if cause is Cause.HANG:
+            hung = Facts(out, hang=error, in_place_ok=facts.in_place_ok)
+            return _hang(hung, history, budgets, can_exclude_nodes)
         return _within(
-            "crash",
+            cause,
             error,
             used=history.crash_retries,
             budget=budgets.max_failure_retries,
             what="failure retries",
+            in_place=facts.in_place_ok,
         )
-    if out.status == "finished":
-        return Decision(Action.FINISH, None, f"finished at step {out.step}")
-    if out.status == "failed":
-        # The run's own verdict (non-finite steps, incompatible checkpoint, bad data): the same code
-        # on the same data would fail again, so it is never retried.
-        cause = out.cause if out.cause in ("data", "training") else "training"
-        return Decision(Action.FAIL, cause, out.error or "the trainer failed")
-    cause = out.cause or "user"
-    if cause == "user" and not facts.continue_requested:
+    cause = out.cause or Cause.USER
+    if cause is Cause.USER and not facts.continue_requested:
         return Decision(
-            Action.END, "user", f"stopped by the user after step {out.step}; resume with submit --resume"
+            Action.END, Cause.USER, f"stopped by the user after step {out.step}; resume with submit --resume"
         )
     return _within(
         cause,
@@ -183,56 +246,113 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
     )
 
 
-def _within(cause: str, reason: str, *, used: int, budget: int, what: str) -> Decision:
+def _user_end(facts: Facts) -> Decision:
+    """``hpclaunch stop`` was pending: the run ends here whatever else ended the attempt."""
+    out = facts.outcome
+    if out is not None and out.status == "stopped":
+        why = (
+            ""
+            if out.cause is Cause.USER
+            else f" (the attempt also heard: {out.cause.words if out.cause else '?'})"
+        )
+        return Decision(
+            Action.END,
+            Cause.USER,
+            f"stopped by the user after step {out.step}{why}; resume with submit --resume",
+        )
+    ended = facts.hang or (out.error if out is not None and out.error else None)
+    ended = ended or (f"the {facts.interrupted} came before the save" if facts.interrupted else None)
+    ended = ended or "the attempt ended before it could save"
+    return Decision(
+        Action.END,
+        Cause.USER,
+        f"{ended}; stopped by the user: resume with submit --resume (from the last checkpoint)",
+    )
+
+
+def _within(
+    cause: Cause, reason: str, *, used: int, budget: int, what: str, in_place: bool = False
+) -> Decision:
     if used >= budget:
         return Decision(Action.FAIL, cause, f"{reason}; {used} {what} used of {budget}")
-    counts = "crash" if cause == "crash" else "requeue"
-    return Decision(Action.CONTINUE, cause, reason, counts_as=counts)
+    if in_place:
+        reason = f"{reason}; restarting in place ({used + 1} of {budget} {what})"
+    return Decision(Action.CONTINUE, cause, reason, counts_as=cause.budget, in_place=in_place)
 
 
 def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -> Decision:
     """A hang: the workers were stopped without a save, so the run continues from its last
     checkpoint, within its own budget; off the hung node where the scheduler can say so."""
     what = facts.hang or "a rank stopped making progress"
-    if facts.user_stop and not facts.continue_requested:
-        return Decision(Action.END, "hang", f"{what}; stopped by the user: resume with submit --resume")
     if history.hang_retries >= budgets.max_hang_retries:
         return Decision(
             Action.FAIL,
-            "hang",
+            Cause.HANG,
             f"{what}; {history.hang_retries} hang retries used of {budgets.max_hang_retries}",
         )
     node = facts.hang_node
+    if node is not None and facts.spares and facts.in_place_ok:
+        spare = facts.spares[0]
+        return Decision(
+            Action.CONTINUE,
+            Cause.HANG,
+            f"{what}; restarting in place from the last checkpoint, {spare} taking the place of {node}",
+            counts_as="hang",
+            in_place=True,
+            replace=((node, spare),),
+        )
     if node is not None and can_exclude:
         return Decision(
             Action.EXCLUDE,
-            "hang",
+            Cause.HANG,
             f"{what}; continuing from the last checkpoint without {node}",
             exclude=tuple(sorted({*history.excluded, node})),
             counts_as="hang",
         )
-    return Decision(Action.CONTINUE, "hang", f"{what}; continuing from the last checkpoint", counts_as="hang")
+    if facts.in_place_ok:
+        return Decision(
+            Action.CONTINUE,
+            Cause.HANG,
+            f"{what}; restarting in place from the last checkpoint",
+            counts_as="hang",
+            in_place=True,
+        )
+    return Decision(
+        Action.CONTINUE, Cause.HANG, f"{what}; continuing from the last checkpoint", counts_as="hang"
+    )
 
 
 def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -> Decision:
-    nodes = tuple(sorted(set(facts.failed_nodes)))
-    what = "; ".join(f"{n}: {facts.node_problems.get(n, 'failed its node check')}" for n in nodes)
-    if not can_exclude:
-        return Decision(
-            Action.FAIL,
-            "node_failure",
-            f"{what}; this scheduler cannot keep a continuation off a node, so the run stops here "
-            "(fix or drain the node, then submit --resume)",
-        )
+    nodes = tuple(sorted({*facts.failed_nodes, *facts.dead_nodes}))
+    problems = {n: "its agent and ranks are gone" for n in facts.dead_nodes} | dict(facts.node_problems)
+    what = "; ".join(f"{n}: {problems.get(n, 'failed its node check')}" for n in nodes)
     if history.node_excludes >= budgets.max_node_excludes:
         return Decision(
             Action.FAIL,
-            "node_failure",
+            Cause.NODE_FAILURE,
             f"{what}; {history.node_excludes} node exclusions used of {budgets.max_node_excludes}",
+        )
+    if facts.in_place_ok and len(facts.spares) >= len(nodes):
+        pairs = tuple(zip(nodes, facts.spares, strict=False))
+        took = ", ".join(f"{spare} taking the place of {node}" for node, spare in pairs)
+        return Decision(
+            Action.CONTINUE,
+            Cause.NODE_FAILURE,
+            f"{what}; restarting in place, {took}",
+            counts_as="node",
+            in_place=True,
+            replace=pairs,
+        )
+    if not can_exclude:
+        return Decision(
+            Action.FAIL,
+            Cause.NODE_FAILURE,
+            f"{what}; this scheduler cannot keep a continuation off a node, so the run stops here "
+            "(fix or drain the node, then submit --resume)",
         )
     return Decision(
         Action.EXCLUDE,
-        "node_failure",
+        Cause.NODE_FAILURE,
         f"{what}; continuing without {', '.join(nodes)}",
         exclude=tuple(sorted({*history.excluded, *nodes})),
         counts_as="node",

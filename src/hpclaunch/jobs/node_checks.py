@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
@@ -131,18 +132,19 @@ class StartBarrier:
         ]
         return Verdicts(nodes)
 
-    def announce(self, *, go: bool, reason: str = "") -> None:
-        atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason})
+    def announce(self, *, go: bool, reason: str = "", roster: dict[str, Any] | None = None) -> None:
+        """Node 0's word to every node: go or not, and who trains (the roster) when it goes."""
+        atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
 
-    def wait_go(self, *, timeout_s: float) -> tuple[bool, str]:
+    def wait_go(self, *, timeout_s: float) -> tuple[bool, str, dict[str, Any] | None]:
         """The other nodes: node 0's word; silence for ``timeout_s`` is a stop."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                 data = json.loads((self.dir / "go.json").read_text())
-                return bool(data.get("go")), str(data.get("reason") or "")
+                return bool(data.get("go")), str(data.get("reason") or ""), data.get("roster")
             time.sleep(POLL_S)
-        return False, f"node 0 gave no word within {timeout_s:.0f} s"
+        return False, f"node 0 gave no word within {timeout_s:.0f} s", None
 
     def _read(self, rank: int) -> NodeVerdict | None:
         try:

@@ -4,7 +4,8 @@ The agent starts torchrun with USR1/USR2/TERM/INT ignored, so a scheduler signal
 torchrun and orphan the workers. Signals reach the agent's ``SignalInbox`` instead (handlers only
 record them); the agent's loop hands them to ``StopRelay.handle_signals``, which asks the scheduler
 what a SIGTERM is (its time limit, a requeue/preemption or a cancellation), writes the cause into
-the control file (authoritative) and signals the worker pids straight away.
+this attempt's relay request (``rundir.control``: authoritative, and never the user's request)
+and signals the worker pids straight away.
 
 After the scheduler's SIGTERM its SIGKILL follows (SLURM's KillWait, PBS's kill_delay): when the
 workers have not finished their stop save shortly before it, node 0 ends them itself
@@ -17,13 +18,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
+from collections.abc import Callable
 from types import FrameType
 
 from ..rundir import STOP_OVERDUE, STOP_REQUESTED, JobPlan, Ledger, RunPaths
+from ..rundir.cause import STOP_CODES, Cause
+from ..rundir.control import write_relay_stop
 from ..schedulers.base import NodeContext, Scheduler
-from .stop import StopCause, read_stop_request, write_stop_request
 
 CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 
@@ -66,32 +68,43 @@ class StopRelay:
         self.scheduler = scheduler
         self.ledger = ledger
         self.inbox = SignalInbox()
-        self.proc: subprocess.Popen[bytes] | None = None  # torchrun, once started
-        self.stop_cause: StopCause = StopCause.NONE
+        # The ranks of the running attempt (the rank host's forkserver children), and how to end
+        # them all at once on a second Ctrl-C; set by the agent while an attempt runs.
+        self.ranks: Callable[[], list[int]] = list
+        self.escalate: Callable[[], None] | None = None
+        self.attempt = ctx.attempt  # the attempt whose ranks the relay speaks to
+        self.stop_cause: Cause | None = None
         self.cancelled = False
         self.cut_off_at: float | None = None
-        self.interrupted: str | None = None
+        self.interrupted: Cause | None = None
 
     def install(self) -> None:
         self.inbox.install()
+
+    def next_attempt(self, attempt: str) -> None:
+        """A new attempt in the same allocation: what was relayed belonged to the last one. A
+        cancellation stays: the job itself is going away."""
+        self.attempt, self.stop_cause, self.cut_off_at, self.interrupted = attempt, None, None, None
 
     def handle_signals(self) -> None:
         for signum, at in self.inbox.take():
             if signum == signal.SIGCONT:
                 continue  # SLURM sends CONT before TERM/USR*; nothing to do
             cause, relay = self._classify(signum, at)
-            if cause == StopCause.NONE:
+            if cause is None:
                 continue
-            first = self.stop_cause == StopCause.NONE
-            self.stop_cause = max(self.stop_cause, cause)
-            if self.ctx.is_head or read_stop_request(self.paths.stop_file) == StopCause.NONE:
-                write_stop_request(
-                    self.paths.stop_file, self.stop_cause, by=f"agent:{signal.Signals(signum).name}"
+            current = self.stop_cause
+            first = current is None
+            strongest = cause if current is None or STOP_CODES[cause] > STOP_CODES[current] else current
+            self.stop_cause = strongest
+            if strongest is not Cause.USER:  # Ctrl-C: the ranks see SIGINT themselves
+                write_relay_stop(
+                    self.paths, self.attempt, strongest, by=f"agent:{signal.Signals(signum).name}"
                 )
             if first or signum == signal.SIGTERM:
                 self.ledger.append(
                     STOP_REQUESTED,
-                    cause="cancelled" if self.cancelled else self.stop_cause.label,
+                    cause=Cause.CANCELLED if self.cancelled else strongest,
                     source=signal.Signals(signum).name,
                 )
             self._signal_workers(relay)
@@ -104,7 +117,7 @@ class StopRelay:
 
     def _cut_short(self) -> None:
         """The scheduler's kill is seconds away and the workers are still at it: end them now."""
-        self.interrupted = "preemption" if self.stop_cause == StopCause.PREEMPTION else "timeout"
+        self.interrupted = Cause.PREEMPTION if self.stop_cause is Cause.PREEMPTION else Cause.TIMEOUT
         self.ledger.append(
             STOP_OVERDUE,
             cause=self.interrupted,
@@ -114,35 +127,28 @@ class StopRelay:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
-    def _classify(self, signum: int, at: float) -> tuple[StopCause, int]:
+    def _classify(self, signum: int, at: float) -> tuple[Cause | None, int]:
         if signum in (signal.SIGUSR1, signal.SIGUSR2):
-            return StopCause.TIMEOUT, signal.SIGUSR1
+            return Cause.TIMEOUT, signal.SIGUSR1
         if signum == signal.SIGINT:
-            return StopCause.USER, signal.SIGINT
+            return Cause.USER, signal.SIGINT
         if signum == signal.SIGTERM:
             # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
             # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
             what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
             if self.cut_off_at is None and self.ctx.is_head:
                 self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
-            if what == "cancelled":
+            if what is Cause.CANCELLED:
                 self.cancelled = True
-                return StopCause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
-            if what == "timeout":
-                return StopCause.TIMEOUT, signal.SIGUSR1
-            return StopCause.PREEMPTION, signal.SIGTERM
-        return StopCause.NONE, 0
+                return Cause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue
+            if what is Cause.TIMEOUT:
+                return Cause.TIMEOUT, signal.SIGUSR1
+            return Cause.PREEMPTION, signal.SIGTERM
+        return None, 0
 
     def worker_pids(self) -> list[int]:
-        if self.proc is None:
-            return []
-        import psutil
-
-        try:
-            # Only torchrun's direct children are trainer ranks; deeper ones (DataLoader workers) are theirs.
-            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=False)]
-        except psutil.NoSuchProcess:
-            return []
+        """The ranks (their DataLoader workers are theirs to end)."""
+        return self.ranks()
 
     def _signal_workers(self, signum: int) -> None:
         for pid in self.worker_pids():
@@ -150,6 +156,6 @@ class StopRelay:
                 os.kill(pid, signum)
 
     def _escalate(self) -> None:
-        """Second Ctrl-C: stop waiting for the save; torchrun shuts the workers down."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGHUP)
+        """Second Ctrl-C: stop waiting for the save; the ranks are ended."""
+        if self.escalate is not None:
+            self.escalate()

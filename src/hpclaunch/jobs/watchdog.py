@@ -6,7 +6,10 @@ While torchrun runs, node 0's agent reads every rank's heartbeat (``rundir.progr
 - launch (torchrun's start to a rank's first report: imports, rendezvous): ``launch_s``;
 - start-up (the ``startup`` phase: smoke test, data check, model): ``startup_s``; the first step
   of an attempt (allocation, warm-up, compilation) gets it too;
-- checkpoint ``load`` and ``save``, ``eval`` and the final teardown (``done``): ``checkpoint_s``;
+- checkpoint ``load`` and ``save``, ``eval`` and the final teardown (``done``): ``checkpoint_s``,
+  and for ``load`` and ``save`` more as the checkpoint grows: its size (the newest manifest's) at a
+  slow filesystem's rate, and for ``save`` three times the slowest save this run measured; a
+  terabyte checkpoint is not a hang for taking an hour to read;
 - training steps (``data``, ``compute``, ``collective``): ``max(step_min_s, step_factor x the
   slowest recent step)``.
 
@@ -42,7 +45,8 @@ from typing import Any
 
 from ..config import WatchdogConfig
 from ..fsutil import atomic_write_json
-from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
+from ..rundir import CHECKPOINT_SAVED, HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
+from ..rundir.cause import Cause
 from ..rundir.progress import (
     NCCL_PIPE_STEM,
     NCCL_TRACE_STEM,
@@ -61,12 +65,52 @@ from .stragglers import StragglerTracker
 
 LONG_PHASES = ("load", "save", "eval", "done")
 LEDGER_STATES = 64  # ranks whose state the hang event lists (all of them are in hang.json)
+# A slow shared filesystem as one rank sees it: every checkpoint byte read (a DDP rank reads them
+# all) or hashed at this rate still fits the load window.
+SLOW_IO_BPS = 50e6
+SAVE_WINDOW_FACTOR = 3.0  # a save may take this many times the slowest one measured before it is a hang
 
 
-def window_s(cfg: WatchdogConfig, phase: str, *, stepped: bool, recent_max_step_s: float | None) -> float:
+@dataclass(frozen=True)
+class CheckpointScale:
+    """What the load and save windows grow with: the checkpoint's size and the slowest save."""
+
+    bytes: int = 0
+    slowest_save_s: float = 0.0
+
+    @classmethod
+    def of_run(cls, paths: RunPaths, events: Sequence[dict[str, Any]]) -> CheckpointScale:
+        saves = [e for e in events if e.get("event") == CHECKPOINT_SAVED]
+        slowest = max((float(e.get("seconds") or 0) for e in saves), default=0.0)
+        size = max((int(e.get("bytes") or 0) for e in saves[-4:]), default=0)
+        return cls(max(size, newest_manifest_bytes(paths.checkpoints)), slowest)
+
+
+def newest_manifest_bytes(directory: Path) -> int:
+    """``total_bytes`` of the newest published checkpoint's manifest (0: none, or unreadable)."""
+    try:
+        steps = sorted(p for p in directory.glob("step_*") if p.is_dir() and "." not in p.name)
+        data = json.loads((steps[-1] / "manifest.json").read_text()) if steps else {}
+        return int(data.get("total_bytes") or 0)
+    except (OSError, ValueError, TypeError, AttributeError):
+        return 0
+
+
+def window_s(
+    cfg: WatchdogConfig,
+    phase: str,
+    *,
+    stepped: bool,
+    recent_max_step_s: float | None,
+    scale: CheckpointScale = CheckpointScale(),
+) -> float:
     """How long a rank may stay in ``phase`` without advancing."""
     if phase == "startup":
         return float(cfg.startup_s)
+    if phase == "load":
+        return cfg.checkpoint_s + scale.bytes / SLOW_IO_BPS
+    if phase == "save":
+        return cfg.checkpoint_s + max(SAVE_WINDOW_FACTOR * scale.slowest_save_s, scale.bytes / SLOW_IO_BPS)
     if phase in LONG_PHASES:
         return float(cfg.checkpoint_s)
     if not stepped:  # the first step of an attempt: allocation, warm-up, compilation
@@ -228,7 +272,9 @@ class Watchdog:
         self._records: dict[int, ProgressRecord] = {}
         self.tracker: StragglerTracker | None = None
         self._offsets: dict[int, int] = {}
+        self.scale = CheckpointScale()
         if ctx.is_head:
+            self.scale = CheckpointScale.of_run(paths, ledger.events())
             self.tracker = StragglerTracker(
                 world_size=world_size,
                 threshold=cfg.straggler_threshold,
@@ -284,6 +330,7 @@ class Watchdog:
                 rec.phase,
                 stepped=rec.last_step_s is not None,
                 recent_max_step_s=rec.recent_max_step_s,
+                scale=self.scale,
             )
             states.append(RankState(rank, rec.node, rec.step, rec.phase, rec.waiting, now - since, window))
         return states
@@ -450,7 +497,7 @@ def startup_hang(
     None when they name none or more than one. Node 0's watchdog acts on it as on its own verdicts
     (stacks, then stop: torchrun would wait ``launch.shutdown_timeout_s`` for the hung rank), and the
     agent's decision reads it when the watchdog is off or torchrun ended first."""
-    if outcome is None or outcome.status != "failed" or outcome.cause != "hang":
+    if outcome is None or outcome.status != "failed" or outcome.cause is not Cause.HANG:
         return None
     ranks = tuple(sorted(int(r) for r in outcome.extra.get("ranks") or []))
     records = read_progress(paths, attempt)

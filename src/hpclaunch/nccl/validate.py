@@ -253,7 +253,7 @@ def _check_algo_list(name: str, v: str, names: tuple[str, ...]) -> list[NcclIssu
 
 def _parse_int(v: str) -> int | None:
     """An integer as C's strtoll(base 0) reads it whole (0x1f hex, 017 octal), else None."""
-    if not _INT_RE.match(v):
+    if not _INT_RE.fullmatch(v):
         return None
     sign, digits = (v[0], v[1:]) if v[0] in "+-" else ("", v)
     try:

@@ -43,6 +43,7 @@ from ..rundir import (
     STOPPED,
     SUBMITTED,
 )
+from ..rundir.clock import allocation_start
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
 # Events with which node 0's agent (or the CLI) ends an attempt's allocation.
@@ -320,14 +321,13 @@ def _step_ends(
 def _allocation_start(
     events: list[dict[str, Any]], started: float, time_limit_s: float | None, prev_end: float | None
 ) -> float:
-    """The scheduler's start of the allocation: its end time minus the limit, when that is sane
-    (after the previous attempt's end, before the agent started, within 10 minutes of it)."""
-    end_time = next(
-        (e.get("end_time") for e in events if e.get("event") == STARTED and e.get("end_time")), None
-    )
-    if end_time is None or not time_limit_s:
+    """The scheduler's start of the allocation, as the attempt's clock recorded it (older runs: its
+    end time minus the limit), when that is sane (after the previous attempt's end, before the
+    agent started, within 10 minutes of it)."""
+    recorded = (allocation_start(e, limit_s=time_limit_s) for e in events if e.get("event") == STARTED)
+    start = next((t for t in recorded if t is not None), None)
+    if start is None:
         return started
-    start = float(end_time) - float(time_limit_s)
     floor = max(prev_end if prev_end is not None else 0.0, started - 600.0)
     return start if floor <= start <= started else started
 

@@ -19,6 +19,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
+from ..rundir.cause import Cause, UnknownCause
+
 # One colour per phase, the same in every figure and in the HTML table.
 PHASE_STYLE: dict[str, tuple[str, str]] = {
     "queue": ("#e3e3e3", "queue (not allocated)"),
@@ -57,12 +59,13 @@ def origin_of(spent: dict[str, Any]) -> float | None:
     return min(starts) if starts else None
 
 
-# Causes as a person says them (the ledger's words are short).
-CAUSE_WORDS = {"user": "user stop", "timeout": "time limit", "node_failure": "node failure"}
-
-
 def cause_words(cause: str | None) -> str:
-    return CAUSE_WORDS.get(cause or "", cause or "stop")
+    """A cause as a person says it (the ledger's words are short)."""
+    try:
+        known = Cause.parse_optional(cause)
+    except UnknownCause:
+        return str(cause)
+    return known.words if known is not None else "stop"
 
 
 def end_label(attempt: dict[str, Any]) -> str:

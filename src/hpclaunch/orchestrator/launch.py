@@ -18,7 +18,10 @@ from ..errors import HpclaunchError, UserInputError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import (
     PREFLIGHT_SKIPPED,
+    STOP_DROPPED,
+    SUBMIT_FAILED,
     SUBMITTED,
+    SUBMITTING,
     JobPlan,
     Ledger,
     LockHolder,
@@ -27,7 +30,9 @@ from ..rundir import (
     SweepPoint,
     read_config,
 )
-from ..schedulers.base import RenderedJob, Scheduler, get_scheduler
+from ..rundir.control import drop_user_stop
+from ..schedulers.base import RenderedJob, Scheduler
+from ..schedulers.registry import get_scheduler
 from . import plan as plan_mod
 
 
@@ -137,16 +142,16 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     return paths
 
 
-def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool]:
+def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool | None]:
     """The lock's question "is this job still pending or running?", asked of its scheduler."""
 
-    def active(holder: LockHolder) -> bool:
+    def active(holder: LockHolder) -> bool | None:
         if not holder.job_id:
             return False
         try:
-            return get_scheduler(holder.scheduler).status(paths, holder.job_id).state.active
+            return get_scheduler(holder.scheduler).status(paths, holder.job_id).active
         except (HpclaunchError, ValueError):
-            return True  # cannot ask: assume the other writer is alive
+            return None  # cannot ask: the lock assumes the other writer is alive, and says so
 
     return active
 
@@ -154,14 +159,15 @@ def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool]:
 def refuse_if_locked(plan: JobPlan) -> None:
     """Before any check or write: a run (or sweep point) held by a live writer is refused."""
     from ..errors import RunLockedError
-    from ..rundir import holder_alive
+    from ..rundir.lock import liveness
 
     for root in [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]:
         paths = plan.paths(str(root))
         holder = RunLock(paths).read()
-        if holder is not None and holder_alive(holder, is_active=scheduler_says_active(paths)):
+        live = liveness(holder, is_active=scheduler_says_active(paths)) if holder is not None else None
+        if holder is not None and live is not None and live.alive:
             raise RunLockedError(
-                f"this run is active: {holder.describe()}",
+                f"this run is active: {holder.describe()} ({live.why})",
                 where=str(paths.root),
                 hint=f"stop it first (hpclaunch stop {paths.root}), or wait until it ends",
             )
@@ -179,31 +185,40 @@ def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = Fal
     # The lock first, before anything is written: a second writer is refused with nothing changed.
     locks = [(RunLock(plan.paths(str(r))), r) for r in roots]
     taken: list[tuple[RunLock, LockHolder]] = []
+    ledgers = [Ledger(plan.paths(str(r)), role="cli") for r in roots]
+    submission = {
+        "scheduler": plan.scheduler,
+        "script": rendered.filename,
+        "resume": resume,
+        "world_size": plan.world_size,
+        "preflight": "passed" if run_preflight else "skipped",
+    }
     try:
         for lock, root in locks:
             active = scheduler_says_active(plan.paths(str(root)))
             taken.append(
                 (lock, lock.acquire(job_id="", scheduler=plan.scheduler, role="job", is_active=active))
             )
+        for ledger in ledgers:
+            if resume:  # a stop asked for before the run ended is not the resumed run's
+                dropped = drop_user_stop(ledger.paths)
+                if dropped is not None:
+                    ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
+            if not run_preflight:
+                ledger.append(PREFLIGHT_SKIPPED, by="--no-preflight")
+            # Recorded before the scheduler is asked: the job may start (and read the ledger to see
+            # whether its run has ended) before the scheduler's answer comes back.
+            ledger.append(SUBMITTING, **submission)
         paths, job_id, targets = _write_and_submit(prepared, scheduler)
-    except BaseException:
+    except BaseException as e:
         for lock, holder in taken:
             lock.release(holder)
+        for ledger in ledgers if taken else []:
+            ledger.append(SUBMIT_FAILED, error=str(e) or type(e).__name__)
         raise
     for (lock, holder), (target, target_job) in zip(taken, targets, strict=True):
         _name_the_job(lock, holder, target_job)
-        ledger = Ledger(target, role="cli")
-        if not run_preflight:
-            ledger.append(PREFLIGHT_SKIPPED, by="--no-preflight")
-        ledger.append(
-            SUBMITTED,
-            job_id=target_job,
-            scheduler=plan.scheduler,
-            script=rendered.filename,
-            resume=resume,
-            world_size=plan.world_size,
-            preflight="passed" if run_preflight else "skipped",
-        )
+        Ledger(target, role="cli").append(SUBMITTED, job_id=target_job, **submission)
     return paths, job_id
 
 

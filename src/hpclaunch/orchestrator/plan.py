@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import __version__
 from ..config import RunConfig
+from ..preflight.sizes import planned_save_s
 from ..rundir.plan import JobPlan, TorchrunPlan
 
 
@@ -37,6 +38,7 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         checkpoint_dir=cfg.checkpoint.dir,
         scheduler=s.kind,
         nodes=s.nodes,
+        spare_nodes=s.spare_nodes,
         procs_per_node=s.nprocs,
         world_size=s.world_size,
         gpus_per_node=s.gpus_per_node,
@@ -58,8 +60,12 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         nccl_preset=cfg.nccl.preset,
         warn_lead_s=warn_lead_seconds(cfg),
         stop_lead_s=cfg.launch.stop_lead_s,
+        stop_margin_s=cfg.launch.stop_margin_s,
+        save_estimate_s=planned_save_s(cfg),
         max_requeues=s.max_requeues,
         max_failure_retries=s.max_failure_retries,
+        max_hang_retries=s.max_hang_retries,
+        max_node_excludes=cfg.preflight.max_node_excludes,
         kill_wait_s=s.kill_wait_s,
         torchrun=TorchrunPlan(
             nnodes=s.nodes,

@@ -25,10 +25,13 @@ from ..rundir import (
     STARTED,
     STOP_REQUESTED,
     STOPPED,
+    SUBMIT_FAILED,
     SUBMITTED,
+    SUBMITTING,
     RunPaths,
     read_events,
 )
+from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import metrics_steps_by_attempt
 from .stragglers import straggler_summary
@@ -95,28 +98,43 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
             a.last_step = max(a.last_step or 0, step)
         elif kind == STOPPED:
             a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
-            a.end, a.cause, a.ended = "stopped", e.get("cause"), e.get("ts")
+            a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
         elif kind == FINISHED:
             if e.get("step") is not None:
                 a.last_step = max(a.last_step or 0, int(e["step"]))
             # a warning that came after the last step does not make the attempt's end a stop
             a.end, a.ended, a.cause = "finished", e.get("ts"), None
         elif kind == REQUEUED:
-            a.end, a.cause, a.ended = "requeued", e.get("cause"), e.get("ts")
-            a.error = e.get("error") if e.get("cause") == "crash" else None
+            cause = _cause(e)
+            a.end, a.cause, a.ended = "requeued", cause, e.get("ts")
+            # A failure that was retried says what failed (the decision's reason; older ledgers
+            # kept it in "error"); a stop that was continued has nothing to explain.
+            failed = cause is not None and cause not in STOP_CAUSES
+            a.error = (e.get("error") or e.get("reason")) if failed else None
         elif kind == FAILED:
-            a.end, a.cause, a.ended, a.error = "failed", e.get("cause"), e.get("ts"), e.get("error")
+            a.end, a.cause, a.ended, a.error = "failed", _cause(e), e.get("ts"), e.get("error")
         elif kind == ENDED:
-            a.end, a.cause, a.ended = "stopped", e.get("cause"), e.get("ts")
+            a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
         elif kind == HELD:
             a.end, a.ended, a.error = "withdrawn", e.get("ts"), e.get("reason")
         elif kind == REFUSED:
             a.end, a.ended, a.error = "refused", e.get("ts"), e.get("reason")
         elif kind == CANCELLED:
-            a.end, a.cause, a.ended = "cancelled", "cancelled", e.get("ts")
+            a.end, a.cause, a.ended = "cancelled", Cause.CANCELLED.value, e.get("ts")
         elif kind == STOP_REQUESTED and a.cause is None:
-            a.cause = e.get("cause")
+            a.cause = _cause(e)
     return [by_key[k] for k in order]
+
+
+def _cause(event: dict[str, Any]) -> str | None:
+    """An event's cause as recorded; one this version does not know is shown as it was written
+    (marked), never mistaken for another."""
+    value = event.get("cause")
+    try:
+        cause = Cause.parse_optional(value)
+    except UnknownCause:
+        return f"{value} (unknown cause)"
+    return cause.value if cause is not None else None
 
 
 def goodput(attempts: list[Attempt]) -> Goodput:
@@ -135,11 +153,17 @@ def goodput(attempts: list[Attempt]) -> Goodput:
     return Goodput(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
 
 
+def running_attempt(events: list[dict[str, Any]]) -> str | None:
+    """The attempt that has started and not ended yet (None: none runs now)."""
+    attempts = attempts_from_events(events)
+    return attempts[-1].attempt if attempts and attempts[-1].end == "running" else None
+
+
 def current_job_id(events: list[dict[str, Any]]) -> str | None:
     """The job id to ask the scheduler about: the latest submission or continuation."""
     job_id = None
     for e in events:
-        if e.get("event") == SUBMITTED or (e.get("event") == REQUEUED and e.get("job_id")):
+        if e.get("event") in (SUBMITTED, REQUEUED) and e.get("job_id"):
             job_id = str(e["job_id"])
     return job_id
 
@@ -152,6 +176,9 @@ def run_state(
     now: float | None = None,
 ) -> str:
     """The run's state: the ledger's story reconciled with what the scheduler says now."""
+    submissions = [e.get("event") for e in events if e.get("event") in (SUBMITTING, SUBMIT_FAILED)]
+    if submissions and submissions[-1] == SUBMIT_FAILED:
+        return "not submitted (the scheduler refused it)"
     if not attempts:
         if any(e.get("event") == CANCELLED for e in events):
             return "cancelled"

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ..config import RunConfig
 from ..nccl import validate_nccl_env
+from ..rundir.clock import stop_lead_s
 from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
@@ -27,6 +28,7 @@ from .sizes import (
     estimate_memory,
     estimated_save_s,
     human_bytes,
+    planned_save_s,
     run_checkpoint_bytes,
 )
 
@@ -49,11 +51,17 @@ def check_config(ctx: CheckContext) -> Outcome:
     ckpt = run_checkpoint_bytes(cfg, params)
     save_s = estimated_save_s(ckpt)
     est = f"checkpoint {human_bytes(ckpt)}{'' if exact else ' (estimated)'}, ~{save_s:.0f} s to save at an assumed {ASSUMED_WRITE_BPS / 1e6:.0f} MB/s"
+    # The lead the trainer starts from (rundir.clock's one rule, with the plan's save estimate).
+    lead = round(
+        stop_lead_s(
+            fixed_s=cfg.launch.stop_lead_s, save_s=planned_save_s(cfg), margin_s=cfg.launch.stop_margin_s
+        )
+    )
     if cfg.launch.stop_lead_s is None:
-        lead = int(save_s) + cfg.launch.stop_margin_s
-        lead_text = f"stop lead measured at run time (first attempt ~{lead} s: estimated save + margin)"
+        lead_text = (
+            f"stop lead ~{lead} s before any save is measured (then the slowest save measured sets it)"
+        )
     else:
-        lead = cfg.launch.stop_lead_s
         lead_text = f"stop lead {lead} s"
         if lead < save_s + cfg.launch.stop_margin_s:
             f.warn(

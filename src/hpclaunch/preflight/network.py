@@ -14,8 +14,10 @@ import errno
 import socket
 
 from ..nccl import infiniband_ports, match_socket_ifname, nccl_environment, net_interfaces
-from ..schedulers.base import NodeContextError, get_scheduler
+from ..rundir.plan import rdzv_port_for
+from ..schedulers.base import NodeContextError
 from ..schedulers.nodes import is_loopback, rendezvous_address, resolve_address
+from ..schedulers.registry import get_scheduler
 from .base import CheckContext, Findings, Outcome
 
 CONNECT_TIMEOUT_S = 3.0
@@ -63,13 +65,13 @@ def _rendezvous(ctx: CheckContext, f: Findings, own_addr: str | None) -> None:
     except NodeContextError as e:
         f.fail(e.message, e.hint)
         return
-    port = cfg.launch.rdzv_port
+    port = rdzv_port_for(node.job_id, cfg.launch.rdzv_port)
     if node.is_head:
         problem = port_in_use(port)
         if problem:
             f.fail(
                 f"rendezvous port {port} cannot be bound on the head node {node.hostname}: {problem}",
-                "another job or a stale torchrun holds it; pick another launch.rdzv_port",
+                "another job or a stale torchrun holds it; set launch.rdzv_port to a free port",
             )
         else:
             f.ok(f"rendezvous {head}:{port} bindable on the head node")

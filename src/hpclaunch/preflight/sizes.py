@@ -65,6 +65,12 @@ def estimated_save_s(ckpt_bytes: int) -> float:
     return 2.0 + ckpt_bytes / ASSUMED_WRITE_BPS
 
 
+def planned_save_s(cfg: RunConfig) -> float:
+    """One save of this run as the plan estimates it (parameters by formula), before any save was
+    measured: the save time in the attempt clock's stop lead (``rundir.clock``)."""
+    return round(estimated_save_s(run_checkpoint_bytes(cfg, estimate_parameters(cfg.model))), 3)
+
+
 def human_count(n: int) -> str:
     if n >= 1e9:
         return f"{n / 1e9:.2f}B"

@@ -6,7 +6,9 @@ RUN_DIR_VAR = "HPCLAUNCH_RUN_DIR"
 JOB_ID_VAR = "HPCLAUNCH_JOB_ID"
 RESTART_VAR = "HPCLAUNCH_RESTART_COUNT"
 END_TIME_VAR = "HPCLAUNCH_JOB_END_TIME"  # epoch seconds at which the scheduler ends this attempt
-START_TIME_VAR = "HPCLAUNCH_JOB_START_TIME"
+START_TIME_VAR = "HPCLAUNCH_JOB_START_TIME"  # epoch seconds at which the allocation started
+# The attempt's whole clock (rundir.clock.AttemptClock as JSON), set by the node agent for the ranks.
+CLOCK_VAR = "HPCLAUNCH_ATTEMPT_CLOCK"
 NODE_RANK_VAR = "HPCLAUNCH_NODE_RANK"
 ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write stderr into stdout

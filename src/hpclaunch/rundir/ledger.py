@@ -29,7 +29,10 @@ from typing import Any
 from .paths import RunPaths
 
 # Event names, in one place so that writers and readers cannot drift apart.
-SUBMITTED = "submitted"
+SUBMITTING = "submitting"  # `submit` is about to ask the scheduler (a job may start before it answers)
+SUBMITTED = "submitted"  # the scheduler answered: the job id
+SUBMIT_FAILED = "submit_failed"  # the scheduler refused the submission: nothing runs
+STOP_DROPPED = "stop_dropped"  # `submit --resume` dropped a stop request left from before
 PREFLIGHT_SKIPPED = "preflight_skipped"
 STARTED = "started"  # one per node per attempt
 NODE_PREFLIGHT = "node_preflight"
@@ -48,12 +51,13 @@ CANCELLED = "cancelled"
 ENDED = "ended"  # node 0's agent: the run stops here by the user's wish (resumable)
 HELD = "held"  # an attempt the scheduler started after the run had ended (budget spent): withdrawn
 NODE_EXCLUDED = "node_excluded"
+NODE_REPLACED = "node_replaced"  # node 0's agent: a hot spare takes a failed node's place in place
 REFUSED = "refused"  # an attempt that found another live writer holding the run directory
 HANG = "hang"  # node 0's watchdog: a window passed without progress (phase, step, culprit, stacks)
 STRAGGLER = "straggler"  # node 0's watchdog: a rank slower than the fastest for several summaries
 
 # Events that end a run (until `submit --resume` starts it again).
-RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD)
+RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)
 
 _seq = itertools.count(1)
 _seq_lock = threading.Lock()

@@ -2,38 +2,49 @@
 
 ``RUN/lock.json`` names the holder: the job id, the scheduler, the role (``job`` while it waits in
 the queue, ``agent`` / ``controller`` / ``train`` for the process that runs it), host, pid, when it
-was taken and a heartbeat the running process refreshes. A second ``submit``, ``submit --resume`` or
+was taken and a heartbeat that every running holder refreshes (``Heartbeat``: the node agent, the
+local controller and a foreground ``train`` alike). A second ``submit``, ``submit --resume`` or
 ``train --resume`` on a run whose holder is alive is refused with one line naming it.
 
-Alive means: a holder process on this host that still exists; else a heartbeat younger than
-``STALE_AFTER_S``; else a job the scheduler still lists as pending or running (the caller passes
-that question in, this module never asks a scheduler itself). Only a holder that is none of these
-is stale and may be taken over.
+Alive (``liveness``), asked in this order:
+1. a holder process on this host that still exists (or not: a dead pid is certain);
+2. a heartbeat younger than ``STALE_AFTER_S`` (holders on other hosts, seen over a shared
+   filesystem);
+3. a queued or silent job: the scheduler is asked (the caller passes that question in, this module
+   never asks a scheduler itself). A scheduler that cannot answer (``None``: slurmctld down) is
+   "assume alive, and say so", never "not active".
+A lock file that cannot be parsed (written by something else, truncated) has no heartbeat to
+trust: its modification time stands in, so it goes stale like any silent holder instead of
+blocking the run forever. One that cannot be *read* now (EIO, ESTALE) is read again.
 
 Works on shared filesystems: the lock file is created by ``link()`` of a fully written temporary
-file (atomic, and it fails when the lock exists, over NFS too); a stale lock is first renamed aside
-(only one contender's rename succeeds); updates replace the file atomically.
+file (atomic, and it fails when the lock exists, over NFS too). A stale lock is taken over by one
+contender only: each contender first creates ``lock.json.takeover-<fingerprint of the stale
+holder>`` the same way; only the one whose link succeeds replaces the lock, the others find the
+winner's fresh lock when they read again. Updates replace the file atomically.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import socket
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 
 from ..errors import RunLockedError
-from ..fsutil import atomic_write_text
+from ..fsutil import atomic_write_text, create_exclusive, retry_transient, unique_suffix
 from .paths import RunPaths
 
 STALE_AFTER_S = 90.0
-HEARTBEAT_EVERY_S = 15.0
+# How often a holder refreshes its heartbeat (HPCLAUNCH_LOCK_HEARTBEAT_S: tests watch it beat).
+HEARTBEAT_EVERY_S = float(os.environ.get("HPCLAUNCH_LOCK_HEARTBEAT_S") or 15.0)
 PROCESS_ROLES = ("agent", "controller", "train")
+UNREADABLE = "?"  # job id and scheduler of a lock file that cannot be parsed
 
 
 @dataclass(frozen=True)
@@ -48,12 +59,25 @@ class LockHolder:
 
     def describe(self, now: float | None = None) -> str:
         age = (now or time.time()) - self.heartbeat
+        if self.job_id == UNREADABLE:
+            return f"an unreadable lock file (last written {age:.0f} s ago)"
         who = "foreground train" if self.role == "train" else f"{self.scheduler} job {self.job_id}"
         where = f"{self.role} pid {self.pid} on {self.host}" if self.role in PROCESS_ROLES else "queued"
         return f"{who} ({where}, heartbeat {age:.0f} s ago)"
 
+    def fingerprint(self) -> str:
+        """Names this very holder record (a takeover of it is keyed by it)."""
+        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:16]
 
-ActiveCheck = Callable[[LockHolder], bool]
+
+# "Is this job still pending or running?": True / False, or None when the scheduler cannot say.
+ActiveCheck = Callable[[LockHolder], "bool | None"]
+
+
+@dataclass(frozen=True)
+class Liveness:
+    alive: bool
+    why: str  # in words, for the refusal or the takeover's record
 
 
 def _this_host() -> str:
@@ -70,16 +94,29 @@ def _pid_alive(pid: int) -> bool:
         return False
 
 
-def holder_alive(holder: LockHolder, *, is_active: ActiveCheck | None, now: float | None = None) -> bool:
-    """Whether ``holder`` may still write (see the module docstring for the order of the questions)."""
+def liveness(holder: LockHolder, *, is_active: ActiveCheck | None, now: float | None = None) -> Liveness:
+    """Whether ``holder`` may still write, and why (see the module docstring for the order)."""
     now = time.time() if now is None else now
     if holder.role in PROCESS_ROLES and holder.host == _this_host():
-        return _pid_alive(holder.pid)
+        alive = _pid_alive(holder.pid)
+        return Liveness(alive, f"pid {holder.pid} on this host {'runs' if alive else 'is gone'}")
     if now - holder.heartbeat < STALE_AFTER_S:
-        return True
-    if is_active is not None:
-        return is_active(holder)
-    return False
+        return Liveness(True, f"its heartbeat is {now - holder.heartbeat:.0f} s old")
+    if is_active is None or holder.job_id in ("", UNREADABLE):
+        return Liveness(False, f"no heartbeat for {now - holder.heartbeat:.0f} s")
+    active = is_active(holder)
+    if active is None:
+        return Liveness(
+            True,
+            f"{holder.scheduler} cannot be asked whether job {holder.job_id} is alive; assuming it is",
+        )
+    return Liveness(
+        active, f"{holder.scheduler} {'lists' if active else 'no longer runs'} job {holder.job_id}"
+    )
+
+
+def holder_alive(holder: LockHolder, *, is_active: ActiveCheck | None, now: float | None = None) -> bool:
+    return liveness(holder, is_active=is_active, now=now).alive
 
 
 class RunLock:
@@ -89,13 +126,19 @@ class RunLock:
 
     def read(self) -> LockHolder | None:
         try:
-            data = json.loads(self.path.read_text())
-            return LockHolder(**{k: data[k] for k in LockHolder.__dataclass_fields__})
+            text = retry_transient(self.path.read_text)
         except FileNotFoundError:
             return None
-        except (OSError, ValueError, KeyError, TypeError):
-            # Unreadable: written by something else. Stale by definition (no heartbeat to trust).
-            return LockHolder("?", "?", "job", "?", 0, 0.0, 0.0)
+        try:
+            data = json.loads(text)
+            return LockHolder(**{k: data[k] for k in LockHolder.__dataclass_fields__})
+        except (ValueError, KeyError, TypeError):
+            # Written by something else: no heartbeat to trust; its mtime stands in for one.
+            try:
+                mtime = self.path.stat().st_mtime
+            except FileNotFoundError:
+                return None
+            return LockHolder(UNREADABLE, UNREADABLE, "job", UNREADABLE, 0, mtime, mtime)
 
     def acquire(self, *, job_id: str, scheduler: str, role: str, is_active: ActiveCheck | None) -> LockHolder:
         """Take the lock or raise RunLockedError naming the live holder."""
@@ -107,14 +150,34 @@ class RunLock:
             holder = self.read()
             if holder is None:
                 continue  # released meanwhile
-            if holder_alive(holder, is_active=is_active):
+            live = liveness(holder, is_active=is_active)
+            if live.alive:
                 raise RunLockedError(
-                    f"this run is active: {holder.describe()}",
+                    f"this run is active: {holder.describe()} ({live.why})",
                     where=str(self.paths.root),
                     hint=f"stop it first (hpclaunch stop {self.paths.root}), or wait until it ends",
                 )
-            self._remove_stale(holder)
+            if self.take_over(holder, mine):
+                return mine
         raise RunLockedError("could not take the run-directory lock (contended)", where=str(self.path))
+
+    def take_over(self, stale: LockHolder, mine: LockHolder) -> bool:
+        """Replace the ``stale`` holder by ``mine``; False when another contender won (or the lock
+        changed meanwhile). Only the contender that creates the takeover marker may replace it."""
+        marker = self.path.with_name(f"{self.path.name}.takeover-{stale.fingerprint()}")
+        if not create_exclusive(marker, json.dumps(asdict(mine))):
+            with contextlib.suppress(FileNotFoundError):  # a contender that died mid-takeover
+                if time.time() - marker.stat().st_mtime > STALE_AFTER_S:
+                    marker.unlink()
+            return False
+        try:
+            current = self.read()
+            if current is not None and current.fingerprint() != stale.fingerprint():
+                return False  # not the holder we judged stale any more
+            self.set(mine)
+            return True
+        finally:
+            marker.unlink(missing_ok=True)
 
     def set(self, holder: LockHolder) -> None:
         """Replace the holder (the job's own agent adopting its lock, or handing it on)."""
@@ -142,10 +205,20 @@ class RunLock:
         self.set(replace(current, heartbeat=time.time()))
         return True
 
-    def hand_over(self, holder: LockHolder, job_id: str) -> None:
-        """The lock now belongs to the job ``job_id`` (a continuation or a requeue) waiting in the queue."""
+    def hand_over(self, holder: LockHolder, job_id: str) -> bool:
+        """The lock now belongs to the job ``job_id`` (a continuation or a requeue) waiting in the
+        queue; False when it is not ``holder``'s any more (that job started already and adopted it:
+        a released continuation can start before this attempt has finished handing over)."""
+        current = self.read()
+        if current is not None and (current.job_id, current.pid, current.host) != (
+            holder.job_id,
+            holder.pid,
+            holder.host,
+        ):
+            return False
         now = time.time()
         self.set(replace(holder, job_id=job_id, role="job", pid=0, heartbeat=now))
+        return True
 
     def release(self, holder: LockHolder | None = None) -> None:
         """Remove the lock (only if ``holder`` still holds it, when given)."""
@@ -154,27 +227,15 @@ class RunLock:
             return
         if holder is not None and (current.job_id, current.pid) != (holder.job_id, holder.pid):
             return
-        self._remove_stale(current)
+        aside = self.path.with_name(f".lock.released-{unique_suffix()}")
+        with contextlib.suppress(FileNotFoundError):
+            os.rename(self.path, aside)
+            aside.unlink(missing_ok=True)
 
     # ---- internals ----------------------------------------------------------------------------
 
     def _create(self, holder: LockHolder) -> bool:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".lock.{uuid.uuid4().hex[:12]}")
-        tmp.write_text(json.dumps(asdict(holder), indent=2) + "\n")
-        try:
-            os.link(tmp, self.path)  # atomic; fails if the lock exists
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
-
-    def _remove_stale(self, holder: LockHolder) -> None:
-        aside = self.path.with_name(f".lock.stale-{uuid.uuid4().hex[:12]}")
-        with contextlib.suppress(FileNotFoundError):  # another contender moved it first
-            os.rename(self.path, aside)
-            aside.unlink(missing_ok=True)
+        return create_exclusive(self.path, json.dumps(asdict(holder), indent=2) + "\n")
 
 
 class Heartbeat:

@@ -12,7 +12,7 @@ RUN/
   attempts/        how each attempt ended (``outcome``)
   logs/            per attempt, per node
   checkpoints/     unless checkpoint.dir says otherwise
-  control/         stop requests
+  control/         stop requests (``control``)
   scheduler/       scheduler-owned files (submitit folder, local controller state)
 ```
 """
@@ -79,13 +79,12 @@ class RunPaths:
 
     @property
     def stop_file(self) -> Path:
-        """Written to ask a running attempt to stop and save (content: the cause)."""
+        """The user's stop request (``hpclaunch stop``; see ``rundir.control``)."""
         return self.control / "stop"
 
-    @property
-    def continue_file(self) -> Path:
-        """Present when a user stop should be followed by an automatic continuation."""
-        return self.control / "continue"
+    def relay_stop_file(self, attempt: str) -> Path:
+        """A node agent's relay of the scheduler's stop, for ``attempt`` only."""
+        return self.control / f"stop.{attempt}"
 
     @property
     def attempts(self) -> Path:
@@ -99,6 +98,10 @@ class RunPaths:
 
     def outcome_file(self, attempt: str) -> Path:
         return self.attempts / f"{attempt}.json"
+
+    def rank_outcome_file(self, attempt: str, rank: int) -> Path:
+        """A rank other than 0 that failed on its own (its batch's data, its own error) says why."""
+        return self.attempt_dir(attempt) / f"rank{rank}.outcome.json"
 
     def attempt_dir(self, attempt: str) -> Path:
         """Per-attempt coordination files (node checks of a multi-node start)."""

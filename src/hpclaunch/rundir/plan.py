@@ -9,14 +9,29 @@ address, node rank, job id).
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .clock import AttemptClock, stop_lead_s
 from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
 TRAINER_MODULE = "hpclaunch.trainer"
+
+
+# Where per-job rendezvous ports come from: below Linux's ephemeral range (32768-60999), so a port
+# derived for one job is never an outgoing connection's port on the same host.
+RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 12768
+
+
+def rdzv_port_for(job_id: str, fixed: int | None) -> int:
+    """The rendezvous port of ``job_id``: ``launch.rdzv_port`` when set, else derived from the job
+    id (every node of the job derives the same one; jobs sharing a head node get different ones)."""
+    if fixed is not None:
+        return fixed
+    return RDZV_PORT_BASE + zlib.crc32(job_id.encode()) % RDZV_PORT_SPAN
 
 
 class TorchrunPlan(BaseModel):
@@ -24,7 +39,7 @@ class TorchrunPlan(BaseModel):
 
     nnodes: int
     nproc_per_node: int
-    rdzv_port: int
+    rdzv_port: int | None = None  # launch.rdzv_port; None = per job (rdzv_port_for)
     max_restarts: int = 0
     shutdown_timeout_s: int = 60
 
@@ -51,7 +66,8 @@ class JobPlan(BaseModel):
     run_dir: str
     checkpoint_dir: str | None = None  # checkpoint.dir when set (absolute), else RUN/checkpoints
     scheduler: Literal["local", "slurm", "pbs"]
-    nodes: int
+    nodes: int  # that train (torchrun's nnodes)
+    spare_nodes: int = 0  # hot spares the job holds besides them (scheduler.spare_nodes)
     procs_per_node: int
     world_size: int
     gpus_per_node: int
@@ -74,10 +90,15 @@ class JobPlan(BaseModel):
     env: dict[str, str]
     pass_env: list[str]
     nccl_preset: str
-    warn_lead_s: int
-    stop_lead_s: int | None
+    warn_lead_s: int  # when before the end the scheduler warns (SLURM --signal, the local USR2)
+    stop_lead_s: int | None  # launch.stop_lead_s; None = the clock's rule (rundir.clock)
+    stop_margin_s: int = 10  # launch.stop_margin_s
+    save_estimate_s: float = 5.0  # one save, estimated from the model's size, until one is measured
+    # Every retry budget, from one place (plans written before the last two existed: defaults).
     max_requeues: int
     max_failure_retries: int
+    max_hang_retries: int = 3
+    max_node_excludes: int = 2
     kill_wait_s: int
     torchrun: TorchrunPlan
     backend: Literal["nccl", "gloo"]
@@ -89,10 +110,31 @@ class JobPlan(BaseModel):
     # ---- derived, formatted once ---------------------------------------------------------------
 
     @property
-    def stop_lead(self) -> int:
-        """Seconds before the end an attempt stops to save, as planned: ``launch.stop_lead_s``, else
-        the scheduler's warning lead (the trainer's deadline refines it with measured save times)."""
-        return self.stop_lead_s if self.stop_lead_s is not None else self.warn_lead_s
+    def allocation_nodes(self) -> int:
+        """Nodes the job asks the scheduler for: the training nodes and the hot spares."""
+        return self.nodes + self.spare_nodes
+
+    @property
+    def planned_stop_lead_s(self) -> float:
+        """The stop lead before any save of this run was measured (``rundir.clock``'s one rule with
+        the plan's save estimate): what the script lint and preflight check, and what the trainer
+        starts from before its measurements refine it."""
+        return stop_lead_s(fixed_s=self.stop_lead_s, save_s=self.save_estimate_s, margin_s=self.stop_margin_s)
+
+    def attempt_clock(
+        self, *, start: float, scheduler_end: float | None, limit_s: float | None = None
+    ) -> AttemptClock:
+        """This plan's attempt clock, from the scheduler's facts (``limit_s``: the limit it applies,
+        default the plan's)."""
+        return AttemptClock.build(
+            start=start,
+            limit_s=self.time_limit_s if limit_s is None else limit_s,
+            scheduler_end=scheduler_end,
+            warn_lead_s=self.warn_lead_s,
+            stop_lead_fixed_s=self.stop_lead_s,
+            margin_s=self.stop_margin_s,
+            save_estimate_s=self.save_estimate_s,
+        )
 
     def paths(self, run_dir: str | None = None) -> RunPaths:
         """The run directory's paths (``run_dir``: a sweep point's, default this plan's)."""
@@ -122,7 +164,7 @@ class JobPlan(BaseModel):
                 f"--nnodes={t.nnodes}",
                 f"--node-rank={node_rank}",
                 "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={head_addr}:{t.rdzv_port}",
+                f"--rdzv-endpoint={head_addr}:{rdzv_port_for(job_id, t.rdzv_port)}",
                 f"--rdzv-id={job_id}",
                 # Who hosts the c10d store is decided here, not by hostname matching, which fails when
                 # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).

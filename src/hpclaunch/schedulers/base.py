@@ -25,6 +25,8 @@ from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
 from ..errors import HpclaunchError, SchedulerError
+from ..rundir.cause import Cause
+from ..rundir.clock import AttemptClock
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -71,6 +73,12 @@ class SchedulerStatus:
     state: JobState
     raw: str  # the scheduler's own word for it (RUNNING, PREEMPTED, F, ...)
     reason: str = ""
+    answered: bool = True  # False: the scheduler could not be asked (down, timed out); state UNKNOWN
+
+    @property
+    def active(self) -> bool | None:
+        """Whether the job holds or waits for nodes; None when the scheduler could not be asked."""
+        return self.state.active if self.answered else None
 
 
 class NodeContextError(HpclaunchError):
@@ -88,8 +96,14 @@ class NodeContext:
     hostname: str  # this node, as the scheduler names it
     hosts: tuple[str, ...]  # every node of the allocation, head first
     restart_count: int = 0
-    end_time: float | None = None  # time.time() at which the scheduler ends this attempt
+    clock: AttemptClock | None = None  # this attempt's time, as the scheduler states it (None: no limit)
     array_task: int | None = None
+    in_place: int = 0  # attempts this allocation restarted in place before this one (hpclaunch's count)
+
+    @property
+    def end_time(self) -> float | None:
+        """``time.time()`` at which the scheduler ends this attempt."""
+        return self.clock.end if self.clock is not None else None
 
     @property
     def head(self) -> str:
@@ -100,9 +114,15 @@ class NodeContext:
         return self.node_rank == 0
 
     @property
-    def attempt(self) -> str:
-        """Unique per attempt of this run: job id + restart count."""
+    def allocation(self) -> str:
+        """This allocation of the run: job id + the scheduler's restart count."""
         return f"{self.job_id}.{self.restart_count}"
+
+    @property
+    def attempt(self) -> str:
+        """Unique per attempt of this run: the allocation, and for an attempt that the allocation's
+        agents restarted in place, its number (``<job>.<restart>.<n>``)."""
+        return self.allocation if not self.in_place else f"{self.allocation}.{self.in_place}"
 
 
 @dataclass(frozen=True)
@@ -136,8 +156,8 @@ class Scheduler(Protocol):
 
     def node_address(self, host: str) -> str: ...
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
-        """What a SIGTERM received at ``now`` was: 'timeout', 'preemption' or 'cancelled'."""
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> Cause:
+        """What a SIGTERM received at ``now`` was: TIMEOUT, PREEMPTION or CANCELLED."""
         ...
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation: ...
@@ -193,36 +213,9 @@ def env_int(env: Mapping[str, str], name: str, default: int | None = None) -> in
         raise NodeContextError(f"{name}={value!r} is not an integer") from None
 
 
-def end_time_from_env(environ: Mapping[str, str], *, time_limit_s: int, now: float) -> float:
-    """The attempt's end: what hpclaunch's launcher or SLURM set, else start (or now) + the limit."""
-    from ..rundir.env import END_TIME_VAR, START_TIME_VAR
-
-    for name in (END_TIME_VAR, "SLURM_JOB_END_TIME"):
-        if environ.get(name):
-            return float(environ[name])
-    start = float(environ.get(START_TIME_VAR) or environ.get("SLURM_JOB_START_TIME") or now)
-    return start + time_limit_s
-
-
 def mem_directive(gb: float | None, *, lower: bool) -> str | None:
     """Memory per node for a directive: whole GB when it is whole, else MB (``gb``/``mb`` for PBS)."""
     if not gb:
         return None
     text = f"{int(gb)}GB" if gb == int(gb) else f"{int(gb * 1024)}MB"
     return text.lower() if lower else text
-
-
-def get_scheduler(kind: str) -> Scheduler:
-    if kind == "slurm":
-        from .slurm import SlurmScheduler
-
-        return SlurmScheduler()
-    if kind == "pbs":
-        from .pbs import PbsScheduler
-
-        return PbsScheduler()
-    if kind == "local":
-        from .local import LocalScheduler
-
-        return LocalScheduler()
-    raise ValueError(f"unknown scheduler {kind!r}")

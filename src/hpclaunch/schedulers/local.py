@@ -28,8 +28,9 @@ from typing import Any
 
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json
-from ..rundir import JobPlan, RunLock, RunPaths, read_plan
-from ..rundir.env import END_TIME_VAR, JOB_ID_VAR, RESTART_VAR
+from ..rundir import Heartbeat, JobPlan, RunLock, RunPaths, read_plan
+from ..rundir.cause import Cause
+from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
 from ..templates.shell import Raw, export_line, join
 from .base import (
@@ -129,17 +130,20 @@ class LocalScheduler:
             hostname=hostname,
             hosts=(hostname,),
             restart_count=env_int(environ, RESTART_VAR, 0),
-            end_time=float(environ[END_TIME_VAR]) if environ.get(END_TIME_VAR) else None,
+            # The controller states the attempt's start; a foreground `train` has no limit.
+            clock=plan.attempt_clock(start=float(environ[START_TIME_VAR]), scheduler_end=None)
+            if environ.get(START_TIME_VAR)
+            else None,
         )
 
     def node_address(self, host: str) -> str:
         return resolve_address(host)
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> Cause:
         # The controller records "cancelling" before it signals a cancellation (like scancel).
         if read_state(paths.scheduler_dir).get("state") == "cancelling":
-            return "cancelled"
-        return "timeout" if at_time_limit(ctx, now) else "preemption"
+            return Cause.CANCELLED
+        return Cause.TIMEOUT if at_time_limit(ctx, now) else Cause.PREEMPTION
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
         # The agent asks by exiting with LOCAL_REQUEUE_EXIT; the controller restarts the attempt.
@@ -218,26 +222,27 @@ class Controller:
         holder = self.lock.adopt(job_id=self.job_id, role="controller")
         self._state("running", restart_count=restart)
         try:
-            while True:
-                code, how = self._attempt(restart)
-                if self.cancelled:
-                    self._state("cancelled", restart_count=restart, exit_code=code)
-                    return 0
-                if code == LOCAL_REQUEUE_EXIT:
-                    restart += 1
-                    self._state("running", restart_count=restart, reason="requeued")
-                    continue
-                final = "completed" if code == 0 else ("timeout" if how == "timeout" else "failed")
-                self._state(final, restart_count=restart, exit_code=code)
-                return code
+            with Heartbeat(self.lock, holder):  # alive, as another host sharing the run dir sees it
+                while True:
+                    code, how = self._attempt(restart)
+                    if self.cancelled:
+                        self._state("cancelled", restart_count=restart, exit_code=code)
+                        return 0
+                    if code == LOCAL_REQUEUE_EXIT:
+                        restart += 1
+                        self._state("running", restart_count=restart, reason="requeued")
+                        continue
+                    final = "completed" if code == 0 else ("timeout" if how == "timeout" else "failed")
+                    self._state(final, restart_count=restart, exit_code=code)
+                    return code
         finally:
             self.lock.release(holder)
 
     def _attempt(self, restart: int) -> tuple[int, str]:
         start = self.clock()
-        end = start + self.plan.time_limit_s
+        end = self.plan.attempt_clock(start=start, scheduler_end=None).end
         env = dict(os.environ)
-        env.update({JOB_ID_VAR: self.job_id, RESTART_VAR: str(restart), END_TIME_VAR: f"{end:.3f}"})
+        env.update({JOB_ID_VAR: self.job_id, RESTART_VAR: str(restart), START_TIME_VAR: f"{start:.3f}"})
         out = open(self.sched / f"{self.job_id}.out", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             ["bash", str(self.root / SCRIPT_NAME)],

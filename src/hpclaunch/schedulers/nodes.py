@@ -37,12 +37,14 @@ def resolve_address(host: str) -> str:
         raise NodeContextError(f"cannot resolve host {host!r} ({e.strerror})") from None
 
 
-def rendezvous_address(ctx: NodeContext, scheduler: Scheduler) -> str:
-    """The head node's address; on a multi-node job a loopback answer is an error, never used."""
-    addr = scheduler.node_address(ctx.head)
+def rendezvous_address(ctx: NodeContext, scheduler: Scheduler, head: str | None = None) -> str:
+    """The address of ``head`` (default the allocation's first node), where the rendezvous is; on a
+    multi-node job a loopback answer is an error, never used."""
+    head = head or ctx.head
+    addr = scheduler.node_address(head)
     if ctx.num_nodes > 1 and is_loopback(addr):
         raise NodeContextError(
-            f"the head node {ctx.head} resolves to the loopback address {addr}; the other "
+            f"the head node {head} resolves to the loopback address {addr}; the other "
             f"{ctx.num_nodes - 1} node(s) could not reach the rendezvous there",
             where=f"node {ctx.hostname}",
             hint="fix the node's address in DNS//etc/hosts (or SLURM NodeAddr)",

@@ -24,7 +24,8 @@ from ..config import format_hms
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import JobPlan, RunLock, RunPaths, read_events
-from ..rundir.env import NODE_RANK_VAR
+from ..rundir.cause import Cause
+from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.ledger import STARTED
 from ..templates import jinja, lint
 from ..templates.shell import Raw, directive_value, export_line, join
@@ -37,7 +38,6 @@ from .base import (
     RenderedJob,
     SchedulerStatus,
     at_time_limit,
-    end_time_from_env,
     env_int,
     mem_directive,
     run_command,
@@ -91,7 +91,7 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         account=plan.account,
         walltime=format_hms(plan.time_limit_s),
         dialect=plan.pbs_dialect,
-        nodes=plan.nodes,
+        nodes=plan.allocation_nodes,
         cpus=plan.cpus_per_task,
         gpus_part=gpus_part,
         mem_part=f":mem={mem}" if mem and plan.pbs_dialect == "pro" else (mem or ""),
@@ -126,12 +126,12 @@ def select_spec(plan: JobPlan, mem: str | None) -> str:
     if mem:
         chunk += f":mem={mem}"
     if plan.hosts:
-        if len(plan.hosts) != plan.nodes:
+        if len(plan.hosts) != plan.allocation_nodes:
             raise SchedulerError(
-                f"{len(plan.hosts)} host(s) named for a {plan.nodes}-node job", where="plan.hosts"
+                f"{len(plan.hosts)} host(s) named for a {plan.allocation_nodes}-node job", where="plan.hosts"
             )
         return "+".join(f"1:{chunk}:mpiprocs=1:host={h}" for h in plan.hosts)
-    return f"{plan.nodes}:{chunk}:mpiprocs=1"
+    return f"{plan.allocation_nodes}:{chunk}:mpiprocs=1"
 
 
 def _task_cmd(plan: JobPlan) -> str:
@@ -166,7 +166,9 @@ class PbsScheduler:
     can_exclude_nodes = True
 
     def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
-        ctx = node_context_from_env(environ, time_limit_s=plan.time_limit_s, now=now)
+        ctx = node_context_from_env(environ)
+        # PBS states no end: the job script records its start (pbsdsh tasks are handed it).
+        clock = plan.attempt_clock(start=float(environ.get(START_TIME_VAR) or now), scheduler_end=None)
         # PBS has no restart counter in the job's environment: attempts of earlier jobs of this run
         # come from the ledger, reruns of this very job (qrerun, preemption) from its run_count.
         earlier = {
@@ -176,21 +178,21 @@ class PbsScheduler:
         }
         job = own_job(ctx.job_id)
         reruns = max(0, job.run_count - 1) if job is not None else 0
-        return NodeContext(**{**ctx.__dict__, "restart_count": len(earlier) + reruns})
+        return NodeContext(**{**ctx.__dict__, "restart_count": len(earlier) + reruns, "clock": clock})
 
     def node_address(self, host: str) -> str:
         return resolve_address(host)
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> Cause:
         """qdel, qrerun, a preemption and the walltime all arrive as SIGTERM; PBS's record of the
         job tells them apart: qdel comments it "... terminated by USER@HOST" before the signal, a
         rerun shows as substate RERUN (PBS will run the job again)."""
         job = own_job(ctx.job_id)
         if job is not None and job.rerun_in_progress:
-            return "preemption"
+            return Cause.PREEMPTION
         if job is not None and " terminated by " in job.comment:
-            return "cancelled"
-        return "timeout" if at_time_limit(ctx, now) else "preemption"
+            return Cause.CANCELLED
+        return Cause.TIMEOUT if at_time_limit(ctx, now) else Cause.PREEMPTION
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
         """Come back after a stop: PBS reruns a job it is requeueing itself (qrerun, preemption);
@@ -275,7 +277,7 @@ def submit_after(script: Path, paths: RunPaths, ctx: NodeContext) -> str:
 
 
 def pick_hosts(plan: JobPlan, avoid: list[str]) -> list[str]:
-    """``plan.nodes`` usable hosts outside ``avoid`` that can take one chunk, free ones first."""
+    """``plan.allocation_nodes`` usable hosts outside ``avoid`` that can take one chunk, free ones first."""
     try:
         nodes = pbs_json.parse_nodes(_run(["pbsnodes", "-a", "-F", "json"], what="pbsnodes"))
     except ValueError as e:
@@ -291,22 +293,22 @@ def pick_hosts(plan: JobPlan, avoid: list[str]) -> list[str]:
     ]
     fit.sort(key=lambda n: n.state != "free")
     hosts = list(dict.fromkeys(n.host for n in fit))
-    if len(hosts) < plan.nodes:
+    if len(hosts) < plan.allocation_nodes:
         have = f"only {len(hosts)} ({', '.join(hosts)})" if hosts else "none"
         raise SchedulerError(
-            f"PBS cannot keep this run off {', '.join(avoid)}: the job needs {plan.nodes} other usable "
+            f"PBS cannot keep this run off {', '.join(avoid)}: the job needs {plan.allocation_nodes} other usable "
             f"node(s) that can take a chunk, the server has {have}",
             where="exclude",
             hint="fix the node or bring others online, then hpclaunch submit --resume",
         )
-    return hosts[: plan.nodes]
+    return hosts[: plan.allocation_nodes]
 
 
 def qsub(args: list[str], *, cwd: Path) -> str:
     cwd.mkdir(parents=True, exist_ok=True)
     out = _run(["qsub", *args], what="qsub", cwd=cwd)
     job_id = out.strip().splitlines()[-1].strip() if out.strip() else ""
-    if not re.match(r"^\d+(\[\d*\])?(\.\S+)?$", job_id):
+    if not re.fullmatch(r"\d+(\[\d*\])?(\.\S+)?", job_id):
         raise SchedulerError(f"qsub answered {out.strip()!r}, not a job id", where="qsub")
     return job_id
 
@@ -333,8 +335,11 @@ def pbs_status(job_id: str) -> SchedulerStatus:
     try:
         out = subprocess.run(["qstat", "-f", job_id], capture_output=True, text=True, timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired) as e:
-        return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask PBS: {e}")
+        return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask PBS: {e}", answered=False)
     m = re.search(r"job_state\s*=\s*(\w)", out.stdout)
+    if out.returncode != 0 and "unknown job id" not in out.stderr.lower():
+        # The server is down or unreachable: not "the job is gone".
+        return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask PBS: {out.stderr.strip()}", answered=False)
     if out.returncode != 0 or not m:
         return SchedulerStatus(JobState.UNKNOWN, "", "PBS no longer lists the job")
     word = m.group(1).upper()
@@ -346,7 +351,7 @@ def pbs_status(job_id: str) -> SchedulerStatus:
 _MPI_RANK_VARS = ("PMI_RANK", "PMIX_RANK", "OMPI_COMM_WORLD_RANK", "PALS_RANKID", "MPI_RANK")
 
 
-def node_context_from_env(environ: Mapping[str, str], *, time_limit_s: int, now: float) -> NodeContext:
+def node_context_from_env(environ: Mapping[str, str]) -> NodeContext:
     """This node of the job, from PBS's variables, ``PBS_NODEFILE`` and the launcher's rank."""
     if "PBS_JOBID" not in environ:
         raise NodeContextError("PBS_JOBID is not set", hint="is this running inside a PBS job?")
@@ -384,7 +389,6 @@ def node_context_from_env(environ: Mapping[str, str], *, time_limit_s: int, now:
         num_nodes=len(hosts),
         hostname=hosts[node_rank] if node_rank < len(hosts) else hostname,
         hosts=hosts,
-        end_time=end_time_from_env(environ, time_limit_s=time_limit_s, now=now),
         array_task=int(array) if array else None,
     )
 

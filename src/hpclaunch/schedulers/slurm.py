@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import JobPlan, RunPaths
+from ..rundir.cause import Cause
 from ..templates import lint
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import submitit_adapter
@@ -99,7 +100,7 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
     params: dict[str, Any] = {
         "job_name": plan.name,
         "time": plan.time_limit_minutes,
-        "nodes": plan.nodes,
+        "nodes": plan.allocation_nodes,
         "ntasks_per_node": 1,
         "cpus_per_task": plan.cpus_per_task,
         "signal_delay_s": plan.warn_lead_s,
@@ -107,9 +108,11 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
         "wckey": None,
         "setup": _setup_lines(plan),
         # Explicit --requeue: some sites set JobRequeue=0; hpclaunch decides per cause whether to requeue.
-        "additional_parameters": {"requeue": True},
-        # One broken node must end the step instead of leaving the others waiting in rendezvous.
-        "srun_args": ["--kill-on-bad-exit=1"],
+        # --no-kill: a node that fails must not end the job; the agents of the others recover in place.
+        "additional_parameters": {"requeue": True, "no_kill": True},
+        # A node whose agent died must not take the other agents with it: they decide (node 0, or
+        # the first live agent when node 0 is the one gone) and continue in place or requeue.
+        "srun_args": ["--kill-on-bad-exit=0"],
     }
     if plan.gpus_per_node:
         params["gpus_per_node"] = plan.gpus_per_node
@@ -181,26 +184,28 @@ class SlurmScheduler:
 
     def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
         ctx = node_context_from_env(environ, hostnames=scontrol_hostnames)
-        end = job_end_time(ctx.job_id) or _env_end_time(environ)
-        if end is None:
-            start = float(environ.get("SLURM_JOB_START_TIME") or now)
-            end = start + plan.time_limit_s
-        return NodeContext(**{**ctx.__dict__, "end_time": end})
+        # EndTime restarts with every requeue; SLURM applies the limit in whole minutes.
+        clock = plan.attempt_clock(
+            start=float(environ.get("SLURM_JOB_START_TIME") or now),
+            scheduler_end=job_end_time(ctx.job_id) or _env_end_time(environ),
+            limit_s=plan.time_limit_minutes * 60,
+        )
+        return NodeContext(**{**ctx.__dict__, "clock": clock})
 
     def node_address(self, host: str) -> str:
         """SLURM's NodeAddr (what slurmd listens on), else DNS."""
         addr = slurm_node_addr(host)
         return resolve_address(addr or host)
 
-    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> str:
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> Cause:
         if at_time_limit(ctx, now):
-            return "timeout"
+            return Cause.TIMEOUT
         job = show_job(ctx.job_id)
         if not job:
-            return "preemption"  # SLURM cannot be asked: save, and let the decision sort it out
+            return Cause.PREEMPTION  # SLURM cannot be asked: save, and let the decision sort it out
         if int(job.get("Restarts", "0") or 0) > ctx.restart_count:
-            return "preemption"  # a requeue (preemption, scontrol requeue) raised Restarts first
-        return "cancelled"
+            return Cause.PREEMPTION  # a requeue (preemption, scontrol requeue) raised Restarts first
+        return Cause.CANCELLED
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
         """Requeue this very job (same id; SLURM_RESTART_COUNT grows). Arrays requeue their task."""
@@ -273,7 +278,6 @@ def node_context_from_env(environ: Mapping[str, str], *, hostnames: Any = scontr
         hostname=hostname,
         hosts=hosts,
         restart_count=env_int(environ, "SLURM_RESTART_COUNT", 0),
-        end_time=_env_end_time(environ),
         array_task=int(array_task) if array_task else None,
     )
 
@@ -384,9 +388,13 @@ def slurm_status(job_id: str) -> SchedulerStatus:
             word = submitit_adapter.sacct_state(job_id)
             if word:
                 return SchedulerStatus(STATE_MAP.get(word, JobState.UNKNOWN), word, "sacct --parsable2")
+        said = (out.stderr or "").strip()
+        if out.returncode != 0 and "invalid job id" not in said.lower():
+            # slurmctld down or unreachable: not "the job is gone"; the caller must not act on it.
+            return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask SLURM: {said}", answered=False)
         return SchedulerStatus(JobState.UNKNOWN, "", "SLURM no longer lists the job (no accounting)")
     except (FileNotFoundError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
-        return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask SLURM: {e}")
+        return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask SLURM: {e}", answered=False)
 
 
 def show_job(job_id: str) -> dict[str, str]:

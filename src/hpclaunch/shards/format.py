@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import DataError
+from ..errors import DataError, FilesystemError
+from ..fsutil import TRANSIENT_ERRNOS, retry_transient
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
@@ -201,15 +202,37 @@ def _check_token_values(ids: np.ndarray, path: Path, m: ModelConfig, chunk: int 
 # ---- memory-mapped reading ---------------------------------------------------------------------
 
 
+def _cannot_read_now(path: Path, e: OSError) -> FilesystemError:
+    """A shard that cannot be read *now* (EIO, ESTALE, a flickering permission): not bad data."""
+    return FilesystemError(
+        f"cannot read this shard now ({e.strerror or e})",
+        where=str(path),
+        hint="check the filesystem; the attempt is retried like a crash",
+    )
+
+
 def open_latent_array(path: Path) -> np.ndarray:
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
-    except (ValueError, OSError, EOFError) as e:
+        return retry_transient(lambda: np.load(path, mmap_mode="r", allow_pickle=False))
+    except OSError as e:
+        if e.errno in TRANSIENT_ERRNOS:
+            raise _cannot_read_now(path, e) from None
+        raise DataError(f"not a readable .npy array ({e})", where=str(path)) from None
+    except (ValueError, EOFError) as e:
         raise DataError(f"not a readable .npy array ({e})", where=str(path)) from None
 
 
 def open_token_array(path: Path) -> np.ndarray:
     """``input_ids`` of an .npz shard, memory-mapped when the member is stored uncompressed."""
+    try:
+        return retry_transient(lambda: _open_token_array(path))
+    except OSError as e:
+        if e.errno in TRANSIENT_ERRNOS:
+            raise _cannot_read_now(path, e) from None
+        raise DataError(f"not a readable .npz archive ({e})", where=str(path)) from None
+
+
+def _open_token_array(path: Path) -> np.ndarray:
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()
@@ -228,7 +251,7 @@ def open_token_array(path: Path) -> np.ndarray:
                     return mapped
             with zf.open(member) as f:
                 return np.lib.format.read_array(f, allow_pickle=False)
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, ValueError, EOFError) as e:
         raise DataError(f"not a readable .npz archive ({e})", where=str(path)) from None
 
 

@@ -171,12 +171,13 @@ def _check_extra_sbatch(
                 "use --export=ALL (the default) or remove launch.pass_env",
             )
         ]
-    if key == "--ntasks" and value != str(plan.nodes):
-        return contradicts(f"the plan's one task per node ({plan.nodes} tasks)")
+    if key == "--ntasks" and value != str(plan.allocation_nodes):
+        return contradicts(f"the plan's one task per node ({plan.allocation_nodes} tasks)")
     if key == "--ntasks-per-node" and value != "1":
         return contradicts("the plan's one task (the node agent) per node")
-    if key == "--nodes" and value != str(plan.nodes):
-        return contradicts(f"scheduler.nodes={plan.nodes}")
+    if key == "--nodes" and value != str(plan.allocation_nodes):
+        spares = f" + scheduler.spare_nodes={plan.spare_nodes}" if plan.spare_nodes else ""
+        return contradicts(f"scheduler.nodes={plan.nodes}{spares}")
     if key == "--gres" and value is not None:
         gpus = [
             int(m.group(1)) for part in value.split(",") if (m := re.fullmatch(r"gpu(?::[^:]+)?:(\d+)", part))
@@ -214,7 +215,7 @@ def lint_pbs(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFi
     body = script.split("\n\n", 1)[-1]
     # one agent per node: mpiexec --ppn 1, PBS Pro's pbsdsh (one task per select chunk, each
     # mpiprocs=1), Torque's pbsdsh -u (one task per unique node)
-    if plan.nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh (-u )?--)", body):
+    if plan.allocation_nodes > 1 and not re.search(r"(mpiexec -n \d+ --ppn 1|pbsdsh (-u )?--)", body):
         findings.append(LintFinding("error", "a multi-node PBS job must start exactly one agent per node"))
     if re.search(r"^\s*torchrun\b", body, re.M):
         findings.append(
@@ -234,16 +235,18 @@ def lint_pbs(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFi
 
 def _common_time_checks(plan: JobPlan) -> list[LintFinding]:
     findings = []
-    time_limit_s, lead = plan.time_limit_s, plan.stop_lead
+    time_limit_s, lead = plan.time_limit_s, plan.planned_stop_lead_s
     if time_limit_s <= lead:
         findings.append(
-            LintFinding("error", f"walltime {time_limit_s} s is not longer than the stop lead time {lead} s")
+            LintFinding(
+                "error", f"walltime {time_limit_s} s is not longer than the stop lead time {lead:.0f} s"
+            )
         )
     elif time_limit_s < 2 * lead:
         findings.append(
             LintFinding(
                 "warning",
-                f"walltime {time_limit_s} s leaves under half of each attempt for training (stop lead {lead} s)",
+                f"walltime {time_limit_s} s leaves under half of each attempt for training (stop lead {lead:.0f} s)",
             )
         )
     return findings

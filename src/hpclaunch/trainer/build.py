@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..config import RunConfig, TrainConfig
-from ..errors import DataError
+from ..errors import DataError, FilesystemError
 from ..rundir import Ledger, RunPaths
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
@@ -90,6 +90,8 @@ def _validate_all(cfg: RunConfig, run_dir: Path | None) -> dict[str, Any]:
         return out
     except DataError as e:
         return {"error": [e.message, e.where, e.hint]}
+    except FilesystemError as e:
+        return {"error": [e.message, e.where, e.hint], "filesystem": True}
 
 
 def load_data(cfg: RunConfig, ctx: DistContext, run_dir: Path | None) -> DataParts:
@@ -99,7 +101,7 @@ def load_data(cfg: RunConfig, ctx: DistContext, run_dir: Path | None) -> DataPar
         payload = broadcast_json(payload, ctx.host_group(), is_source=ctx.is_main)
     if "error" in payload:
         message, where, hint = payload["error"]
-        raise DataError(message, where=where, hint=hint)
+        raise (FilesystemError if payload.get("filesystem") else DataError)(message, where=where, hint=hint)
     info = DatasetInfo.from_json(payload["train"])
     train = ShardedDataset(info, cfg.model)
     d, seed = cfg.data, cfg.train.seed

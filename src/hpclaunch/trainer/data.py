@@ -40,6 +40,7 @@ class ShardedDataset:
         self._starts = np.cumsum([0] + [s.n for s in info.shards])
         self.text_len = model_cfg.text_len
         self.latent_shape = (model_cfg.latent_len, model_cfg.latent_dim)
+        self.vocab_size = model_cfg.vocab_size
 
     def __len__(self) -> int:
         return self.num_samples
@@ -58,6 +59,22 @@ class ShardedDataset:
             ids[rows[order]] = self._tokens[s][local[order]]
             lat[rows[order]] = self._latents[s][local[order]]
         return ids, lat
+
+    def id_problem(self, ids: np.ndarray, indices: np.ndarray) -> str | None:
+        """None when every id read for ``indices`` is in 0..vocab_size-1; else where the first bad
+        one is. The start-up check vouched for the shards, but a shard rewritten while the run
+        trains is seen here, by the batch, before the model indexes out of range (a crash that
+        would be retried) instead of at the next start's check."""
+        if ids.size == 0 or (int(ids.min()) >= 0 and int(ids.max()) < self.vocab_size):
+            return None
+        row, col = (int(x) for x in np.argwhere((ids < 0) | (ids >= self.vocab_size))[0])
+        index = int(indices[row])
+        shard = int(np.searchsorted(self._starts, index, side="right") - 1)
+        return (
+            f"{self.info.shards[shard].token_path}: id {int(ids[row, col])} at sample "
+            f"{index - int(self._starts[shard])}, position {col} is outside 0..{self.vocab_size - 1} "
+            "(the shard changed after the run's start-up check)"
+        )
 
 
 class SampleOrder:

@@ -1,7 +1,7 @@
 """The trainer's entry point: ``python -m hpclaunch.trainer RUN_DIR`` on every rank (torchrun starts it).
 
 Reads ``RUN_DIR/config.yaml``; optional environment ``HPCLAUNCH_ATTEMPT`` (default "local") and
-``HPCLAUNCH_JOB_END_TIME`` (epoch seconds; absent = no deadline). Runs under torchrun (RANK,
+``HPCLAUNCH_ATTEMPT_CLOCK`` (the attempt's clock, ``rundir.clock``; absent = no deadline). Runs under torchrun (RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single process. Rank 0 writes
 ``RUN/attempts/<attempt>.json`` (how the attempt ended); every rank exits 0 unless the run failed.
 """
@@ -16,9 +16,20 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..errors import DataError, HpclaunchError, PreflightFailed, TrainingError, debug_enabled
+from ..errors import (
+    DataError,
+    FilesystemError,
+    HpclaunchError,
+    PreflightFailed,
+    TrainingError,
+    debug_enabled,
+)
 from ..rundir import AttemptOutcome, RunPaths, read_config, write_outcome
-from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR
+from ..rundir.cause import Cause
+from ..rundir.clock import AttemptClock
+from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
+from ..rundir.outcome import write_rank_outcome
+from .loader import RankDataError
 from .loop import Trainer
 from .progress import register_stack_dump
 from .smoke import StartupHang
@@ -32,8 +43,13 @@ def _one_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m hpclaunch.trainer RUN_DIR``: train, write the outcome, return the exit code."""
+def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = False) -> int:
+    """``python -m hpclaunch.trainer RUN_DIR``: train, write the outcome, return the exit code.
+
+    ``leave_at_once_on_failure`` (the rank host's ranks): a rank that failed on its own writes its
+    outcome and leaves with ``os._exit``, without the trainer's teardown. After a peer died there
+    is nothing left to save, and the teardown (the DataLoader's workers are given 5 s to stop)
+    was most of the time between a crash and the next attempt."""
     startup = StartupClock.since_process_start()  # `imports`: process start until now
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
@@ -46,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(1, 2)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
     attempt = os.environ.get(ATTEMPT_VAR) or "local"
-    end_time = float(os.environ[END_TIME_VAR]) if os.environ.get(END_TIME_VAR) else None
+    clock = AttemptClock.from_env(os.environ)
     rank = int(os.environ.get("RANK", 0))
     paths = RunPaths(run_dir)
     trainer: Trainer | None = None
@@ -54,13 +70,17 @@ def main(argv: list[str] | None = None) -> int:
         cfg = read_config(paths)
         paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
         register_stack_dump(cfg, paths, attempt, rank)  # before the process group: start-up hangs too
-        trainer = Trainer(cfg, paths, attempt=attempt, end_time=end_time, startup=startup)
+        trainer = Trainer(cfg, paths, attempt=attempt, clock=clock, startup=startup)
         outcome = trainer.run()
         code = 0
     except (Exception, KeyboardInterrupt) as err:
         # Errors every rank raises together (the NaN guard's verdict, rank 0's data verdict) are
         # reported by rank 0 alone; any other error by the rank that hit it.
-        collective = isinstance(err, (TrainingError, DataError)) and trainer is not None
+        collective = (
+            isinstance(err, (TrainingError, DataError))
+            and not isinstance(err, RankDataError)
+            and trainer is not None
+        )
         collective = collective or (isinstance(err, DataError) and trainer is None)
         if rank == 0 or not collective:
             print(f"hpclaunch: training failed: {_one_line(err)}", file=sys.stderr, flush=True)
@@ -78,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         code = err.exit_code if isinstance(err, HpclaunchError) else 1
         if not collective:
             _write_outcome(paths, attempt, outcome, rank)
+            if leave_at_once_on_failure:
+                for stream in (sys.stdout, sys.stderr):
+                    with suppress(OSError, ValueError):
+                        stream.flush()
+                os._exit(code)
             return code
     finally:
         if trainer is not None:
@@ -94,27 +119,36 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-def failure_cause(err: BaseException) -> str:
+def failure_cause(err: BaseException) -> Cause:
     """The outcome's cause of a failed attempt, which decides whether it is retried.
 
-    "data" / "training": the run's own verdict (bad data; non-finite steps, an incompatible or
-    unwritable checkpoint) that a retry would repeat. "hang": ranks that never reached the start-up
+    DATA / TRAINING: the run's own verdict (bad data; non-finite steps, an incompatible or
+    unwritable checkpoint) that a retry would repeat. HANG: ranks that never reached the start-up
     barrier (rank 0 names them), continued within scheduler.max_hang_retries like a hang the node
-    agent's watchdog catches. "crash": anything else, the smoke test's other failures included (a
-    link that fails or corrupts an all_reduce is the machine's fault, not the run's), which the node
-    agent may retry within scheduler.max_failure_retries.
+    agent's watchdog catches. FILESYSTEM: the run's files could not be read now (a shared
+    filesystem's EIO or ESTALE that outlasted the retries), retried like a crash. CRASH: anything
+    else, the smoke test's other failures included (a link that fails or corrupts an all_reduce is
+    the machine's fault, not the run's), which the node agent may retry within
+    scheduler.max_failure_retries.
     """
     if isinstance(err, DataError):
-        return "data"
+        return Cause.DATA
     if isinstance(err, StartupHang):
-        return "hang"
+        return Cause.HANG
+    if isinstance(err, FilesystemError):
+        return Cause.FILESYSTEM
     if isinstance(err, PreflightFailed):
-        return "crash"
+        return Cause.CRASH
     if isinstance(err, HpclaunchError):
-        return "training"
-    return "crash"
+        return Cause.TRAINING
+    return Cause.CRASH
 
 
 def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
+    """Rank 0 writes the attempt's outcome; another rank that failed on its own says why beside it
+    (rank 0 then sees only its peers go, and the agent reads both: ``rundir.attempt_outcome``)."""
     if rank == 0:
         write_outcome(paths, attempt, outcome)
+    elif outcome.status == "failed":
+        with suppress(OSError):
+            write_rank_outcome(paths, attempt, rank, outcome)

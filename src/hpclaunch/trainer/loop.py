@@ -47,14 +47,16 @@ import torch.distributed as dist
 
 from ..config import RunConfig, TrainConfig
 from ..errors import CheckpointError, TrainingError
-from ..jobs.stop import StopCause, StopController
+from ..jobs.stop import StopController
 from ..rundir import CHECKPOINT_FAILED, RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths
+from ..rundir.cause import Cause
+from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
 from .build import build_model_parts, load_data, make_checkpointer
 from .checkpoint import RANK_LOCAL, rank_local_key
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
-from .loader import StepBatches, StepPlan, make_loader, micro_batches
+from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
 from .progress import Progress
@@ -93,7 +95,7 @@ class Trainer:
         paths: RunPaths,
         *,
         attempt: str = "local",
-        end_time: float | None = None,
+        clock: AttemptClock | None = None,
         checkpoints: bool = True,
         echo: bool = True,
         tty: bool | None = None,
@@ -102,7 +104,7 @@ class Trainer:
         self.cfg = cfg
         self.paths = paths
         self.attempt = attempt
-        self.end_time = end_time
+        self.clock = clock  # the attempt's time (rundir.clock); None: no deadline
         self.counters = Counters()
         self.startup = startup or StartupClock()
         self.startup.begin()
@@ -115,13 +117,12 @@ class Trainer:
         # Handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
         # after the first step instead of killing the rank with no outcome.
         self.stop = StopController(
-            stop_file=paths.stop_file,
+            paths=paths,
+            attempt=attempt,
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             group=self.ctx.cpu_group,
-            end_time=end_time,
-            stop_lead_s=cfg.launch.stop_lead_s,
-            margin_s=cfg.launch.stop_margin_s,
+            clock=clock,
         )
         self.stop.install_signal_handlers()
         self.echo, self.tty = echo, tty
@@ -391,12 +392,13 @@ class Trainer:
                 if t.tensorboard and self.checkpointer is not None:
                     self.tb = TensorBoardLog(self.paths.root / "tensorboard", resumed_step=c.step)
                     self.tb.mark("resumed", c.step, self._resume_text())
-            cause = StopCause.NONE
+            cause: Cause | None = None
             batches: Any = iter(self.loader())
             while c.step < t.steps:
                 t0 = time.perf_counter()
                 self.progress.phase("data", c.step + 1)
                 item = next(batches)
+                raise_data_problem(item)
                 applied, loss, text, latent, norm = self.train_step(item)
                 if self.cfg.testing.step_sleep_s:
                     time.sleep(self.cfg.testing.step_sleep_s)
@@ -417,7 +419,7 @@ class Trainer:
                 if c.step < t.steps:
                     self.progress.phase("collective")
                     cause = self.stop.check(c.step, dt)
-                    if cause != StopCause.NONE:
+                    if cause is not None:
                         if self.window.steps:
                             self.log_window(None)
                         break
@@ -427,12 +429,12 @@ class Trainer:
             self.save(blocking=True)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
-            if cause != StopCause.NONE and c.step < t.steps:
+            if cause is not None and c.step < t.steps:
                 if self.ledger is not None:
-                    self.ledger.append(STOPPED, cause=cause.label, step=c.step)
+                    self.ledger.append(STOPPED, cause=cause, step=c.step)
                 if self.tb is not None:
-                    self.tb.mark("stopped", c.step, f"stopped after step {c.step}: {cause.label}")
-                return self.outcome("stopped", cause.label)
+                    self.tb.mark("stopped", c.step, f"stopped after step {c.step}: {cause}")
+                return self.outcome("stopped", cause)
             if self.tb is not None:
                 self.tb.mark("finished", c.step, f"finished at step {c.step}")
             return self.outcome("finished", None)
@@ -477,7 +479,7 @@ class Trainer:
         }
         return list(all_gather_json(mine, self.ctx.host_group()))
 
-    def outcome(self, status: Status, cause: str | None, error: str | None = None) -> AttemptOutcome:
+    def outcome(self, status: Status, cause: Cause | None, error: str | None = None) -> AttemptOutcome:
         ranks = self.gather_summaries()
         c = self.counters
         return AttemptOutcome(

@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from ...errors import CheckpointError
+from ...errors import CheckpointError, FilesystemError
 from ...fsutil import fsync_dir
 from ...rundir import CHECKPOINT_INVALID, Ledger
 from .manifest import (
@@ -79,6 +79,10 @@ class CheckpointDir:
             self.set_aside(path, str(e))
         except FileNotFoundError:
             pass
+        except (FilesystemError, OSError) as e:
+            # Cannot read it now: not evidence against it. Kept (and counted) as it is.
+            log.warning("checkpoint %s cannot be verified now: %s", path.name, e)
+            return True
         self._known_valid.pop(step, None)
         return False
 
@@ -123,10 +127,13 @@ class CheckpointDir:
         log.info("retention: deleted checkpoint %s", path.name)
 
     def choose(self) -> dict[str, Any]:
-        """Rank 0: the checkpoint to load, as JSON for the broadcast (errors included)."""
+        """Rank 0: the checkpoint to load, as JSON for the broadcast (errors included). Checks the
+        structure and sizes; the sha256 of its files is checked by every rank, a share each
+        (``Checkpointer.load_latest``). A checkpoint that cannot be read now is never set aside:
+        the answer is a filesystem error (the attempt fails and is retried like a crash)."""
         try:
             leftovers = self.remove_leftovers()
-            info, skipped = newest_valid(self.directory)
+            info, skipped = newest_valid(self.directory, verify_hashes=False)
             for path, reason in skipped:
                 self.set_aside(path, reason)  # so the run saves those steps again
             for _, path, reason in leftovers:
@@ -146,8 +153,12 @@ class CheckpointDir:
                 "manifest": info.manifest,
                 "skipped": [[str(p), r] for p, r in skipped],
             }
+        except FilesystemError as e:
+            return {"error": e.one_line(), "filesystem": True}
         except CheckpointError as e:
             return {"error": e.one_line()}
+        except OSError as e:
+            return {"error": f"reading {self.directory} failed: {e}", "filesystem": True}
         except Exception as e:
             return {"error": f"choosing a checkpoint in {self.directory} failed: {type(e).__name__}: {e}"}
 

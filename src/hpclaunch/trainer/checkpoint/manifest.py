@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ...errors import CheckpointError
+from ...errors import CheckpointError, FilesystemError
+from ...fsutil import retry_transient
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -106,14 +107,24 @@ def build_manifest(
     }
 
 
+def unreadable(path: Path, e: OSError) -> FilesystemError:
+    """A file that cannot be read *now* (EIO, ESTALE, EACCES...): never a verdict on the checkpoint."""
+    return FilesystemError(
+        f"cannot read {path.name} now ({e.strerror or e}); the checkpoint is left as it is",
+        where=str(path),
+        hint="check the filesystem; the attempt is retried like a crash",
+    )
+
+
 def read_manifest(path: Path) -> dict[str, Any]:
-    """The parsed manifest of checkpoint directory ``path``; raises InvalidCheckpoint."""
+    """The parsed manifest of checkpoint directory ``path``; raises InvalidCheckpoint when the
+    manifest is missing or bad, FilesystemError when it cannot be read now (after retries)."""
     try:
-        text = (path / MANIFEST_NAME).read_text()
+        text = retry_transient((path / MANIFEST_NAME).read_text)
     except FileNotFoundError:
         raise InvalidCheckpoint("no manifest.json (the writer was killed before publishing)") from None
     except OSError as e:
-        raise InvalidCheckpoint(f"cannot read manifest.json ({e.strerror})") from None
+        raise unreadable(path / MANIFEST_NAME, e) from None
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError as e:
@@ -130,7 +141,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def verify_checkpoint(path: Path, *, verify_hashes: bool = True) -> CheckpointInfo:
     """Check a published directory against its manifest; raises InvalidCheckpoint with the reason."""
-    match = _STEP_RE.match(path.name)
+    match = _STEP_RE.fullmatch(path.name)
     if match is None or not path.is_dir():
         raise InvalidCheckpoint("not a step_NNNNNN directory")
     manifest = read_manifest(path)
@@ -152,7 +163,7 @@ def _check_listing(path: Path, listed: dict[str, Any]) -> None:
     if METADATA_NAME not in listed:
         raise InvalidCheckpoint("manifest does not list .metadata (DCP did not finish)")
     for child in path.iterdir():
-        if child.name not in listed and _DCP_FILE_RE.match(child.name):
+        if child.name not in listed and _DCP_FILE_RE.fullmatch(child.name):
             raise InvalidCheckpoint(f"unlisted file {child.name} (not part of this checkpoint)")
 
 
@@ -160,23 +171,42 @@ def _check_file(path: Path, entry: Any, *, verify_hashes: bool) -> None:
     if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int):
         raise InvalidCheckpoint(f"manifest entry for {path.name} is malformed")
     try:
-        actual = path.stat().st_size
+        actual = retry_transient(path.stat).st_size
     except FileNotFoundError:
         raise InvalidCheckpoint(f"file {path.name} is missing") from None
+    except OSError as e:
+        raise unreadable(path, e) from None
     if actual != entry["bytes"]:
         hint = "truncated?" if actual < entry["bytes"] else "appended to?"
         raise InvalidCheckpoint(
             f"file {path.name} is {actual} bytes, manifest says {entry['bytes']} ({hint})"
         )
-    if verify_hashes and file_digest(path)[1] != entry.get("sha256"):
-        raise InvalidCheckpoint(f"sha256 mismatch in {path.name} (altered after it was written)")
+    if verify_hashes:
+        try:
+            digest = retry_transient(lambda: file_digest(path))[1]
+        except FileNotFoundError:
+            raise InvalidCheckpoint(f"file {path.name} is missing") from None
+        except OSError as e:
+            raise unreadable(path, e) from None
+        if digest != entry.get("sha256"):
+            raise InvalidCheckpoint(f"sha256 mismatch in {path.name} (altered after it was written)")
+
+
+def verify_share(info: CheckpointInfo, rank: int, world: int) -> None:
+    """Hash this rank's share of ``info``'s files against the manifest (every ``world``-th file,
+    from ``rank``): at resume every rank checks a part, as every rank hashed what it wrote at save,
+    so a large checkpoint is verified in the time of its share, not of the whole on one rank.
+    Raises InvalidCheckpoint or FilesystemError."""
+    listed: dict[str, Any] = info.manifest["files"]
+    for name in sorted(listed)[rank::world]:
+        _check_file(info.path / name, listed[name], verify_hashes=True)
 
 
 def published_dirs(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of every ``step_N`` entry in ``directory``, oldest first (no validation)."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_RE.match(p.name))]
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _STEP_RE.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -184,7 +214,7 @@ def leftover_dirs(directory: Path) -> list[tuple[int, Path]]:
     """(step, path) of unpublished temporary / half-deleted directories, oldest first."""
     if not directory.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _LEFTOVER_RE.match(p.name))]
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if (m := _LEFTOVER_RE.fullmatch(p.name))]
     return sorted(found)
 
 
@@ -214,13 +244,14 @@ def scan_checkpoints(
 
 
 def newest_valid(
-    directory: Path,
+    directory: Path, *, verify_hashes: bool = True
 ) -> tuple[CheckpointInfo | None, list[tuple[Path, str]]]:
-    """The newest valid checkpoint and the invalid newer ones (verifies newest-first, stops early)."""
+    """The newest valid checkpoint and the invalid newer ones (verifies newest-first, stops early).
+    A checkpoint that cannot be read now raises FilesystemError: it is not skipped as invalid."""
     skipped: list[tuple[Path, str]] = []
     for _, path in reversed(published_dirs(directory)):
         try:
-            return verify_checkpoint(path), skipped
+            return verify_checkpoint(path, verify_hashes=verify_hashes), skipped
         except InvalidCheckpoint as e:
             skipped.append((path, str(e)))
     return None, skipped

@@ -1,0 +1,109 @@
+"""Why an attempt ended: one enum, used by every side (stop controller, relay, schedulers, outcome,
+decision, ledger, status, accounting).
+
+The value is what the run directory records (``"timeout"``, ``"crash"``, ...). Parsing an unknown
+value is an error, never a guess: a cause that nobody defined cannot be retried or ended correctly.
+Every run directory ever written uses only these values, so old runs read unchanged.
+
+What a cause means for the run is decided in ``jobs.decide``; what is fixed here is only its
+vocabulary and which budget a continuation for it spends.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class UnknownCause(ValueError):
+    """A cause value that is not one of ``Cause``'s."""
+
+
+class Cause(str, Enum):
+    # The allocation ends or the user asks: every rank stops after the same step and saves.
+    TIMEOUT = "timeout"
+    PREEMPTION = "preemption"
+    USER = "user"
+    # The scheduler's cancellation (scancel, qdel, hpclaunch cancel): never continued.
+    CANCELLED = "cancelled"
+    # Failures. crash, filesystem, hang and node_failure are the machine's: retried within their
+    # budgets. training and data are the run's own verdicts: the same code on the same data fails
+    # again, so they are never retried.
+    CRASH = "crash"
+    FILESYSTEM = "filesystem"  # could not read or write the run's files now (EIO, ESTALE, ...)
+    HANG = "hang"
+    NODE_FAILURE = "node_failure"
+    TRAINING = "training"
+    DATA = "data"
+
+    def __str__(self) -> str:  # f-strings and str() give the recorded value, on every Python
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def parse(cls, value: object) -> Cause:
+        """The cause recorded as ``value``; an unknown value raises ``UnknownCause``."""
+        if isinstance(value, Cause):
+            return value
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            known = ", ".join(c.value for c in cls)
+            raise UnknownCause(f"unknown cause {value!r} (known: {known})") from None
+
+    @classmethod
+    def parse_optional(cls, value: object) -> Cause | None:
+        """``parse`` for fields that may be absent (None or "")."""
+        return None if value is None or value == "" else cls.parse(value)
+
+    @property
+    def is_stop(self) -> bool:
+        """A stop every rank agreed on and saved for (the allocation ends, or the user asked)."""
+        return self in STOP_CAUSES
+
+    @property
+    def is_own_failure(self) -> bool:
+        """The run's own verdict: retrying would repeat it."""
+        return self in (Cause.TRAINING, Cause.DATA)
+
+    @property
+    def budget(self) -> str | None:
+        """The budget a continuation for this cause spends (``None``: it is never continued)."""
+        return _BUDGETS.get(self)
+
+    @property
+    def words(self) -> str:
+        """The cause in a user's words (status, report)."""
+        return _WORDS.get(self, self.value)
+
+
+STOP_CAUSES = (Cause.TIMEOUT, Cause.PREEMPTION, Cause.USER)
+
+# Budgets: requeue (scheduler.max_requeues), crash (max_failure_retries), hang (max_hang_retries),
+# node (preflight.max_node_excludes).
+_BUDGETS = {
+    Cause.TIMEOUT: "requeue",
+    Cause.PREEMPTION: "requeue",
+    Cause.USER: "requeue",
+    Cause.CRASH: "crash",
+    Cause.FILESYSTEM: "crash",
+    Cause.HANG: "hang",
+    Cause.NODE_FAILURE: "node",
+}
+
+_WORDS = {
+    Cause.USER: "user stop",
+    Cause.TIMEOUT: "time limit",
+    Cause.NODE_FAILURE: "node failure",
+    Cause.FILESYSTEM: "filesystem error",
+    Cause.TRAINING: "training failure",
+    Cause.DATA: "bad data",
+}
+
+# The stop causes as small integers, for the stop protocol's all_reduce(MAX): when several sources
+# fire at once the larger wins (a preemption is more urgent than a time limit). A user's stop is
+# the weakest as a *cause* of the save, but the user's *intent* (end the run) is not decided by
+# this order: the user's request is kept apart (``rundir.control``) and wins in ``decide``.
+STOP_CODES = {Cause.USER: 1, Cause.TIMEOUT: 2, Cause.PREEMPTION: 3}
+STOP_BY_CODE = {code: cause for cause, code in STOP_CODES.items()}

@@ -1,0 +1,123 @@
+"""The rank host: one per node for the whole allocation (``python -m hpclaunch.trainer.launcher``),
+started and driven by the node agent.
+
+Every attempt used to pay a whole process start-up: torchrun importing torch, then every rank
+importing torch, mmdit and DCP (2.5-4 s of a 6 s restart on this project's machine). The rank host
+pays it once: it imports the trainer into a forkserver (``multiprocessing``'s, with the trainer
+modules preloaded) when the allocation starts, and each attempt's ranks are forked from it in
+milliseconds. An attempt is one round of torch's own elastic launcher (``elastic_launch``: the
+``LocalElasticAgent`` spawns, watches and tears down the ranks, c10d rendezvous with a fresh run id
+per attempt, ``max_restarts=0``): whether an attempt is followed by another, and on which nodes, is
+the node agent's decision (``jobs.decide``), never a restart counter's.
+
+Protocol: the agent writes one JSON request per line on stdin (``{"attempt": {...}}`` or
+``{"exit": true}``); replies go to the file descriptor named on the command line (``{"ready": ...}``
+once the forkserver runs, ``{"done": ...}`` after each attempt). The ranks' output and the launcher's own go
+to stdout and stderr, which the agent writes into the attempt's node log.
+
+Scheduler signals are ignored here as they were by torchrun (the agent starts this process with
+USR1/USR2/TERM/INT ignored; the forkserver and the ranks inherit that, the ranks then install their
+own handlers): a preemption's SIGTERM reaches the ranks through the agent's relay, never kills the
+host mid-save.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import multiprocessing
+import os
+import sys
+import time
+from multiprocessing import forkserver
+from pathlib import Path
+from typing import Any
+
+PRELOAD = ["hpclaunch.trainer.preload"]  # torch, mmdit, DCP and the trainer: imported once, forked after
+
+
+def rank_main(run_dir: str, env: dict[str, str]) -> int:
+    """One rank of one attempt (runs in a process forked from the forkserver)."""
+    os.environ.update(env)  # the attempt's variables: the forkserver's environment is the allocation's
+    from .entry import main
+
+    code = main([run_dir], leave_at_once_on_failure=True)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    if code:
+        raise SystemExit(code)  # the elastic agent sees a failed rank
+    return 0
+
+
+def run_attempt(request: dict[str, Any]) -> dict[str, Any]:
+    """One elastic round: rendezvous, fork the ranks, wait for all of them."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    log_dir = Path(request["log_dir"])
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = LaunchConfig(
+        min_nodes=request["nnodes"],
+        max_nodes=request["nnodes"],
+        nproc_per_node=request["nproc"],
+        run_id=request["run_id"],
+        role="trainer",
+        # One node: c10d on a free local port, as torchrun --standalone does.
+        rdzv_endpoint=request.get("rdzv_endpoint") or "127.0.0.1:0",
+        rdzv_backend="c10d",
+        rdzv_configs=request.get("rdzv_configs") or {"is_host": True},
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="forkserver",
+        signals_to_handle="SIGHUP,SIGQUIT",
+        local_addr=request.get("local_addr"),
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
+    )
+    began = time.time()
+    try:
+        elastic_launch(config, rank_main)(request["run_dir"], request["env"])
+        return {"state": "succeeded", "returncode": 0, "seconds": round(time.time() - began, 3)}
+    except ChildFailedError as e:
+        codes = {str(rank): f.exitcode for rank, f in e.failures.items()}
+        return {
+            "state": "failed",
+            "returncode": 1,
+            "failures": codes,
+            "seconds": round(time.time() - began, 3),
+        }
+    except Exception as e:  # rendezvous timeout, a store that went away: the attempt failed
+        return {"state": "failed", "returncode": 1, "error": f"{type(e).__name__}: {e}"}
+
+
+def serve(reply_fd: int) -> int:
+    reply = os.fdopen(reply_fd, "w", buffering=1)
+
+    def send(**message: Any) -> None:
+        reply.write(json.dumps(message) + "\n")
+        reply.flush()
+
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    forkserver.ensure_running()  # starts the forkserver; it imports PRELOAD meanwhile
+    # torch's log formatter imports torch._dynamo the first time it formats an exception, which the
+    # elastic agent does when a rank fails: 1.5 s between a crash and the decision, unless done now.
+    import torch._dynamo.config
+    import torch.distributed.launcher.api  # noqa: F401  (the elastic launcher, imported before the first attempt)
+
+    send(ready={"pid": os.getpid(), "forkserver": forkserver._forkserver._forkserver_pid})  # type: ignore[attr-defined]
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        if request.get("exit"):
+            break
+        send(done=run_attempt(request["attempt"]))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
+        print("usage: python -m hpclaunch.trainer.launcher REPLY_FD", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(serve(int(sys.argv[1])))
