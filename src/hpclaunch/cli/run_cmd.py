@@ -15,7 +15,17 @@ from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
-from .common import JsonOpt, SetOpt, console, err_console, load, print_json
+from .common import (
+    CONFIG_HELP,
+    ConfigArg,
+    JsonOpt,
+    SetOpt,
+    config_names,
+    console,
+    err_console,
+    load,
+    print_json,
+)
 from .follow import attempt_log_dirs, copy_out, follow_logs
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
@@ -56,7 +66,7 @@ def _preflight_or_refuse(cfg: Any) -> None:
 
 
 def submit(
-    config: Annotated[Path | None, typer.Argument(help="The run's YAML config.", metavar="[CONFIG]")] = None,
+    config: Annotated[list[Path] | None, typer.Argument(help=CONFIG_HELP, metavar="[CONFIG...]")] = None,
     overrides: SetOpt = None,
     resume: Annotated[
         Path | None,
@@ -72,17 +82,27 @@ def submit(
     no_preflight: Annotated[
         bool, typer.Option("--no-preflight", help="Skip the preflight checks (recorded).")
     ] = False,
+    after: Annotated[
+        Path | None,
+        typer.Option(
+            "--after",
+            help="Start only once this run has finished (held until then; never if it fails or is cancelled).",
+            metavar="RUN",
+        ),
+    ] = None,
 ) -> None:
     """Check, render and submit a run to its scheduler (local by default).
 
     Examples:
       hpclaunch submit examples/tiny.yaml --wait
+      hpclaunch submit base.yaml exp-highres.yaml --set train.lr=1e-4
       hpclaunch submit run.yaml --sweep train.lr=1e-4,3e-4 --sweep model.depth=2,4
       hpclaunch submit --resume runs/tiny
+      hpclaunch submit stage2.yaml --after runs/stage1
     """
     if resume is not None:
         cfg = load_existing_run(_run_paths(resume).root, overrides or [])
-    elif config is not None:
+    elif config:
         cfg = load(config, overrides)
     else:
         raise UserInputError(
@@ -91,19 +111,42 @@ def submit(
     prepared = prepare(cfg, sweeps=sweep or [])
     for warning in prepared.rendered.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    after_paths = None
+    if after is not None:
+        from ..orchestrator.chain import check_after
+
+        after_paths = check_after(after, prepared.plan.paths().root, sweep=bool(sweep))
     if resume is not None:
         refuse_if_locked(prepared.plan)
         from .train_checks import refuse_other_model_shape
 
         refuse_other_model_shape(cfg, prepared.plan.paths().root)
+    from .train_checks import refuse_bad_init_from
+
+    refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=after is not None)
     if not no_preflight:
         _preflight_or_refuse(cfg)
-    paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
+    paths, job_id = submit_run(
+        prepared, run_preflight=not no_preflight, resume=resume is not None, held=after_paths is not None
+    )
     typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
+    if after_paths is not None:
+        from ..orchestrator.chain import register_and_settle
+
+        verdict = register_and_settle(after_paths, paths, prepared.plan.scheduler, job_id)
+        typer.echo(f"  chained after {after_paths.root}: {_chain_words(verdict.action, verdict.reason)}")
     typer.echo(f"  follow it: hpclaunch status {paths.root} --watch")
     if wait:
         code = _wait(paths)
         raise typer.Exit(code)
+
+
+def _chain_words(action: str, reason: str) -> str:
+    if action == "release":
+        return f"{reason}, so this run was released"
+    if action == "cancel":
+        return f"{reason}, so this run was cancelled"
+    return "held until it finishes (cancelled if it fails or is cancelled)"
 
 
 def _plan_scheduler(paths: RunPaths) -> str | None:
@@ -167,7 +210,7 @@ def _status_dict(paths: RunPaths) -> dict[str, Any]:
 
 
 def train(
-    config: Annotated[Path, typer.Argument(help="The run's YAML config.", metavar="CONFIG")],
+    config: ConfigArg,
     overrides: SetOpt = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in its existing directory.")
@@ -186,12 +229,12 @@ def train(
     from ..orchestrator.launch import scheduler_says_active
     from ..rundir import RunLock, latest_outcome
     from .live_progress import live_progress
-    from .train_checks import refuse_bad_data, refuse_other_model_shape
+    from .train_checks import refuse_bad_data, refuse_bad_init_from, refuse_other_model_shape
 
     cfg = load(config, overrides)
     raw = cfg.to_dict()
     raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
-    cfg = validate_config(raw, where=str(config))
+    cfg = validate_config(raw, where=config_names(config))
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     if paths.is_run() and not resume:
@@ -203,6 +246,7 @@ def train(
     refuse_bad_data(cfg)
     if resume:
         refuse_other_model_shape(cfg, paths.root)
+    refuse_bad_init_from(cfg, paths.root)
     job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
     lock = RunLock(paths)
     holder = lock.acquire(
@@ -442,6 +486,10 @@ def cancel(run: RunArg) -> None:
     Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
     get_scheduler(kind).cancel(paths, job_id)
     console.print(f"cancelled job {job_id}", highlight=False)
+    from ..schedulers.chain import settle_followers
+
+    for follower, _ in settle_followers(paths, by="hpclaunch cancel"):
+        console.print(f"cancelled {follower.run} (chained after this run)", highlight=False)
 
 
 def logs(

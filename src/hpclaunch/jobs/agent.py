@@ -51,6 +51,7 @@ from ..rundir import (
 from ..rundir.env import ATTEMPT_VAR, END_TIME_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
 from ..schedulers.base import NodeContext, Scheduler, get_scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
+from .chain import after_attempt
 from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .stop import StopCause, read_stop_request
@@ -445,12 +446,16 @@ def agent_main(run_dir: str) -> int:
             plan, paths = _sweep_point(plan, ctx)
         paths = plan.paths(str(paths.root))
         cfg = read_config(paths)
-        return NodeAgent(paths, plan, cfg, ctx, scheduler).run()
+        code = NodeAgent(paths, plan, cfg, ctx, scheduler).run()
+        if ctx.is_head:
+            after_attempt(paths)  # a run that ended here releases or cancels the runs chained after it
+        return code
     except HpclaunchError as e:
         ledger = Ledger(paths, role="agent", node=node)
         # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
         if node == 0:
             ledger.append("failed", cause="crash", error=e.one_line(), reason=e.one_line())
+            after_attempt(paths)
         else:
             ledger.append("agent_error", error=e.one_line())
         print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)

@@ -127,6 +127,7 @@ class Trainer:
         self.echo, self.tty = echo, tty
         self.log: MetricsLog | None = None
         self.tb: TensorBoardLog | None = None
+        self.initialized: Any = None  # where the first weights came from (train.init_from), if not the seed
         self.last_lr = 0.0
         try:
             self._build(checkpoints)
@@ -210,6 +211,10 @@ class Trainer:
                 if self.ctx.rank not in result.ranks_without_rank_local:
                     restore_rng_state(state[RANK_LOCAL][rank_local_key(self.ctx.rank)], self.ctx.device)
                 checkpoint_path = str(result.info.path)
+            elif self.cfg.train.init_from:  # no checkpoint of its own yet: another run's weights
+                from .init_from import init_weights
+
+                self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
         self.startup.mark("load")
         c = self.counters
         if self.ledger is not None:
@@ -442,6 +447,8 @@ class Trainer:
     def _resume_text(self) -> str:
         c = self.counters
         start = f"resumed from step {c.step}" if c.step else "started"
+        if not c.step and self.initialized is not None:
+            start += f" from the {self.initialized.describe()}"
         return f"{start} (attempt {self.attempt}, {self.ctx.world_size} ranks, {self.cfg.train.parallel})"
 
     def log_window(self, val: dict[str, float | None] | None) -> None:
