@@ -406,7 +406,7 @@ def _status_table(data: dict[str, Any]) -> Any:
             end,
             a.get("cause") or "",
         )
-    parts: list[Any] = [head, progress, table, *time_parts(data)]
+    parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):
@@ -414,6 +414,16 @@ def _status_table(data: dict[str, Any]) -> Any:
     for warning in data.get("ledger_warnings") or []:
         parts.append(Text(f"ledger: {warning}", style="yellow"))
     return Group(*parts)
+
+
+def lineage_parts(data: dict[str, Any]) -> list[Any]:
+    """Where the weights came from and the chain this run is part of (status lines)."""
+    from rich.text import Text
+
+    from ..orchestrator.lineage import describe_chain, describe_weights
+
+    lines = [describe_weights(data.get("weights_from")), *describe_chain(data.get("chain"))]
+    return [Text(line, style="cyan") for line in lines if line]
 
 
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
