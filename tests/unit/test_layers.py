@@ -17,16 +17,17 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "fsutil": set(),
+    "estimate": set(),
     "nccl": {"errors"},
     "config": {"errors", "nccl"},
     "rundir": {"config", "errors", "fsutil"},
     "shards": {"config", "errors"},
     "templates": {"config", "errors", "rundir"},
     "schedulers": {"config", "errors", "fsutil", "rundir", "templates"},
-    "preflight": {"config", "errors", "fsutil", "nccl", "rundir", "schedulers", "shards"},
+    "preflight": {"config", "errors", "estimate", "fsutil", "nccl", "rundir", "schedulers", "shards"},
     "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "rundir", "schedulers"},
     "trainer": {"config", "errors", "fsutil", "jobs", "rundir", "shards"},
-    "orchestrator": {"config", "errors", "fsutil", "nccl", "rundir", "schedulers", "templates"},
+    "orchestrator": {"config", "errors", "estimate", "fsutil", "nccl", "rundir", "schedulers", "templates"},
     "cli": {"*"},
 }
 # The trainer may use the stop protocol of `jobs`, nothing else of it.

@@ -388,7 +388,6 @@ def _status_table(data: dict[str, Any]) -> Any:
         f"step {data['step']}/{data.get('steps') or '?'}"
         + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
         + (f"  {data['samples_per_s']:.1f} samples/s" if data.get("samples_per_s") else "")
-        + (f"  ETA {data['eta_s']:.0f} s" if data.get("eta_s") else "")
     )
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):
@@ -420,9 +419,14 @@ def lineage_parts(data: dict[str, Any]) -> list[Any]:
     """Where the weights came from and the chain this run is part of (status lines)."""
     from rich.text import Text
 
+    from ..orchestrator.cost import describe as describe_cost
     from ..orchestrator.lineage import describe_chain, describe_weights
 
-    lines = [describe_weights(data.get("weights_from")), *describe_chain(data.get("chain"))]
+    lines = [
+        describe_cost(data.get("cost")),
+        describe_weights(data.get("weights_from")),
+        *describe_chain(data.get("chain")),
+    ]
     return [Text(line, style="cyan") for line in lines if line]
 
 

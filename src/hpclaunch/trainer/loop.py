@@ -54,6 +54,7 @@ from .build import build_model_parts, load_data, make_checkpointer
 from .checkpoint import RANK_LOCAL, rank_local_key
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
+from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
@@ -61,7 +62,6 @@ from .progress import Progress
 from .smoke import run_distributed_smoke
 from .startup import StartupClock
 from .state import params_finite, params_sha256, restore_rng_state, rng_state, state_digests
-from .tensorboard import TensorBoardLog
 
 __all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
 
@@ -126,7 +126,7 @@ class Trainer:
         self.stop.install_signal_handlers()
         self.echo, self.tty = echo, tty
         self.log: MetricsLog | None = None
-        self.tb: TensorBoardLog | None = None
+        self.tb: ExperimentLogs | None = None
         self.initialized: Any = None  # where the first weights came from (train.init_from), if not the seed
         self.last_lr = 0.0
         try:
@@ -393,8 +393,11 @@ class Trainer:
                     echo=self.echo,
                     attempt=self.attempt,
                 )
-                if t.tensorboard and self.checkpointer is not None:
-                    self.tb = TensorBoardLog(self.paths.root / "tensorboard", resumed_step=c.step)
+                if self.checkpointer is not None:  # TensorBoard and/or W&B (``explog``)
+                    self.tb = open_experiment_logs(
+                        self.cfg, self.paths.root, attempt=self.attempt, resumed_step=c.step
+                    )
+                if self.tb is not None:
                     self.tb.mark("resumed", c.step, self._resume_text())
             cause = StopCause.NONE
             batches: Any = iter(self.loader())
