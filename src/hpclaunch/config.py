@@ -820,6 +820,8 @@ def merge_layers(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[
                 into[key] = _plain_copy(value)
                 for known in [k for k in sources if k.startswith(dotted + ".")]:
                     del sources[known]  # a whole section replaced: its keys are this layer's now
+                if isinstance(value, Mapping):
+                    merge({}, value, name, dotted + ".")  # records who set each key inside it
             sources[dotted] = name
 
     for name, layer in layers:
