@@ -200,6 +200,9 @@ def test_an_offline_wandb_run_spans_both_attempts(
     run.stop_file.unlink()
     monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "second")
     assert main([str(run.root)]) == 0
+    import wandb
+
+    wandb.teardown()  # the service this test process started (a rank leaves with os._exit instead)
 
     files = sorted((run.root / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(files) == 2  # one per attempt, under one id
