@@ -18,7 +18,7 @@ CONFIG_HELP = (
     "The run's YAML config; several files are layered, later ones overriding earlier ones key by key "
     "(base.yaml exp.yaml)."
 )
-ConfigArg = Annotated[list[Path], typer.Argument(help=CONFIG_HELP, show_default=False, metavar="CONFIG...")]
+ConfigArg = Annotated[list[Path], typer.Argument(help=CONFIG_HELP, show_default=False, metavar="CONFIG")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(

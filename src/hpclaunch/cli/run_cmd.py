@@ -66,7 +66,7 @@ def _preflight_or_refuse(cfg: Any) -> None:
 
 
 def submit(
-    config: Annotated[list[Path] | None, typer.Argument(help=CONFIG_HELP, metavar="[CONFIG...]")] = None,
+    config: Annotated[list[Path] | None, typer.Argument(help=CONFIG_HELP, metavar="CONFIG")] = None,
     overrides: SetOpt = None,
     resume: Annotated[
         Path | None,
