@@ -123,7 +123,9 @@ def submit(
         refuse_other_model_shape(cfg, prepared.plan.paths().root)
     from .train_checks import refuse_bad_init_from
 
-    refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=after is not None)
+    # Chained after the run it starts from: that run may have no checkpoint yet.
+    pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
+    refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
     if not no_preflight:
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(
