@@ -106,7 +106,7 @@ class Runner:
 
     def start(self, run: Path, attempt: str) -> subprocess.Popen[str]:
         env = {**os.environ, "HPCLAUNCH_ATTEMPT": attempt}
-        env.pop("HPCLAUNCH_JOB_END_TIME", None)
+        env.pop("HPCLAUNCH_ATTEMPT_CLOCK", None)
         return subprocess.Popen(
             self.command(run), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

@@ -129,6 +129,11 @@ class SchedulerConfig(_Section):
         le=100,
         description="Continuations allowed after the watchdog finds a hang (each from the last checkpoint).",
     )
+    gpu_hour_cost: float | None = Field(
+        None,
+        ge=0,
+        description="Price of one GPU-hour: status and preflight then give the run's cost; null = GPU-hours only.",
+    )
 
     @field_validator("time_limit")
     @classmethod
@@ -353,6 +358,40 @@ class DataConfig(_Section):
     prefetch_factor: int = Field(2, ge=1, le=64, description="Steps of data each worker prepares ahead.")
 
 
+class WandbConfig(_Section):
+    """Weights & Biases (the optional extra ``hpclaunch[wandb]``): one W&B run across every attempt."""
+
+    project: str = Field("hpclaunch", description="W&B project.")
+    entity: str | None = Field(None, description="W&B entity (team or user); null = the key's default.")
+    name: str | None = Field(None, description="Display name of the W&B run; null = the run's name.")
+    tags: list[str] = Field(default_factory=list, description="Tags of the W&B run.")
+    mode: Literal["online", "offline", "disabled"] = Field(
+        "online",
+        description="online: stream to W&B (the key by name: launch.pass_env: [WANDB_API_KEY]); "
+        "offline: write RUN/wandb/ for 'wandb sync'; disabled: nothing.",
+    )
+
+    @model_validator(mode="after")
+    def _extra_installed(self) -> WandbConfig:
+        if self.mode != "disabled" and extra_missing("wandb"):
+            raise KeyedValueError(
+                "mode",
+                f"{self.mode} needs Weights & Biases, which is not installed: pip install 'hpclaunch[wandb]' "
+                "(or set train.wandb.mode: disabled)",
+            )
+        return self
+
+
+def extra_missing(module: str) -> bool:
+    """Whether an optional extra's package cannot be imported here (found without importing it)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is None
+    except (ImportError, ValueError):
+        return True
+
+
 class TrainConfig(_Section):
     seed: int = Field(0, ge=0, description="Seed of every random draw (init, order, masks, t, noise).")
     steps: int = Field(200, ge=1, description="Optimizer steps in the whole run.")
@@ -414,6 +453,19 @@ class TrainConfig(_Section):
         gt=0,
         description="GPU memory per rank that preflight's estimate must fit; null = what the probe sees on the GPUs.",
     )
+    init_from: str | None = Field(
+        None,
+        description="Start from another run's weights: a run directory (its newest valid checkpoint) or one "
+        "checkpoint directory; weights only (fresh optimizer, step 0, data position 0), until this run has "
+        "its own checkpoint.",
+    )
+    init_from_ema: bool = Field(
+        False,
+        description="With init_from: take the checkpoint's EMA weights (train.ema_decay) as the model's.",
+    )
+    wandb: WandbConfig | None = Field(
+        None, description="Log to Weights & Biases (project, entity, name, tags, mode); null = off."
+    )
 
     @field_validator("betas")
     @classmethod
@@ -436,6 +488,10 @@ class TrainConfig(_Section):
             raise KeyedValueError("text_weight", "is 0 but mode l2t generates text")
         if self.mode == "t2l" and self.latent_weight == 0:
             raise KeyedValueError("latent_weight", "is 0 but mode t2l generates latents")
+        if self.init_from_ema and not self.init_from:
+            raise KeyedValueError(
+                "init_from_ema", "needs train.init_from (the run or checkpoint to start from)"
+            )
         return self
 
 
@@ -719,6 +775,8 @@ class RunConfig(_Section):
         update["data"] = data
         if self.checkpoint.dir:
             update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
+        if self.train.init_from:
+            update["train"] = self.train.model_copy(update={"init_from": absolute(self.train.init_from)})
         return self.model_copy(update=update)
 
     def to_dict(self) -> dict[str, Any]:
@@ -749,7 +807,10 @@ class RunConfig(_Section):
 
 
 # Train settings that change what is logged or checked, never the weights.
-_NOT_MATH = ("log_every", "eval_every", "eval_samples", "tensorboard", "memory_budget_gb")
+_NOT_MATH: tuple[str, ...] = ("log_every", "eval_every", "eval_samples", "tensorboard", "memory_budget_gb")
+# Where a run's first weights come from, and where it logs: once the run has a checkpoint of its own
+# they change nothing, so a resume with them changed (or the source moved) is the same run.
+_NOT_MATH += ("init_from", "init_from_ema", "wandb")
 # Settings added after the first release enter the hash only when set away from their default, so
 # a run (and its checkpoints, and its rendered scripts) keeps its identity across the upgrade.
 _ADDED_LATER = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile", "ema_decay")
@@ -763,18 +824,64 @@ def _hash(obj: Any) -> str:
 
 
 def load_config(
-    path: str | Path | None, overrides: Sequence[str] = (), *, base: Path | None = None
+    path: str | Path | Sequence[str | Path] | None,
+    overrides: Sequence[str] = (),
+    *,
+    base: Path | None = None,
 ) -> RunConfig:
-    """Read ``path`` (None = defaults), apply overrides, validate; paths resolved against ``base``."""
-    raw: dict[str, Any] = {}
-    where = "defaults"
-    if path is not None:
-        where = str(path)
-        raw = read_yaml_mapping(Path(path))
+    """Read ``path`` (None = defaults; several files: layered, see ``merge_layers``), apply
+    overrides, validate; paths resolved against ``base``. An error names the file (or ``--set``)
+    that set the bad key."""
+    files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
+    raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
     for item in overrides:
         apply_override(raw, item)
-    cfg = validate_config(raw, where=where)
+        sources[item.partition("=")[0].strip()] = "--set"
+    where = " + ".join(str(f) for f in files) or "defaults"
+    cfg = validate_config(raw, where=where, sources=sources)
     return cfg.resolved(base) if base is not None else cfg
+
+
+def merge_layers(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[str, Any], dict[str, str]]:
+    """Later layers override earlier ones key by key (mappings merge, anything else is replaced,
+    lists whole); returns the merged mapping and, per dotted key, the layer that set it last."""
+    merged: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def merge(into: dict[str, Any], layer: Mapping[str, Any], name: str, prefix: str) -> None:
+        for key, value in layer.items():
+            dotted = f"{prefix}{key}"
+            if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+                merge(into[key], value, name, dotted + ".")
+            else:
+                into[key] = _plain_copy(value)
+                for known in [k for k in sources if k.startswith(dotted + ".")]:
+                    del sources[known]  # a whole section replaced: its keys are this layer's now
+                if isinstance(value, Mapping):
+                    merge({}, value, name, dotted + ".")  # records who set each key inside it
+            sources[dotted] = name
+
+    for name, layer in layers:
+        merge(merged, layer, name, "")
+    return merged, sources
+
+
+def _plain_copy(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _plain_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_copy(v) for v in value]
+    return value
+
+
+def source_of(dotted: str, sources: Mapping[str, str], default: str) -> str:
+    """The layer that set ``dotted`` or, failing that, its nearest enclosing section."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        found = sources.get(".".join(parts[:i]))
+        if found is not None:
+            return found
+    return default
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
@@ -893,19 +1000,25 @@ def _first_control_character(value: Any, path: list[str]) -> tuple[str, str] | N
     return None
 
 
-def validate_config(raw: Mapping[str, Any], *, where: str = "config") -> RunConfig:
+def validate_config(
+    raw: Mapping[str, Any], *, where: str = "config", sources: Mapping[str, str] | None = None
+) -> RunConfig:
+    """The typed config; ``sources`` (dotted key -> file, from ``merge_layers``) names in an error
+    the file that set the bad key instead of ``where``."""
     try:
         return RunConfig.model_validate(raw)
     except ValidationError as e:
-        raise _first_error(e, where) from None
+        raise _first_error(e, where, sources or {}) from None
 
 
-def _first_error(e: ValidationError, where: str) -> ConfigError:
+def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> ConfigError:
     err = e.errors(include_url=False)[0]
     loc = [str(p) for p in err["loc"]]
+    where = source_of(".".join(p for p in loc if not p.isdigit()), sources, where)
     keyed = (err.get("ctx") or {}).get("error")
     if isinstance(keyed, KeyedValueError):
         dotted = ".".join([*loc, keyed.key])
+        where = source_of(dotted, sources, where)
         return ConfigError(f"{dotted}: {keyed}", where=where, hint=_hint_for(dotted))
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = RunConfig
@@ -966,6 +1079,8 @@ def iter_reference_rows() -> Iterable[tuple[str, str, str, str]]:
                 continue
             sub = _section_model(field.annotation)
             if sub is not None and get_origin(field.annotation) is not dict:
+                if field.default is None:  # an optional section, off by default: the row that turns it on
+                    yield dotted, "section \\| null", "null", field.description or ""
                 yield from walk(sub, dotted + ".")
                 continue
             default = field.get_default(call_default_factory=True)

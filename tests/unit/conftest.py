@@ -8,7 +8,7 @@ import pytest
 
 # What torchrun or a scheduler may have left in the environment that would make an in-process
 # Trainer think it is one rank of several, or that its job ends soon.
-_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HPCLAUNCH_JOB_END_TIME")
+_DIST_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "HPCLAUNCH_ATTEMPT_CLOCK")
 
 
 @pytest.fixture

@@ -208,7 +208,7 @@ def test_a_run_written_before_the_contract_reads_the_same(tmp_path: Path) -> Non
     shown = json.loads(hpclaunch("status", str(run), "--json", cwd=tmp_path).stdout)
     shown.pop("run")
     expected = json.loads((FIXTURES / "run-before-the-attempt-contract.status.json").read_text())
-    assert shown == expected
+    assert {k: shown.get(k) for k in expected} == expected  # later keys (e.g. cost) may be added
     assert [a["cause"] for a in shown["attempts"]] == ["timeout", "timeout", None]
     hpclaunch("report", str(run), cwd=tmp_path)
     pngs = sorted(p.name for p in (run / "report").glob("*.png"))

@@ -14,9 +14,11 @@ from ..config import RunConfig, load_config
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
 
-ConfigArg = Annotated[
-    Path, typer.Argument(help="The run's YAML config file.", show_default=False, metavar="CONFIG")
-]
+CONFIG_HELP = (
+    "The run's YAML config; several files are layered, later ones overriding earlier ones key by key "
+    "(base.yaml exp.yaml)."
+)
+ConfigArg = Annotated[list[Path], typer.Argument(help=CONFIG_HELP, show_default=False, metavar="CONFIG")]
 SetOpt = Annotated[
     list[str] | None,
     typer.Option(
@@ -29,9 +31,15 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def load(config: Path, overrides: list[str] | None) -> RunConfig:
-    """Load and validate CONFIG with overrides; relative paths resolve against the current directory."""
+def load(config: Path | list[Path], overrides: list[str] | None) -> RunConfig:
+    """Load and validate CONFIG (one file, or several layered) with overrides; relative paths resolve
+    against the current directory."""
     return load_config(config, overrides or [], base=Path.cwd())
+
+
+def config_names(config: Path | list[Path]) -> str:
+    """CONFIG as an error's ``where`` names it: ``base.yaml + exp.yaml``."""
+    return " + ".join(str(c) for c in config) if isinstance(config, list) else str(config)
 
 
 def print_json(obj: Any) -> None:

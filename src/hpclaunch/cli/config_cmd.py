@@ -69,6 +69,11 @@ def reference_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _optional_sections() -> list[str]:
+    """Dotted keys of the optional sections (rows typed ``section | null``)."""
+    return [key for key, type_name, _, _ in iter_reference_rows() if type_name.startswith("section")]
+
+
 def commented_example() -> str:
     """Every key with its default, each preceded by its description as a comment."""
     out = ["# hpclaunch run config. Every key is shown with its default; delete what you do not change.", ""]
@@ -82,6 +87,11 @@ def commented_example() -> str:
         if parts[0] != section:
             section = parts[0]
             out += ["", f"{section}:"]
+        if len(parts) > 2:  # a key of an optional section (off by default): shown commented out
+            out.append(f"  #   {parts[2]}: {default}  # {description}")
+            continue
         out.append(f"  # {description}")
+        if default == "null" and key.endswith(tuple(_optional_sections())):
+            out.append(f"  # {parts[1]}:   (a mapping with these keys turns it on)")
         out.append(f"  {parts[1]}: {default}")
     return "\n".join(out) + "\n"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,6 +21,12 @@ def preflight(
     overrides: SetOpt = None,
     as_json: JsonOpt = False,
     only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP, metavar="NAME,...")] = None,
+    no_estimate: Annotated[
+        bool,
+        typer.Option(
+            "--no-estimate", help="Skip the ETA and cost estimate (it runs a few steps of one rank)."
+        ),
+    ] = False,
 ) -> None:
     """Check in seconds whether the run can work: environment, GPUs, data, disk, network, scheduler.
 
@@ -30,16 +36,23 @@ def preflight(
     Examples:
       hpclaunch preflight examples/tiny.yaml
       hpclaunch preflight run.yaml --only data,disk --json
+      hpclaunch preflight base.yaml exp.yaml --set scheduler.gpu_hour_cost=2.5
     """
     from ..preflight import print_report, run_login_checks
 
     names = None if only is None else {n.strip() for n in only.split(",")}
     cfg = load(config, overrides)
+    from .train_checks import refuse_bad_init_from
+
+    refuse_bad_init_from(cfg, cfg.run_path(), pending_ok=True)
     report = run_login_checks(cfg, only=names)
+    estimated = None if no_estimate or only is not None else _estimate(cfg)
     if as_json:
-        print_json(report.to_json())
+        print_json({**report.to_json(), **({"estimate": estimated} if estimated is not None else {})})
     else:
         print_report(report, console=console)
+        if estimated is not None:
+            _print_estimate(estimated)
     if report.failed:
         names_failed = ", ".join(c.name for c in report.failed)
         first = report.failed[0]
@@ -48,3 +61,25 @@ def preflight(
             where="preflight",
             hint=first.hint or f"see the {first.name} finding above",
         )
+
+
+def _estimate(cfg: Any) -> dict[str, Any]:
+    from ..preflight.estimate import preflight_estimate
+
+    return preflight_estimate(cfg)
+
+
+def _print_estimate(est: dict[str, Any]) -> None:
+    from ..orchestrator.accounting import fmt_seconds
+    from ..orchestrator.cost import describe
+
+    if est.get("state") == "cannot":
+        console.print(f"estimate: {est['reason']}", highlight=False)
+        return
+    console.print(
+        f"estimate: {est['seconds_per_step']:.3f} s/step x {est['steps_left']} steps = "
+        f"{fmt_seconds(est['training_left_s'])} of training; {describe(est)}",
+        highlight=False,
+    )
+    for note in est.get("notes") or []:
+        console.print(f"  {note}", highlight=False)

@@ -16,7 +16,17 @@ from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, rea
 from ..rundir.cause import Cause
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
-from .common import JsonOpt, SetOpt, console, err_console, load, print_json
+from .common import (
+    CONFIG_HELP,
+    ConfigArg,
+    JsonOpt,
+    SetOpt,
+    config_names,
+    console,
+    err_console,
+    load,
+    print_json,
+)
 from .follow import attempt_log_dirs, copy_out, follow_logs
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
@@ -57,7 +67,7 @@ def _preflight_or_refuse(cfg: Any) -> None:
 
 
 def submit(
-    config: Annotated[Path | None, typer.Argument(help="The run's YAML config.", metavar="[CONFIG]")] = None,
+    config: Annotated[list[Path] | None, typer.Argument(help=CONFIG_HELP, metavar="CONFIG")] = None,
     overrides: SetOpt = None,
     resume: Annotated[
         Path | None,
@@ -73,17 +83,27 @@ def submit(
     no_preflight: Annotated[
         bool, typer.Option("--no-preflight", help="Skip the preflight checks (recorded).")
     ] = False,
+    after: Annotated[
+        Path | None,
+        typer.Option(
+            "--after",
+            help="Start only once this run has finished (held until then; never if it fails or is cancelled).",
+            metavar="RUN",
+        ),
+    ] = None,
 ) -> None:
     """Check, render and submit a run to its scheduler (local by default).
 
     Examples:
       hpclaunch submit examples/tiny.yaml --wait
+      hpclaunch submit base.yaml exp-highres.yaml --set train.lr=1e-4
       hpclaunch submit run.yaml --sweep train.lr=1e-4,3e-4 --sweep model.depth=2,4
       hpclaunch submit --resume runs/tiny
+      hpclaunch submit stage2.yaml --after runs/stage1
     """
     if resume is not None:
         cfg = load_existing_run(_run_paths(resume).root, overrides or [])
-    elif config is not None:
+    elif config:
         cfg = load(config, overrides)
     else:
         raise UserInputError(
@@ -92,19 +112,44 @@ def submit(
     prepared = prepare(cfg, sweeps=sweep or [])
     for warning in prepared.rendered.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    after_paths = None
+    if after is not None:
+        from ..orchestrator.chain import check_after
+
+        after_paths = check_after(after, prepared.plan.paths().root, sweep=bool(sweep))
     if resume is not None:
         refuse_if_locked(prepared.plan)
         from .train_checks import refuse_other_model_shape
 
         refuse_other_model_shape(cfg, prepared.plan.paths().root)
+    from .train_checks import refuse_bad_init_from
+
+    # Chained after the run it starts from: that run may have no checkpoint yet.
+    pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
+    refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
     if not no_preflight:
         _preflight_or_refuse(cfg)
-    paths, job_id = submit_run(prepared, run_preflight=not no_preflight, resume=resume is not None)
+    paths, job_id = submit_run(
+        prepared, run_preflight=not no_preflight, resume=resume is not None, held=after_paths is not None
+    )
     typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
+    if after_paths is not None:
+        from ..orchestrator.chain import register_and_settle
+
+        verdict = register_and_settle(after_paths, paths, prepared.plan.scheduler, job_id)
+        typer.echo(f"  chained after {after_paths.root}: {_chain_words(verdict.action, verdict.reason)}")
     typer.echo(f"  follow it: hpclaunch status {paths.root} --watch")
     if wait:
         code = _wait(paths)
         raise typer.Exit(code)
+
+
+def _chain_words(action: str, reason: str) -> str:
+    if action == "release":
+        return f"{reason}, so this run was released"
+    if action == "cancel":
+        return f"{reason}, so this run was cancelled"
+    return "held until it finishes (cancelled if it fails or is cancelled)"
 
 
 def _plan_scheduler(paths: RunPaths) -> str | None:
@@ -168,7 +213,7 @@ def _status_dict(paths: RunPaths) -> dict[str, Any]:
 
 
 def train(
-    config: Annotated[Path, typer.Argument(help="The run's YAML config.", metavar="CONFIG")],
+    config: ConfigArg,
     overrides: SetOpt = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in its existing directory.")
@@ -188,12 +233,12 @@ def train(
     from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
     from ..rundir.control import drop_user_stop
     from .live_progress import live_progress
-    from .train_checks import refuse_bad_data, refuse_other_model_shape
+    from .train_checks import refuse_bad_data, refuse_bad_init_from, refuse_other_model_shape
 
     cfg = load(config, overrides)
     raw = cfg.to_dict()
     raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
-    cfg = validate_config(raw, where=str(config))
+    cfg = validate_config(raw, where=config_names(config))
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     if paths.is_run() and not resume:
@@ -205,6 +250,7 @@ def train(
     refuse_bad_data(cfg)
     if resume:
         refuse_other_model_shape(cfg, paths.root)
+    refuse_bad_init_from(cfg, paths.root)
     job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
     lock = RunLock(paths)
     holder = lock.acquire(
@@ -352,7 +398,6 @@ def _status_table(data: dict[str, Any]) -> Any:
         f"step {data['step']}/{data.get('steps') or '?'}"
         + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
         + (f"  {data['samples_per_s']:.1f} samples/s" if data.get("samples_per_s") else "")
-        + (f"  ETA {data['eta_s']:.0f} s" if data.get("eta_s") else "")
     )
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):
@@ -370,7 +415,7 @@ def _status_table(data: dict[str, Any]) -> Any:
             Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
             Text(a.get("cause") or ""),
         )
-    parts: list[Any] = [head, progress, table, *time_parts(data)]
+    parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):
@@ -378,6 +423,21 @@ def _status_table(data: dict[str, Any]) -> Any:
     for warning in data.get("ledger_warnings") or []:
         parts.append(Text(f"ledger: {warning}", style="yellow"))
     return Group(*parts)
+
+
+def lineage_parts(data: dict[str, Any]) -> list[Any]:
+    """Where the weights came from and the chain this run is part of (status lines)."""
+    from rich.text import Text
+
+    from ..orchestrator.cost import describe as describe_cost
+    from ..orchestrator.lineage import describe_chain, describe_weights
+
+    lines = [
+        describe_cost(data.get("cost")),
+        describe_weights(data.get("weights_from")),
+        *describe_chain(data.get("chain")),
+    ]
+    return [Text(line, style="cyan") for line in lines if line]
 
 
 def _print_sweep(rows: list[dict[str, Any]]) -> None:
@@ -458,6 +518,10 @@ def cancel(run: RunArg) -> None:
     Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
     get_scheduler(kind).cancel(paths, job_id)
     console.print(f"cancelled job {job_id}", highlight=False)
+    from ..schedulers.chain import settle_followers
+
+    for follower, _ in settle_followers(paths, by="hpclaunch cancel"):
+        console.print(f"cancelled {follower.run} (chained after this run)", highlight=False)
 
 
 def logs(

@@ -58,3 +58,17 @@ def _differences(saved: object, cfg: RunConfig) -> str:
         if k in saved and saved[k] != now[k]
     ]
     return f" ({'; '.join(diffs)})" if diffs else ""
+
+
+def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = False) -> None:
+    """UserInputError when ``train.init_from`` cannot start this run (missing, no valid checkpoint,
+    another model shape, no EMA to take). A run that has checkpoints of its own resumes from them
+    and never looks at ``init_from`` again. ``pending_ok``: chained after the source (``--after``)."""
+    if not cfg.train.init_from:
+        return
+    from ..trainer.checkpoint.manifest import published_dirs
+    from ..trainer.init_source import check_fits
+
+    if published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints):
+        return
+    check_fits(cfg, pending_ok=pending_ok)

@@ -62,6 +62,7 @@ from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
 from ..schedulers.registry import get_scheduler
 from .allocation import REPORT_GRACE_S, Allocation, Roster
+from .chain import after_attempt
 from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .rank_host import LogSink, RankHost
@@ -621,12 +622,17 @@ def agent_main(run_dir: str) -> int:
             plan, paths = _sweep_point(plan, ctx)
         paths = plan.paths(str(paths.root))
         cfg = read_config(paths)
-        return NodeAgent(paths, plan, cfg, ctx, scheduler).run()
+        agent = NodeAgent(paths, plan, cfg, ctx, scheduler)
+        code = agent.run()
+        if agent.decider:  # a run that ended here releases or cancels the runs chained after it
+            after_attempt(paths)
+        return code
     except HpclaunchError as e:
         ledger = Ledger(paths, role="agent", node=node)
         # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
         if node == 0:
             ledger.append(FAILED, cause=Cause.CRASH, error=e.one_line(), reason=e.one_line())
+            after_attempt(paths)
         else:
             ledger.append("agent_error", error=e.one_line())
         print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)

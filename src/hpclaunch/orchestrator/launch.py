@@ -173,9 +173,12 @@ def refuse_if_locked(plan: JobPlan) -> None:
             )
 
 
-def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = False) -> tuple[RunPaths, str]:
+def submit(
+    prepared: Prepared, *, run_preflight: bool = True, resume: bool = False, held: bool = False
+) -> tuple[RunPaths, str]:
     """Write the run directory (one per sweep point), take each run's lock and hand the rendered
-    script to the scheduler. A run whose lock is held by a live writer is refused (nothing written)."""
+    script to the scheduler. A run whose lock is held by a live writer is refused (nothing written).
+    ``held``: the job waits until released (a chain's next stage, see ``orchestrator.chain``)."""
     plan, rendered = prepared.plan, prepared.rendered
     scheduler = get_scheduler(plan.scheduler)
     roots = [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]
@@ -209,7 +212,7 @@ def submit(prepared: Prepared, *, run_preflight: bool = True, resume: bool = Fal
             # Recorded before the scheduler is asked: the job may start (and read the ledger to see
             # whether its run has ended) before the scheduler's answer comes back.
             ledger.append(SUBMITTING, **submission)
-        paths, job_id, targets = _write_and_submit(prepared, scheduler)
+        paths, job_id, targets = _write_and_submit(prepared, scheduler, held=held)
     except BaseException as e:
         for lock, holder in taken:
             lock.release(holder)
@@ -230,7 +233,7 @@ def _name_the_job(lock: RunLock, holder: LockHolder, job_id: str) -> None:
 
 
 def _write_and_submit(
-    prepared: Prepared, scheduler: Scheduler
+    prepared: Prepared, scheduler: Scheduler, *, held: bool = False
 ) -> tuple[RunPaths, str, list[tuple[RunPaths, str]]]:
     plan, cfg, rendered = prepared.plan, prepared.cfg, prepared.rendered
     paths = write_run_dir(cfg, plan, rendered)
@@ -243,7 +246,7 @@ def _write_and_submit(
     if plan.sweep:
         atomic_write_json(paths.sweep, {"job_id": None, "points": [p.model_dump() for p in plan.sweep]})
     if not plan.sweep:
-        job_id = scheduler.submit(plan, rendered)
+        job_id = scheduler.submit_held(plan, rendered) if held else scheduler.submit(plan, rendered)
         targets = [(paths, job_id)]
     elif plan.scheduler == "local":  # no arrays here: one controller per point
         targets = [(p, scheduler.submit(pp, ps)) for p, pp, ps in points]

@@ -34,6 +34,8 @@ from ..rundir import (
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import metrics_steps_by_attempt
+from .cost import run_cost
+from .lineage import chain_view, weights_from
 from .stragglers import straggler_summary
 from .time_inputs import run_time
 
@@ -244,6 +246,9 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     gp = goodput(attempts)
     state = run_state(attempts, events, sched["state"] if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
+    cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
+    if cost is not None and cost.get("eta_s") is not None:
+        eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
     return {
         "run": str(run),
         "state": state,
@@ -263,6 +268,9 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "goodput": asdict(gp),
         "time": spent.to_json(),
         "stragglers": straggler_summary(paths, events),
+        "cost": cost,
+        "chain": chain_view(paths),
+        "weights_from": weights_from(events),
     }
 
 

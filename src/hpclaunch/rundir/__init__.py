@@ -7,6 +7,9 @@ It imports none of them; only ``config``, ``errors`` and ``fsutil`` below it.
 
 from .ledger import (
     CANCELLED,
+    CHAIN_BLOCKED,
+    CHAIN_RELEASED,
+    CHAIN_WAITING,
     CHECKPOINT_FAILED,
     CHECKPOINT_INVALID,
     CHECKPOINT_SAVED,
@@ -15,6 +18,7 @@ from .ledger import (
     FINISHED,
     HANG,
     HELD,
+    INITIALIZED,
     NCCL_PRESET,
     NODE_EXCLUDED,
     NODE_PREFLIGHT,
@@ -45,6 +49,9 @@ from .readers import read_config, read_sweep
 
 __all__ = [
     "CANCELLED",
+    "CHAIN_BLOCKED",
+    "CHAIN_RELEASED",
+    "CHAIN_WAITING",
     "CHECKPOINT_FAILED",
     "CHECKPOINT_INVALID",
     "CHECKPOINT_SAVED",
@@ -53,6 +60,7 @@ __all__ = [
     "FINISHED",
     "HANG",
     "HELD",
+    "INITIALIZED",
     "NCCL_PRESET",
     "NODE_EXCLUDED",
     "NODE_PREFLIGHT",

@@ -5,7 +5,6 @@ their scheduler module in ``hpclaunch.schedulers``."""
 RUN_DIR_VAR = "HPCLAUNCH_RUN_DIR"
 JOB_ID_VAR = "HPCLAUNCH_JOB_ID"
 RESTART_VAR = "HPCLAUNCH_RESTART_COUNT"
-END_TIME_VAR = "HPCLAUNCH_JOB_END_TIME"  # epoch seconds at which the scheduler ends this attempt
 START_TIME_VAR = "HPCLAUNCH_JOB_START_TIME"  # epoch seconds at which the allocation started
 # The attempt's whole clock (rundir.clock.AttemptClock as JSON), set by the node agent for the ranks.
 CLOCK_VAR = "HPCLAUNCH_ATTEMPT_CLOCK"

@@ -55,6 +55,10 @@ NODE_REPLACED = "node_replaced"  # node 0's agent: a hot spare takes a failed no
 REFUSED = "refused"  # an attempt that found another live writer holding the run directory
 HANG = "hang"  # node 0's watchdog: a window passed without progress (phase, step, culprit, stacks)
 STRAGGLER = "straggler"  # node 0's watchdog: a rank slower than the fastest for several summaries
+INITIALIZED = "initialized"  # trainer rank 0: weights taken from another run (train.init_from)
+CHAIN_WAITING = "chain_waiting"  # CLI: this run is held until the run it is chained after finishes
+CHAIN_RELEASED = "chain_released"  # (both runs) the earlier run finished: the next one released
+CHAIN_BLOCKED = "chain_blocked"  # (both runs) the earlier run failed or was cancelled: the next never runs
 
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)

@@ -3,7 +3,8 @@
 A scheduler module answers what only it knows, on both sides of a job:
 
 - login side: ``render`` (the exact script), ``submit`` (hands that script over, returns the job
-  id), ``status`` (the scheduler's own view of a job), ``cancel``;
+  id), ``status`` (the scheduler's own view of a job), ``cancel``; ``submit_held`` and ``release``
+  for a chain's next stage (held until the run before it has finished);
 - allocation side (asked by the node agent): ``node_context`` (which node this is, of which job,
   until when), ``node_address`` (where other nodes reach a host), ``termination_cause`` (was a
   SIGTERM a time limit, a preemption or a cancellation), ``continue_job`` (come back after a stop:
@@ -150,6 +151,14 @@ class Scheduler(Protocol):
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus: ...
 
     def cancel(self, paths: RunPaths, job_id: str) -> None: ...
+
+    # ---- chains (``schedulers.chain``): a next stage waits held until the run before it ends ----
+    def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
+        """``submit``, but the job does not start until ``release`` (SLURM ``sbatch --hold``, PBS
+        ``qsub -h``, local: the controller waits); ``cancel`` takes it back."""
+        ...
+
+    def release(self, paths: RunPaths, job_id: str) -> None: ...
 
     # ---- allocation side ----
     def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext: ...

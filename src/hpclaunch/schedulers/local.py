@@ -47,6 +47,7 @@ from .nodes import resolve_address
 
 SCRIPT_NAME = "job.local.sh"
 STATE_FILE = "local.json"
+HOLD_FILE = "hold"  # present: the controller waits before its first attempt (a chain's next stage)
 
 
 def render_local(plan: JobPlan) -> RenderedJob:
@@ -67,6 +68,16 @@ class LocalScheduler:
 
     def render(self, plan: JobPlan) -> RenderedJob:
         return render_local(plan)
+
+    def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
+        """``submit`` with the hold file in place: the controller waits until ``release`` removes it."""
+        sched = Path(plan.run_dir) / "scheduler"
+        sched.mkdir(parents=True, exist_ok=True)
+        (sched / HOLD_FILE).write_text("held until the run before this one finishes\n")
+        return self.submit(plan, rendered)
+
+    def release(self, paths: RunPaths, job_id: str) -> None:
+        (paths.scheduler_dir / HOLD_FILE).unlink(missing_ok=True)
 
     def submit(self, plan: JobPlan, rendered: RenderedJob) -> str:
         """Start the controller detached (it outlives this command) and return its job id."""
@@ -162,6 +173,7 @@ class LocalScheduler:
 
 
 _STATES = {
+    "held": JobState.HELD,
     "running": JobState.RUNNING,
     "cancelling": JobState.RUNNING,
     "requeued": JobState.REQUEUED,
@@ -220,8 +232,11 @@ class Controller:
         restart = 0
         # The controller is the job: it holds the run directory across its attempts.
         holder = self.lock.adopt(job_id=self.job_id, role="controller")
-        self._state("running", restart_count=restart)
         try:
+            if not self._released():
+                self._state("cancelled", restart_count=restart, reason="cancelled while held")
+                return 0
+            self._state("running", restart_count=restart)
             with Heartbeat(self.lock, holder):  # alive, as another host sharing the run dir sees it
                 while True:
                     code, how = self._attempt(restart)
@@ -237,6 +252,17 @@ class Controller:
                     return code
         finally:
             self.lock.release(holder)
+
+    def _released(self) -> bool:
+        """Wait while the hold file exists (``release`` removes it); False when cancelled first."""
+        hold = self.sched / HOLD_FILE
+        if hold.exists():
+            self._state("held", reason="held until the run before this one finishes")
+        while hold.exists():
+            if self.cancelled:
+                return False
+            time.sleep(0.5)
+        return not self.cancelled
 
     def _attempt(self, restart: int) -> tuple[int, str]:
         start = self.clock()

@@ -153,6 +153,14 @@ class PbsScheduler:
         script = Path(plan.run_dir) / rendered.filename
         return qsub([str(script)], cwd=Path(plan.run_dir) / "scheduler")
 
+    def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
+        # A user hold on the command line: the script (which continuations submit again) has none.
+        script = Path(plan.run_dir) / rendered.filename
+        return qsub(["-h", str(script)], cwd=Path(plan.run_dir) / "scheduler")
+
+    def release(self, paths: RunPaths, job_id: str) -> None:
+        _run(["qrls", job_id], what="qrls")
+
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
         return pbs_status(job_id)
 

@@ -148,9 +148,10 @@ def render_sbatch(plan: JobPlan) -> RenderedJob:
     return RenderedJob(text=text, filename=SCRIPT_NAME, warnings=[w.message for w in warnings])
 
 
-def sbatch(script: Path, *, cwd: Path) -> str:
-    """Submit ``script`` as it is; the job id (``sbatch --parsable`` prints ``id[;cluster]``)."""
-    out = _run(["sbatch", "--parsable", str(script)], what="sbatch", cwd=cwd)
+def sbatch(script: Path, *, cwd: Path, hold: bool = False) -> str:
+    """Submit ``script`` as it is; the job id (``sbatch --parsable`` prints ``id[;cluster]``).
+    ``hold``: on the command line, never in the script, which continuations submit again."""
+    out = _run(["sbatch", "--parsable", *(["--hold"] if hold else []), str(script)], what="sbatch", cwd=cwd)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SchedulerError(f"sbatch answered {out.strip()!r}, not a job id", where="sbatch")
@@ -166,13 +167,19 @@ class SlurmScheduler:
     def render(self, plan: JobPlan) -> RenderedJob:
         return render_sbatch(plan)
 
-    def submit(self, plan: JobPlan, rendered: RenderedJob) -> str:
+    def submit(self, plan: JobPlan, rendered: RenderedJob, *, hold: bool = False) -> str:
         folder = submitit_folder(plan.run_dir)
         folder.mkdir(parents=True, exist_ok=True)
         script = Path(plan.run_dir) / rendered.filename
         if script.read_text() != rendered.text:  # render and submit must not drift apart
             raise SchedulerError(f"{script} differs from the rendered script", where="submit")
-        return sbatch(script, cwd=folder)
+        return sbatch(script, cwd=folder, hold=hold)
+
+    def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
+        return self.submit(plan, rendered, hold=True)
+
+    def release(self, paths: RunPaths, job_id: str) -> None:
+        _run(["scontrol", "release", job_id], what="scontrol release")
 
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
         return slurm_status(job_id)

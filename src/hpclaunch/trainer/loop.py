@@ -56,6 +56,7 @@ from .build import build_model_parts, load_data, make_checkpointer
 from .checkpoint import RANK_LOCAL, rank_local_key
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
+from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
@@ -63,7 +64,6 @@ from .progress import Progress
 from .smoke import run_distributed_smoke
 from .startup import StartupClock
 from .state import params_finite, params_sha256, restore_rng_state, rng_state, state_digests
-from .tensorboard import TensorBoardLog
 
 __all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
 
@@ -127,7 +127,8 @@ class Trainer:
         self.stop.install_signal_handlers()
         self.echo, self.tty = echo, tty
         self.log: MetricsLog | None = None
-        self.tb: TensorBoardLog | None = None
+        self.tb: ExperimentLogs | None = None
+        self.initialized: Any = None  # where the first weights came from (train.init_from), if not the seed
         self.last_lr = 0.0
         try:
             self._build(checkpoints)
@@ -211,6 +212,10 @@ class Trainer:
                 if self.ctx.rank not in result.ranks_without_rank_local:
                     restore_rng_state(state[RANK_LOCAL][rank_local_key(self.ctx.rank)], self.ctx.device)
                 checkpoint_path = str(result.info.path)
+            elif self.cfg.train.init_from:  # no checkpoint of its own yet: another run's weights
+                from .init_from import init_weights
+
+                self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
         self.startup.mark("load")
         c = self.counters
         if self.ledger is not None:
@@ -389,8 +394,11 @@ class Trainer:
                     echo=self.echo,
                     attempt=self.attempt,
                 )
-                if t.tensorboard and self.checkpointer is not None:
-                    self.tb = TensorBoardLog(self.paths.root / "tensorboard", resumed_step=c.step)
+                if self.checkpointer is not None:  # TensorBoard and/or W&B (``explog``)
+                    self.tb = open_experiment_logs(
+                        self.cfg, self.paths.root, attempt=self.attempt, resumed_step=c.step
+                    )
+                if self.tb is not None:
                     self.tb.mark("resumed", c.step, self._resume_text())
             cause: Cause | None = None
             batches: Any = iter(self.loader())
@@ -444,6 +452,8 @@ class Trainer:
     def _resume_text(self) -> str:
         c = self.counters
         start = f"resumed from step {c.step}" if c.step else "started"
+        if not c.step and self.initialized is not None:
+            start += f" from the {self.initialized.describe()}"
         return f"{start} (attempt {self.attempt}, {self.ctx.world_size} ranks, {self.cfg.train.parallel})"
 
     def log_window(self, val: dict[str, float | None] | None) -> None:

@@ -75,7 +75,7 @@ def command(run: Path, nproc: int = 2) -> list[str]:
 
 def env_for(attempt: str, extra: dict[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("HPCLAUNCH_JOB_END_TIME", None)
+    env.pop("HPCLAUNCH_ATTEMPT_CLOCK", None)
     env.update({"HPCLAUNCH_ATTEMPT": attempt, "OMP_NUM_THREADS": "1"})
     env.update(extra or {})
     return env

@@ -1,0 +1,128 @@
+"""``status``'s ETA and cost: the run's own attempts measured (``accounting``), then ``estimate``.
+
+Seconds per step = training + periodic checkpoint stalls over the steps they kept, across every
+attempt; start-up = the mean of the attempts that reached their first step; tail (stop save,
+teardown, decision) = the mean of the attempts that ended; queue = the mean wait of the
+continuations. A figure no attempt has shown yet counts as 0 and the estimate's notes say so.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from ..estimate import Measured, Progress, estimate
+from ..rundir import RunPaths
+from .accounting import RunTime
+from .time_inputs import time_limit_of
+
+# Run states after which nothing more is spent (status's words).
+_ENDED = ("finished", "failed", "cancelled", "lost")
+
+
+def measured(spent: RunTime) -> Measured:
+    """What this run's attempts show (see the module docstring)."""
+    trained = [a for a in spent.attempts if a.first_step is not None]
+    steps = sum(max(0, (a.kept_step or 0) - (a.first_step or 0)) for a in trained)
+    seconds = sum(a.training_s + a.stall_s for a in trained)
+    ended = [a for a in trained if not a.running]
+    waits = [a.queue_s for a in spent.attempts[1:] if a.queue_s is not None]
+    notes = []
+    if not ended:
+        notes.append("no attempt has ended yet: stop saves and teardown not measured (counted as 0)")
+    if not waits:
+        notes.append("no continuation yet: queue wait between attempts not measured (counted as 0)")
+    return Measured(
+        seconds_per_step=seconds / steps if steps else None,
+        startup_s=_mean([a.startup_s for a in trained]),
+        tail_s=_mean([a.end_save_s + a.idle_s for a in ended]),
+        queue_s=_mean(waits),
+        notes=tuple(notes),
+    )
+
+
+def run_cost(
+    paths: RunPaths,
+    spent: RunTime,
+    *,
+    state: str,
+    step: int,
+    total_steps: int | None,
+    now: float | None = None,
+) -> dict[str, Any] | None:
+    """``status --json``'s ``cost``: ETA, GPU-hours (node-hours on CPU) and cost; None without a plan."""
+    plan = _read_json(paths.plan)
+    limit = time_limit_of(paths)
+    if not plan or limit is None or not total_steps:
+        return None
+    running = spent.attempts[-1] if spent.attempts and spent.attempts[-1].running else None
+    ended = state if state in _ENDED or state.startswith("lost") else None
+    progress = Progress(
+        steps_total=total_steps,
+        steps_done=step,
+        allocated_s=spent.allocated_s,
+        running_s=running.allocated_s if running is not None else None,
+        ended=ended,
+    )
+    m = measured(spent)
+    attempts = len([a for a in spent.attempts if a.first_step is not None])
+    return estimate(
+        progress,
+        m,
+        time_limit_s=limit,
+        nodes=int(plan.get("nodes") or 1),
+        gpus_per_node=int(plan.get("gpus_per_node") or 0),
+        gpu_hour_cost=gpu_hour_cost(paths),
+        now=time.time() if now is None else now,
+        basis=f"measured on this run's {attempts} attempt(s)",
+    ).to_json()
+
+
+def gpu_hour_cost(paths: RunPaths) -> float | None:
+    import yaml
+
+    try:
+        data = yaml.safe_load(paths.config.read_text()) or {}
+        value = (data.get("scheduler") or {}).get("gpu_hour_cost")
+        return float(value) if value is not None else None
+    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _read_json(path: Any) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def describe(cost: dict[str, Any] | None) -> str | None:
+    """One status line: the ETA, the resource-hours spent and to go, the cost."""
+    from .accounting import fmt_seconds
+
+    if not cost:
+        return None
+    unit = cost["unit"]
+    spent = cost["gpu_hours_spent"] if cost["gpus"] else cost["node_hours_spent"]
+    to_go = cost["gpu_hours_to_go"] if cost["gpus"] else cost["node_hours_to_go"]
+    parts = []
+    if cost["state"] == "estimated":
+        more = cost["attempts_left"]
+        parts.append(f"ETA {fmt_seconds(cost['eta_s'])}" + (f" ({more} more attempt(s))" if more else ""))
+    elif cost["state"] == "unknown":
+        parts.append("ETA unknown")
+    hours = f"{unit} {spent:.2f} spent"
+    if to_go is not None and cost["state"] != "finished":
+        hours += f", {to_go:.2f} to go"
+    parts.append(hours)
+    if cost.get("cost_total") is not None:
+        parts.append(f"cost {cost['cost_spent']:.2f} spent, {cost['cost_total']:.2f} in all")
+    elif cost.get("cost_spent") is not None:
+        parts.append(f"cost {cost['cost_spent']:.2f} spent")
+    return "; ".join(parts)

@@ -1,0 +1,104 @@
+"""What ``status`` shows of a run's lineage: the chain it belongs to (``submit --after``) and where
+its first weights came from (``train.init_from``). Reads run directories only; never imports torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rundir import INITIALIZED, RunPaths, read_events
+from ..rundir.chain import followers, predecessor, settlement, verdict
+
+
+def chain_view(paths: RunPaths) -> dict[str, Any] | None:
+    """``{"after": {...}, "next": [...]}`` for a run in a chain, else None.
+
+    after: the run this one waits for, its state now, and what was done (released / cancelled, why,
+    by whom) or ``waiting``; next: every run waiting for this one, with the same.
+    """
+    out: dict[str, Any] = {}
+    before = predecessor(paths)
+    if before is not None:
+        after = RunPaths(_path(before["run"]))
+        v = verdict(read_events(after).events, after.root) if after.is_run() else None
+        done = settlement(paths, str(before.get("job_id")))
+        out["after"] = {
+            "run": str(after.root),
+            "state": v.state if v is not None else "missing",
+            "job_id": before.get("job_id"),
+            "outcome": _outcome(done),
+            "reason": (done or {}).get("reason") or (v.reason if v is not None else f"{after.root} is gone"),
+        }
+    nxt = []
+    for f in followers(paths):
+        done = settlement(RunPaths(f.run), f.job_id)
+        nxt.append(
+            {
+                "run": str(f.run),
+                "job_id": f.job_id,
+                "outcome": _outcome(done),
+                "reason": (done or {}).get("reason"),
+            }
+        )
+    if nxt:
+        out["next"] = nxt
+    return out or None
+
+
+def _outcome(settled: dict[str, Any] | None) -> str:
+    if settled is None:
+        return "waiting"
+    return "released" if settled.get("action") == "release" else "cancelled"
+
+
+def _path(value: Any) -> Any:
+    from pathlib import Path
+
+    return Path(str(value))
+
+
+def weights_from(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Where the run's first weights came from (the trainer's ``initialized`` event), else None."""
+    found = [e for e in events if e.get("event") == INITIALIZED]
+    if not found:
+        return None
+    e = found[-1]
+    return {
+        "checkpoint": e.get("checkpoint"),
+        "run": e.get("run"),
+        "step": e.get("step"),
+        "ema": bool(e.get("ema")),
+        "source_world_size": e.get("source_world_size"),
+        "source_parallel": e.get("source_parallel"),
+    }
+
+
+def describe_chain(chain: dict[str, Any] | None) -> list[str]:
+    """The status lines of a chain, in words."""
+    if not chain:
+        return []
+    lines = []
+    after = chain.get("after")
+    if after:
+        if after["outcome"] == "waiting":
+            lines.append(f"chain: waits for {after['run']} ({after['state']}): starts when it finishes")
+        elif after["outcome"] == "released":
+            lines.append(f"chain: after {after['run']}: released ({after['reason']})")
+        else:
+            lines.append(f"chain: after {after['run']}: never runs ({after['reason']})")
+    for n in chain.get("next") or []:
+        what = {"waiting": "waits for this run", "released": "released", "cancelled": "cancelled"}[
+            n["outcome"]
+        ]
+        why = f" ({n['reason']})" if n.get("reason") and n["outcome"] != "waiting" else ""
+        lines.append(f"chain: next {n['run']} (job {n['job_id']}): {what}{why}")
+    return lines
+
+
+def describe_weights(source: dict[str, Any] | None) -> str | None:
+    if not source:
+        return None
+    what = "EMA weights" if source["ema"] else "weights"
+    where = source.get("run") or source.get("checkpoint")
+    return (
+        f"weights: started from the {what} of {where} step {source.get('step')} ({source.get('checkpoint')})"
+    )

@@ -1,0 +1,92 @@
+"""``preflight``'s estimate of what a run will take and cost, before it is submitted.
+
+It runs a few training steps of one rank in the job's Python (``trainer/step_probe.py``, by path:
+this package never imports torch) and hands the measured step to ``estimate``, as ``status`` does
+with a run's own attempts. What it cannot measure here it says: a GPU run on a machine without GPUs
+gets no estimate at all; the gradient all-reduce between ranks, the node checks, the rendezvous,
+the checkpoint saves and the queue wait are not in it (the start-up it counts is the imports and
+the model build it saw).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import RunConfig
+from ..estimate import Measured, Progress, estimate
+from .probe import job_python
+
+_SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "step_probe.py"
+TIMEOUT_S = 180.0
+STEPS = 3
+
+
+def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+    """The step probe's answer, or ``{"error": why}``."""
+    python = job_python(cfg.launch.python)
+    if python is None:
+        return {"error": f"the job's Python ({cfg.launch.python}) is not on this machine"}
+    env = {
+        **os.environ,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": str(max(1, cfg.scheduler.cpus_per_task)),
+    }
+    request = json.dumps({"config": cfg.to_dict(), "steps": STEPS})
+    try:
+        # -c, not the path: the script's directory would go first on sys.path (see probe.py).
+        out = subprocess.run(
+            [python, "-c", _SCRIPT.read_text()],
+            input=request,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"the measured steps took longer than {timeout_s:.0f} s"}
+    except OSError as e:
+        return {"error": f"cannot start {python}: {e.strerror}"}
+    line = next((ln for ln in reversed(out.stdout.splitlines()) if ln.startswith("{")), None)
+    if line is None:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
+        return {"error": tail[0][:300]}
+    result: dict[str, Any] = json.loads(line)
+    return result
+
+
+def preflight_estimate(cfg: RunConfig, *, now: float | None = None) -> dict[str, Any]:
+    """``estimate``'s figures from one rank's measured step, or ``{"state": "cannot", "reason"}``."""
+    step = measure_step(cfg)
+    if step.get("error"):
+        return {"state": "cannot", "reason": f"cannot measure a step here: {step['error']}"}
+    s = cfg.scheduler
+    notes = [
+        f"one rank's step measured on this machine ({step['device']}, {step['steps']} steps after a warm-up)"
+    ]
+    if s.world_size > 1:
+        notes.append(f"the gradient all-reduce between the {s.world_size} ranks is not in it")
+    notes.append(
+        "start-up counts the imports and model build seen here; node checks, rendezvous, checkpoint "
+        "saves and the queue wait are not measured before the run (status measures them)"
+    )
+    measured = Measured(
+        seconds_per_step=float(step["seconds_per_step"]),
+        startup_s=float(step.get("imports_s", 0.0)) + float(step.get("build_s", 0.0)),
+        notes=tuple(notes),
+    )
+    e = estimate(
+        Progress(steps_total=cfg.train.steps, steps_done=0),
+        measured,
+        time_limit_s=float(s.time_limit_s),
+        nodes=s.nodes,
+        gpus_per_node=s.gpus_per_node,
+        gpu_hour_cost=s.gpu_hour_cost,
+        now=time.time() if now is None else now,
+        basis="preflight: one short measured step",
+    )
+    return e.to_json()

@@ -1,0 +1,165 @@
+"""Chains of runs: the files that tie a run to the one it waits for, and what the earlier run's
+ledger says the next one should do (torch-free, no scheduler calls).
+
+``hpclaunch submit stage2.yaml --after runs/stage1`` submits stage 2 held and registers it with
+stage 1. The tie lives in the run directories, not in a scheduler dependency on a job id: stage 1
+comes back as other jobs (PBS continuation jobs, SLURM's new job without a bad node) whose ids no
+dependency submitted earlier could name.
+
+```
+runs/stage1/chain/next/<stage2 name>-<job>.json   {"run", "scheduler", "job_id", "registered"}
+runs/stage2/chain/after.json                       {"run", "job_id", "registered"}
+runs/stage2/chain/settled-<job>.json               {"action": release|cancel, "reason", "by", "ts"}
+```
+
+Whoever sees stage 1 ended (its node-0 agent after the final decision, the ``submit`` that
+registered stage 2 after stage 1 had ended, ``hpclaunch cancel`` of stage 1) settles stage 2: it
+first *claims* it by creating ``settled-<job>.json`` with ``link()`` (atomic and exclusive, NFS
+too), and only the one that created it releases or cancels the job. So a release happens exactly
+once, however many of them race. ``schedulers.chain`` carries the verdict out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from ..fsutil import atomic_write_json
+from .ledger import CANCELLED, ENDED, FAILED, FINISHED, SUBMITTED
+from .paths import RunPaths
+
+Action = Literal["wait", "release", "cancel"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the next stage should do, from the earlier run's ledger."""
+
+    action: Action
+    reason: str  # the user's words: "runs/stage1 failed (training: ...)"
+    state: str  # the earlier run's state: finished | failed | cancelled | stopped | running
+
+
+@dataclass(frozen=True)
+class Follower:
+    """A run registered to start when ``after`` has finished."""
+
+    run: Path
+    scheduler: str
+    job_id: str
+    registered: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return _safe(f"{self.run.name}-{self.job_id}")
+
+
+def chain_dir(paths: RunPaths) -> Path:
+    return paths.root / "chain"
+
+
+def verdict(events: list[dict[str, Any]], run: Path) -> Verdict:
+    """The earlier run's verdict: the first end recorded since its latest submission decides
+    (a ``held`` attempt after it changes nothing). A user stop (``ended``) may be resumed later, so
+    the next stage keeps waiting."""
+    start = max((i for i, e in enumerate(events) if e.get("event") == SUBMITTED), default=-1)
+    for e in events[start + 1 :]:
+        kind = e.get("event")
+        if kind == FINISHED:
+            return Verdict("release", f"{run} finished", "finished")
+        if kind == FAILED:
+            why = e.get("error") or e.get("reason") or "no reason recorded"
+            return Verdict("cancel", f"{run} failed ({e.get('cause') or 'failure'}: {why})", "failed")
+        if kind == CANCELLED:
+            return Verdict("cancel", f"{run} was cancelled", "cancelled")
+        if kind == ENDED:
+            return Verdict("wait", f"{run} was stopped (resume it with hpclaunch submit --resume)", "stopped")
+    return Verdict("wait", f"{run} has not finished", "running")
+
+
+# ---- registration ------------------------------------------------------------------------------
+
+
+def register(after: RunPaths, follower: Follower, follower_paths: RunPaths) -> None:
+    """Tie ``follower`` to ``after``: the follower's own record, then the earlier run's list."""
+    now = time.time()
+    atomic_write_json(
+        chain_dir(follower_paths) / "after.json",
+        {"run": str(after.root), "job_id": follower.job_id, "registered": now},
+    )
+    atomic_write_json(
+        chain_dir(after) / "next" / f"{follower.key}.json",
+        {
+            "run": str(follower.run),
+            "scheduler": follower.scheduler,
+            "job_id": follower.job_id,
+            "registered": now,
+        },
+    )
+
+
+def followers(after: RunPaths) -> list[Follower]:
+    """Every run registered after ``after``, oldest first."""
+    found = []
+    for path in sorted((chain_dir(after) / "next").glob("*.json")):
+        data = _read(path)
+        if data and data.get("run") and data.get("job_id"):
+            found.append(
+                Follower(
+                    Path(data["run"]),
+                    str(data.get("scheduler")),
+                    str(data["job_id"]),
+                    float(data.get("registered") or 0),
+                )
+            )
+    return sorted(found, key=lambda f: f.registered)
+
+
+def predecessor(paths: RunPaths) -> dict[str, Any] | None:
+    """``chain/after.json`` of a run submitted with ``--after`` (None otherwise)."""
+    return _read(chain_dir(paths) / "after.json")
+
+
+# ---- the claim ---------------------------------------------------------------------------------
+
+
+def settled_file(paths: RunPaths, job_id: str) -> Path:
+    return chain_dir(paths) / f"settled-{_safe(job_id)}.json"
+
+
+def claim(follower: Follower, v: Verdict, *, by: str) -> bool:
+    """True for exactly one caller per follower job: the one that must release or cancel it."""
+    target = settled_file(RunPaths(follower.run), follower.job_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".settled.{uuid.uuid4().hex[:12]}")
+    record = {"action": v.action, "reason": v.reason, "state": v.state, "by": by, "ts": round(time.time(), 3)}
+    tmp.write_text(json.dumps(record) + "\n")
+    try:
+        os.link(tmp, target)  # atomic, and it fails when someone settled it first
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def settlement(paths: RunPaths, job_id: str) -> dict[str, Any] | None:
+    return _read(settled_file(paths, job_id))
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _safe(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", text)[:120]
