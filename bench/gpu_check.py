@@ -40,9 +40,9 @@ from typing import Any
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.fsutil import read_jsonl
-from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters, train_flops_per_sample
 from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.shards import synth_dataset
 
 # ~1.1B parameters: 16 blocks of width 1536 per modality, a 32k vocabulary, 256 + 256 tokens.

@@ -11,7 +11,7 @@ it, with nothing else running from this script (it only reads files while it wai
 The time from the stop to the end of the continuation's first step is broken down by the run's
 own accounting (``status --json`` -> ``time``): steps finished after the signal, the stop save,
 the trainer's exit and the agent's decision, the wait for the next allocation, start-up (job
-start, node checks, torchrun + imports + rendezvous + smoke test + data + model + load) and the
+start, node checks, rank host + imports + rendezvous + smoke test + data + model + load) and the
 first step. Beside it: ``python -c "import torch"`` measured in the same run (the process start-up
 this machine imposes on any restart) and a checkpoint load of the same state. Goal: the restart
 costs at most one such process start-up more than save + load. Figures only, no assertions.
@@ -188,8 +188,8 @@ def breakdown(run: Path, work: Path, signalled: float | None) -> dict[str, Any]:
     labels = {
         "scheduler": "start-up: job script + agent start",
         "node_checks": "start-up: node checks",
-        "launch": "start-up: torchrun + spawn",
-        "trainer": "start-up: torchrun, imports, rendezvous, smoke test, data, model, load",
+        "launch": "start-up: rank host + rendezvous + fork",
+        "trainer": "start-up: launch, imports, rendezvous, smoke test, data, model, load",
     }
     for name, seconds in second["startup_parts"].items():
         rows.append((labels.get(name, f"start-up: {name}"), seconds))

@@ -72,6 +72,11 @@ class SchedulerConfig(_Section):
         "local", description="Where the job runs: the embedded local scheduler, SLURM or PBS."
     )
     nodes: int = Field(1, ge=1, le=4096, description="Number of nodes (one node agent each).")
+    restart_in_place: bool = Field(
+        True,
+        description="Recover a crash, a hang or a lost node inside the allocation (its agents start the next "
+        "attempt, a spare in a failed node's place); false = through the scheduler (requeue, continuation job).",
+    )
     spare_nodes: int = Field(
         0,
         ge=0,

@@ -1,10 +1,11 @@
 """Fixtures for tests against the real local SLURM cluster started by `scripts/local-slurm`.
 
-`slurm_cluster` gives the 1-node layout and `slurm_cluster_2nodes` the 2-node one (n1, n2 in
-their own network namespaces, see the script's header). Only one layout runs at a time, so:
+`slurm_cluster` gives the 1-node layout, `slurm_cluster_2nodes` the 2-node one (n1, n2 in their
+own network namespaces, see the script's header) and `slurm_cluster_3nodes` the 3-node one (n1-n3:
+two training nodes and a hot spare). Only one layout runs at a time, so:
 
-* tests that use the 2-node fixture are moved to the end of the session, so that a session
-  switches layout at most once, and the 1-node layout is restored when the session ends;
+* tests are ordered by the layout they use (1, then 2, then 3 nodes), so that a session switches
+  layout as few times as it can, and the 1-node layout is restored when the session ends;
 * before each test the layout it asked for is checked (one file read) and switched if another
   test or another session changed it.
 
@@ -156,15 +157,15 @@ class _Layouts:
     """Brings up the layout a test asks for; remembers whether this session changed it."""
 
     def __init__(self) -> None:
-        self.switched_to_2 = False
+        self.switched = False
 
     def ensure(self, layout: int) -> SlurmCluster:
         current = installed_layout()
         if current.get("layout") != str(layout) or not _daemons_alive(current):
             self._up(layout)
             current = installed_layout()
-            if layout == 2:
-                self.switched_to_2 = True
+            if layout != 1:
+                self.switched = True
         return _cluster_from(current)
 
     def _up(self, layout: int) -> None:
@@ -182,7 +183,7 @@ class _Layouts:
             )
 
     def restore_default(self) -> None:
-        if self.switched_to_2 and installed_layout().get("layout") == "2":
+        if self.switched and installed_layout().get("layout") != "1":
             try:
                 self._up(1)
             except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
@@ -241,15 +242,28 @@ def slurm_cluster_2nodes(_slurm_layouts: _Layouts) -> SlurmCluster:
     return _slurm_layouts.ensure(2)
 
 
+@pytest.fixture(scope="session")
+def slurm_cluster_3nodes(_slurm_layouts: _Layouts) -> SlurmCluster:
+    """The 3-node cluster: n1-n3 at 10.200.0.11-13 (two training nodes and a hot spare)."""
+    return _slurm_layouts.ensure(3)
+
+
+LAYOUT_FIXTURES = {"slurm_cluster": 1, "slurm_cluster_2nodes": 2, "slurm_cluster_3nodes": 3}
+
+
+def _layout_of(item: pytest.Item) -> int:
+    used = [n for name, n in LAYOUT_FIXTURES.items() if name in getattr(item, "fixturenames", ())]
+    return used[0] if used else 0
+
+
 @pytest.fixture(autouse=True)
 def _slurm_layout_guard(request: pytest.FixtureRequest) -> None:
     """Session fixtures are set up once; re-check the layout before every test that uses one."""
-    names = request.fixturenames
-    one, two = "slurm_cluster" in names, "slurm_cluster_2nodes" in names
-    if one and two:
-        pytest.fail("a test cannot use both slurm_cluster and slurm_cluster_2nodes", pytrace=False)
-    if one or two:
-        request.getfixturevalue("_slurm_layouts").ensure(2 if two else 1)
+    used = [n for name, n in LAYOUT_FIXTURES.items() if name in request.fixturenames]
+    if len(used) > 1:
+        pytest.fail("a test can use one SLURM layout fixture only", pytrace=False)
+    if used:
+        request.getfixturevalue("_slurm_layouts").ensure(used[0])
 
 
 def _in_cluster_dir(item: pytest.Item) -> bool:
@@ -262,5 +276,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _in_cluster_dir(item):
             item.add_marker(pytest.mark.slurm)
-    # Stable sort: 2-node tests last, so that a session switches layout at most once.
-    items.sort(key=lambda it: "slurm_cluster_2nodes" in getattr(it, "fixturenames", ()))
+    # Stable sort by layout (tests that use none first): a session switches layout at most twice.
+    items.sort(key=_layout_of)

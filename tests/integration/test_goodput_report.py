@@ -153,7 +153,7 @@ def test_the_run_went_through_a_user_stop_and_a_crash(story: dict[str, Any]) -> 
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     assert [(a["end"], a["cause"]) for a in s["attempts"]] == [
         ("requeued", "user"),
-        ("requeued", "crash"),
+        ("restarted in place", "crash"),  # issue 17: the crash never went back to the scheduler
         ("finished", None),
     ]
 

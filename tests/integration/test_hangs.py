@@ -92,7 +92,8 @@ def test_hangs_at_startup_in_a_step_and_in_a_save_are_caught_dumped_and_continue
     s = wait_run_done(run, work, timeout=600)
     story = events(run)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("requeued", "hang")] * 3 + [
+    # issue 17: the agent restarts each hung attempt in place (no controller restart)
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("restarted in place", "hang")] * 3 + [
         ("finished", None)
     ]
 
@@ -109,8 +110,8 @@ def test_hangs_at_startup_in_a_step_and_in_a_save_are_caught_dumped_and_continue
     assert next(st for st in hangs[0]["states"] if st["rank"] == 0)["waiting"]
 
     requeues = [e for e in story if e["event"] == "requeued"]
-    assert all("continuing from the last checkpoint" in e["reason"] for e in requeues)
-    assert all("local cannot keep a continuation off a node" in e["note"] for e in requeues)
+    assert all("restarting in place from the last checkpoint" in e["reason"] for e in requeues)
+    assert all(e["in_place"] and e["counts_as"] == "hang" for e in requeues)
     resumed = [e["step"] for e in story if e["event"] == "resumed"]
     assert resumed == [0, 10, 10], resumed  # start-up hang: before any step; then checkpoint 10 twice
 
@@ -159,7 +160,10 @@ def test_a_rank_that_misses_the_start_up_barrier_is_a_hang_continued_not_a_faile
     hpclaunch("train", str(TINY), *overrides, cwd=work, timeout=600)
     s = status(run, work)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [("requeued", "hang"), ("finished", None)]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [
+        ("restarted in place", "hang"),
+        ("finished", None),
+    ]
     story = events(run)
     (hang,) = [e for e in story if e["event"] == "hang"]
     host = story[0]["host"]
@@ -167,10 +171,10 @@ def test_a_rank_that_misses_the_start_up_barrier_is_a_hang_continued_not_a_faile
     assert hang["culprit"] == f"rank 1 on {host}" and hang["culprit_node"] == host
     assert hang["source"] == "distributed smoke test" and hang["window_s"] == 5
     assert "did not reach the barrier within 5 s" in hang["reason"]
-    # node 0's watchdog acted on rank 0's verdict: the hung rank's stack, then the stop (torchrun
-    # alone would have waited launch.shutdown_timeout_s, 60 s, before killing it)
+    # node 0's watchdog acted on rank 0's verdict: the hung rank's stack, then the stop (the elastic
+    # launcher alone would have waited 30 s after its SIGTERM before killing it)
     assert f"logs/attempt-{hang['attempt']}/rank1.stacks.txt" in hang["stacks"], hang["stacks"]
     assert "in hang_forever" in (run / "logs" / f"attempt-{hang['attempt']}" / "rank1.stacks.txt").read_text()
     (requeue,) = [e for e in story if e["event"] == "requeued"]
-    assert requeue["cause"] == "hang" and "continuing from the last checkpoint" in requeue["reason"]
+    assert requeue["cause"] == "hang" and "restarting in place from the last checkpoint" in requeue["reason"]
     assert final_params_sha(run) == final_params_sha(slowed)

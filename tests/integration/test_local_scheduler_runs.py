@@ -137,19 +137,32 @@ def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
         assert torch.equal(a[key], b[key]), key
 
 
-def test_a_crash_is_retried_within_its_own_budget_and_not_called_a_preemption(work: Path, data: Path) -> None:
+def test_a_crash_is_restarted_in_place_within_its_own_budget_bitwise_equal(work: Path, data: Path) -> None:
+    """Issue 17 (a), local scheduler: a rank SIGKILLed mid-run. The agent restarts the attempt in
+    place (no new job, no controller restart) from the last checkpoint, spending the crash budget,
+    and the run ends bitwise equal to one that never crashed."""
+    ref = tiny_overrides(work, data, "crash-ref", *SLOW, "train.steps=60", "testing.step_sleep_s=0")
+    hpclaunch("train", str(TINY), *ref, cwd=work, timeout=600)
     run = work / "runs" / "crash"
     overrides = tiny_overrides(
         work, data, "crash", *SLOW, "train.steps=60", "scheduler.max_failure_retries=1"
     )
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
-    _wait_step(run, 20, attempt=1)
+    _wait_step(run, 35, attempt=1)  # past the checkpoint at step 30: the restart loads it
     _worker(run, rank=0).send_signal(signal.SIGKILL)  # what an OOM kill or a segfault looks like
     s = wait_run_done(run, work, timeout=300)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-    first = s["attempts"][0]
-    assert (first["end"], first["cause"]) == ("requeued", "crash")
+    first, second = s["attempts"]
+    assert (first["end"], first["cause"]) == ("restarted in place", "crash")
+    assert first["job_id"] == second["job_id"] and second["in_place"]
+    assert second["resumed_step"] == 30
+    story = events(run)
+    decided = [e for e in story if e["event"] == "requeued"]
+    assert [(e["cause"], e["in_place"], e["counts_as"]) for e in decided] == [("crash", True, "crash")]
+    assert [e["restart_count"] for e in story if e["event"] == "started"] == [0, 0]  # no new allocation
+    assert json.loads((run / "scheduler" / "local.json").read_text())["restart_count"] == 0
     assert "preemption" not in {a["cause"] for a in s["attempts"]}
+    assert final_params_sha(run) == final_params_sha(work / "runs" / "crash-ref")
 
 
 def test_max_requeues_is_honoured(work: Path, data: Path) -> None:
@@ -291,10 +304,10 @@ def test_train_ends_with_the_trainers_reason_and_keeps_torchruns_report_in_the_l
     shown = result.stdout + result.stderr
     assert "ChildFailedError" not in shown and "Traceback" not in shown
     log = next((work / "runs" / "fgfail" / "logs").glob("attempt-*/node0.log")).read_text()
-    assert "ChildFailedError" in log  # torchrun's own report is kept, in the log
+    assert "ChildFailedError" in log  # the rank host's own report is kept, in the log
 
 
-def test_train_in_the_foreground_retries_a_crash_like_the_local_scheduler(work: Path, data: Path) -> None:
+def test_train_in_the_foreground_restarts_a_crash_in_place(work: Path, data: Path) -> None:
     import subprocess
     import sys
 
@@ -316,10 +329,11 @@ def test_train_in_the_foreground_retries_a_crash_like_the_local_scheduler(work: 
     finally:
         proc.kill()
     assert proc.returncode == 0, out[-2000:] + err[-2000:]
-    assert "continuing in the foreground (attempt 2)" in err
+    assert "restarting in place (1 of 1 failure retries)" in err
     story = events(run)
-    assert [e["cause"] for e in story if e["event"] == "requeued"] == ["crash"]
-    assert [e["restart_count"] for e in story if e["event"] == "started"] == [0, 1]
+    assert [(e["cause"], e["in_place"]) for e in story if e["event"] == "requeued"] == [("crash", True)]
+    started = [e for e in story if e["event"] == "started"]
+    assert [e["restart_count"] for e in started] == [0, 0] and started[1]["in_place"]
     assert any(e["event"] == "finished" for e in story)
 
 

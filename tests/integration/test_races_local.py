@@ -5,6 +5,7 @@ to fail before the fixes)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -150,9 +151,13 @@ def test_a_token_corrupted_mid_run_fails_the_run_as_bad_data_at_once(work: Path,
     for shard in sorted((private / "tokens").glob("*.npz")):
         ids = np.load(shard)["input_ids"].copy()
         ids[:, 5] = 999
-        tmp = shard.with_suffix(".tmp.npz")
-        np.savez(tmp, input_ids=ids)
-        os.replace(tmp, shard)
+        rewritten = io.BytesIO()
+        np.savez(rewritten, input_ids=ids)
+        # In place (same inode, same size): the ranks' memory maps of the shard see it, as they
+        # would see a shard a careless job rewrites under a running one.
+        assert len(rewritten.getvalue()) == shard.stat().st_size
+        with open(shard, "r+b") as f:
+            f.write(rewritten.getvalue())
     final = wait_run_done(run, work, timeout=300)
     assert final["state"] == "failed", final["state"]
     assert final["attempts"][-1]["cause"] == "data"

@@ -309,6 +309,12 @@ def _attempts_in_the_foreground(run_dir: str) -> int:
 _STOP_EXIT = {Cause.USER: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
 
 
+def _first_line(text: str, width: int = 90) -> str:
+    """An error as one short line (the whole text stays in ``status --json``)."""
+    line = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
 def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
     if outcome is None:
         return agent_code or 1
@@ -404,7 +410,9 @@ def _status_table(data: dict[str, Any]) -> Any:
         table.add_column(col)
     for i, a in enumerate(data["attempts"], 1):
         steps = f"{a['resumed_step']}→{a['last_step']}" if a.get("resumed_step") is not None else "-"
-        end = a["end"] + (f": {a['error']}" if a.get("error") else "")
+        end = a["end"] + (f": {_first_line(a['error'])}" if a.get("error") else "")
+        if a.get("replaced"):
+            end += " (" + ", ".join(f"{s} for {n}" for n, s in a["replaced"].items()) + ")"
         table.add_row(
             str(i),
             str(a.get("job_id") or "-"),

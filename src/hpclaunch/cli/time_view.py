@@ -92,8 +92,8 @@ def time_parts(data: dict[str, Any]) -> list[Any]:
 _STARTUP_LABELS = {
     "scheduler": "job start",
     "node_checks": "node checks",
-    "launch": "torchrun",
-    "trainer": "trainer (torchrun, imports, rendezvous, smoke test, data, model, load)",
+    "launch": "launch (rank host, rendezvous, fork)",
+    "trainer": "trainer (launch, imports, rendezvous, smoke test, data, model, load)",
 }
 
 

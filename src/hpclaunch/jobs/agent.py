@@ -413,7 +413,7 @@ class NodeAgent:
     def _in_place_ok(self) -> bool:
         """The allocation can carry another attempt: no stop under way, and time for a start-up and
         a stop save before the end (else the next attempt goes through the scheduler)."""
-        if self.relay.stop_cause is not None or self.relay.cancelled:
+        if not self.plan.restart_in_place or self.relay.stop_cause is not None or self.relay.cancelled:
             return False
         if self.ctx.end_time is None:
             return True

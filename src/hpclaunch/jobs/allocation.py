@@ -35,8 +35,8 @@ from typing import Any
 from ..fsutil import atomic_write_json, create_exclusive
 from ..rundir import RunPaths
 
-BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 2.0)
-DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 15.0)  # silent this long: gone
+BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
+DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # silent this long: gone
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides
 
 

@@ -3,7 +3,7 @@
 Each attempt's allocation is cut into consecutive phases, so they add up to the allocated time:
 
     queue     submission (or the previous attempt's end) -> the allocation starts (apart: not allocated)
-    startup   allocation start -> the trainer has resumed (job script, agent, node checks, torchrun,
+    startup   allocation start -> the trainer has resumed (job script, agent, node checks, rank host,
               imports, rendezvous, smoke test, data, model, checkpoint load)
     training  resumed -> the end of the last step a checkpoint kept, minus the checkpoint stalls in it
     stall     periodic saves: a synchronous save whole, an asynchronous one's blocking part (``stall_s``)
@@ -444,7 +444,7 @@ def _startup_parts(
     process_start = resumed.get("process_start")
     reported = resumed.get("startup_s") if isinstance(resumed.get("startup_s"), dict) else None
     if isinstance(process_start, (int, float)) and cursor <= float(process_start) <= t_resumed:
-        parts["launch"] = float(process_start) - cursor  # torchrun, rendezvous of the agents, spawn
+        parts["launch"] = float(process_start) - cursor  # rank host, rendezvous of the agents, fork
         cursor = float(process_start)
     if reported:
         inside = 0.0
@@ -455,7 +455,7 @@ def _startup_parts(
                 inside += float(value)
         parts["other"] = max(0.0, t_resumed - cursor - inside)
     else:
-        # torchrun, imports, rendezvous, smoke test, data check, model, checkpoint load
+        # launch, imports, rendezvous, smoke test, data check, model, checkpoint load
         parts["trainer"] = max(0.0, t_resumed - cursor)
     return parts
 

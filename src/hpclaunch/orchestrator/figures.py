@@ -71,8 +71,8 @@ def cause_words(cause: str | None) -> str:
 def end_label(attempt: dict[str, Any]) -> str:
     """How an attempt ended, in a few words: 'time limit -> requeued', 'crash -> requeued', 'finished'."""
     end, cause = attempt.get("end") or "running", attempt.get("cause")
-    if end == "requeued":
-        return f"{cause_words(cause)} → requeued"
+    if end in ("requeued", "restarted in place"):
+        return f"{cause_words(cause)} → {end}"
     if end in ("stopped", "failed") and cause:
         return f"{end} ({cause_words(cause)})"
     return end

@@ -39,6 +39,7 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         scheduler=s.kind,
         nodes=s.nodes,
         spare_nodes=s.spare_nodes,
+        restart_in_place=s.restart_in_place,
         procs_per_node=s.nprocs,
         world_size=s.world_size,
         gpus_per_node=s.gpus_per_node,

@@ -57,7 +57,10 @@ class Attempt:
     resumed_step: int | None = None
     last_step: int | None = None  # last step this attempt completed
     checkpoint_step: int | None = None  # newest checkpoint saved during this attempt
-    end: str = "running"  # running | finished | stopped | requeued | failed | cancelled | withdrawn | refused
+    # running | finished | stopped | requeued | restarted in place | failed | cancelled | withdrawn | refused
+    end: str = "running"
+    in_place: bool = False  # this attempt was started by the allocation's agents, not the scheduler
+    replaced: dict[str, str] = field(default_factory=dict)  # node -> the spare that took its place
     cause: str | None = None
     error: str | None = None
 
@@ -85,6 +88,7 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
         kind = e.get("event")
         if kind == STARTED and (a.started is None or e.get("node", 0) == 0):
             a.started = a.started or e.get("ts")
+            a.in_place = bool(e.get("in_place", a.in_place))
             a.job_id = e.get("job_id", a.job_id)
             a.restart_count = e.get("restart_count", a.restart_count)
             a.nodes = e.get("nodes", a.nodes)
@@ -109,6 +113,8 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
         elif kind == REQUEUED:
             cause = _cause(e)
             a.end, a.cause, a.ended = "requeued", cause, e.get("ts")
+            if e.get("in_place"):  # the allocation's agents went on: no new job, no queue
+                a.end, a.replaced = "restarted in place", dict(e.get("replaced") or {})
             # A failure that was retried says what failed (the decision's reason; older ledgers
             # kept it in "error"); a stop that was continued has nothing to explain.
             failed = cause is not None and cause not in STOP_CAUSES

@@ -68,6 +68,7 @@ class JobPlan(BaseModel):
     scheduler: Literal["local", "slurm", "pbs"]
     nodes: int  # that train (torchrun's nnodes)
     spare_nodes: int = 0  # hot spares the job holds besides them (scheduler.spare_nodes)
+    restart_in_place: bool = True  # scheduler.restart_in_place
     procs_per_node: int
     world_size: int
     gpus_per_node: int

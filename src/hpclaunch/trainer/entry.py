@@ -9,6 +9,7 @@ WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single process. Rank 0 writes
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 from contextlib import suppress
@@ -39,7 +40,9 @@ from .startup import StartupClock
 def _one_line(err: BaseException) -> str:
     if isinstance(err, HpclaunchError):
         return err.one_line()
-    text = f"{type(err).__name__}: {err}".strip()
+    # Native errors lead with the C++ source location ("[/__w/pytorch/.../pair.cc:537] Read error
+    # ..."): where torch was built, not what happened.
+    text = re.sub(r"\[/[^\]\s]+:\d+\]\s*", "", f"{type(err).__name__}: {err}").strip()
     return text.splitlines()[0] if text else type(err).__name__
 
 

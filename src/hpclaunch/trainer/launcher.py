@@ -81,6 +81,12 @@ def run_attempt(request: dict[str, Any]) -> dict[str, Any]:
         return {"state": "succeeded", "returncode": 0, "seconds": round(time.time() - began, 3)}
     except ChildFailedError as e:
         codes = {str(rank): f.exitcode for rank, f in e.failures.items()}
+        # The rank host's own report: in the node log (a foreground run keeps it off the terminal).
+        print(
+            f"hpclaunch rank host: {request['run_id']}: ChildFailedError: exit codes by rank {codes}",
+            file=sys.stderr,
+            flush=True,
+        )
         return {
             "state": "failed",
             "returncode": 1,

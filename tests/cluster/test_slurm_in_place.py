@@ -1,0 +1,228 @@
+"""Issue 17 on the real local SLURM, 3-node layout (n1, n2 training; n3 a hot spare): a crash, a
+hang and a dead node are recovered inside the allocation, with no requeue and one job id; with no
+spare left a dead node is kept off by a new job, as before. Every run ends bitwise equal to one
+that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import pytest
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+STEPS = 80
+COMMON = (
+    "scheduler.kind=slurm",
+    "scheduler.nodes=2",  # tiny: 2 ranks per node, world size 4
+    f"train.steps={STEPS}",
+    "train.log_every=1",
+    "testing.step_sleep_s=0.15",
+    "checkpoint.every_steps=20",
+    "scheduler.max_failure_retries=2",
+    "scheduler.time_limit=00:10:00",
+)
+SPARE = "scheduler.spare_nodes=1"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("in-place")
+
+
+@pytest.fixture(scope="module")
+def data(work: Path) -> Path:
+    return synth_data(work / "data")
+
+
+@pytest.fixture(scope="module")
+def reference(slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path) -> str:
+    """The same run, never interrupted, on two nodes of the same cluster."""
+    hpclaunch(
+        "submit", str(TINY), *tiny_overrides(work, data, "reference", *COMMON), "--no-preflight", cwd=work
+    )
+    s = wait_run_done(work / "runs" / "reference", work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-2000:]
+    return final_params_sha(work / "runs" / "reference")
+
+
+def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
+    hpclaunch(
+        "submit", str(TINY), *tiny_overrides(work, data, name, *COMMON, *extra), "--no-preflight", cwd=work
+    )
+    return work / "runs" / name
+
+
+def _last_step(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return int(lines[-1]["step"]) if lines else 0
+
+
+def _attempts(run: Path) -> list[str]:
+    return list(dict.fromkeys(e["attempt"] for e in events(run) if e["event"] == "started"))
+
+
+def _rank_on(run: Path, node: str) -> psutil.Process:
+    """A running rank of the current attempt on ``node`` (the pid its progress heartbeat names)."""
+
+    def found() -> psutil.Process | None:
+        attempt = _attempts(run)[-1]
+        for path in sorted((run / "attempts" / attempt).glob("rank*.progress.json")):
+            with_pid = json.loads(path.read_text())
+            if with_pid.get("node") == node:
+                return psutil.Process(int(with_pid["pid"]))
+        return None
+
+    return wait_for(found, timeout=120, poll=0.2, what=f"a rank on {node}")
+
+
+def _kill_node(cluster: SlurmCluster, node: str) -> list[str]:
+    """Every process of the job on ``node`` (agent, rank host, forkserver, ranks, loader workers):
+    those in the node's network namespace but SLURM's own daemons."""
+    ns = f"hpcl{cluster.nodes.index(node) + 1}"
+    pids = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
+    ).stdout.split()
+    killed = []
+    for pid in map(int, pids):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        if "slurmd" in cmd or "slurmstepd" in cmd:
+            continue
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(cmd[:60])
+    return killed
+
+
+def _one_job_no_requeue(cluster: SlurmCluster, run: Path) -> str:
+    jobs = {str(e["job_id"]) for e in events(run) if e["event"] == "started"}
+    assert len(jobs) == 1, jobs
+    (job,) = jobs
+    assert cluster.job_info(job)["Restarts"] == "0"
+    sacct = subprocess.run(
+        ["sacct", "-n", "-X", "-j", job, "--format=JobID,State"], capture_output=True, text=True, check=False
+    ).stdout
+    assert "REQUEUE" not in sacct, sacct
+    return job
+
+
+def _decisions(run: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run) if e["event"] == "requeued"]
+
+
+def test_a_crash_on_a_worker_node_then_on_the_head_restarts_in_place(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+) -> None:
+    """(a): a rank SIGKILLed on the non-head training node, and later one on the head node."""
+    run = _submit(work, data, "crashes", SPARE)
+    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    wait_for(
+        lambda: len(_attempts(run)) >= 2 and _last_step(run) >= 45, timeout=300, poll=0.2, what="step 45"
+    )
+    _rank_on(run, "n1").send_signal(signal.SIGKILL)
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [
+        ("restarted in place", "crash"),
+        ("restarted in place", "crash"),
+        ("finished", None),
+    ]
+    assert [(d["in_place"], d["counts_as"]) for d in _decisions(run)] == [(True, "crash")] * 2
+    _one_job_no_requeue(slurm_cluster_3nodes, run)
+    assert final_params_sha(run) == reference
+
+
+def test_a_hang_on_one_node_is_recovered_in_place_by_the_spare(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+) -> None:
+    """(b): the watchdog names the node of the hung rank; the spare takes its place."""
+    run = _submit(
+        work,
+        data,
+        "hung",
+        SPARE,
+        "watchdog.step_min_s=10",
+        "watchdog.step_factor=1",
+        "watchdog.poll_s=1",
+        "testing.hang=[{rank: 2, phase: data, step: 25}]",
+    )
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    hang = next(e for e in events(run) if e["event"] == "hang")
+    culprit = hang["culprit_node"]
+    assert culprit in ("n1", "n2") and hang["ranks"] == [2]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"], first["replaced"]) == (
+        "restarted in place",
+        "hang",
+        {culprit: "n3"},
+    )
+    started = [e for e in events(run) if e["event"] == "started" and e.get("in_place") and e["node"] == 0]
+    assert "n3" in started[-1]["roster"]["training"] and culprit not in started[-1]["roster"]["training"]
+    replaced = [e for e in events(run) if e["event"] == "node_replaced"]
+    assert [(e["nodes"], e["spare"]) for e in replaced] == [([culprit], "n3")]
+    _one_job_no_requeue(slurm_cluster_3nodes, run)
+    assert final_params_sha(run) == reference
+
+
+def test_a_dead_node_is_replaced_in_place_by_the_spare(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+) -> None:
+    """(c): every process of training node n2 killed, its agent included."""
+    run = _submit(work, data, "dead", SPARE)
+    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    assert _kill_node(slurm_cluster_3nodes, "n2")
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"], first["replaced"]) == (
+        "restarted in place",
+        "node_failure",
+        {"n2": "n3"},
+    )
+    assert "n2: its agent and ranks are gone" in (first["error"] or "")
+    _one_job_no_requeue(slurm_cluster_3nodes, run)
+    assert final_params_sha(run) == reference
+
+
+def test_a_dead_node_without_a_spare_is_kept_off_by_a_new_job(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+) -> None:
+    """(d): the same with no spare: SLURM continues the run as a new job without n2."""
+    run = _submit(work, data, "dead-no-spare")
+    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    assert _kill_node(slurm_cluster_3nodes, "n2")
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"]) == ("requeued", "node_failure")
+    excluded = [e for e in events(run) if e["event"] == "node_excluded"]
+    assert [e["nodes"] for e in excluded] == [["n2"]]
+    started = [e for e in events(run) if e["event"] == "started" and e["node"] == 0]
+    assert started[-1]["job_id"] != started[0]["job_id"] and "n2" not in started[-1]["hosts"]
+    assert "n2" in slurm_cluster_3nodes.job_info(str(started[-1]["job_id"])).get("ExcNodeList", "")
+    assert final_params_sha(run) == reference
