@@ -179,7 +179,7 @@ def test_two_node_job_trains_with_world_size_four(
     assert resumed["world_size"] == 4
     log = (run / "logs").glob("attempt-*/node0.log")
     text = next(log).read_text()
-    assert "--rdzv-endpoint=10.200.0.11:" in text  # the head's NodeAddr, never localhost
+    assert '"rdzv_endpoint": "10.200.0.11:' in text  # the head's NodeAddr, never localhost
 
 
 def test_a_node_that_fails_a_check_is_excluded_and_the_run_finishes_on_another(

@@ -1,8 +1,9 @@
 """Fixtures for tests against the real OpenPBS started by `scripts/local-pbs`.
 
-`pbs_server` gives the 1-node layout (the head's own mom) and `pbs_server_2nodes` the 2-node one
-(pbsn1, pbsn2: one pbs_mom each in its own network namespace). Like the SLURM fixtures, 2-node
-tests run last so that a session switches layout at most once; the server is left running.
+`pbs_server` gives the 1-node layout (the head's own mom), `pbs_server_2nodes` the 2-node one
+(pbsn1, pbsn2: one pbs_mom each in its own network namespace) and `pbs_server_3nodes` the 3-node one
+(pbsn1-pbsn3: two training nodes and a hot spare). Like the SLURM fixtures, tests run ordered by
+layout so that a session switches layout as few times as it can; the server is left running.
 
 Jobs run as the unprivileged user `hpclpbs` that `local-pbs up` creates: pbs_mom does not track
 root's processes (see the script), so a root job would not get PBS's real kill sequence. The tests
@@ -213,13 +214,13 @@ class _Layouts:
         current = STATE.read_text().split()[0] if STATE.exists() else ""
         if current != str(layout):
             self._up(layout)
-            self.switched_to_2 = self.switched_to_2 or layout == 2
+            self.switched_to_2 = self.switched_to_2 or layout != 1
         elif self.server is None:
             self._up(layout)  # a no-op when it is running; checks the daemons and the script's version
         if self.server is None:
             self.server = self._make_server(layout)
         self.server.layout = layout
-        self.server.nodes = ["pbshead"] if layout == 1 else ["pbsn1", "pbsn2"]
+        self.server.nodes = ["pbshead"] if layout == 1 else [f"pbsn{i}" for i in range(1, layout + 1)]
         return self.server
 
     def _up(self, layout: int) -> None:
@@ -265,7 +266,7 @@ class _Layouts:
         return server
 
     def close(self) -> None:
-        if self.switched_to_2 and STATE.exists() and STATE.read_text().split()[0] == "2":
+        if self.switched_to_2 and STATE.exists() and STATE.read_text().split()[0] != "1":
             try:
                 self._up(1)
             except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
@@ -299,14 +300,27 @@ def pbs_server_2nodes(_pbs_layouts: _Layouts) -> PbsServer:
     return _pbs_layouts.ensure(2)
 
 
+@pytest.fixture(scope="session")
+def pbs_server_3nodes(_pbs_layouts: _Layouts) -> PbsServer:
+    """The 3-node layout: pbsn1-pbsn3 (10.201.1.11-13): two training nodes and a hot spare."""
+    return _pbs_layouts.ensure(3)
+
+
+PBS_LAYOUT_FIXTURES = {"pbs_server": 1, "pbs_server_2nodes": 2, "pbs_server_3nodes": 3}
+
+
+def pbs_layout_of(item: pytest.Item) -> int:
+    used = [n for name, n in PBS_LAYOUT_FIXTURES.items() if name in getattr(item, "fixturenames", ())]
+    return used[0] if used else 0
+
+
 @pytest.fixture(autouse=True)
 def _pbs_layout_guard(request: pytest.FixtureRequest) -> None:
-    names = request.fixturenames
-    one, two = "pbs_server" in names, "pbs_server_2nodes" in names
-    if one and two:
-        pytest.fail("a test cannot use both pbs_server and pbs_server_2nodes", pytrace=False)
-    if one or two:
-        request.getfixturevalue("_pbs_layouts").ensure(2 if two else 1)
+    used = [n for name, n in PBS_LAYOUT_FIXTURES.items() if name in request.fixturenames]
+    if len(used) > 1:
+        pytest.fail("a test can use one PBS layout fixture only", pytrace=False)
+    if used:
+        request.getfixturevalue("_pbs_layouts").ensure(used[0])
 
 
 def user_dir(server: PbsServer, name: str) -> Path:
@@ -327,4 +341,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if _in_pbs_dir(item):
             item.add_marker(pytest.mark.pbs)
-    items.sort(key=lambda it: _in_pbs_dir(it) and "pbs_server_2nodes" in getattr(it, "fixturenames", ()))
+    # PBS tests by layout (1, 2, then 3 nodes): a session switches the layout as few times as it can.
+    items.sort(key=lambda it: pbs_layout_of(it) if _in_pbs_dir(it) else 0)

@@ -1,6 +1,6 @@
 """Two PBS nodes (pbsn1, pbsn2 in their own network namespaces): one node agent per node through
-each launcher `scheduler.pbs_launcher` names (MPICH's mpiexec over TM, and pbsdsh), torchrun's c10d
-on the head's address from PBS_NODEFILE, world size 4; and a node that fails its node check being
+each launcher `scheduler.pbs_launcher` names (MPICH's mpiexec over TM, and pbsdsh), torch's c10d
+rendezvous on the head's address from PBS_NODEFILE, world size 4; and a node that fails its node check being
 avoided by the job that continues the run.
 
 The runs are submitted together and overlap. The two launchers train the same config on the same
@@ -93,7 +93,7 @@ def test_two_nodes_one_agent_each_world_size_four(
     resumed = next(e for e in story if e["event"] == "resumed")
     assert resumed["world_size"] == 4
     head_log = next((run / "logs").glob("attempt-*/node0.log")).read_text()
-    assert "--rdzv-endpoint=10.201.1.11:295" in head_log  # pbsn1's address, never localhost
+    assert '"rdzv_endpoint": "10.201.1.11:295' in head_log  # pbsn1's address, never localhost
     job = pbs_server_2nodes.job(s["attempts"][0]["job_id"])
     assert job["exec_host"].split("+")[0].startswith("pbsn1/") and "pbsn2/" in job["exec_host"]
 

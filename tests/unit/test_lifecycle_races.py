@@ -337,8 +337,10 @@ def test_load_and_save_windows_grow_with_the_checkpoint() -> None:
     assert small == cfg.checkpoint_s
     tera = CheckpointScale(bytes=10**12, slowest_save_s=0)
     assert window_s(cfg, "load", stepped=False, recent_max_step_s=None, scale=tera) == pytest.approx(
-        cfg.checkpoint_s + 1e12 / SLOW_IO_BPS
+        2 * 1e12 / SLOW_IO_BPS
     )
+    small_ckpt = CheckpointScale(bytes=20 * 10**6, slowest_save_s=0.3)  # the configured window stands
+    assert window_s(cfg, "save", stepped=True, recent_max_step_s=1, scale=small_ckpt) == cfg.checkpoint_s
     slow = CheckpointScale(bytes=10**6, slowest_save_s=2000)
     assert window_s(cfg, "save", stepped=True, recent_max_step_s=1, scale=slow) >= 3 * 2000
     assert window_s(cfg, "eval", stepped=True, recent_max_step_s=1, scale=tera) == cfg.checkpoint_s

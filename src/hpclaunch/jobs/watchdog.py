@@ -7,8 +7,8 @@ While torchrun runs, node 0's agent reads every rank's heartbeat (``rundir.progr
 - start-up (the ``startup`` phase: smoke test, data check, model): ``startup_s``; the first step
   of an attempt (allocation, warm-up, compilation) gets it too;
 - checkpoint ``load`` and ``save``, ``eval`` and the final teardown (``done``): ``checkpoint_s``,
-  and for ``load`` and ``save`` more as the checkpoint grows: its size (the newest manifest's) at a
-  slow filesystem's rate, and for ``save`` three times the slowest save this run measured; a
+  widened for ``load`` and ``save`` as the checkpoint grows: twice its size (the newest manifest's)
+  at a slow filesystem's rate, and for ``save`` three times the slowest save this run measured; a
   terabyte checkpoint is not a hang for taking an hour to read;
 - training steps (``data``, ``compute``, ``collective``): ``max(step_min_s, step_factor x the
   slowest recent step)``.
@@ -107,10 +107,13 @@ def window_s(
     """How long a rank may stay in ``phase`` without advancing."""
     if phase == "startup":
         return float(cfg.startup_s)
+    # What the checkpoint's size asks for (twice its bytes at a slow filesystem's rate: a load
+    # hashes a share and reads, a save writes and hashes) only ever widens the configured window.
+    io_s = 2 * scale.bytes / SLOW_IO_BPS
     if phase == "load":
-        return cfg.checkpoint_s + scale.bytes / SLOW_IO_BPS
+        return max(float(cfg.checkpoint_s), io_s)
     if phase == "save":
-        return cfg.checkpoint_s + max(SAVE_WINDOW_FACTOR * scale.slowest_save_s, scale.bytes / SLOW_IO_BPS)
+        return max(float(cfg.checkpoint_s), io_s, SAVE_WINDOW_FACTOR * scale.slowest_save_s)
     if phase in LONG_PHASES:
         return float(cfg.checkpoint_s)
     if not stepped:  # the first step of an attempt: allocation, warm-up, compilation
@@ -407,8 +410,9 @@ def dump_stacks(paths: RunPaths, attempt: str, pids: list[int], why: str, *, wai
     """Ask this node's workers for every thread's stack; the ranks whose dump arrived in ``wait_s``."""
     asked: dict[int, tuple[Path, int]] = {}
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    by_pid = {rec.pid: rank for rank, rec in read_progress(paths, attempt).items() if rec.pid}
     for pid in pids:
-        rank = _rank_of(pid)
+        rank = by_pid[pid] if pid in by_pid else _rank_of(pid)
         if rank is None:
             continue
         path = stacks_file(paths, attempt, rank)
@@ -472,6 +476,8 @@ def stop_workers(pids: list[int]) -> None:
 
 
 def _rank_of(pid: int) -> int | None:
+    """A rank's number from its environment: ranks that torchrun started (exec'd with RANK). Ranks
+    forked by the rank host are found by the pid their heartbeat names instead."""
     import psutil
 
     try:

@@ -105,6 +105,7 @@ class Trainer:
         self.paths = paths
         self.attempt = attempt
         self.clock = clock  # the attempt's time (rundir.clock); None: no deadline
+        self._buckets_settled = False  # DDP: see settle_ddp_buckets
         self.counters = Counters()
         self.startup = startup or StartupClock()
         self.startup.begin()
@@ -309,6 +310,36 @@ class Trainer:
             self.step_batches(), num_workers=d.num_workers, prefetch_factor=d.prefetch_factor, pin_memory=cuda
         )
 
+    def settle_ddp_buckets(self, item: dict[str, torch.Tensor]) -> None:
+        """One forward and backward pass on the attempt's first item, thrown away (no optimizer
+        step, the RNG restored), before its first step.
+
+        DDP buckets the gradients in one order for its first backward pass and rebuilds the buckets
+        in the order the gradients became ready, once, at the next forward. Where an element sits
+        in its bucket decides the order in which the ring all-reduce sums its ranks' values, and
+        with three ranks or more that order changes the rounding. A run that resumed at step 21
+        used to reduce step 21 with the first order where the uninterrupted run used the rebuilt
+        one, and was no longer bitwise equal to it. With this pass every attempt's first step,
+        fresh or resumed, already runs on the rebuilt buckets."""
+        self._buckets_settled = True
+        if self.train_module is self.model or self.ctx.world_size < 2:
+            return
+        t, dev = self.cfg.train, self.ctx.device
+        rng = torch.get_rng_state()
+        cuda_rng = torch.cuda.get_rng_state_all() if dev.type == "cuda" else None
+        mb = micro_batches(item, dev)[0]
+        with self.autocast():
+            losses = compute_losses(
+                self.train_module, mb.tokens, mb.latents, mb.draws, mode=t.mode,
+                mask_id=self.cfg.model.vocab_size, text_weight=t.text_weight,
+                latent_weight=t.latent_weight, text_mask=mb.text_mask,
+            )  # fmt: skip
+        losses.total.backward()
+        self.opt.zero_grad(set_to_none=True)
+        torch.set_rng_state(rng)
+        if cuda_rng is not None:
+            torch.cuda.set_rng_state_all(cuda_rng)
+
     def train_step(
         self, item: dict[str, torch.Tensor] | None = None
     ) -> tuple[bool, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -407,6 +438,8 @@ class Trainer:
                 self.progress.phase("data", c.step + 1)
                 item = next(batches)
                 raise_data_problem(item)
+                if not self._buckets_settled:
+                    self.settle_ddp_buckets(item)
                 applied, loss, text, latent, norm = self.train_step(item)
                 if self.cfg.testing.step_sleep_s:
                     time.sleep(self.cfg.testing.step_sleep_s)

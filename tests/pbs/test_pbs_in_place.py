@@ -1,0 +1,120 @@
+"""Issue 17 on the real OpenPBS, 3-node layout (pbsn1, pbsn2 training; pbsn3 a hot spare): a crash
+and a hang are recovered inside the job, with no continuation job (one job id, PBS's run_count 1),
+each run bitwise equal to one that was never interrupted."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psutil
+import pytest
+from tests.pbs.conftest import user_dir
+from tests.pbs.pbslib import submit, synth_data, wait_run_done
+from tests.runlib import events, final_params_sha, wait_for
+
+if TYPE_CHECKING:
+    from tests.pbs.conftest import PbsServer
+
+pytestmark = [pytest.mark.pbs, pytest.mark.slow]
+
+COMMON = (
+    "scheduler.nodes=2",  # tiny: 2 ranks per node, world size 4
+    "train.steps=60",
+    "train.log_every=1",
+    "testing.step_sleep_s=0.15",
+    "checkpoint.every_steps=20",
+    "scheduler.max_failure_retries=2",
+    "scheduler.time_limit=00:10:00",
+)
+SPARE = "scheduler.spare_nodes=1"
+
+
+@pytest.fixture(scope="module")
+def runs(pbs_server_3nodes: PbsServer) -> dict[str, Any]:
+    """The reference and the two faulted runs, submitted together (each takes 2 or 3 nodes: the
+    scheduler runs them one after another)."""
+    server = pbs_server_3nodes
+    work = user_dir(server, "inplace")
+    data = synth_data(server, work / "data")
+    return {
+        "work": work,
+        "reference": submit(server, work, data, "reference", *COMMON),
+        "crash": submit(server, work, data, "crash", *COMMON, SPARE),
+        "hang": submit(
+            server,
+            work,
+            data,
+            "hang",
+            *COMMON,
+            SPARE,
+            "watchdog.step_min_s=10",
+            "watchdog.step_factor=1",
+            "watchdog.poll_s=1",
+            "testing.hang=[{rank: 2, phase: data, step: 25}]",
+        ),
+    }
+
+
+def _reference(server: PbsServer, runs: dict[str, Any]) -> str:
+    s = wait_run_done(server, runs["reference"], timeout=900)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-2000:]
+    return final_params_sha(runs["reference"])
+
+
+def _last_step(run: Path) -> int:
+    path = run / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return int(lines[-1]["step"]) if lines else 0
+
+
+def _one_job(server: PbsServer, run: Path) -> None:
+    jobs = {str(e["job_id"]) for e in events(run) if e["event"] == "started"}
+    assert len(jobs) == 1, jobs
+    assert int(server.job(jobs.pop()).get("run_count", 1)) == 1  # PBS never ran it again
+
+
+def test_a_crash_on_a_worker_node_restarts_in_place(
+    pbs_server_3nodes: PbsServer, runs: dict[str, Any]
+) -> None:
+    """(a) on PBS: a rank SIGKILLed on the non-head training node."""
+    run: Path = runs["crash"]
+    wait_for(lambda: _last_step(run) >= 25, timeout=900, poll=0.2, what="step 25")
+    attempt = [e["attempt"] for e in events(run) if e["event"] == "started"][-1]
+    victim = None
+    for path in sorted((run / "attempts" / attempt).glob("rank*.progress.json")):
+        record = json.loads(path.read_text())
+        if record.get("node") == "pbsn2":
+            victim = int(record["pid"])
+    assert victim is not None
+    psutil.Process(victim).send_signal(signal.SIGKILL)
+    s = wait_run_done(pbs_server_3nodes, run, timeout=900)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [
+        ("restarted in place", "crash"),
+        ("finished", None),
+    ]
+    _one_job(pbs_server_3nodes, run)
+    assert final_params_sha(run) == _reference(pbs_server_3nodes, runs)
+
+
+def test_a_hang_on_one_node_is_recovered_in_place_by_the_spare(
+    pbs_server_3nodes: PbsServer, runs: dict[str, Any]
+) -> None:
+    """(b) on PBS: the watchdog names the hung rank's node; pbsn3 takes its place."""
+    run: Path = runs["hang"]
+    s = wait_run_done(pbs_server_3nodes, run, timeout=900)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    hang = next(e for e in events(run) if e["event"] == "hang")
+    culprit = hang["culprit_node"]
+    assert culprit in ("pbsn1", "pbsn2")
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"], first["replaced"]) == (
+        "restarted in place",
+        "hang",
+        {culprit: "pbsn3"},
+    )
+    _one_job(pbs_server_3nodes, run)
+    assert final_params_sha(run) == _reference(pbs_server_3nodes, runs)
