@@ -434,3 +434,213 @@ def test_an_attempt_of_a_live_run_may_start() -> None:
         decide_start(History.from_events([ev("submitted"), ev("failed"), ev("submitted", resume=True)]))
         is None
     )
+
+
+# ---- where a continuation happens: in place (issue 17) or through the scheduler ----------------
+
+IN_PLACE_ROWS: list[
+    tuple[str, Facts, History, bool, Action, str | None, bool, tuple[tuple[str, str], ...], str]
+] = [
+    (
+        "a crash, time left: restarted in place",
+        Facts(failed("crash", "RuntimeError: gloo connection reset"), in_place_ok=True),
+        History(),
+        True,
+        Action.CONTINUE,
+        "crash",
+        True,
+        (),
+        "restarting in place (1 of 1 failure retries)",
+    ),
+    (
+        "a crash over its budget is not restarted anywhere",
+        Facts(failed("crash", "RuntimeError: gloo connection reset"), in_place_ok=True),
+        History(crash_retries=1),
+        True,
+        Action.FAIL,
+        "crash",
+        False,
+        (),
+        "1 failure retries used of 1",
+    ),
+    (
+        "a crash near the allocation's end goes through the scheduler",
+        Facts(failed("crash", "RuntimeError: boom"), in_place_ok=False),
+        History(),
+        True,
+        Action.CONTINUE,
+        "crash",
+        False,
+        (),
+        "boom",
+    ),
+    (
+        "an unreadable outcome: a filesystem failure restarted in place",
+        Facts(None, read_error="attempts/7.0.json: Stale file handle", in_place_ok=True),
+        History(),
+        True,
+        Action.CONTINUE,
+        "filesystem",
+        True,
+        (),
+        "restarting in place",
+    ),
+    (
+        "a hang naming a node, a spare waiting: the spare takes its place",
+        Facts(
+            None,
+            hang="rank 2 on n2 hung in data at step 25",
+            hang_node="n2",
+            spares=("n3",),
+            in_place_ok=True,
+        ),
+        History(),
+        True,
+        Action.CONTINUE,
+        "hang",
+        True,
+        (("n2", "n3"),),
+        "n3 taking the place of n2",
+    ),
+    (
+        "a hang naming a node, no spare: SLURM keeps the run off it in a new job",
+        Facts(None, hang="rank 2 on n2 hung in data at step 25", hang_node="n2", in_place_ok=True),
+        History(),
+        True,
+        Action.EXCLUDE,
+        "hang",
+        False,
+        (),
+        "without n2",
+    ),
+    (
+        "a hang naming no node: restarted in place on the same nodes",
+        Facts(
+            None, hang="every rank waits in all_reduce at step 7; no single culprit known", in_place_ok=True
+        ),
+        History(),
+        True,
+        Action.CONTINUE,
+        "hang",
+        True,
+        (),
+        "restarting in place from the last checkpoint",
+    ),
+    (
+        "a dead node, a spare waiting: replaced in place",
+        Facts(
+            failed("crash", "Connection closed by peer"), dead_nodes=("n2",), spares=("n3",), in_place_ok=True
+        ),
+        History(),
+        True,
+        Action.CONTINUE,
+        "node_failure",
+        True,
+        (("n2", "n3"),),
+        "n2: its agent and ranks are gone; restarting in place, n3 taking the place of n2",
+    ),
+    (
+        "a dead node, no spare: a new job without it (SLURM)",
+        Facts(failed("crash", "Connection closed by peer"), dead_nodes=("n2",), in_place_ok=True),
+        History(),
+        True,
+        Action.EXCLUDE,
+        "node_failure",
+        False,
+        (),
+        "continuing without n2",
+    ),
+    (
+        "two dead nodes, one spare: not enough to go on in place",
+        Facts(None, dead_nodes=("n1", "n2"), spares=("n3",), in_place_ok=True),
+        History(),
+        True,
+        Action.EXCLUDE,
+        "node_failure",
+        False,
+        (),
+        "continuing without n1, n2",
+    ),
+    (
+        "a node that failed its check, a spare waiting: replaced in place",
+        Facts(
+            None,
+            failed_nodes=("n1",),
+            node_problems={"n1": "failed check gpu"},
+            spares=("n3",),
+            in_place_ok=True,
+        ),
+        History(),
+        True,
+        Action.CONTINUE,
+        "node_failure",
+        True,
+        (("n1", "n3"),),
+        "n3 taking the place of n1",
+    ),
+    (
+        "replacements spend the node budget",
+        Facts(None, dead_nodes=("n2",), spares=("n3",), in_place_ok=True),
+        History(node_excludes=2),
+        True,
+        Action.FAIL,
+        "node_failure",
+        False,
+        (),
+        "2 node exclusions used of 2",
+    ),
+    (
+        "a time limit is never continued in place: the allocation is ending",
+        Facts(stopped("timeout"), in_place_ok=True),
+        History(),
+        True,
+        Action.CONTINUE,
+        "timeout",
+        False,
+        (),
+        "stopped after step 40 (timeout)",
+    ),
+    (
+        "a user stop still ends the run, a spare or not",
+        Facts(None, hang="rank 1 hung", hang_node="n2", spares=("n3",), in_place_ok=True, user_stop=True),
+        History(),
+        True,
+        Action.END,
+        "user",
+        False,
+        (),
+        "stopped by the user",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "facts,history,can_exclude,action,cause,in_place,replace,phrase",
+    [r[1:] for r in IN_PLACE_ROWS],
+    ids=[r[0] for r in IN_PLACE_ROWS],
+)
+def test_where_a_continuation_happens(
+    facts: Facts,
+    history: History,
+    can_exclude: bool,
+    action: Action,
+    cause: str | None,
+    in_place: bool,
+    replace: tuple[tuple[str, str], ...],
+    phrase: str,
+) -> None:
+    d = decide(facts, history, BUDGETS, can_exclude_nodes=can_exclude)
+    assert (d.action, d.cause, d.in_place, d.replace) == (action, cause, in_place, replace), d
+    assert phrase in d.reason
+
+
+def test_the_history_counts_in_place_restarts_and_replacements_in_their_budgets() -> None:
+    events = [
+        ev("submitted", resume=False),
+        ev("requeued", cause="crash", in_place=True),
+        ev("requeued", cause="hang", in_place=True),
+        ev("node_replaced", nodes=["n2"], spare="n3"),
+        ev("requeued", cause="node_failure", in_place=True),
+    ]
+    h = History.from_events(events)
+    assert (h.crash_retries, h.hang_retries, h.node_excludes, h.excluded) == (1, 1, 1, ("n2",))
