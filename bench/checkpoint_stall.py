@@ -1,28 +1,30 @@
-"""Training time lost to asynchronous periodic checkpoints: the trainer's real step, two ranks.
+"""Training time lost to asynchronous periodic checkpoints, thread writer vs process writer, in one run.
 
-Two gloo ranks (torchrun; ``--ranks``) build hpclaunch's ``Trainer`` (real model, DDP, AdamW, data, DCP
-checkpointer) and alternate, round by round (ABBA order against drifting background load):
+Two gloo ranks (torchrun; ``--ranks``) build hpclaunch's ``Trainer`` (real model, DDP, AdamW, data,
+DCP) and two checkpointers beside it, one per writer (``checkpoint.writer: thread`` and ``process``,
+each into its own directory). Round by round, in a rotating order against drifting background load:
 
-  steady: ``(m + 1) * k`` training steps, no saves;
-  saving: the same number of steps with ``Trainer.save(blocking=False)`` after every ``k``-th step
-          (``m`` saves), then a wait for the last save to be published; once with the writer
-          thread at ``checkpoint.writer_nice`` (default +10) and once at training's own priority. Everything the background
-          writer costs is inside: the staging copy, the DCP write, sha256 of every file, the
-          manifest, the rename, retention, and the CPU, memory bandwidth and GIL it takes from
-          the training thread while steps run beside it.
+  steady:  ``(m + 1) * k`` training steps, no saves;
+  thread:  the same steps with ``Trainer.save(blocking=False)`` after every ``k``-th (``m`` saves)
+           through the thread writer, then a wait for the last save to be published;
+  process: the same through the process writer;
+  sync:    one synchronous save of the same state (``Trainer.save(blocking=True)``).
 
-Seconds of training lost per save = (saving - steady) / m, per round (median reported), compared
-with the time of one synchronous save of the same state (``Trainer.save(blocking=True)``), also
-measured every round. Goal: lost per save <= 0.05 x synchronous save. Figures only, no assertions.
+Training lost per save = (arm - steady) / m: everything a background save costs the ranks is inside
+(building the state dict, rank 0's decision, the staging copy, and the CPU, memory bandwidth and,
+for the thread, the GIL the writer takes from the steps beside it). Where it goes, per writer:
+the state dict (``Trainer.app_state``), planning (rank 0's decision, a broadcast), staging (the copy;
+for the process writer also handing it over), and the writer's interference with training (the rest
+of the loss: the steps beside the writer ran slower). Each is printed as a ratio to the synchronous
+save measured in the same rounds. Medians over rounds; figures only, no assertions.
 
-    .venv/bin/python bench/checkpoint_stall.py [--rounds 20] [--every 20] [--saves 1] [--ranks 2]
+    .venv/bin/python bench/checkpoint_stall.py [--rounds 12] [--every 20] [--saves 1] [--ranks 2]
         [--set model.depth=4 ...]
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import platform
@@ -35,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 # A model whose state (weights + two AdamW moments) is ~35 MB: saving it is real work (a synchronous
-# save takes ~0.5 s here) while a step stays short enough for many paired rounds.
+# save takes ~0.3 s here) while a step stays short enough for many paired rounds.
 MODEL = (
     "model.depth=3",
     "model.dim_text=160",
@@ -46,6 +48,8 @@ MODEL = (
     "train.global_batch=8",
     "train.micro_batch=4",
 )
+WRITERS = ("thread", "process")
+PARTS = ("state_dict", "plan", "stage")
 
 
 def machine() -> str:
@@ -69,13 +73,10 @@ def load() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    # many short paired rounds: on a shared machine the background load drifts within seconds
-    ap.add_argument(
-        "--rounds", type=int, default=20, help="ABBA rounds (each: steady, saving, one sync save)"
-    )
+    ap.add_argument("--rounds", type=int, default=12, help="rounds (each: steady, thread, process, sync)")
     ap.add_argument("--every", type=int, default=20, help="steps between periodic saves (k)")
-    ap.add_argument("--saves", type=int, default=1, help="periodic saves per round (m)")
-    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks (1 leaves a core free for the writer)")
+    ap.add_argument("--saves", type=int, default=1, help="periodic saves per arm (m)")
+    ap.add_argument("--ranks", type=int, default=2, help="gloo ranks")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--dir", type=Path, default=None, help="where the run (and checkpoints) go")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
@@ -119,51 +120,71 @@ def main() -> None:
     report(result, args)
 
 
+def median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
 def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     k, m = args.every, args.saves
     print(
-        f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo ranks, "
-        f"torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; {m} saves every {k} steps per round"
+        f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo "
+        f"ranks, torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; {m} save(s) every {k} steps per "
+        f"arm; writers at nice +{r['nice']}"
     )
-    nice = r["rounds"][0]["nice"]
+    rows = r["rounds"]
     print(
-        f"{'round':>5} {'steady s':>9} {'saving s':>9} {'lost/save s':>12} {'at nice 0 s':>12} "
-        f"{'lost/save s':>12} {'sync save s':>12}"
+        f"{'round':>5} {'steady s':>9} "
+        + " ".join(f"{w + ' lost/save s':>22}" for w in WRITERS)
+        + f" {'sync save s':>12}"
     )
-    for i, row in enumerate(r["rounds"], 1):
-        lost = (row["saving"] - row["steady"]) / m
-        plain = (row["saving_plain"] - row["steady"]) / m
+    for i, row in enumerate(rows, 1):
+        lost = [(row[w] - row["steady"]) / m for w in WRITERS]
         print(
-            f"{i:>5} {row['steady']:>9.2f} {row['saving']:>9.2f} {lost:>12.3f} "
-            f"{row['saving_plain']:>12.2f} {plain:>12.3f} {row['sync']:>12.3f}"
+            f"{i:>5} {row['steady']:>9.2f} "
+            + " ".join(f"{x:>22.3f}" for x in lost)
+            + f" {row['sync']:>12.3f}"
         )
-    losses = sorted((row["saving"] - row["steady"]) / m for row in r["rounds"])
-    lost = statistics.median(losses)
-    q1, _, q3 = statistics.quantiles(losses, n=4) if len(losses) > 1 else (lost, lost, lost)
-    plain = statistics.median((row["saving_plain"] - row["steady"]) / m for row in r["rounds"])
-    sync = statistics.median(row["sync"] for row in r["rounds"])
-    stall = statistics.median(r["stalls"]) if r["stalls"] else float("nan")
-    write = statistics.median(r["writes"]) if r["writes"] else float("nan")
-    print(f"blocking part of an async save (stall_s, median): {stall:.3f} s")
-    if r.get("after_save_step_s") and r.get("other_step_s"):
+    sync = median([row["sync"] for row in rows])
+    print(f"\nsynchronous save of the same state (median): {sync:.3f} s")
+    print(f"{'where a save goes (median s, / sync save)':<46}" + "".join(f"{w:>22}" for w in WRITERS))
+    table: dict[str, dict[str, float]] = {}
+    for w in WRITERS:
+        lost = median([(row[w] - row["steady"]) / m for row in rows])
+        parts = {p: median(r["parts"][w][p]) for p in PARTS}
+        call = median(r["parts"][w]["call"])
+        table[w] = {
+            **parts,
+            "interference": lost - call,
+            "lost": lost,
+            "write": median(r["parts"][w]["write"]),
+            "after": median(r["steps"][w]["after"]),
+            "other": median(r["steps"][w]["other"]),
+        }
+    labels = {
+        "state_dict": "state dict (Trainer.app_state)",
+        "plan": "planning (rank 0's decision, broadcast)",
+        "stage": "staging copy (+ hand-over to the writer)",
+        "interference": "writer's interference with training",
+        "lost": "training lost per save",
+    }
+    for key, label in labels.items():
+        cells = "".join(f"{table[w][key]:>12.3f} ({table[w][key] / sync:>6.3f})" for w in WRITERS)
+        print(f"{label:<46}{cells}")
+    print(
+        f"{'background write (not lost: beside training)':<46}"
+        + "".join(f"{table[w]['write']:>22.3f}" for w in WRITERS)
+    )
+    print(
+        f"{'step right after a save vs others (ms)':<46}"
+        + "".join(f"{table[w]['after'] * 1e3:>13.0f} vs {table[w]['other'] * 1e3:>4.0f}" for w in WRITERS)
+    )
+    for w in WRITERS:
+        losses = sorted((row[w] - row["steady"]) / m for row in rows)
+        q1, _, q3 = statistics.quantiles(losses, n=4) if len(losses) > 1 else (losses[0],) * 3
         print(
-            f"rank 0's step right after a save (the writer starts beside it), median: "
-            f"{r['after_save_step_s'] * 1e3:.0f} ms vs {r['other_step_s'] * 1e3:.0f} ms for the other steps"
+            f"training lost per async save / synchronous save, {w} writer: {table[w]['lost'] / sync:.3f} "
+            f"(lost {table[w]['lost']:.3f} s, quartiles {q1:.3f} .. {q3:.3f} s)"
         )
-    print(
-        f"its background write (median): {write:.3f} s, beside {k} steps "
-        f"({k * r['step_s']:.2f} s at the steady step time)"
-        + ("  <- longer than the interval: the next save waits for it" if write > k * r["step_s"] else "")
-    )
-    print(
-        f"training lost per async save, writer at nice +{nice} (checkpoint.writer_nice; median of rounds): "
-        f"{lost:.3f} s (quartiles {q1:.3f}, {q3:.3f})"
-    )
-    print(f"training lost per async save, writer at training's priority (nice +0): {plain:.3f} s")
-    print(f"synchronous save of the same state (median): {sync:.3f} s")
-    print(
-        f"lost per async save / synchronous save: {lost / sync:.3f} at nice +{nice} (goal <= 0.05), {plain / sync:.3f} at +0"
-    )
     print(f"load average after: {load()}")
 
 
@@ -175,33 +196,76 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     import torch.distributed as dist
 
     from hpclaunch.rundir import RunPaths, read_config
+    from hpclaunch.trainer.checkpoint import Checkpointer
     from hpclaunch.trainer.loop import Trainer
 
     torch.set_num_threads(1)
     paths = RunPaths(run)
-    trainer = Trainer(read_config(paths), paths, attempt="bench", echo=False)
+    cfg = read_config(paths)
+    trainer = Trainer(cfg, paths, attempt="bench", echo=False)
     group = trainer.ctx.cpu_group
-    ckpt = trainer.checkpointer
-    assert ckpt is not None
+    sync_ckpt = trainer.checkpointer
+    assert sync_ckpt is not None
+    c = cfg.checkpoint
+    writers = {
+        w: Checkpointer(
+            run / f"checkpoints-{w}",
+            rank=trainer.ctx.rank,
+            world_size=trainer.ctx.world_size,
+            config_hash=cfg.config_hash(),
+            model_hash=cfg.model_hash(),
+            keep_last=c.keep_last,
+            writer=w,  # type: ignore[arg-type]
+            writer_nice=c.writer_nice,
+        )
+        for w in WRITERS
+    }
+    parts: dict[str, dict[str, list[float]]] = {
+        w: {p: [] for p in (*PARTS, "call", "write")} for w in WRITERS
+    }
+    steps_after: dict[str, dict[str, list[float]]] = {w: {"after": [], "other": []} for w in WRITERS}
+    measuring = False
 
-    after_save: list[float] = []  # each step right after an async save (where the writer starts)
-    others: list[float] = []  # every other step of the saving arms
+    def timed_app_state() -> Any:
+        t0 = time.perf_counter()
+        state = original_app_state()
+        timed_app_state.seconds = time.perf_counter() - t0  # type: ignore[attr-defined]
+        return state
 
-    def steps(n: int, *, save_every: int | None = None) -> float:
+    original_app_state = trainer.app_state
+    trainer.app_state = timed_app_state  # type: ignore[method-assign]
+
+    def steps(n: int, writer: str | None = None) -> float:
+        ckpt = writers[writer] if writer else None
+        trainer.checkpointer = ckpt or sync_ckpt
         dist.barrier(group=group)
         t0 = time.perf_counter()
         for i in range(1, n + 1):
             s0 = time.perf_counter()
             trainer.train_step()
-            if save_every:
-                (after_save if i % save_every == 1 and i > 1 else others).append(time.perf_counter() - s0)
-            if save_every and i % save_every == 0 and i < n:
+            if ckpt is not None and measuring:
+                kind = "after" if i % every == 1 and i > 1 else "other"
+                steps_after[writer or ""][kind].append(time.perf_counter() - s0)
+            if ckpt is not None:
+                trainer.act_on_failed_background_save()  # the loop's poll after every step
+            if ckpt is not None and i % every == 0 and i < n:
+                c0 = time.perf_counter()
                 trainer.save(blocking=False)
-        ckpt.wait()  # the last save is published inside the measured time
+                if measuring and writer is not None:
+                    p = parts[writer]
+                    p["call"].append(time.perf_counter() - c0)
+                    p["state_dict"].append(timed_app_state.seconds)  # type: ignore[attr-defined]
+                    p["plan"].append(ckpt.last_stall_parts.get("plan", 0.0))
+                    p["stage"].append(ckpt.last_stall_parts.get("stage", 0.0))
+        if ckpt is not None:
+            ckpt.wait()  # the last save is published inside the measured time
+            if measuring and writer is not None:
+                parts[writer]["write"].append(float(ckpt.last_save_seconds or 0.0))
         dist.barrier(group=group)
         return time.perf_counter() - t0
 
     def sync_save() -> float:
+        trainer.checkpointer = sync_ckpt
         dist.barrier(group=group)
         t0 = time.perf_counter()
         trainer.save(blocking=True)
@@ -210,33 +274,16 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
 
     n = (saves + 1) * every
     steps(every)  # warm-up: allocator, kernels
-    steps(2 * every, save_every=every)  # warm-up: the stager's buffers, DCP's first plan
+    for w in WRITERS:  # warm-up: the writer process's start, the stagers' buffers, DCP's first plan
+        steps(2 * every, w)
     sync_save()
-    after_save.clear()
-    others.clear()
-    stalls: list[float] = []
-    writes: list[float] = []
+    measuring = True
+    arms = ["steady", *WRITERS]
     rows = []
-    niced = ckpt.writer_nice  # checkpoint.writer_nice (the default, or --set)
-
-    def saving_at(nice: int) -> float:
-        ckpt.writer_nice = nice
-        try:
-            return steps(n, save_every=every)
-        finally:
-            ckpt.writer_nice = niced
-
-    arms = {
-        "steady": lambda: steps(n),
-        "saving": lambda: saving_at(niced),
-        "saving_plain": lambda: saving_at(0),  # the writer at training's own priority
-    }
-    orders = list(itertools.permutations(arms))  # every order in turn, against drifting load
     for r in range(rounds):
-        row = {name: arms[name]() for name in orders[r % len(orders)]}
-        stalls.append(float(ckpt.last_stall_seconds or 0.0))
-        writes.append(float(ckpt.last_save_seconds or 0.0))  # the background write of the last save
-        rows.append({**row, "sync": sync_save(), "nice": niced})
+        order = arms[r % len(arms) :] + arms[: r % len(arms)]  # rotate: each arm leads in turn
+        row = {arm: steps(n, None if arm == "steady" else arm) for arm in order}
+        rows.append({**row, "sync": sync_save()})
     if trainer.ctx.rank == 0:
         newest = sorted(p for p in run.joinpath("checkpoints").glob("step_*") if p.is_dir())[-1]
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
@@ -246,15 +293,17 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
                     "params": sum(p.numel() for p in trainer.model.parameters()),
                     "bytes": size,
                     "step_s": min(row["steady"] for row in rows) / n,
+                    "nice": c.writer_nice,
                     "rounds": rows,
-                    "stalls": stalls,
-                    "writes": writes,
-                    "after_save_step_s": statistics.median(after_save) if after_save else None,
-                    "other_step_s": statistics.median(others) if others else None,
+                    "parts": parts,
+                    "steps": steps_after,
                 }
             ),
             flush=True,
         )
+    for ckpt in writers.values():
+        ckpt.close()
+    trainer.checkpointer = sync_ckpt
     trainer.close()
     dist.destroy_process_group()
 

@@ -150,6 +150,7 @@ def make_checkpointer(
         keep_last=c.keep_last,
         keep_every=c.keep_every,
         async_save=c.async_save,
+        writer=c.writer,
         writer_nice=c.writer_nice,
         ledger=ledger,
     )
