@@ -157,6 +157,7 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
             "interference": lost - call,
             "lost": lost,
             "write": median(r["parts"][w]["write"]),
+            "cpu": median(r["parts"][w]["cpu"]),
             "after": median(r["steps"][w]["after"]),
             "other": median(r["steps"][w]["other"]),
         }
@@ -173,6 +174,10 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"{'background write (not lost: beside training)':<46}"
         + "".join(f"{table[w]['write']:>22.3f}" for w in WRITERS)
+    )
+    print(
+        f"{'writer process CPU time per save (each rank)':<46}"
+        + "".join(f"{table[w]['cpu']:>22.3f}" for w in WRITERS)
     )
     print(
         f"{'step right after a save vs others (ms)':<46}"
@@ -221,7 +226,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         for w in WRITERS
     }
     parts: dict[str, dict[str, list[float]]] = {
-        w: {p: [] for p in (*PARTS, "call", "write")} for w in WRITERS
+        w: {p: [] for p in (*PARTS, "call", "write", "cpu")} for w in WRITERS
     }
     steps_after: dict[str, dict[str, list[float]]] = {w: {"after": [], "other": []} for w in WRITERS}
     measuring = False
@@ -261,6 +266,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
             ckpt.wait()  # the last save is published inside the measured time
             if measuring and writer is not None:
                 parts[writer]["write"].append(float(ckpt.last_save_seconds or 0.0))
+                parts[writer]["cpu"].append(float(ckpt.last_writer_cpu_seconds or "nan"))
         dist.barrier(group=group)
         return time.perf_counter() - t0
 

@@ -31,6 +31,7 @@ from ..rundir import (
 )
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import metrics_steps_by_attempt
+from .checkpoint_interval import checkpoint_interval_summary
 from .stragglers import straggler_summary
 from .time_inputs import run_time
 
@@ -236,6 +237,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "goodput": asdict(gp),
         "time": spent.to_json(),
         "stragglers": straggler_summary(paths, events),
+        "checkpoint_interval": checkpoint_interval_summary(events),
     }
 
 

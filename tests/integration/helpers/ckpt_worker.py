@@ -11,6 +11,11 @@ Modes:
   resume     load_latest into fresh state and report what was loaded.
   diskfull   a blocking save of step 30 while the test's HPCLAUNCH_TEST_CKPT_FAIL makes one rank's
              writer fail (ENOSPC): every rank reports the error it got.
+  writerkill blocking save of step 10, async save of step 20 during which the test hook kills one
+             rank's writer process; every rank reports the error, saves step 20 again blocking (as
+             the trainer does), then step 30 in the background with new writers.
+
+CKPT_WRITER=thread|process (default process) picks the background writer.
 
 Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
 """
@@ -45,7 +50,13 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s: %(message)s")
-    modes = {"roundtrip": roundtrip, "crash": crash, "resume": resume, "diskfull": diskfull}
+    modes = {
+        "roundtrip": roundtrip,
+        "crash": crash,
+        "resume": resume,
+        "diskfull": diskfull,
+        "writerkill": writerkill,
+    }
     result = modes[mode](run_dir, rank, world)
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
     if distributed:
@@ -61,6 +72,7 @@ def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
         config_hash="cfg",
         model_hash="toy-v1",
         keep_last=3,
+        writer=os.environ.get("CKPT_WRITER", "process"),  # type: ignore[arg-type]
         ledger=Ledger(RunPaths(run_dir), role="trainer") if rank == 0 else None,
     )
 
@@ -222,6 +234,24 @@ def diskfull(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
         return {"error": e.one_line(), "hint": e.hint}
     finally:
         ckpt.close()
+
+
+def writerkill(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    ckpt = checkpointer(run_dir, rank, world)
+    ckpt.save(10, big_state(rank, 10), blocking=True)
+    ckpt.save(20, big_state(rank, 20), blocking=False)  # the kill hook fires in a writer process
+    first = ckpt.writer_pid
+    try:
+        ckpt.wait()
+        error = None
+    except CheckpointError as e:
+        error = e.one_line()
+    os.environ.pop("HPCLAUNCH_TEST_CKPT_KILL", None)
+    ckpt.save(20, big_state(rank, 20), blocking=True)  # the trainer's blocking retry
+    ckpt.save(30, big_state(rank, 30), blocking=False)
+    second = ckpt.writer_pid
+    ckpt.close()
+    return {"error": error, "first_writer": first, "second_writer": second}
 
 
 if __name__ == "__main__":

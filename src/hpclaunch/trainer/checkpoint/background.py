@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
@@ -42,6 +42,7 @@ class Settled:
     seconds: float | None = None  # the background write, start to end
     events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the writer's findings
     error: CheckpointError | None = None
+    cpu_s: float | None = None  # the writer process's CPU time for it (process writer)
 
 
 class ThreadBackground:
@@ -204,6 +205,7 @@ class ProcessBackground:
             Published(**published) if published else None,
             float(answer["seconds"]),
             [(name, fields) for name, fields in answer.get("events", [])],
+            cpu_s=answer.get("cpu_s"),
         )
 
     def abort(self) -> Settled:
@@ -242,7 +244,3 @@ def agree(running: bool, failed: bool, pg: dist.ProcessGroup) -> tuple[bool, boo
     flags = torch.tensor([int(running), int(failed)], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
     return bool(flags[0]), bool(flags[1])
-
-
-def published_json(published: Published | None) -> dict[str, Any] | None:
-    return asdict(published) if published is not None else None

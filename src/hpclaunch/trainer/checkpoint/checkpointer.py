@@ -97,6 +97,7 @@ class Checkpointer:
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
         self.last_save_written = False  # the last save() wrote (or started writing) a checkpoint
+        self.last_writer_cpu_seconds: float | None = None  # the writer process's, last save (bench)
         # Where the last save()'s time went: waiting for the previous save, rank 0's decision (a
         # broadcast), and for a background save the staging copy (the writer's start included).
         self.last_stall_parts: dict[str, float] = {}
@@ -315,6 +316,7 @@ class Checkpointer:
             self._plans.forget()
             raise settled.error
         self.last_save_seconds = settled.seconds
+        self.last_writer_cpu_seconds = settled.cpu_s
         self._report_saved(settled.job, settled.published)
 
     def poll_background(self, group: dist.ProcessGroup | None) -> CheckpointError | None:
