@@ -10,6 +10,7 @@ interval from its own measurements, and ``status`` shows it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import CHECKPOINT_FAILED, CHECKPOINT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.ledger import CHECKPOINT_INTERVAL
 from hpclaunch.trainer.checkpoint import ENV_KILL
@@ -159,33 +161,69 @@ def test_a_rank_killed_while_its_writer_writes_resumes_and_ends_bitwise(
     assert h.outcome(run, "a2")["params_sha256"] == reference
 
 
-def test_every_steps_auto_picks_its_interval_from_its_own_measurements(
-    reference: str, root: Path, data: Path
-) -> None:
-    # MTBF of 0.5 s per node: absurd, so that the interval is a handful of steps in a 60-step run.
-    run = h.make_run(root, "auto", data, ["checkpoint.every_steps=auto", "checkpoint.mtbf_hours=0.0004"])
-    proc = h.train(run)
-    assert proc.returncode == 0, h.describe(proc)
-    assert h.outcome(run)["params_sha256"] == reference  # when it saves never changes the math
-    decisions = events(run, CHECKPOINT_INTERVAL)
+def check_decisions(decisions: list[dict[str, Any]], saved: list[int], mtbf_s: float) -> None:
+    """The first decision saves at once (nothing measured); every later one is Young/Daly of what
+    the run measured, and the next save happens where it said."""
     first, measured = decisions[0], decisions[1:]
     assert first["mode"] == "auto" and first["step"] == 5 and first["interval_steps"] == 0
-    assert first["save_cost_s"] is None  # nothing measured yet: it saves at once to measure
+    assert first["save_cost_s"] is None and first["next_step"] == 5 and saved[0] == 5
     assert measured, decisions
-    saved = [e["step"] for e in events(run, CHECKPOINT_SAVED)]
-    assert saved[0] == 5
     for d in measured:
-        assert d["save_cost_s"] > 0 and d["step_time_s"] > 0 and d["mtbf_s"] == pytest.approx(1.44)
+        assert d["save_cost_s"] > 0 and d["step_time_s"] > 0 and d["mtbf_s"] == pytest.approx(mtbf_s)
         expected = math.sqrt(2 * d["save_cost_s"] * d["mtbf_s"])
         assert d["interval_s"] == pytest.approx(expected, rel=1e-3)
         assert abs(d["interval_steps"] - max(1, round(expected / d["step_time_s"]))) <= 1
         assert d["expected_loss_per_failure_s"] == pytest.approx(expected, rel=1e-2)  # W(T*) = T*
-    for d in measured:  # each save happens where the decision before it said
-        if d["next_step"] < 60:
-            assert d["next_step"] in saved
+    for d, after in itertools.pairwise(measured):
+        assert d["next_step"] in saved and after["step"] >= d["next_step"]
+
+
+def check_status(run: Path, last: dict[str, Any]) -> None:
     status = h.hpclaunch_cli(["status", str(run), "--json"])
     assert status.returncode == 0, status.stderr
     shown = json.loads(status.stdout)["checkpoint_interval"]
-    assert shown["interval_steps"] == measured[-1]["interval_steps"] and shown["mode"] == "auto"
-    text = h.hpclaunch_cli(["status", str(run)])
-    assert f"every {measured[-1]['interval_steps']} steps" in text.stdout
+    assert shown["interval_steps"] == last["interval_steps"] and shown["mode"] == "auto"
+    assert shown["expected_loss_per_failure_s"] == last["expected_loss_per_failure_s"]
+    text = h.hpclaunch_cli(["status", str(run)]).stdout
+    assert f"checkpoints: every {last['interval_steps']} steps" in text and "expected loss per failure" in text
+
+
+def test_every_steps_auto_picks_its_interval_from_its_own_measurements(
+    reference: str, root: Path, data: Path
+) -> None:
+    # Blocking saves (their cost is known as they end, so the run decides at fixed points whatever
+    # the machine's load) and an MTBF of 1.44 s: an interval of a few steps in a 60-step run.
+    sets = ["checkpoint.every_steps=auto", "checkpoint.mtbf_hours=0.0004", "checkpoint.async_save=false"]
+    run = h.make_run(root, "auto", data, sets)
+    proc = h.train(run)
+    assert proc.returncode == 0, h.describe(proc)
+    assert h.outcome(run)["params_sha256"] == reference  # when it saves never changes the math
+    decisions = events(run, CHECKPOINT_INTERVAL)
+    saved = [e["step"] for e in events(run, CHECKPOINT_SAVED)]
+    check_decisions(decisions, saved, 1.44)
+    assert len(decisions) >= 3 and len(saved) >= 4  # it kept deciding as measurements came in
+    check_status(run, decisions[-1])
+
+
+def test_every_steps_auto_measures_a_background_save_of_the_process_writer(root: Path, data: Path) -> None:
+    # A background save's cost is known when it settles, which depends on the writer's start-up and
+    # the machine's load: the run goes on (slowly) until the ledger shows a measured decision, then
+    # it is stopped through the control file.
+    sets = ["checkpoint.every_steps=auto", "checkpoint.mtbf_hours=0.0004", "train.steps=100000"]
+    run = h.make_run(root, "auto-process", data, [*sets, "testing.step_sleep_s=0.02"])
+    proc = h.start(run)
+    try:
+        wait_until(
+            lambda: len(events(run, CHECKPOINT_INTERVAL)) >= 3 or proc.poll() is not None,
+            what="two measured decisions",
+            timeout=600,
+        )
+    finally:
+        write_stop_request(RunPaths(run).stop_file, "user", by="test")
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    decisions = events(run, CHECKPOINT_INTERVAL)
+    saved = [e["step"] for e in events(run, CHECKPOINT_SAVED) if not e["blocking"]]
+    check_decisions(decisions, saved, 1.44)
+    assert all(e["writer"] == "process" for e in events(run, CHECKPOINT_SAVED) if not e["blocking"])
+    check_status(run, decisions[-1])

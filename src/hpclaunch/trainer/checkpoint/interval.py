@@ -143,7 +143,7 @@ class SaveSchedule:
             "interval_s": _round(interval_s),
             "step_time_s": _round(step_s, 4),
             "save_cost_s": _round(cost, 4),
-            "mtbf_s": _round(p.mtbf_s, 1),
+            "mtbf_s": _round(p.mtbf_s, 4),
             "expected_loss_per_failure_s": _round(loss),
         }
 
