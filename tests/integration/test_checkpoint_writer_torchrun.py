@@ -185,7 +185,9 @@ def check_status(run: Path, last: dict[str, Any]) -> None:
     assert shown["interval_steps"] == last["interval_steps"] and shown["mode"] == "auto"
     assert shown["expected_loss_per_failure_s"] == last["expected_loss_per_failure_s"]
     text = h.hpclaunch_cli(["status", str(run)]).stdout
-    assert f"checkpoints: every {last['interval_steps']} steps" in text and "expected loss per failure" in text
+    assert (
+        f"checkpoints: every {last['interval_steps']} steps" in text and "expected loss per failure" in text
+    )
 
 
 def test_every_steps_auto_picks_its_interval_from_its_own_measurements(
