@@ -176,6 +176,8 @@ def check_decisions(decisions: list[dict[str, Any]], saved: list[int], mtbf_s: f
         assert d["expected_loss_per_failure_s"] == pytest.approx(expected, rel=1e-2)  # W(T*) = T*
     for d, after in itertools.pairwise(measured):
         assert d["next_step"] in saved and after["step"] >= d["next_step"]
+    # No save but where a decision put it (a periodic save never follows the last before it settled).
+    assert set(saved) <= {5} | {d["next_step"] for d in measured}, (saved, decisions)
 
 
 def check_status(run: Path, last: dict[str, Any]) -> None:
@@ -201,7 +203,7 @@ def test_every_steps_auto_picks_its_interval_from_its_own_measurements(
     assert proc.returncode == 0, h.describe(proc)
     assert h.outcome(run)["params_sha256"] == reference  # when it saves never changes the math
     decisions = events(run, CHECKPOINT_INTERVAL)
-    saved = [e["step"] for e in events(run, CHECKPOINT_SAVED)]
+    saved = [e["step"] for e in events(run, CHECKPOINT_SAVED) if e["step"] < 60]  # 60: the final save
     check_decisions(decisions, saved, 1.44)
     assert len(decisions) >= 3 and len(saved) >= 4  # it kept deciding as measurements came in
     check_status(run, decisions[-1])

@@ -80,6 +80,7 @@ def test_auto_saves_once_to_measure_then_uses_the_measured_cost() -> None:
     s.adopt(first)
     assert s.due(step)  # saved right away: nothing measured yet
     s.save_started(step, stall_s=0.05)
+    assert not s.due(step + 1)  # no next save before this one has settled and been measured
     steps(s, step + 1, step + 4, 0.75, saving=True)  # 4 steps 0.25 s slower beside the writer
     s.save_settled()
     assert s.save_cost_s == pytest.approx(0.05 + 4 * 0.25)

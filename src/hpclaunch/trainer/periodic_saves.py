@@ -58,12 +58,17 @@ class PeriodicSaves:
         """A periodic ``save()`` returned: measure it (skipped when its step was published already)."""
         if ckpt is None:
             return
+        sched = self.schedule
         if ckpt.settled_saves != self._settled_seen:  # the previous one settled inside this save()
             self._settled_seen = ckpt.settled_saves
-            self.schedule.save_settled()
-        if not ckpt.last_save_written:
+            sched.save_settled()
+            if sched.policy.mode == "steps":
+                self._agree(step)  # only recorded: every rank knows a fixed interval
+        if not ckpt.last_save_written:  # its step was published already: decide from what is known
+            if sched.policy.mode != "steps":
+                self._agree(step)
             return
-        self.schedule.save_started(step, ckpt.last_stall_seconds or 0.0)
+        sched.save_started(step, ckpt.last_stall_seconds or 0.0)
         if not ckpt.pending:  # written blocking (checkpoint.async_save: false): its cost is known now
             self.schedule.save_settled()
             self._settled_seen = ckpt.settled_saves

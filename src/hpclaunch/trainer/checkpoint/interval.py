@@ -95,6 +95,8 @@ class SaveSchedule:
     def save_started(self, step: int, stall_s: float) -> None:
         self._last_save_step = step
         self._stall, self._excess = stall_s, 0.0
+        if self.policy.mode != "steps":
+            self.next_step = None  # the next save is decided when this one has settled
 
     def save_settled(self) -> None:
         """The save started last has ended on every rank: its cost is known."""
