@@ -71,6 +71,18 @@ class Published:
     seconds: float  # from the start of the write to the end of retention
 
 
+def quiet_dcp_logger() -> None:
+    """DCP logs every call of its methods at DEBUG to a logger with only a NullHandler: records
+    built for nobody, ~15 ms of CPU per save of a few hundred tensors (cProfile). Raise its level."""
+    from torch.distributed.checkpoint import logger as dcp_logger
+
+    quiet = getattr(dcp_logger, "_dcp_logger", None)
+    if isinstance(quiet, logging.Logger) and all(
+        isinstance(h, logging.NullHandler) for h in quiet.handlers
+    ):
+        quiet.setLevel(logging.WARNING)
+
+
 class SaveWriter:
     """Writes and publishes saves of one checkpoint directory from one rank (collective over ``pg``)."""
 
@@ -99,6 +111,7 @@ class SaveWriter:
         self.in_writer_process = in_writer_process
         self.before_write = before_write
         self.loading: set[int] = set()
+        quiet_dcp_logger()
 
     @property
     def is_coordinator(self) -> bool:
