@@ -48,7 +48,10 @@ MODEL = (
     "train.global_batch=8",
     "train.micro_batch=4",
 )
-WRITERS = ("thread", "process")
+# Arms: name -> (checkpoint.writer, checkpoint.writer_idle). "process-nice": the process writer at
+# checkpoint.writer_nice instead of SCHED_IDLE (``--nice-arm``), to show what the priority does.
+ARMS = {"thread": ("thread", False), "process": ("process", True), "process-nice": ("process", False)}
+WRITERS: tuple[str, ...] = ("thread", "process")
 PARTS = ("state_dict", "plan", "stage")
 
 
@@ -77,10 +80,16 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=20, help="steps between periodic saves (k)")
     ap.add_argument("--saves", type=int, default=1, help="periodic saves per arm (m)")
     ap.add_argument("--ranks", type=int, default=2, help="gloo ranks")
+    ap.add_argument(
+        "--nice-arm", action="store_true", help="also the process writer at writer_nice, not idle"
+    )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--dir", type=Path, default=None, help="where the run (and checkpoints) go")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global WRITERS
+    if args.nice_arm:
+        WRITERS = ("thread", "process", "process-nice")
     if args.worker is not None:
         worker(args.worker, rounds=args.rounds, every=args.every, saves=args.saves)
         return
@@ -111,7 +120,7 @@ def main() -> None:
         argv = [
             sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
             __file__, "--worker", str(run), f"--rounds={args.rounds}", f"--every={args.every}",
-            f"--saves={args.saves}",
+            f"--saves={args.saves}", *(["--nice-arm"] if args.nice_arm else []),
         ]  # fmt: skip
         out = subprocess.run(argv, capture_output=True, text=True, cwd=root)
         if out.returncode != 0:
@@ -129,7 +138,8 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     print(
         f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo "
         f"ranks, torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; {m} save(s) every {k} steps per "
-        f"arm; writers at nice +{r['nice']}"
+        f"arm; thread writer at nice +{r['nice']}, process writer at SCHED_IDLE"
+        + (f" (process-nice: at nice +{r['nice']})" if "process-nice" in WRITERS else "")
     )
     rows = r["rounds"]
     print(
@@ -220,8 +230,9 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
             config_hash=cfg.config_hash(),
             model_hash=cfg.model_hash(),
             keep_last=c.keep_last,
-            writer=w,  # type: ignore[arg-type]
+            writer=ARMS[w][0],  # type: ignore[arg-type]
             writer_nice=c.writer_nice,
+            writer_idle=ARMS[w][1],
         )
         for w in WRITERS
     }

@@ -462,6 +462,11 @@ class CheckpointConfig(_Section):
         description="Niceness added to the background writer (Linux): where every core trains, "
         "its CPU work (copies, hashing) yields to the training step; 0 = same priority as training.",
     )
+    writer_idle: bool = Field(
+        True,
+        description="The writer process runs only on CPU time nothing else wants (Linux SCHED_IDLE; "
+        "a save then waits for idle time where every core trains); false = at writer_nice.",
+    )
 
     @field_validator("every_steps", mode="before")
     @classmethod

@@ -152,5 +152,6 @@ def make_checkpointer(
         async_save=c.async_save,
         writer=c.writer,
         writer_nice=c.writer_nice,
+        writer_idle=c.writer_idle,
         ledger=ledger,
     )

@@ -74,6 +74,7 @@ class Checkpointer:
         async_save: bool = True,
         writer: Writer = "process",
         writer_nice: int = 0,
+        writer_idle: bool = True,
         ledger: Ledger | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
@@ -93,6 +94,7 @@ class Checkpointer:
         self.async_save = async_save
         self.writer = writer
         self.writer_nice = writer_nice
+        self.writer_idle = writer_idle
         self.ledger = ledger
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
@@ -182,6 +184,7 @@ class Checkpointer:
             "keep_last": self.keep_last,
             "keep_every": self.keep_every,
             "nice": self.writer_nice,
+            "idle": self.writer_idle,
             "store": store_address(self.world_size),
         }
         return ProcessBackground(spec, self._pg)

@@ -45,7 +45,7 @@ GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     _die_with_parent(int(spec["parent"]))
-    _lower_priority(int(spec["nice"]))
+    _lower_priority(int(spec["nice"]), idle=bool(spec.get("idle")))
     logging.basicConfig(
         level=logging.WARNING, format=f"[checkpoint writer of rank {spec['rank']}] %(name)s: %(message)s"
     )
@@ -289,13 +289,22 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _lower_priority(nice: int) -> None:
-    """The writer's CPU time yields to training's where they share cores (a failure costs speed only)."""
+def _lower_priority(nice: int, *, idle: bool) -> None:
+    """The writer's CPU time yields to training where they share cores (a refusal costs speed only).
+
+    ``idle`` (Linux SCHED_IDLE): it runs only on CPU time nothing else wants. The training process
+    never waits for it except in ``wait`` (the next save, the end), and while it waits its core is
+    idle, so the writer always finishes; on a GPU node the cores it needs are idle anyway. Else
+    ``nice`` is added to its niceness (CFS still gives it a share of a busy core: ~10 % at +10)."""
+    if idle and hasattr(os, "SCHED_IDLE"):
+        try:
+            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            return
+        except OSError:
+            pass
     if nice > 0:
         with contextlib.suppress(OSError):
             os.nice(nice)
-    if os.environ.get("HPCLAUNCH_EXP_IDLE"):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
 if __name__ == "__main__":
