@@ -1,24 +1,24 @@
 """Training time lost to asynchronous periodic checkpoints, thread writer vs process writer, in one run.
 
-Two gloo ranks (torchrun; ``--ranks``) build hpclaunch's ``Trainer`` (real model, DDP, AdamW, data,
-DCP) and two checkpointers beside it, one per writer (``checkpoint.writer: thread`` and ``process``,
-each into its own directory). Round by round, in a rotating order against drifting background load:
+Two gloo ranks (torchrun; ``--ranks``) build hpclaunch's ``Trainer`` (real model, DDP, AdamW, DCP)
+and one checkpointer per writer beside it (``checkpoint.writer: thread`` and ``process``, each into
+its own directory). They train in intervals of ``k`` steps, in a repeating cycle
 
-  steady:  ``(m + 1) * k`` training steps, no saves;
-  thread:  the same steps with ``Trainer.save(blocking=False)`` after every ``k``-th (``m`` saves)
-           through the thread writer, then a wait for the last save to be published;
-  process: the same through the process writer;
-  sync:    one synchronous save of the same state (``Trainer.save(blocking=True)``).
+  steady, thread, steady, process, steady, sync
 
-Training lost per save = (arm - steady) / m: everything a background save costs the ranks is inside
-(building the state dict, rank 0's decision, the staging copy, and the CPU, memory bandwidth and,
-for the thread, the GIL the writer takes from the steps beside it). Where it goes, per writer:
-the state dict (``Trainer.app_state``), planning (rank 0's decision, a broadcast), staging (the copy;
-for the process writer also handing it over), and the writer's interference with training (the rest
-of the loss: the steps beside the writer ran slower). Each is printed as a ratio to the synchronous
-save measured in the same rounds. Medians over rounds; figures only, no assertions.
+where a writer's interval starts with ``Trainer.save(blocking=False)`` through that writer, polls
+after every step as the training loop does, and ends by waiting for the save to be published (time
+that counts), and ``sync`` is one synchronous save (``Trainer.save(blocking=True)``) of the same
+state. Training lost by one async save = the ``save()`` call + the final wait + the sum over the
+interval's steps of (step time - the median step of the two steady intervals around it). The steady
+intervals a second away are the baseline, so other load on a shared machine, which drifts over
+seconds, cancels out much better than between whole runs. Where it goes, per writer: the state
+dict (``Trainer.app_state``), planning (rank 0's decision, a broadcast), staging (the copy; for the
+process writer also handing it over) and the writer's interference with training (the steps beside
+it ran slower, and any wait at the end). Each is also printed as a ratio to the synchronous save
+measured in the same cycles. Medians over cycles; figures only, no assertions.
 
-    .venv/bin/python bench/checkpoint_stall.py [--rounds 12] [--every 20] [--saves 1] [--ranks 2]
+    .venv/bin/python bench/checkpoint_stall.py [--rounds 30] [--every 20] [--ranks 2] [--nice-arm]
         [--set model.depth=4 ...]
 """
 
@@ -76,9 +76,11 @@ def load() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=12, help="rounds (each: steady, thread, process, sync)")
-    ap.add_argument("--every", type=int, default=20, help="steps between periodic saves (k)")
-    ap.add_argument("--saves", type=int, default=1, help="periodic saves per arm (m)")
+    ap.add_argument(
+        "--rounds", type=int, default=30, help="cycles (steady, thread, steady, process, steady, sync)"
+    )
+    ap.add_argument("--every", type=int, default=20, help="steps per interval (k)")
+    ap.add_argument("--saves", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=2, help="gloo ranks")
     ap.add_argument(
         "--nice-arm", action="store_true", help="also the process writer at writer_nice, not idle"
@@ -133,43 +135,50 @@ def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def lost(cycle: dict[str, Any], writer: str) -> dict[str, float]:
+    """One async save's cost, against the median step of the steady intervals around it."""
+    i = WRITERS.index(writer)
+    around = cycle["steady"][i]["steps"] + cycle["steady"][i + 1]["steps"]
+    base = statistics.median(around)
+    iv = cycle[writer]
+    excess = sum(dt - base for dt in iv["steps"])
+    return {
+        "lost": iv["call"] + excess + iv["wait"],
+        "interference": excess + iv["wait"],
+        "first_step": iv["steps"][0] - base,
+    }
+
+
 def report(r: dict[str, Any], args: argparse.Namespace) -> None:
-    k, m = args.every, args.saves
+    k = args.every
+    cycles = r["cycles"]
     print(
         f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo "
-        f"ranks, torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; {m} save(s) every {k} steps per "
-        f"arm; thread writer at nice +{r['nice']}, process writer at SCHED_IDLE"
+        f"ranks, torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; one save per {k}-step interval; "
+        f"{len(cycles)} cycles; thread writer at nice +{r['nice']}, process writer at SCHED_IDLE"
         + (f" (process-nice: at nice +{r['nice']})" if "process-nice" in WRITERS else "")
     )
-    rows = r["rounds"]
-    print(
-        f"{'round':>5} {'steady s':>9} "
-        + " ".join(f"{w + ' lost/save s':>22}" for w in WRITERS)
-        + f" {'sync save s':>12}"
-    )
-    for i, row in enumerate(rows, 1):
-        lost = [(row[w] - row["steady"]) / m for w in WRITERS]
+    print(f"{'cycle':>5} " + " ".join(f"{w + ' lost s':>20}" for w in WRITERS) + f" {'sync save s':>12}")
+    for i, cyc in enumerate(cycles, 1):
         print(
-            f"{i:>5} {row['steady']:>9.2f} "
-            + " ".join(f"{x:>22.3f}" for x in lost)
-            + f" {row['sync']:>12.3f}"
+            f"{i:>5} "
+            + " ".join(f"{lost(cyc, w)['lost']:>20.3f}" for w in WRITERS)
+            + f" {cyc['sync']:>12.3f}"
         )
-    sync = median([row["sync"] for row in rows])
+    sync = median([cyc["sync"] for cyc in cycles])
     print(f"\nsynchronous save of the same state (median): {sync:.3f} s")
     print(f"{'where a save goes (median s, / sync save)':<46}" + "".join(f"{w:>22}" for w in WRITERS))
     table: dict[str, dict[str, float]] = {}
     for w in WRITERS:
-        lost = median([(row[w] - row["steady"]) / m for row in rows])
-        parts = {p: median(r["parts"][w][p]) for p in PARTS}
-        call = median(r["parts"][w]["call"])
+        ivs = [cyc[w] for cyc in cycles]
+        costs = [lost(cyc, w) for cyc in cycles]
         table[w] = {
-            **parts,
-            "interference": lost - call,
-            "lost": lost,
-            "write": median(r["parts"][w]["write"]),
-            "cpu": median(r["parts"][w]["cpu"]),
-            "after": median(r["steps"][w]["after"]),
-            "other": median(r["steps"][w]["other"]),
+            **{p: median([iv[p] for iv in ivs]) for p in PARTS},
+            "interference": median([c["interference"] for c in costs]),
+            "lost": median([c["lost"] for c in costs]),
+            "first_step": median([c["first_step"] for c in costs]),
+            "write": median([iv["write"] for iv in ivs]),
+            "cpu": median([iv["cpu"] for iv in ivs if iv.get("cpu") is not None]),
         }
     labels = {
         "state_dict": "state dict (Trainer.app_state)",
@@ -181,20 +190,15 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     for key, label in labels.items():
         cells = "".join(f"{table[w][key]:>12.3f} ({table[w][key] / sync:>6.3f})" for w in WRITERS)
         print(f"{label:<46}{cells}")
-    print(
-        f"{'background write (not lost: beside training)':<46}"
-        + "".join(f"{table[w]['write']:>22.3f}" for w in WRITERS)
-    )
-    print(
-        f"{'writer process CPU time per save (each rank)':<46}"
-        + "".join(f"{table[w]['cpu']:>22.3f}" for w in WRITERS)
-    )
-    print(
-        f"{'step right after a save vs others (ms)':<46}"
-        + "".join(f"{table[w]['after'] * 1e3:>13.0f} vs {table[w]['other'] * 1e3:>4.0f}" for w in WRITERS)
-    )
+    rows = {
+        "background write (beside training)": "write",
+        "writer process CPU time per save (a rank's)": "cpu",
+        "first step after a save: slower by": "first_step",
+    }
+    for label, key in rows.items():
+        print(f"{label:<46}" + "".join(f"{table[w][key]:>22.3f}" for w in WRITERS))
     for w in WRITERS:
-        losses = sorted((row[w] - row["steady"]) / m for row in rows)
+        losses = [lost(cyc, w)["lost"] for cyc in cycles]
         q1, _, q3 = statistics.quantiles(losses, n=4) if len(losses) > 1 else (losses[0],) * 3
         print(
             f"training lost per async save / synchronous save, {w} writer: {table[w]['lost'] / sync:.3f} "
@@ -236,50 +240,44 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         )
         for w in WRITERS
     }
-    parts: dict[str, dict[str, list[float]]] = {
-        w: {p: [] for p in (*PARTS, "call", "write", "cpu")} for w in WRITERS
-    }
-    steps_after: dict[str, dict[str, list[float]]] = {w: {"after": [], "other": []} for w in WRITERS}
-    measuring = False
+    state_dict_s = [0.0]
+    original_app_state = trainer.app_state
 
     def timed_app_state() -> Any:
         t0 = time.perf_counter()
         state = original_app_state()
-        timed_app_state.seconds = time.perf_counter() - t0  # type: ignore[attr-defined]
+        state_dict_s[0] = time.perf_counter() - t0
         return state
 
-    original_app_state = trainer.app_state
     trainer.app_state = timed_app_state  # type: ignore[method-assign]
 
-    def steps(n: int, writer: str | None = None) -> float:
+    def interval(writer: str | None) -> dict[str, Any]:
+        """``every`` steps; with a writer, a background save first and its wait at the end."""
         ckpt = writers[writer] if writer else None
         trainer.checkpointer = ckpt or sync_ckpt
         dist.barrier(group=group)
-        t0 = time.perf_counter()
-        for i in range(1, n + 1):
+        out: dict[str, Any] = {"steps": []}
+        if ckpt is not None:
+            t0 = time.perf_counter()
+            trainer.save(blocking=False)
+            out["call"] = time.perf_counter() - t0
+            out["state_dict"] = state_dict_s[0]
+            out["plan"] = ckpt.last_stall_parts.get("plan", 0.0)
+            out["stage"] = ckpt.last_stall_parts.get("stage", 0.0)
+        for _ in range(every):
             s0 = time.perf_counter()
             trainer.train_step()
-            if ckpt is not None and measuring:
-                kind = "after" if i % every == 1 and i > 1 else "other"
-                steps_after[writer or ""][kind].append(time.perf_counter() - s0)
             if ckpt is not None:
                 trainer.act_on_failed_background_save()  # the loop's poll after every step
-            if ckpt is not None and i % every == 0 and i < n:
-                c0 = time.perf_counter()
-                trainer.save(blocking=False)
-                if measuring and writer is not None:
-                    p = parts[writer]
-                    p["call"].append(time.perf_counter() - c0)
-                    p["state_dict"].append(timed_app_state.seconds)  # type: ignore[attr-defined]
-                    p["plan"].append(ckpt.last_stall_parts.get("plan", 0.0))
-                    p["stage"].append(ckpt.last_stall_parts.get("stage", 0.0))
+            out["steps"].append(time.perf_counter() - s0)
         if ckpt is not None:
-            ckpt.wait()  # the last save is published inside the measured time
-            if measuring and writer is not None:
-                parts[writer]["write"].append(float(ckpt.last_save_seconds or 0.0))
-                parts[writer]["cpu"].append(float(ckpt.last_writer_cpu_seconds or "nan"))
-        dist.barrier(group=group)
-        return time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ckpt.wait()
+            dist.barrier(group=group)
+            out["wait"] = time.perf_counter() - t0
+            out["write"] = float(ckpt.last_save_seconds or 0.0)
+            out["cpu"] = ckpt.last_writer_cpu_seconds
+        return out
 
     def sync_save() -> float:
         trainer.checkpointer = sync_ckpt
@@ -289,31 +287,31 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         dist.barrier(group=group)
         return time.perf_counter() - t0
 
-    n = (saves + 1) * every
-    steps(every)  # warm-up: allocator, kernels
+    interval(None)  # warm-up: allocator, kernels
     for w in WRITERS:  # warm-up: the writer process's start, the stagers' buffers, DCP's first plan
-        steps(2 * every, w)
+        interval(w)
+        interval(w)
     sync_save()
-    measuring = True
-    arms = ["steady", *WRITERS]
-    rows = []
-    for r in range(rounds):
-        order = arms[r % len(arms) :] + arms[: r % len(arms)]  # rotate: each arm leads in turn
-        row = {arm: steps(n, None if arm == "steady" else arm) for arm in order}
-        rows.append({**row, "sync": sync_save()})
+    cycles = []
+    for _ in range(rounds):
+        cycle: dict[str, Any] = {"steady": [interval(None)]}
+        for w in WRITERS:
+            cycle[w] = interval(w)
+            cycle["steady"].append(interval(None))
+        cycle["sync"] = sync_save()
+        cycles.append(cycle)
     if trainer.ctx.rank == 0:
         newest = sorted(p for p in run.joinpath("checkpoints").glob("step_*") if p.is_dir())[-1]
         size = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file())
+        steady = [statistics.median(iv["steps"]) for cyc in cycles for iv in cyc["steady"]]
         print(
             json.dumps(
                 {
                     "params": sum(p.numel() for p in trainer.model.parameters()),
                     "bytes": size,
-                    "step_s": min(row["steady"] for row in rows) / n,
+                    "step_s": statistics.median(steady),
                     "nice": c.writer_nice,
-                    "rounds": rows,
-                    "parts": parts,
-                    "steps": steps_after,
+                    "cycles": cycles,
                 }
             ),
             flush=True,
