@@ -10,6 +10,7 @@ What a publish produced comes back as ``Published``; the caller reports it (log,
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -77,9 +78,7 @@ def quiet_dcp_logger() -> None:
     from torch.distributed.checkpoint import logger as dcp_logger
 
     quiet = getattr(dcp_logger, "_dcp_logger", None)
-    if isinstance(quiet, logging.Logger) and all(
-        isinstance(h, logging.NullHandler) for h in quiet.handlers
-    ):
+    if isinstance(quiet, logging.Logger) and all(isinstance(h, logging.NullHandler) for h in quiet.handlers):
         quiet.setLevel(logging.WARNING)
 
 
@@ -111,6 +110,7 @@ class SaveWriter:
         self.in_writer_process = in_writer_process
         self.before_write = before_write
         self.loading: set[int] = set()
+        self._digests: dict[str, tuple[int, str]] = {}
         quiet_dcp_logger()
 
     @property
@@ -159,25 +159,30 @@ class SaveWriter:
             raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
 
     def _storage_writer(self, job: SaveJob) -> Any:
-        import torch.distributed.checkpoint as dcp
-
         fail = injected_failure(job.step, self.rank)
+        self._digests = {}
         if fail is not None or kill_requested(job.step, self.rank, "data"):
             return hooked_writer_class()(
                 job.tmp,
                 fail,
                 lambda: kill_hook(job.step, self.rank, "data", in_writer_process=self.in_writer_process),
             )
-        return dcp.FileSystemWriter(job.tmp, sync_files=True, overwrite=False)
+        writer = digesting_writer_class()(job.tmp, sync_files=True, overwrite=False)
+        self._digests = writer.fs.digests
+        return writer
 
     def _own_digests(self, tmp: Path) -> dict[str, Any]:
-        """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel)."""
+        """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel): as they were
+        written (``digesting_writer_class``), else read back; a size that differs is read back."""
         import torch.distributed as dist
 
         group_rank = dist.get_rank(self.pg) if self.pg is not None else 0
         try:
-            mine = sorted(tmp.glob(f"__{group_rank}_*.distcp"))
-            return {"files": {p.name: list(file_digest(p)) for p in mine}}
+            files = {}
+            for p in sorted(tmp.glob(f"__{group_rank}_*.distcp")):
+                known = self._digests.get(p.name)
+                files[p.name] = list(known if known and known[0] == p.stat().st_size else file_digest(p))
+            return {"files": files}
         except OSError as e:
             return {"error": f"rank {self.rank} cannot hash its files: {e}"}
 
@@ -221,6 +226,71 @@ class SaveWriter:
         # rename() of a directory onto an existing non-empty one fails: never overwrites.
         os.rename(job.tmp, job.final)
         fsync_dir(self.directory)
+
+
+@functools.cache
+def digesting_writer_class() -> type[Any]:
+    """DCP's filesystem writer whose files are hashed as they are written: the bytes are hashed
+    while they are at hand instead of read back afterwards (a second pass over the checkpoint's
+    memory). DCP writes each file front to back through ``write``; anything else (a seek) refuses."""
+    import hashlib
+    import io
+    from collections.abc import Iterator
+    from contextlib import contextmanager
+
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    class DigestingStream(io.RawIOBase):
+        def __init__(self, raw: Any) -> None:
+            self.raw, self.sha, self.size = raw, hashlib.sha256(), 0
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, b: Any) -> int:
+            view = memoryview(b).cast("B")
+            n = self.raw.write(view)
+            n = len(view) if n is None else n
+            self.sha.update(view[:n])
+            self.size += n
+            return n
+
+        def tell(self) -> int:
+            return int(self.raw.tell())
+
+        def seek(self, *args: Any) -> int:
+            raise io.UnsupportedOperation("a hashed checkpoint file is written front to back")
+
+        def fileno(self) -> int:
+            self.raw.flush()  # DCP fsyncs the descriptor without flushing the buffered file first
+            return int(self.raw.fileno())
+
+        def flush(self) -> None:
+            self.raw.flush()
+
+    class DigestingFileSystem(FileSystem):
+        def __init__(self) -> None:
+            super().__init__()
+            self.digests: dict[str, tuple[int, str]] = {}
+
+        @contextmanager
+        def create_stream(self, path: Any, mode: str) -> Iterator[Any]:
+            with super().create_stream(path, mode) as stream:
+                if "w" not in mode:
+                    yield stream
+                    return
+                hashed = DigestingStream(stream)
+                yield hashed
+                stream.flush()
+                self.digests[Path(path).name] = (hashed.size, hashed.sha.hexdigest())
+
+    class DigestingWriter(dcp.FileSystemWriter):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.fs = DigestingFileSystem()
+
+    return DigestingWriter
 
 
 def collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]]:
