@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--saves", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--ranks", type=int, default=2, help="gloo ranks")
     ap.add_argument(
+        "--quiet", type=float, default=0.15, help="leave out cycles with more other load (cores) than this"
+    )
+    ap.add_argument(
         "--nice-arm", action="store_true", help="also the process writer at writer_nice, not idle"
     )
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
@@ -149,21 +152,42 @@ def lost(cycle: dict[str, Any], writer: str) -> dict[str, float]:
     }
 
 
+def foreign_cores(cycle: dict[str, Any]) -> float:
+    """The most other load (cores busy with processes not of this bench) in any of the cycle's
+    intervals."""
+    ivs = [*cycle["steady"], *(cycle[w] for w in WRITERS)]
+    return max((iv["machine"] - iv["ours"]) / iv["wall"] for iv in ivs)
+
+
 def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     k = args.every
-    cycles = r["cycles"]
+    every_cycle = r["cycles"]
+    quiet = [c for c in every_cycle if foreign_cores(c) <= args.quiet]
+    print(
+        f"cycles with other load <= {args.quiet:g} cores (the rest left out): {len(quiet)} of {len(every_cycle)}; "
+        f"other load in all cycles, median {median([foreign_cores(c) for c in every_cycle]):.2f} cores"
+    )
+    if not quiet:
+        print("no quiet cycle: figures over all cycles (other load disturbs them)")
+        quiet = every_cycle
+    cycles = quiet
     print(
         f"model: {r['params'] / 1e6:.2f} M parameters, checkpoint {r['bytes'] / 1e6:.0f} MB ({args.ranks} gloo "
         f"ranks, torch threads 1 per rank), step {r['step_s'] * 1e3:.0f} ms; one save per {k}-step interval; "
         f"{len(cycles)} cycles; thread writer at nice +{r['nice']}, process writer at SCHED_IDLE"
         + (f" (process-nice: at nice +{r['nice']})" if "process-nice" in WRITERS else "")
     )
-    print(f"{'cycle':>5} " + " ".join(f"{w + ' lost s':>20}" for w in WRITERS) + f" {'sync save s':>12}")
-    for i, cyc in enumerate(cycles, 1):
+    print(
+        f"{'cycle':>5} "
+        + " ".join(f"{w + ' lost s':>20}" for w in WRITERS)
+        + f" {'sync save s':>12} {'other load':>10}"
+    )
+    for i, cyc in enumerate(every_cycle, 1):
+        mark = "" if cyc in cycles else "  (left out)"
         print(
             f"{i:>5} "
             + " ".join(f"{lost(cyc, w)['lost']:>20.3f}" for w in WRITERS)
-            + f" {cyc['sync']:>12.3f}"
+            + f" {cyc['sync']:>12.3f} {foreign_cores(cyc):>10.2f}{mark}"
         )
     sync = median([cyc["sync"] for cyc in cycles])
     print(f"\nsynchronous save of the same state (median): {sync:.3f} s")
@@ -209,6 +233,42 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
 
 # ---- the ranks ------------------------------------------------------------------------------------
 
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_s(pid: int | str) -> float:
+    """utime + stime of a process (all its threads), seconds; 0 when it has gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def _machine() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the machine so far, all cores."""
+    v = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    total = sum(v[:8])
+    return (total - v[3] - v[4]) / TICK, total / TICK
+
+
+class Usage:
+    """CPU used in an interval by the machine, and by this rank and its writer processes: the rest
+    is other load (other users of a shared machine), which the report can leave out."""
+
+    def __init__(self, writer_pids: list[int | None]) -> None:
+        self.pids: list[int | str] = ["self", *[p for p in writer_pids if p]]
+        self.start = sum(_cpu_s(p) for p in self.pids)
+        self.busy, self.total = _machine()
+        self.t0 = time.perf_counter()
+
+    def ours(self) -> float:
+        return sum(_cpu_s(p) for p in self.pids) - self.start
+
+    def machine(self) -> tuple[float, float]:
+        busy, _ = _machine()
+        return busy - self.busy, time.perf_counter() - self.t0
+
 
 def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     import torch
@@ -216,6 +276,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
 
     from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.trainer.checkpoint import Checkpointer
+    from hpclaunch.trainer.dist import all_gather_json
     from hpclaunch.trainer.loop import Trainer
 
     torch.set_num_threads(1)
@@ -256,6 +317,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         ckpt = writers[writer] if writer else None
         trainer.checkpointer = ckpt or sync_ckpt
         dist.barrier(group=group)
+        usage = Usage([w.writer_pid for w in writers.values()])
         out: dict[str, Any] = {"steps": []}
         if ckpt is not None:
             t0 = time.perf_counter()
@@ -277,6 +339,11 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
             out["wait"] = time.perf_counter() - t0
             out["write"] = float(ckpt.last_save_seconds or 0.0)
             out["cpu"] = ckpt.last_writer_cpu_seconds
+        else:
+            dist.barrier(group=group)
+        mine = usage.ours()  # this rank's and its writers' CPU seconds in the interval
+        out["ours"] = sum(all_gather_json(mine, group))
+        out["machine"], out["wall"] = usage.machine()
         return out
 
     def sync_save() -> float:
