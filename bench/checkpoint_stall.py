@@ -342,7 +342,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         else:
             dist.barrier(group=group)
         mine = usage.ours()  # this rank's and its writers' CPU seconds in the interval
-        out["ours"] = sum(all_gather_json(mine, group))
+        out["ours"] = sum(all_gather_json(mine, trainer.ctx.host_group()))
         out["machine"], out["wall"] = usage.machine()
         return out
 
