@@ -139,10 +139,11 @@ def median(xs: list[float]) -> float:
 
 
 def lost(cycle: dict[str, Any], writer: str) -> dict[str, float]:
-    """One async save's cost, against the median step of the steady intervals around it."""
+    """One async save's cost: its interval's steps against the mean step of the steady intervals
+    around it (the mean, not the median: a sum of steps is compared), plus its call and its wait."""
     i = WRITERS.index(writer)
     around = cycle["steady"][i]["steps"] + cycle["steady"][i + 1]["steps"]
-    base = statistics.median(around)
+    base = statistics.fmean(around)
     iv = cycle[writer]
     excess = sum(dt - base for dt in iv["steps"])
     return {
@@ -150,6 +151,14 @@ def lost(cycle: dict[str, Any], writer: str) -> dict[str, float]:
         "interference": excess + iv["wait"],
         "first_step": iv["steps"][0] - base,
     }
+
+
+def placebo(cycle: dict[str, Any]) -> float:
+    """The same measure for a steady interval against its neighbours: what the method reads when
+    nothing is saved (its bias and noise), printed beside the writers."""
+    first, middle, last = cycle["steady"][:3]
+    base = statistics.fmean(first["steps"] + last["steps"])
+    return sum(dt - base for dt in middle["steps"])
 
 
 def foreign_cores(cycle: dict[str, Any]) -> float:
@@ -221,6 +230,13 @@ def report(r: dict[str, Any], args: argparse.Namespace) -> None:
     }
     for label, key in rows.items():
         print(f"{label:<46}" + "".join(f"{table[w][key]:>22.3f}" for w in WRITERS))
+    checks = sorted(placebo(cyc) for cyc in cycles)
+    print(
+        f"method check: a steady interval measured the same way (nothing saved) reads {median(checks):+.3f} s "
+        f"(quartiles {statistics.quantiles(checks, n=4)[0]:+.3f} .. {statistics.quantiles(checks, n=4)[2]:+.3f})"
+        if len(checks) > 1
+        else ""
+    )
     for w in WRITERS:
         losses = [lost(cyc, w)["lost"] for cyc in cycles]
         q1, _, q3 = statistics.quantiles(losses, n=4) if len(losses) > 1 else (losses[0],) * 3
