@@ -202,3 +202,35 @@ def test_dtensor_shards_go_through_the_writer_without_their_mesh(tmp_path: Path,
     plain = {"model": {"w": torch.zeros(6, 8), "b": torch.zeros(3)}}  # as DDP would load it
     assert make(tmp_path).load_latest(plain) is not None
     assert torch.equal(plain["model"]["w"], weight) and torch.equal(plain["model"]["b"], torch.ones(3))
+
+
+def test_retention_in_the_writer_keeps_the_last_valid_ones_and_sets_a_corrupt_one_aside(
+    tmp_path: Path,
+) -> None:
+    from hpclaunch.rundir import CHECKPOINT_INVALID
+
+    ck = make(tmp_path, keep_last=2)
+    ck.save(1, state_at(1), blocking=True)
+    ck.save(2, state_at(2), blocking=True)
+    data = tmp_path / "ckpt" / "step_000002" / "__0_0.distcp"
+    raw = bytearray(data.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # same size: only the sha256 can tell
+    data.write_bytes(bytes(raw))
+    later = make(tmp_path, keep_last=2)  # another attempt: knows nothing of step 2 yet
+    later.save(3, state_at(3), blocking=False)  # retention runs in the writer process
+    later.close()
+    # The last two valid ones are 1 and 3: the corrupt 2 is set aside, never counted.
+    assert [i.step for i in make(tmp_path).list_valid()] == [1, 3]
+    assert (tmp_path / "ckpt" / "step_000002.corrupt").is_dir()
+    (invalid,) = [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == CHECKPOINT_INVALID]
+    assert invalid["reason"].startswith("sha256 mismatch")  # found by the writer, in the run's ledger
+    assert invalid["writer"] == "trainer"
+    for step in (4, 5):
+        later = make(tmp_path, keep_last=2)
+        later.save(step, state_at(step), blocking=False)
+        later.close()
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == [
+        "step_000002.corrupt",
+        "step_000004",
+        "step_000005",
+    ]
