@@ -103,6 +103,15 @@ def test_kill_9_of_a_writer_fails_that_save_on_every_rank_and_the_blocking_retry
     assert [r["rank_local_value"] for r in resumed] == [3000.0, 3001.0]
 
 
+def test_a_rank_that_closes_alone_is_not_held_by_the_others(tmp_path: Path) -> None:
+    # A rank leaving on an error closes its checkpointer with a background save pending while the
+    # other ranks are elsewhere: the close waits for its own writer, never in a collective.
+    ok(launch(tmp_path, "closealone", nproc=2))
+    assert [r["closed"] for r in results(tmp_path, "closealone", 2)] == [True, True]
+    assert (tmp_path / "checkpoints" / "step_000010").is_dir()  # the writers finished it together
+    assert not writers_of(tmp_path / "checkpoints")
+
+
 # ---- the trainer ---------------------------------------------------------------------------------
 
 

@@ -15,6 +15,9 @@ Modes:
              rank's writer process; every rank reports the error, saves step 20 again blocking (as
              the trainer does), then step 30 in the background with new writers.
 
+  closealone both ranks start a background save, rank 1 closes at once while rank 0 waits for it in
+             another collective (a rank leaving on an error must not need the others to close).
+
 CKPT_WRITER=thread|process (default process) picks the background writer.
 
 Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
@@ -56,6 +59,7 @@ def main() -> None:
         "resume": resume,
         "diskfull": diskfull,
         "writerkill": writerkill,
+        "closealone": closealone,
     }
     result = modes[mode](run_dir, rank, world)
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
@@ -252,6 +256,20 @@ def writerkill(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
     second = ckpt.writer_pid
     ckpt.close()
     return {"error": error, "first_writer": first, "second_writer": second}
+
+
+def closealone(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    """Both ranks start a background save; rank 1 then closes its checkpointer at once (as a rank
+    leaving on an error does) while rank 0 waits in another collective for rank 1: the close must
+    not need rank 0."""
+    ckpt = checkpointer(run_dir, rank, world)
+    ckpt.save(10, big_state(rank, 10), blocking=False)
+    if rank == 1:
+        ckpt.close()
+    dist.barrier()  # rank 0 waits here, never in the checkpointer's group
+    if rank == 0:
+        ckpt.close()
+    return {"closed": True}
 
 
 if __name__ == "__main__":

@@ -195,6 +195,20 @@ class ProcessBackground:
             if not running:
                 return self._settle()
 
+    def finish_alone(self, timeout: float) -> Settled:
+        """This rank's writer's answer without asking the other ranks (``close``: a save is still
+        pending only when this rank is leaving on an error, and the others may never come to a
+        collective); a writer that has not answered within ``timeout`` is stopped."""
+        answer = self._answer(timeout)
+        if answer is None or answer.get("op") != "saved":
+            settled = self.abort()
+            if answer is None:
+                settled.error = CheckpointError(
+                    f"the background save did not finish within {timeout:g} s of closing; abandoned"
+                )
+            return settled
+        return self._settle()
+
     def _settle(self) -> Settled:
         assert self._proc is not None and self._job is not None
         answer, job = self._proc.take(), self._job

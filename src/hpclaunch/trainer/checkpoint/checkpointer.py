@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 Writer = Literal["process", "thread"]
+CLOSE_WAIT_S = 60.0  # close(): how long a pending background save may still take (see close)
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
@@ -347,12 +348,20 @@ class Checkpointer:
         return None
 
     def close(self) -> None:
-        """Wait for a pending save, then release the writer, staging buffers and our group."""
+        """Wait for a pending save, then release the writer, staging buffers and our group.
+
+        A run's last save waits for the background one, so a save is pending here only when the
+        rank leaves on an error, maybe alone: the process writer's answer is then awaited without
+        a collective (the thread writer's wait never was one)."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.wait()
+            bg = self._background
+            if isinstance(bg, ProcessBackground) and bg.pending:
+                self._settle(bg.finish_alone(CLOSE_WAIT_S))
+            else:
+                self.wait()
         finally:
             self._teardown()
 
