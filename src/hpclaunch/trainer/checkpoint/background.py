@@ -97,11 +97,11 @@ class ThreadBackground:
         published = self._writer.write_and_publish(job, staged)
         return published, time.monotonic() - begun
 
-    def flags(self) -> tuple[bool, bool]:
-        """(still writing here, failed here), without waiting."""
+    def flags(self) -> tuple[bool, int]:
+        """(still writing here, FAILED here or 0), without waiting."""
         assert self._future is not None
         done = self._future.done()
-        return not done, done and self._future.exception() is not None
+        return not done, FAILED if done and self._future.exception() is not None else 0
 
     def wait(self) -> Settled:
         assert self._future is not None and self._job is not None
@@ -115,7 +115,7 @@ class ThreadBackground:
             return Settled(job, error=CheckpointError(f"background save failed: {type(e).__name__}: {e}"))
         return Settled(job, published, seconds)
 
-    def abort(self) -> Settled:
+    def abort(self, *, writer_died: bool = False) -> Settled:
         """All ranks agreed that the save failed; here it has ended too (DCP failed it everywhere)."""
         settled = self.wait()
         if settled.error is None:
@@ -180,18 +180,17 @@ class ProcessBackground:
         self._dispatch(block=timeout != 0.0)
         return self._proc.poll(timeout)
 
-    def flags(self) -> tuple[bool, bool]:
-        answer = self._answer(0.0)
-        return answer is None, answer is not None and answer.get("op") != "saved"
+    def flags(self) -> tuple[bool, int]:
+        """(still writing here, how it failed here: 0, FAILED, or WRITER_DIED)."""
+        return _flags(self._answer(0.0))
 
     def wait(self) -> Settled:
         while True:
-            answer = self._answer(None if self._pg is None else WAIT_POLL_S)
-            running, failed = answer is None, answer is not None and answer.get("op") != "saved"
+            running, failed = _flags(self._answer(None if self._pg is None else WAIT_POLL_S))
             if self._pg is not None:
                 running, failed = agree(running, failed, self._pg)
             if failed:
-                return self.abort()
+                return self.abort(writer_died=failed == WRITER_DIED)
             if not running:
                 return self._settle()
 
@@ -222,19 +221,29 @@ class ProcessBackground:
             cpu_s=answer.get("cpu_s"),
         )
 
-    def abort(self) -> Settled:
+    def abort(self, *, writer_died: bool = False) -> Settled:
         """Every rank agreed that the save failed: say why (ours, or another rank's), stop our writer
-        (it may be waiting for a peer that is gone); the next background save starts a new one."""
+        (it may be waiting for a peer that is gone); the next background save starts a new one.
+        ``writer_died``: some rank's writer died, which is then the reason on every rank (the others'
+        writers only fail because a peer went, in gloo's words)."""
         assert self._proc is not None and self._job is not None
-        answer, job = self._proc.poll(0.0), self._job
+        answer, job = self._proc.poll(0.0) or {}, self._job
         settled = Settled(job)
-        if answer is not None and answer.get("op") != "saved":
+        own_failure = bool(answer) and answer.get("op") != "saved"
+        if own_failure and (answer.get("dead") or not writer_died):
             settled.error = CheckpointError(
                 answer["message"], where=answer.get("where"), hint=answer.get("hint")
             )
-            settled.events = [(name, fields) for name, fields in answer.get("events", [])]
+        elif writer_died:
+            settled.error = CheckpointError(
+                f"the checkpoint writer process of another rank died while saving step {job.step} "
+                "(see that rank's log)",
+                hint="the save is retried in the training process",
+            )
         else:
             settled.error = CheckpointError("the background save failed on another rank (see its log)")
+        if own_failure:
+            settled.events = [(name, fields) for name, fields in answer.get("events", [])]
         self._proc.kill()
         self._proc = None
         self._job = self._staged = None
@@ -250,11 +259,23 @@ class ProcessBackground:
         self._stager.close()
 
 
-def agree(running: bool, failed: bool, pg: dist.ProcessGroup) -> tuple[bool, bool]:
-    """(writing on any rank, failed on any rank): a two-integer all-reduce over ``pg``."""
+FAILED = 1
+WRITER_DIED = 2  # ranks over FAILED in the all-reduce's MAX: a dead writer names the cause
+
+
+def _flags(answer: dict[str, Any] | None) -> tuple[bool, int]:
+    if answer is None:
+        return True, 0
+    if answer.get("op") == "saved":
+        return False, 0
+    return False, WRITER_DIED if answer.get("dead") else FAILED
+
+
+def agree(running: bool, failed: int, pg: dist.ProcessGroup) -> tuple[bool, int]:
+    """(writing on any rank, the worst failure on any rank): a two-integer all-reduce over ``pg``."""
     import torch
     import torch.distributed as dist
 
     flags = torch.tensor([int(running), int(failed)], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
-    return bool(flags[0]), bool(flags[1])
+    return bool(flags[0]), int(flags[1])

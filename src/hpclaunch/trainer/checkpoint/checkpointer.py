@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from ...errors import CheckpointError
 from ...rundir import CHECKPOINT_SAVED, Ledger
 from ..dist import broadcast_json
-from .background import ProcessBackground, Settled, ThreadBackground, agree
+from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
 from .faults import estimated_bytes as _estimated_bytes
 from .faults import save_error
@@ -340,7 +340,7 @@ class Checkpointer:
             running, failed = agree(running, failed, group)
         if failed:
             try:
-                self._settle(self._background.abort())
+                self._settle(self._background.abort(writer_died=failed == WRITER_DIED))
             except CheckpointError as e:
                 return e
         elif not running:
