@@ -9,8 +9,11 @@ every visible GPU, or one process with ``--cpu``):
    and by the GPUs' dense bf16 peak (``PEAK_TFLOPS`` by device name, or ``--peak-tflops``);
 2. peak memory per GPU (``torch.cuda.max_memory_allocated``, the metrics' ``max_memory_gb``), next to
    preflight's estimate for the same config;
-3. the async-checkpoint stall: what an asynchronous periodic save blocked training for (staging to
-   pinned host memory), against the blocking save at the end (the ledger's ``stall_s``);
+3. the async-checkpoint stall, for the process writer (the default) and the thread writer in the
+   same check: what an asynchronous periodic save blocked training for (staging to pinned host
+   memory, non-blocking copies; the ledger's ``stall_s``), the training it cost in all (the trainer's
+   own measurement behind ``checkpoint.every_steps: auto``: the stall plus the slowdown of the steps
+   beside the writer, ``checkpoint_interval.save_cost_s``), against the blocking save at the end;
 4. determinism under the trainer's settings (``dist.set_deterministic``: deterministic kernels,
    cuDNN deterministic, TF32 off, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``): the same run twice, and a
    run stopped halfway and resumed, compared bitwise rank by rank (``state_sha256``: weights,
@@ -188,15 +191,11 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             "peak_gb_rank0": max(line["max_memory_gb"] for line in lines),
             "estimate_gb": estimate.total / 1e9,
         }
-        saves = [e for e in read_events(RunPaths(run)).events if e["event"] == "checkpoint_saved"]
-        async_saves = [e for e in saves if not e["blocking"]]
-        blocking = [e for e in saves if e["blocking"]]
-        report["checkpoint"] = {
-            "async_stall_s": statistics.median(e["stall_s"] for e in async_saves) if async_saves else None,
-            "async_write_s": statistics.median(e["seconds"] for e in async_saves) if async_saves else None,
-            "blocking_s": blocking[-1]["seconds"] if blocking else None,
-            "bytes": saves[-1]["bytes"] if saves else None,
-        }
+        writers = {"process": checkpoint_figures(run)}
+        _, thread_run = runner.config("checkpoint-thread", ["checkpoint.writer=thread"])
+        runner.train(thread_run)
+        writers["thread"] = checkpoint_figures(thread_run)
+        report["checkpoint"] = {**writers["process"], "writers": writers}
         report["determinism"] = {}
         for flash in ("false", "true") if args.flash == "both" else (args.flash,):
             sets = [f"model.flash_attn={flash}"]
@@ -216,6 +215,26 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         return report
 
 
+def checkpoint_figures(run: Path) -> dict[str, Any]:
+    """A run's periodic saves from its ledger: the stall, the background write, the training each
+    cost (the trainer's own measurement), the blocking save at the end."""
+    events = read_events(RunPaths(run)).events
+    saves = [e for e in events if e["event"] == "checkpoint_saved"]
+    async_saves = [e for e in saves if not e["blocking"]]
+    blocking = [e for e in saves if e["blocking"]]
+    costs = [e["save_cost_s"] for e in events if e["event"] == "checkpoint_interval" and e.get("save_cost_s")]
+    blocking_s = blocking[-1]["seconds"] if blocking else None
+    lost = costs[-1] if costs else None  # averaged over the last saves by the trainer
+    return {
+        "async_stall_s": statistics.median(e["stall_s"] for e in async_saves) if async_saves else None,
+        "async_write_s": statistics.median(e["seconds"] for e in async_saves) if async_saves else None,
+        "async_lost_s": lost,
+        "lost_over_blocking": lost / blocking_s if lost is not None and blocking_s else None,
+        "blocking_s": blocking_s,
+        "bytes": saves[-1]["bytes"] if saves else None,
+    }
+
+
 def print_report(r: dict[str, Any]) -> None:
     where = (
         "CPU (tiny model, fp32: the code path only, not a figure)"
@@ -229,9 +248,16 @@ def print_report(r: dict[str, Any]) -> None:
         f"  {t['parameters'] / 1e9:.2f}B parameters, {t['flops_per_step'] / 1e12:.1f} TFLOP/step: step {t['step_s'] * 1000:.1f} ms, {t['samples_per_s']:.1f} samples/s, {t['achieved_tflops_per_gpu']:.1f} TFLOP/s per GPU, MFU {mfu}"
     )
     print(f"  peak memory rank 0: {m['peak_gb_rank0']:.2f} GB (preflight estimate {m['estimate_gb']:.2f} GB)")
-    if c["async_stall_s"] is not None:
+    for writer, w in c["writers"].items():
+        if w["async_stall_s"] is None:
+            continue
+        lost = (
+            f", training lost per save {w['async_lost_s'] * 1000:.1f} ms = {w['lost_over_blocking']:.3f} of the blocking save"
+            if w["async_lost_s"] is not None and w["lost_over_blocking"] is not None
+            else ""
+        )
         print(
-            f"  checkpoint ({(c['bytes'] or 0) / 1e9:.2f} GB): async save stalled training {c['async_stall_s'] * 1000:.1f} ms (written in {c['async_write_s']:.2f} s), blocking save {c['blocking_s']:.2f} s"
+            f"  checkpoint ({(w['bytes'] or 0) / 1e9:.2f} GB), {writer} writer: async save stalled training {w['async_stall_s'] * 1000:.1f} ms (written in {w['async_write_s']:.2f} s){lost}; blocking save {w['blocking_s']:.2f} s"
         )
     for variant, d in r["determinism"].items():
         print(

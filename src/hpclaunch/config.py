@@ -501,7 +501,25 @@ class TrainConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    every_steps: int = Field(50, ge=1, description="Periodic (asynchronous) save interval in steps.")
+    every_steps: int | Literal["auto"] = Field(
+        50,
+        description="Periodic (asynchronous) save interval in steps; auto = the interval that loses the "
+        "least expected time (Young/Daly: sqrt(2 x measured save cost x MTBF)), from this run's own "
+        "measurements and checkpoint.mtbf_hours, recomputed after every save.",
+    )
+    every_minutes: float | None = Field(
+        None,
+        gt=0,
+        le=10080,
+        description="Save about every this many minutes instead (steps from the measured step time); "
+        "when set, every_steps is not used.",
+    )
+    mtbf_hours: float = Field(
+        5000.0,
+        gt=0,
+        description="Expected hours between failures of one node, for every_steps: auto; the run's "
+        "is this divided by scheduler.nodes, corrected by the failures its ledger has seen.",
+    )
     keep_last: int = Field(2, ge=1, description="Checkpoints kept, newest first.")
     keep_every: int | None = Field(
         None, ge=1, description="Also keep every checkpoint whose step is a multiple of this."
@@ -510,13 +528,33 @@ class CheckpointConfig(_Section):
         True, description="Periodic saves in the background (the stop save is always synchronous)."
     )
     dir: str | None = Field(None, description="Checkpoint directory; null = RUN/checkpoints.")
+    writer: Literal["process", "thread"] = Field(
+        "process",
+        description="Where background saves are written: process (a writer process per rank, fed "
+        "through shared memory: no GIL shared with training) or thread (a thread of the training process).",
+    )
     writer_nice: int = Field(
         10,
         ge=0,
         le=19,
-        description="Niceness added to the background save's thread (Linux): where every core trains, "
+        description="Niceness added to the background writer (Linux): where every core trains, "
         "its CPU work (copies, hashing) yields to the training step; 0 = same priority as training.",
     )
+    writer_idle: bool = Field(
+        True,
+        description="The writer process runs only on CPU time nothing else wants (Linux SCHED_IDLE; "
+        "a save then waits for idle time where every core trains); false = at writer_nice.",
+    )
+
+    @field_validator("every_steps", mode="before")
+    @classmethod
+    def _steps_or_auto(cls, v: Any) -> int | str:
+        if v == "auto":
+            return "auto"
+        text = str(v).strip()
+        if isinstance(v, bool) or not (isinstance(v, int) or text.isdigit()) or int(text) < 1:
+            raise ValueError(f"{v!r} is not a step count: use a whole number >= 1, or auto")
+        return int(text)
 
 
 class PreflightConfig(_Section):

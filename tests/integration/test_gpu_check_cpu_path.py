@@ -46,6 +46,10 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     assert r["memory"]["peak_gb_rank0"] > 0 and r["memory"]["estimate_gb"] > 0
     c = r["checkpoint"]
     assert c["async_stall_s"] is not None and c["blocking_s"] is not None and c["bytes"] > 0
+    for writer in ("process", "thread"):  # both writers, each in its own run
+        w = c["writers"][writer]
+        assert w["async_stall_s"] is not None and w["blocking_s"] is not None and w["bytes"] > 0
+        assert f"{writer} writer: async save stalled training" in proc.stdout
     d = r["determinism"]["flash_attn=false"]
     assert d == {"same_seed_bitwise": True, "stopped_at": d["stopped_at"], "resume_bitwise": True}
     assert 2 <= d["stopped_at"] < 4

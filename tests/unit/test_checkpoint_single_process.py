@@ -24,7 +24,7 @@ from hpclaunch.trainer.checkpoint import (
     rank_local_key,
     step_dir_name,
 )
-from hpclaunch.trainer.checkpoint import checkpointer as ckpt_mod
+from hpclaunch.trainer.checkpoint import writing as writing_mod
 
 
 def make(tmp_path: Path, **kw: Any) -> Checkpointer:
@@ -170,12 +170,12 @@ def test_retention_never_deletes_the_checkpoint_just_written(tmp_path: Path) -> 
 def test_background_error_surfaces_on_wait_and_the_next_save_works(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ck = make(tmp_path)
+    ck = make(tmp_path, writer="thread")  # the patch below reaches a writer in this process only
 
     def disk_full(path: Path, obj: Any) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(ckpt_mod, "atomic_write_json", disk_full)
+    monkeypatch.setattr(writing_mod, "atomic_write_json", disk_full)
     ck.save(1, state_at(1), blocking=False)
     with pytest.raises(
         CheckpointError, match=r"no space left on .*/ckpt: .* free, the checkpoint needs about"
@@ -315,16 +315,16 @@ def test_a_background_save_runs_below_training_priority_and_a_blocking_one_does_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[tuple[str, int]] = []
-    write = ckpt_mod.Checkpointer._dcp_save
+    write = writing_mod.SaveWriter._dcp_save
 
-    def spy(self: Checkpointer, job: Any, state: dict[str, Any]) -> None:
+    def spy(self: writing_mod.SaveWriter, job: Any, state: dict[str, Any], attrs: dict[str, Any]) -> None:
         tid = threading.get_native_id()
         seen.append((threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)))
-        write(self, job, state)
+        write(self, job, state, attrs)
 
-    monkeypatch.setattr(ckpt_mod.Checkpointer, "_dcp_save", spy)
+    monkeypatch.setattr(writing_mod.SaveWriter, "_dcp_save", spy)
     base = os.getpriority(os.PRIO_PROCESS, os.getpid())
-    ck = make(tmp_path, writer_nice=7)
+    ck = make(tmp_path, writer="thread", writer_nice=7)
     ck.save(1, state_at(1), blocking=False)
     ck.wait()
     ck.save(2, state_at(2), blocking=True)

@@ -506,7 +506,7 @@ def test_config_layout_line(tmp_path: Path) -> None:
 def test_config_warnings(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,
-        scheduler={"time_limit": "90s"},
+        scheduler={"time_limit": "90s", "mem_gb": 2000},  # the 10B parameters' staging copy fits
         launch={"stop_lead_s": 5},
         checkpoint={"every_steps": 50},
         train={"steps": 20},

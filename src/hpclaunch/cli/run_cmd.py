@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
+from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.stragglers import describe as describe_stragglers
@@ -424,6 +425,8 @@ def _status_table(data: dict[str, Any]) -> Any:
             Text(a.get("cause") or ""),
         )
     parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
+    if interval := describe_interval(data.get("checkpoint_interval")):
+        parts.append(Text(interval))
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):

@@ -34,6 +34,7 @@ from ..rundir import (
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import metrics_steps_by_attempt
+from .checkpoint_interval import checkpoint_interval_summary
 from .cost import run_cost
 from .lineage import chain_view, weights_from
 from .stragglers import straggler_summary
@@ -277,6 +278,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "cost": cost,
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
+        "checkpoint_interval": checkpoint_interval_summary(events),
     }
 
 

@@ -9,6 +9,12 @@ parameter count, exact when the probe built the model) and its save time (at an 
 200 MB/s), the startup time (60 s), the step time (unknown, unless ``testing.step_sleep_s`` gives a
 lower bound). Doubts are warnings, never failures: they cannot be proven before the run.
 
+Host memory per node: a background save stages a copy of each rank's state in host memory (pinned
+on GPUs; on CPU ranks beside the training state itself), so a node needs ranks x (staging copy +
+training state on CPU + an assumed runtime) (``sizes.estimate_host_memory``), against
+``scheduler.mem_gb``, else this machine's memory where it is the node (the local scheduler, or on a
+node); it fails the check when it does not fit, naming both figures.
+
 Memory per GPU (GPU runs): parameters, gradients, optimizer state, EMA and activations under the
 chosen sharding (``sizes.estimate_memory``), against ``train.memory_budget_gb`` or the smallest GPU
 the probe sees. An estimate that does not fit fails the check: the run would die of CUDA OOM
@@ -25,6 +31,7 @@ from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
     ASSUMED_WRITE_BPS,
+    estimate_host_memory,
     estimate_memory,
     estimated_save_s,
     human_bytes,
@@ -77,14 +84,15 @@ def check_config(ctx: CheckContext) -> Outcome:
             f"after startup (~{ASSUMED_STARTUP_S} s, assumed) and the stop lead ({lead} s)",
             "raise scheduler.time_limit: most of each attempt would be spent starting and saving",
         )
-    if c.every_steps > t.steps:
+    every = c.every_steps if isinstance(c.every_steps, int) and c.every_minutes is None else None
+    if every is not None and every > t.steps:
         f.warn(
-            f"checkpoint.every_steps {c.every_steps} > train.steps {t.steps}: no periodic checkpoint, "
+            f"checkpoint.every_steps {every} > train.steps {t.steps}: no periodic checkpoint, "
             "a crash loses the whole run (stops and the end still save)",
             f"set checkpoint.every_steps to at most {t.steps}",
         )
-    if cfg.testing.step_sleep_s > 0:
-        interval = c.every_steps * cfg.testing.step_sleep_s
+    if every is not None and cfg.testing.step_sleep_s > 0:
+        interval = every * cfg.testing.step_sleep_s
         if interval > max(train_s, 0):
             f.warn(
                 f"one checkpoint interval takes at least {interval:.0f} s (every_steps x testing.step_sleep_s), "
@@ -95,9 +103,68 @@ def check_config(ctx: CheckContext) -> Outcome:
     for issue in validate_nccl_env(cfg.nccl.env):
         hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
         (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
-    f.ok(f"{layout}; {lead_text}; {est}")
+    f.ok(f"{layout}; {lead_text}; {est}; {_save_interval_text(cfg)}")
     _check_memory(ctx, f, params, exact)
+    _check_host_memory(ctx, f, params, exact)
     return f.outcome()
+
+
+def _save_interval_text(cfg: RunConfig) -> str:
+    c = cfg.checkpoint
+    if c.every_minutes is not None:
+        return f"periodic saves every ~{c.every_minutes:g} min"
+    if c.every_steps == "auto":
+        mtbf_h = c.mtbf_hours / cfg.scheduler.nodes
+        return (
+            f"periodic saves at the interval losing the least expected time (sqrt(2 x measured save "
+            f"cost x MTBF), MTBF {mtbf_h:g} h: {c.mtbf_hours:g} h per node / {cfg.scheduler.nodes})"
+        )
+    return f"periodic saves every {c.every_steps} steps"
+
+
+def _host_budget(ctx: CheckContext) -> tuple[int | None, str]:
+    """Bytes of host memory one node has: ``scheduler.mem_gb``, else this machine's where it is the node."""
+    mem_gb = ctx.cfg.scheduler.mem_gb
+    if mem_gb is not None:
+        return int(mem_gb * 1e9), "scheduler.mem_gb"
+    if ctx.sees_compute_hardware:
+        total = _mem_total()
+        if total is not None:
+            return total, f"{ctx.hostname}'s memory"
+    return None, ""
+
+
+def _mem_total() -> int | None:
+    try:
+        for line in open("/proc/meminfo").read().splitlines():  # noqa: SIM115 (one small read)
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool) -> None:
+    cfg = ctx.cfg
+    est = estimate_host_memory(cfg, params)
+    text = f"host memory per node ~{est.describe()}{'' if exact else ' [parameters estimated]'}"
+    budget, source = _host_budget(ctx)
+    if budget is None:
+        f.ok(f"{text}, not checked: the nodes' memory is unknown here (set scheduler.mem_gb to check it)")
+    elif est.total > budget:
+        f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _host_memory_hint(cfg))
+    else:
+        f.ok(f"{text} fits {human_bytes(budget)} ({source})")
+
+
+def _host_memory_hint(cfg: RunConfig) -> str:
+    options = []
+    if cfg.checkpoint.async_save:
+        options.append("checkpoint.async_save: false (no staging copy; periodic saves then block training)")
+    if cfg.train.parallel != "fsdp":
+        options.append("train.parallel: fsdp (each rank stages its shard only)")
+    options.append("fewer ranks per node (scheduler.procs_per_node), or a larger scheduler.mem_gb")
+    return "try " + "; ".join(options)
 
 
 def _gpu_budget(ctx: CheckContext) -> tuple[int | None, str]:

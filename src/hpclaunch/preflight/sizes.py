@@ -183,3 +183,57 @@ def train_flops_per_sample(m: ModelConfig) -> int:
     heads = m.text_len * m.dim_text * m.vocab_size + m.latent_len * 2 * m.latent_dim * m.dim_latent
     forward = 2 * (m.depth * per_block + heads) + m.depth * 4 * n * n * inner
     return 3 * forward
+
+
+# ---- host memory per node --------------------------------------------------------------------------
+
+# What a rank's process holds besides its tensors (the interpreter, torch and its libraries, CUDA's
+# host side, DataLoader workers and their prefetched items): assumed.
+HOST_RUNTIME_BYTES = 1 << 30
+
+
+class HostMemoryEstimate:
+    """Bytes of host memory per node: ``ranks`` x the parts of one rank (see ``estimate_host_memory``)."""
+
+    PARTS = ("staging", "training", "runtime")
+
+    def __init__(self, ranks: int, **parts: int):
+        self.ranks = ranks
+        self.parts = {k: int(parts.get(k, 0)) for k in self.PARTS}
+
+    @property
+    def per_rank(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def total(self) -> int:
+        return self.ranks * self.per_rank
+
+    def describe(self) -> str:
+        names = {"staging": "staging copy", "training": "training state", "runtime": "runtime (assumed)"}
+        shown = " + ".join(f"{names[k]} {human_bytes(v)}" for k, v in self.parts.items() if v)
+        return f"{human_bytes(self.total)} ({self.ranks} rank(s) x ({shown}))"
+
+
+def staged_bytes_per_rank(cfg: RunConfig, params: int) -> int:
+    """The host copy a background save stages on one rank: its part of the checkpoint (all of it
+    under DDP, which saves replicated tensors once but stages them on every rank; its shard under
+    FSDP). None without background saves."""
+    if not cfg.checkpoint.async_save:
+        return 0
+    t = cfg.train
+    shard = (t.fsdp_shard_size or cfg.scheduler.world_size) if t.parallel == "fsdp" else 1
+    return run_checkpoint_bytes(cfg, params) // shard
+
+
+def estimate_host_memory(cfg: RunConfig, params: int) -> HostMemoryEstimate:
+    """Host memory one node needs: per rank the staging copy of a background save (pinned on GPUs),
+    on CPU ranks also the training state itself (``estimate_memory``), and the process's runtime."""
+    s = cfg.scheduler
+    training = estimate_memory(cfg, params).total if s.gpus_per_node == 0 else 0
+    return HostMemoryEstimate(
+        s.nprocs,
+        staging=staged_bytes_per_rank(cfg, params),
+        training=training,
+        runtime=HOST_RUNTIME_BYTES,
+    )

@@ -152,6 +152,8 @@ def make_checkpointer(
         keep_last=c.keep_last,
         keep_every=c.keep_every,
         async_save=c.async_save,
+        writer=c.writer,
         writer_nice=c.writer_nice,
+        writer_idle=c.writer_idle,
         ledger=ledger,
     )

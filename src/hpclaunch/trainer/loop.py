@@ -14,8 +14,9 @@ What happens, top to bottom (``Trainer.run``):
    the optimizer step, the EMA; metrics (``metrics.jsonl``, TensorBoard); validation every
    ``train.eval_every`` steps; a failed background save is acted on at the next step; the stop
    check after every step (but the last: a run that has done all its steps is finished);
-   periodic non-blocking saves every ``checkpoint.every_steps`` (a step that stops saves once,
-   blocking);
+   periodic non-blocking saves when ``checkpoint.interval.SaveSchedule`` says (every
+   ``checkpoint.every_steps``, every ``checkpoint.every_minutes``, or at the interval that loses
+   the least expected time: ``every_steps: auto``; a step that stops saves once, blocking);
 4. the end: finished (all steps done), stopped (a stop cause; blocking save, ``stopped`` event),
    or failed (``train.max_nonfinite_skips`` consecutive non-finite steps, or an error).
 
@@ -60,6 +61,7 @@ from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
+from .periodic_saves import PeriodicSaves
 from .progress import Progress
 from .smoke import run_distributed_smoke
 from .startup import StartupClock
@@ -386,6 +388,8 @@ class Trainer:
         if applied:
             if t.grad_clip is not None:
                 torch.nn.utils.clip_grads_with_norm_(self.params, t.grad_clip, norm)
+            if self.checkpointer is not None:  # CUDA: a save's staging copies finish first (on the GPU)
+                self.checkpointer.before_update()
             self.opt.step()
             if self.ema is not None:
                 self.ema.update()
@@ -432,6 +436,9 @@ class Trainer:
                 if self.tb is not None:
                     self.tb.mark("resumed", c.step, self._resume_text())
             cause: Cause | None = None
+            saves = PeriodicSaves(
+                self.cfg, self.ctx, self.paths, self.ledger, self.attempt, start_step=c.step
+            )
             batches: Any = iter(self.loader())
             while c.step < t.steps:
                 t0 = time.perf_counter()
@@ -445,6 +452,7 @@ class Trainer:
                     time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
                 self.progress.stepped(c.step, dt)
+                saves.observe(dt, self.checkpointer)
                 self.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)
                 failing = c.nonfinite_consecutive >= t.max_nonfinite_skips
                 val = self.evaluate() if t.eval_every and c.step % t.eval_every == 0 else None
@@ -457,6 +465,7 @@ class Trainer:
                         hint="lower train.lr, check the data, or raise train.max_nonfinite_skips",
                     )
                 self.act_on_failed_background_save()
+                saves.after_step(self.checkpointer, c.step)
                 if c.step < t.steps:
                     self.progress.phase("collective")
                     cause = self.stop.check(c.step, dt)
@@ -464,8 +473,9 @@ class Trainer:
                         if self.window.steps:
                             self.log_window(None)
                         break
-                    if c.step % self.cfg.checkpoint.every_steps == 0:
+                    if saves.due(c.step):
                         self.save(blocking=False)
+                        saves.started(self.checkpointer, c.step)
             batches = None  # stops the loader's workers before the final save
             self.save(blocking=True)
             if self.checkpointer is not None:

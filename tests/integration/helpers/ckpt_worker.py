@@ -11,6 +11,14 @@ Modes:
   resume     load_latest into fresh state and report what was loaded.
   diskfull   a blocking save of step 30 while the test's HPCLAUNCH_TEST_CKPT_FAIL makes one rank's
              writer fail (ENOSPC): every rank reports the error it got.
+  writerkill blocking save of step 10, async save of step 20 during which the test hook kills one
+             rank's writer process; every rank reports the error, saves step 20 again blocking (as
+             the trainer does), then step 30 in the background with new writers.
+
+  closealone both ranks start a background save, rank 1 closes at once while rank 0 waits for it in
+             another collective (a rank leaving on an error must not need the others to close).
+
+CKPT_WRITER=thread|process (default process) picks the background writer.
 
 Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
 """
@@ -45,7 +53,14 @@ def main() -> None:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     logging.basicConfig(level=logging.INFO, format=f"[rank{rank}] %(name)s: %(message)s")
-    modes = {"roundtrip": roundtrip, "crash": crash, "resume": resume, "diskfull": diskfull}
+    modes = {
+        "roundtrip": roundtrip,
+        "crash": crash,
+        "resume": resume,
+        "diskfull": diskfull,
+        "writerkill": writerkill,
+        "closealone": closealone,
+    }
     result = modes[mode](run_dir, rank, world)
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
     if distributed:
@@ -61,6 +76,7 @@ def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
         config_hash="cfg",
         model_hash="toy-v1",
         keep_last=3,
+        writer=os.environ.get("CKPT_WRITER", "process"),  # type: ignore[arg-type]
         ledger=Ledger(RunPaths(run_dir), role="trainer") if rank == 0 else None,
     )
 
@@ -222,6 +238,38 @@ def diskfull(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
         return {"error": e.one_line(), "hint": e.hint}
     finally:
         ckpt.close()
+
+
+def writerkill(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    ckpt = checkpointer(run_dir, rank, world)
+    ckpt.save(10, big_state(rank, 10), blocking=True)
+    ckpt.save(20, big_state(rank, 20), blocking=False)  # the kill hook fires in a writer process
+    first = ckpt.writer_pid
+    try:
+        ckpt.wait()
+        error = None
+    except CheckpointError as e:
+        error = e.one_line()
+    os.environ.pop("HPCLAUNCH_TEST_CKPT_KILL", None)
+    ckpt.save(20, big_state(rank, 20), blocking=True)  # the trainer's blocking retry
+    ckpt.save(30, big_state(rank, 30), blocking=False)
+    second = ckpt.writer_pid
+    ckpt.close()
+    return {"error": error, "first_writer": first, "second_writer": second}
+
+
+def closealone(run_dir: Path, rank: int, world: int) -> dict[str, Any]:
+    """Both ranks start a background save; rank 1 then closes its checkpointer at once (as a rank
+    leaving on an error does) while rank 0 waits in another collective for rank 1: the close must
+    not need rank 0."""
+    ckpt = checkpointer(run_dir, rank, world)
+    ckpt.save(10, big_state(rank, 10), blocking=False)
+    if rank == 1:
+        ckpt.close()
+    dist.barrier()  # rank 0 waits here, never in the checkpointer's group
+    if rank == 0:
+        ckpt.close()
+    return {"closed": True}
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ This package owns ``RUN/checkpoints/``: ``manifest`` (names, manifest, verificat
 retention rules; torch-free), ``directory`` (rank 0's view: valid, corrupt, what to load, what to
 prune; torch-free), ``safe_load`` (loading without arbitrary unpickling), ``reader`` (loading one
 checkpoint, also read-only for ``hpclaunch sample``), ``faults`` (failures in the user's words, test
-hooks) and ``checkpointer`` (collective saves and loads). Data is written by
+hooks), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
+``staging`` + ``channel`` + ``writer_process`` + ``writer_main`` (the writer process of each rank,
+fed through shared memory), ``background`` (the process and thread writers behind one interface),
+``interval`` (when to save: every N steps or minutes, or Young/Daly) and ``checkpointer``
+(collective saves and loads). Data is written by
 torch.distributed.checkpoint (DCP), so DDP and FSDP share one format and a checkpoint written by
 either loads into either, at any world size; everything around DCP (atomic publishing, the
 manifest, validation, safe unpickling, retention) lives here.
@@ -29,6 +33,10 @@ retention counts only valid checkpoints among the ``keep_last`` it keeps.
 
 Failures
 --------
+Background saves are written by a writer process per rank (``checkpoint.writer: process``; see
+``writer_process``) or a thread of the training process (``thread``); blocking saves always in the
+training process.
+
 A save that fails says why in the user's words on every rank ("no space left on DIR: 12.0 MiB
 free, the checkpoint needs about 230.0 MiB", "permission denied: cannot write PATH"); its temporary
 directory is removed. A background save that fails is noticed by every rank at the same step

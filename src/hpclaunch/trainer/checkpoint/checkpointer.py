@@ -12,41 +12,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import CheckpointError, FilesystemError
-from ...fsutil import atomic_write_json, fsync_dir
 from ...rundir import CHECKPOINT_SAVED, Ledger
 from ..dist import all_gather_json, broadcast_json
+from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
-from .faults import (
-    delay_write_hook,
-    hooked_writer_class,
-    injected_failure,
-    is_filesystem_failure,
-    kill_hook,
-    kill_requested,
-    save_error,
-)
 from .faults import estimated_bytes as _estimated_bytes
+from .faults import save_error
 from .manifest import (
-    MANIFEST_NAME,
-    METADATA_NAME,
     RANK_LOCAL,
     CheckpointInfo,
     InvalidCheckpoint,
     LoadResult,
     _jsonable,
-    build_manifest,
-    file_digest,
-    move_aside_corrupt,
     scan_checkpoints,
     step_dir_name,
     verify_share,
@@ -54,11 +39,13 @@ from .manifest import (
 from .reader import dcp_load
 from .safe_load import safe_load_parts
 from .save_plans import SavePlans
+from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
-    from concurrent.futures import Future, ThreadPoolExecutor
-
     import torch.distributed as dist
+
+Writer = Literal["process", "thread"]
+CLOSE_WAIT_S = 60.0  # close(): how long a pending background save may still take (see close)
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
@@ -70,21 +57,12 @@ def _silence_single_process_warning() -> None:
     warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
 
 
-@dataclass(frozen=True)
-class _SaveJob:
-    """One save as every rank agreed on it (rank 0 chose the temporary directory's name)."""
-
-    step: int
-    tmp: Path
-    final: Path
-    blocking: bool
-    extra: dict[str, Any]
-    started: float  # time.monotonic() when save() was called
-    needed_bytes: int  # about what the whole checkpoint takes on disk (for a "no space" message)
-
-
 class Checkpointer:
-    """Saves and loads this run's checkpoints; construct it on all ranks at the same point."""
+    """Saves and loads this run's checkpoints; construct it on all ranks at the same point.
+
+    ``writer``: where background saves are written (``background``): ``process`` (a writer process
+    per rank, fed through shared memory) or ``thread`` (a thread of this process).
+    """
 
     def __init__(
         self,
@@ -97,7 +75,9 @@ class Checkpointer:
         keep_last: int,
         keep_every: int | None = None,
         async_save: bool = True,
+        writer: Writer = "process",
         writer_nice: int = 0,
+        writer_idle: bool = True,
         ledger: Ledger | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
@@ -105,6 +85,8 @@ class Checkpointer:
             raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
         if keep_every is not None and keep_every < 1:
             raise CheckpointError(f"keep_every must be >= 1 or None, got {keep_every}")
+        if writer not in ("process", "thread"):
+            raise CheckpointError(f"writer must be 'process' or 'thread', got {writer!r}")
         self.directory = Path(directory)
         self.rank = rank
         self.world_size = world_size
@@ -113,16 +95,20 @@ class Checkpointer:
         self.keep_last = keep_last
         self.keep_every = keep_every
         self.async_save = async_save
+        self.writer = writer
         self.writer_nice = writer_nice
+        self.writer_idle = writer_idle
         self.ledger = ledger
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
+        self.last_save_written = False  # the last save() wrote (or started writing) a checkpoint
+        self.last_writer_cpu_seconds: float | None = None  # the writer process's, last save (bench)
+        # Where the last save()'s time went: waiting for the previous save, rank 0's decision (a
+        # broadcast), and for a background save the staging copy (the writer's start included).
+        self.last_stall_parts: dict[str, float] = {}
+        self.settled_saves = 0  # background saves settled so far (the same count on every rank)
         self._pg, self._owns_pg = self._checkpoint_group(process_group)
         self._is_coordinator = rank == 0
-        self._pending: Future[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
-        self._stager: Any = None
-        self._loading: set[int] = set()
         self._plans = SavePlans()
         self._dir = CheckpointDir(
             self.directory,
@@ -133,6 +119,17 @@ class Checkpointer:
             keep_every=keep_every,
             ledger=ledger,
         )
+        self._writer = SaveWriter(
+            self.directory,
+            rank=rank,
+            world_size=world_size,
+            config_hash=config_hash,
+            model_hash=model_hash,
+            checkpoints=self._dir,
+            plans=self._plans,
+            pg=self._pg,
+        )
+        self._background: ThreadBackground | ProcessBackground | None = None
         self._closed = False
         safe_load_parts()  # import DCP now, so the first save does not pay for it in its stall
         if self._is_coordinator:
@@ -140,6 +137,17 @@ class Checkpointer:
                 self.directory.mkdir(parents=True, exist_ok=True)
             except OSError as e:
                 raise save_error(e, directory=self.directory, step=0, needed_bytes=None) from None
+
+    @property
+    def pending(self) -> bool:
+        """A background save is in flight (the same on every rank)."""
+        return self._background is not None and self._background.pending
+
+    @property
+    def writer_pid(self) -> int | None:
+        """This rank's writer process, while there is one (tests, diagnostics)."""
+        bg = self._background
+        return bg.writer_pid if isinstance(bg, ProcessBackground) else None
 
     # ---- set-up -------------------------------------------------------------------------------
 
@@ -165,32 +173,24 @@ class Checkpointer:
             return given, False
         return dist.new_group(backend="gloo"), True
 
-    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
-        """A CPU copy of ``state`` that training may not touch (DCP's own stager; it copies CPU
-        tensors too and reuses its CPU buffers from one save to the next)."""
-        import torch
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+    def _make_background(self) -> ThreadBackground | ProcessBackground:
+        if self.writer == "thread":
+            return ThreadBackground(self._writer, nice=self.writer_nice)
+        from .writer_process import store_address
 
-        if self._stager is None:
-            cuda = torch.cuda.is_available()
-            # Staging happens in the caller's thread so it is complete when save() returns.
-            options = StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=cuda,
-            )
-            self._stager = DefaultStager(options)
-        staged = self._stager.stage(state)
-        assert isinstance(staged, dict)
-        return staged
-
-    def _submit(self, job: _SaveJob, staged: dict[str, Any]) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hpclaunch-ckpt")
-        self._pending = self._executor.submit(self._write_and_publish, job, staged)
+        spec = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "directory": str(self.directory),
+            "config_hash": self.config_hash,
+            "model_hash": self.model_hash,
+            "keep_last": self.keep_last,
+            "keep_every": self.keep_every,
+            "nice": self.writer_nice,
+            "idle": self.writer_idle,
+            "store": store_address(self.world_size),
+        }
+        return ProcessBackground(spec, self._pg)
 
     # ---- save ---------------------------------------------------------------------------------
 
@@ -207,24 +207,39 @@ class Checkpointer:
         if self._closed:
             raise CheckpointError("save() after close()")
         self.wait()
+        waited = time.monotonic()
         needed = _estimated_bytes(state, self.world_size, RANK_LOCAL)
         job = self._plan_save(
             step, blocking=blocking or not self.async_save, extra=extra, started=started, needed=needed
         )
+        planned = time.monotonic()
+        self.last_save_written = job is not None
+        self.last_stall_parts = {"wait": waited - started, "plan": planned - waited}
         if job is None:
             self.last_stall_seconds = time.monotonic() - started
             return
         if job.blocking:
-            self._write_and_publish(job, state)
+            published = self._writer.write_and_publish(job, state)
+            self.last_save_seconds = time.monotonic() - planned
             self.last_stall_seconds = time.monotonic() - started
+            self._report_saved(job, published)
             return
-        staged = self._stage(state)
+        if self._background is None:
+            self._background = self._make_background()
+        self._background.start(job, state)
         self.last_stall_seconds = time.monotonic() - started
-        self._submit(job, staged)
+        self.last_stall_parts["stage"] = time.monotonic() - planned
+
+    def before_update(self) -> None:
+        """Call before the optimizer changes the live tensors: on CUDA the staging copies of a save
+        just started run beside the next forward and backward, and the update waits for them on
+        the GPU (never on the host). Nothing to do on CPU, or with the thread writer."""
+        if self._background is not None:
+            self._background.before_update()
 
     def _plan_save(
         self, step: int, *, blocking: bool, extra: dict[str, Any] | None, started: float, needed: int
-    ) -> _SaveJob | None:
+    ) -> SaveJob | None:
         """Rank 0 decides (skip / write), names the temporary directory and checks ``extra``; its
         errors are raised on every rank, so none is left waiting in a collective."""
         final = self.directory / step_dir_name(step)
@@ -239,7 +254,7 @@ class Checkpointer:
                 log.info("checkpoint %s already published; not saving it again", final.name)
             return None
         tmp = self.directory / f".{final.name}.tmp-{decision['nonce']}"
-        return _SaveJob(step, tmp, final, blocking, decision["extra"], started, needed)
+        return SaveJob(step, tmp, final, blocking, decision["extra"], started, needed)
 
     def _decide(self, final: Path, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
         try:
@@ -262,180 +277,101 @@ class Checkpointer:
             return "skip"
         return "write"  # is_valid moved it aside
 
-    def _write_and_publish(self, job: _SaveJob, state: dict[str, Any]) -> None:
-        """Every rank: DCP write, hash own files; rank 0: manifest + publish. Collective."""
-        begun = time.monotonic()
-        if threading.current_thread() is not threading.main_thread():
-            set_thread_nice(self.writer_nice)
-        delay_write_hook()
-        self._dcp_save(job, state)
-        kill_hook(job.step, self.rank, "publish")
-        reports = all_gather_json(self._own_digests(job.tmp), self._pg)
-        status: dict[str, Any] = {}
-        if self._is_coordinator:
-            status = self._publish_or_report(job, reports, begun)
-        status = broadcast_json(status, self._pg, is_source=self._is_coordinator)
-        if status.get("error"):
-            raise CheckpointError(
-                f"publishing failed: {status['error']}", where=str(job.final), hint=status.get("hint")
-            )
-        self.last_save_seconds = time.monotonic() - begun
-
-    def _dcp_save(self, job: _SaveJob, state: dict[str, Any]) -> None:
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.api import CheckpointException
-
-        try:
-            dcp.save(
-                state,
-                storage_writer=self._writer(job),
-                planner=self._plans.planner(),
-                process_group=self._pg,
-                no_dist=self._pg is None,
-            )
-        except (Exception, CheckpointException) as e:  # DCP's is a BaseException
-            self._plans.forget()  # the ranks' cached plans may be out of step now
-            fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
-            if self._is_coordinator and fs:  # free the space a half-written save holds, then measure
-                shutil.rmtree(job.tmp, ignore_errors=True)  # (a peer's death leaves it for the resume)
-            raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
-
-    def _writer(self, job: _SaveJob) -> Any:
-        import torch.distributed.checkpoint as dcp
-
-        fail = injected_failure(job.step, self.rank)
-        if fail is not None or kill_requested(job.step, self.rank, "data"):
-            return hooked_writer_class()(job.tmp, fail, lambda: kill_hook(job.step, self.rank, "data"))
-        return dcp.FileSystemWriter(job.tmp, sync_files=True, overwrite=False)
-
-    def _own_digests(self, tmp: Path) -> dict[str, Any]:
-        """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel)."""
-        import torch.distributed as dist
-
-        group_rank = dist.get_rank(self._pg) if self._pg is not None else 0
-        try:
-            mine = sorted(tmp.glob(f"__{group_rank}_*.distcp"))
-            return {"files": {p.name: list(file_digest(p)) for p in mine}}
-        except OSError as e:
-            return {"error": f"rank {self.rank} cannot hash its files: {e}"}
-
-    def _publish_or_report(self, job: _SaveJob, reports: list[Any], begun: float) -> dict[str, Any]:
-        try:
-            self._publish(job, reports, begun)
-            return {}
-        except Exception as e:  # reported to every rank, raised there on the next save/wait
-            log.error("publishing %s failed: %s", job.final.name, e)
-            shutil.rmtree(job.tmp, ignore_errors=True)
-            err = save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes)
-            return {"error": err.message, "hint": err.hint}
-
-    def _publish(self, job: _SaveJob, reports: list[Any], begun: float) -> None:
-        errors = [r["error"] for r in reports if r.get("error")]
-        if errors:
-            raise CheckpointError("; ".join(errors), where=str(job.tmp))
-        if not (job.tmp / METADATA_NAME).is_file():
-            raise CheckpointError("DCP finished without writing .metadata", where=str(job.tmp))
-        files = _collect_digests(job.tmp, reports)
-        manifest = build_manifest(
-            step=job.step,
-            world_size=self.world_size,
-            config_hash=self.config_hash,
-            model_hash=self.model_hash,
-            extra=job.extra,
-            files=files,
-            torch_version=_torch_version(),
-        )
-        atomic_write_json(job.tmp / MANIFEST_NAME, manifest)
-        self._rename_into_place(job)
-        self._dir.mark_valid(job.step, job.final)
-        self._dir.apply_retention(protect={job.step}, loading=self._loading)
-        self._report_saved(job, manifest, time.monotonic() - begun)
-
-    def _rename_into_place(self, job: _SaveJob) -> None:
-        if job.final.exists():  # appeared since the decision (not ours): never overwrite it
-            move_aside_corrupt(job.final)
-        # rename() of a directory onto an existing non-empty one fails: never overwrites.
-        os.rename(job.tmp, job.final)
-        fsync_dir(self.directory)
-
-    def _report_saved(self, job: _SaveJob, manifest: dict[str, Any], seconds: float) -> None:
+    def _report_saved(self, job: SaveJob, published: Published | None) -> None:
+        """Rank 0: the log line and the ledger's ``checkpoint_saved`` of a published save."""
+        if published is None:
+            return
+        self._dir.mark_valid(job.step, job.final)  # this process knows it valid without reading it
         stall = self.last_stall_seconds if not job.blocking else time.monotonic() - job.started
-        size = int(manifest["total_bytes"])
+        how = "blocking" if job.blocking else f"async, {self.writer} writer"
         log.info(
             "saved checkpoint %s (%.1f MB, %.2f s, %s, training stalled %.3f s)",
             job.final.name,
-            size / 1e6,
-            seconds,
-            "blocking" if job.blocking else "async",
+            published.bytes / 1e6,
+            published.seconds,
+            how,
             stall or 0.0,
         )
         if self.ledger is not None:
             self.ledger.append(
                 CHECKPOINT_SAVED,
                 step=job.step,
-                path=str(job.final),
-                seconds=round(seconds, 3),
-                bytes=size,
+                path=published.path,
+                seconds=round(published.seconds, 3),
+                bytes=published.bytes,
                 blocking=job.blocking,
                 stall_s=round(stall, 4) if stall is not None else None,
+                writer=None if job.blocking else self.writer,
             )
 
     # ---- wait / close -------------------------------------------------------------------------
 
     def wait(self) -> None:
-        """Finish (publish) a pending background save; re-raise its error."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
+        """Finish (publish) a pending background save; raise its error. Every rank calls it at the
+        same point (with the process writer it is collective: ranks wait for each other's writers)."""
+        if self.pending:
+            assert self._background is not None
+            self._settle(self._background.wait())
+
+    def _settle(self, settled: Settled) -> None:
+        self.settled_saves += 1
+        if self.ledger is not None:
+            for name, fields in settled.events:  # what the writer process found (retention)
+                self.ledger.append(name, **fields)
+        if settled.error is not None:
+            self._plans.forget()
+            raise settled.error
+        self.last_save_seconds = settled.seconds
+        self.last_writer_cpu_seconds = settled.cpu_s
+        self._report_saved(settled.job, settled.published)
 
     def poll_background(self, group: dist.ProcessGroup | None) -> CheckpointError | None:
         """After every step, on every rank: has the background save failed? Its error, else None.
 
         Collective (a two-integer all-reduce on ``group``, the caller's host-side group, never
-        ours: the save itself uses ours from its thread) but only while a save is pending, which
+        ours: the thread writer uses ours from its thread) but only while a save is pending, which
         every rank knows alike. A save that finished on every rank is settled; one that failed on
-        any rank is reported on all of them at the same step.
+        any rank is reported on all of them at the same step (and with the process writer, every
+        rank's writer is stopped: the next background save starts new ones).
         """
-        if self._pending is None:
+        if not self.pending:
             return None
-        done = self._pending.done()
-        flags = [0 if done else 1, 1 if done and self._pending.exception() is not None else 0]
+        assert self._background is not None
+        running, failed = self._background.flags()
         if group is not None:
-            import torch
-            import torch.distributed as dist
-
-            agreed = torch.tensor(flags, dtype=torch.int64)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-            flags = [int(x) for x in agreed.tolist()]
-        running, failed = flags
+            running, failed = agree(running, failed, group)
         if failed:
             try:
-                self.wait()  # every rank's part has ended: the failure is collective in DCP
+                self._settle(self._background.abort(writer_died=failed == WRITER_DIED))
             except CheckpointError as e:
                 return e
-            except Exception as e:
-                return CheckpointError(f"background save failed: {type(e).__name__}: {e}")
-            return CheckpointError("the background save failed on another rank (see its log)")
-        if not running:
+        elif not running:
             self.wait()
         return None
 
     def close(self) -> None:
-        """Wait for a pending save, then release the thread, staging buffers and our group."""
+        """Wait for a pending save, then release the writer, staging buffers and our group.
+
+        A run's last save waits for the background one, so a save is pending here only when the
+        rank leaves on an error, maybe alone: the process writer's answer is then awaited without
+        a collective (the thread writer's wait never was one)."""
         if self._closed:
             return
         self._closed = True
         try:
-            self.wait()
+            bg = self._background
+            if isinstance(bg, ProcessBackground) and bg.pending:
+                self._settle(bg.finish_alone(CLOSE_WAIT_S))
+            else:
+                self.wait()
         finally:
             self._teardown()
 
     def _teardown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        if self._background is not None:
+            self._background.close()
+            self._background = None
         self._plans.forget()
-        if self._stager is not None:
-            self._stager.close()
         if self._owns_pg and self._pg is not None:
             import torch.distributed as dist
 
@@ -494,11 +430,11 @@ class Checkpointer:
             skipped.append((info.path, problem))
         if self._is_coordinator:
             self._dir.mark_valid(info.step, info.path)
-        self._loading.add(info.step)
+        self._writer.loading.add(info.step)
         try:
             saved_ranks, sections = dcp_load(info, state, self._pg)
         finally:
-            self._loading.discard(info.step)
+            self._writer.loading.discard(info.step)
         missing = sorted(set(range(self.world_size)) - saved_ranks)
         if self._is_coordinator:
             self._dir.report_rank_local(info, saved_ranks, missing)
@@ -517,21 +453,6 @@ def _verify_share(info: CheckpointInfo, rank: int, world: int) -> dict[str, Any]
         return {"filesystem": e.one_line()}
 
 
-def _collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]]:
-    """Every file in ``tmp``: the digest its writer reported, or rank 0 hashes it itself."""
-    reported: dict[str, tuple[int, str]] = {}
-    for report in reports:
-        for name, (size, sha) in report.get("files", {}).items():
-            reported[name] = (int(size), str(sha))
-    files: dict[str, tuple[int, str]] = {}
-    for path in sorted(tmp.iterdir()):
-        if path.name == MANIFEST_NAME or not path.is_file():
-            continue
-        known = reported.get(path.name)
-        files[path.name] = known if known and known[0] == path.stat().st_size else file_digest(path)
-    return files
-
-
 def set_thread_nice(added: int) -> None:
     """Run the calling thread at the process's niceness plus ``added`` (Linux: niceness is per
     thread, and the threads this one starts, DCP's writers included, inherit it). Elsewhere, or
@@ -541,9 +462,3 @@ def set_thread_nice(added: int) -> None:
     with contextlib.suppress(OSError):
         base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + added))
-
-
-def _torch_version() -> str:
-    import torch
-
-    return str(torch.__version__)

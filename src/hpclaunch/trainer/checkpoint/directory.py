@@ -16,11 +16,11 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ...errors import CheckpointError, FilesystemError
 from ...fsutil import fsync_dir
-from ...rundir import CHECKPOINT_INVALID, Ledger
+from ...rundir import CHECKPOINT_INVALID
 from .manifest import (
     RANK_LOCAL,
     CheckpointInfo,
@@ -39,6 +39,27 @@ from .manifest import (
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
 
+class EventSink(Protocol):
+    """Where findings go: the run's ``Ledger``, or in the writer process a buffer that the training
+    process appends to the ledger when the save's result comes back."""
+
+    def append(self, event: str, **fields: Any) -> Any: ...
+
+
+class EventBuffer:
+    """An ``EventSink`` that keeps what it is given, for someone else to append."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict[str, Any]]] = []
+
+    def append(self, event: str, **fields: Any) -> None:
+        self.events.append((event, fields))
+
+    def drain(self) -> list[tuple[str, dict[str, Any]]]:
+        out, self.events = self.events, []
+        return out
+
+
 class CheckpointDir:
     def __init__(
         self,
@@ -49,7 +70,7 @@ class CheckpointDir:
         model_hash: str,
         keep_last: int,
         keep_every: int | None,
-        ledger: Ledger | None,
+        ledger: EventSink | None,
     ) -> None:
         self.directory = directory
         self.world_size = world_size

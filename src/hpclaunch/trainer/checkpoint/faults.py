@@ -10,10 +10,13 @@ Test hooks (environment variables, read at call time; never set them in producti
 
 ``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>``
     the writer sleeps this long before writing a save (proves that staging copied the state).
-``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>``
-    rank ``<rank>`` SIGKILLs itself while saving ``<step>``; phase ``data``: after its own data
+``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>[:writer]``
+    rank ``<rank>`` is SIGKILLed while saving ``<step>``; phase ``data``: after its own data
     files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
-    ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint.
+    ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint. The
+    training process dies (under the process writer, its writer kills it at that point and dies
+    with it); with the suffix ``:writer``, only the writer process dies (under the thread writer,
+    writer and rank are one process).
 ``HPCLAUNCH_TEST_CKPT_FAIL=<errno name>@<step>[+][:<rank>]``
     DCP's filesystem writer raises that ``OSError`` (e.g. ``ENOSPC``, ``EACCES``) when it writes
     step ``<step>`` (``+``: and every later step) on ``<rank>`` (default: every rank): a disk that
@@ -173,14 +176,24 @@ def delay_write_hook() -> None:
 
 
 def kill_requested(step: int, rank: int, phase: str) -> bool:
-    return os.environ.get(ENV_KILL, "") == f"{step}:{rank}:{phase}"
+    return os.environ.get(ENV_KILL, "").removesuffix(":writer") == f"{step}:{rank}:{phase}"
 
 
-def kill_hook(step: int, rank: int, phase: str) -> None:
-    if kill_requested(step, rank, phase):
-        log.warning("test hook %s: rank %d kills itself (%s phase of step %d)", ENV_KILL, rank, phase, step)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
+def kill_hook(step: int, rank: int, phase: str, *, in_writer_process: bool = False) -> None:
+    """SIGKILL what ``ENV_KILL`` names at this point of the save (see the module docstring)."""
+    if not kill_requested(step, rank, phase):
+        return
+    writer_only = os.environ.get(ENV_KILL, "").endswith(":writer")
+    victim = "its writer process" if writer_only and in_writer_process else f"rank {rank}"
+    log.warning("test hook %s: kills %s (%s phase of step %d)", ENV_KILL, victim, phase, step)
+    logging.shutdown()
+    if in_writer_process and not writer_only:
+        # The training process first; this writer dies with it (parent-death signal), and must not
+        # write on in the meantime.
+        os.kill(os.getppid(), signal.SIGKILL)
+        while True:
+            signal.pause()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def injected_failure(step: int, rank: int) -> int | None:

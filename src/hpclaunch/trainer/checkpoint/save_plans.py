@@ -32,24 +32,32 @@ _CACHES = (
 
 
 class SavePlans:
-    """Makes the planner for each save of one checkpointer; all of its saves share one plan cache."""
+    """Makes the planner for each save of one checkpointer; all of its saves share one plan cache.
 
-    def __init__(self) -> None:
+    ``planner_class``: a ``DefaultSavePlanner`` subclass (the writer process's reads staged shards).
+    """
+
+    def __init__(self, planner_class: type[Any] | None = None) -> None:
         self._key = self._new_key()
+        self._planner_class = planner_class
 
     @staticmethod
     def _new_key() -> str:
         return f"hpclaunch-{uuid.uuid4().hex}"
 
-    def planner(self) -> Any:
-        """A ``DefaultSavePlanner`` for the next save, caching under this checkpointer's key."""
+    def planner(self, **attrs: Any) -> Any:
+        """A ``DefaultSavePlanner`` for the next save, caching under this checkpointer's key
+        (``attrs``: set on the planner, for a subclass that needs them)."""
         from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
+        cls = self._planner_class or DefaultSavePlanner
         try:
-            planner = DefaultSavePlanner(enable_plan_caching=True)
+            planner = cls(enable_plan_caching=True)
         except TypeError:  # a torch without DCP's plan cache (before 2.6): every save plans afresh
-            return DefaultSavePlanner()
+            return cls()
         planner._cached_plans_key = self._key
+        for name, value in attrs.items():
+            setattr(planner, name, value)
         return planner
 
     def forget(self) -> None:

@@ -1,0 +1,70 @@
+"""The save interval the trainer chose last (its ``checkpoint_interval`` events), for ``status``.
+
+Rank 0 of the trainer records, after every save and at the calibration step of an attempt, the
+interval it chose and the figures behind it (``trainer.checkpoint.interval``): the measured cost of
+a save (the training it took), the step time, the run's MTBF, and the training a failure is
+expected to lose at that interval. Torch-free.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rundir.ledger import CHECKPOINT_INTERVAL
+
+FIELDS = (
+    "attempt",
+    "step",
+    "mode",
+    "interval_steps",
+    "interval_s",
+    "next_step",
+    "save_cost_s",
+    "step_time_s",
+    "mtbf_s",
+    "expected_loss_per_failure_s",
+)
+
+
+def checkpoint_interval_summary(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The last decision, or None when the trainer has made none (older runs, short attempts)."""
+    last = None
+    for e in events:
+        if e.get("event") == CHECKPOINT_INTERVAL:
+            last = e
+    return {k: last.get(k) for k in FIELDS} if last is not None else None
+
+
+def describe(summary: dict[str, Any] | None) -> str | None:
+    """One line for ``status``: the interval and what a failure is expected to cost at it."""
+    if not summary:
+        return None
+    how = {
+        "auto": "auto, Young/Daly",
+        "minutes": "checkpoint.every_minutes",
+        "steps": "checkpoint.every_steps",
+    }
+    mode = how.get(str(summary.get("mode")), str(summary.get("mode")))
+    if not summary.get("interval_steps"):
+        return f"checkpoints: saving once to measure what a save costs ({mode})"
+    text = f"checkpoints: every {summary['interval_steps']} steps"
+    if summary.get("interval_s") is not None:
+        text += f" (~{_duration(summary['interval_s'])})"
+    figures = [mode]
+    if summary.get("save_cost_s") is not None:
+        figures.append(f"a save costs {summary['save_cost_s']:.3f} s of training")
+    if summary.get("mtbf_s") is not None:
+        figures.append(f"MTBF {_duration(summary['mtbf_s'])}")
+    text += f" [{'; '.join(figures)}]"
+    if summary.get("expected_loss_per_failure_s") is not None:
+        text += f"; expected loss per failure ~{_duration(summary['expected_loss_per_failure_s'])}"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    s = float(seconds)
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"

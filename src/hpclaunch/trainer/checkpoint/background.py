@@ -1,0 +1,281 @@
+"""Background saves behind one small interface: the thread writer and the process writer.
+
+Both stage the state in ``start`` (a copy in host memory that the next step may not touch) and then
+write and publish it out of the training loop's way, with the code a blocking save runs
+(``writing.SaveWriter``). They differ in where that happens and in how a rank learns the end:
+
+- ``ThreadBackground`` (``checkpoint.writer: thread``): DCP's stager and one thread of the training
+  process. Its DCP collectives run on the checkpointer's group from that thread, so the training
+  thread never touches that group meanwhile; ``wait`` is local, since DCP fails every rank together.
+  Its Python work takes the GIL from the training thread (``bench/checkpoint_stall.py``).
+- ``ProcessBackground`` (``checkpoint.writer: process``): ``staging.SharedStager`` and one writer
+  process per rank (``writer_process``). A writer that dies fails only its own rank, and its peers may
+  wait for it in their group, so ``wait`` is collective: every rank reports (still writing? failed?)
+  over the checkpointer's group, which nothing else uses in this mode, until all are done or one
+  has failed; then every rank stops its writer and the next save starts fresh ones.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ...errors import CheckpointError
+from .writing import Published, SaveJob, SaveWriter
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from .writer_process import WriterProcess
+
+WAIT_POLL_S = 0.2  # while waiting, ranks compare notes this often (one small all-reduce)
+
+
+@dataclass
+class Settled:
+    """How a background save ended, on this rank."""
+
+    job: SaveJob
+    published: Published | None = None  # rank 0, when it published
+    seconds: float | None = None  # the background write, start to end
+    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the writer's findings
+    error: CheckpointError | None = None
+    cpu_s: float | None = None  # the writer process's CPU time for it (process writer)
+
+
+class ThreadBackground:
+    kind = "thread"
+
+    def __init__(self, writer: SaveWriter, *, nice: int) -> None:
+        self._writer = writer
+        self._nice = nice
+        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._stager: Any = None
+        self._job: SaveJob | None = None
+        self._future: concurrent.futures.Future[tuple[Published | None, float]] | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._future is not None
+
+    def start(self, job: SaveJob, state: dict[str, Any]) -> None:
+        staged = self._stage(state)
+        if self._executor is None:
+            self._executor = concurrent.futures.ThreadPoolExecutor(
+                max_workers=1, thread_name_prefix="hpclaunch-ckpt"
+            )
+        self._job = job
+        self._future = self._executor.submit(self._run, job, staged)
+
+    def _stage(self, state: dict[str, Any]) -> dict[str, Any]:
+        """A CPU copy of ``state`` that training may not touch (DCP's own stager; it copies CPU
+        tensors too and reuses its CPU buffers from one save to the next)."""
+        import torch
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        if self._stager is None:
+            cuda = torch.cuda.is_available()
+            # Staging happens in the caller's thread so it is complete when save() returns.
+            options = StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+            self._stager = DefaultStager(options)
+        staged = self._stager.stage(state)
+        assert isinstance(staged, dict)
+        return staged
+
+    def _run(self, job: SaveJob, staged: dict[str, Any]) -> tuple[Published | None, float]:
+        from .checkpointer import set_thread_nice
+
+        set_thread_nice(self._nice)
+        begun = time.monotonic()
+        published = self._writer.write_and_publish(job, staged)
+        return published, time.monotonic() - begun
+
+    def flags(self) -> tuple[bool, int]:
+        """(still writing here, FAILED here or 0), without waiting."""
+        assert self._future is not None
+        done = self._future.done()
+        return not done, FAILED if done and self._future.exception() is not None else 0
+
+    def wait(self) -> Settled:
+        assert self._future is not None and self._job is not None
+        future, job = self._future, self._job
+        self._future = self._job = None
+        try:
+            published, seconds = future.result()
+        except CheckpointError as e:
+            return Settled(job, error=e)
+        except Exception as e:
+            return Settled(job, error=CheckpointError(f"background save failed: {type(e).__name__}: {e}"))
+        return Settled(job, published, seconds)
+
+    def abort(self, *, writer_died: bool = False) -> Settled:
+        """All ranks agreed that the save failed; here it has ended too (DCP failed it everywhere)."""
+        settled = self.wait()
+        if settled.error is None:
+            settled.error = CheckpointError("the background save failed on another rank (see its log)")
+        return settled
+
+    def before_update(self) -> None:
+        """Staging copied synchronously: nothing to wait for."""
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+        if self._stager is not None:
+            self._stager.close()
+
+
+class ProcessBackground:
+    kind = "process"
+
+    def __init__(self, spec: dict[str, Any], pg: dist.ProcessGroup | None) -> None:
+        from .staging import SharedStager
+
+        self._spec = spec
+        self._pg = pg
+        self._stager = SharedStager()
+        self._proc: WriterProcess | None = None
+        self._job: SaveJob | None = None
+        self._staged: Any = None
+        self._sent = False
+
+    @property
+    def pending(self) -> bool:
+        return self._job is not None
+
+    @property
+    def writer_pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, job: SaveJob, state: dict[str, Any]) -> None:
+        from .writer_process import WriterProcess
+
+        if self._proc is None:  # every rank starts its writer at the same save: one generation
+            generation = job.tmp.name.rsplit("tmp-", 1)[-1]
+            self._proc = WriterProcess({**self._spec, "generation": generation})
+        self._staged = self._stager.stage(state)
+        self._job, self._sent = job, False
+        self._dispatch(block=False)
+
+    def _dispatch(self, *, block: bool) -> None:
+        """Hand the save to the writer once its staging copies are done (CUDA: queued, not done)."""
+        if self._job is None or self._sent or self._proc is None:
+            return
+        if not self._staged.ready():
+            if not block:
+                return
+            self._staged.wait()
+        self._proc.submit(self._job, self._staged)
+        self._sent = True
+
+    def _answer(self, timeout: float | None) -> dict[str, Any] | None:
+        assert self._proc is not None
+        self._dispatch(block=timeout != 0.0)
+        return self._proc.poll(timeout)
+
+    def flags(self) -> tuple[bool, int]:
+        """(still writing here, how it failed here: 0, FAILED, or WRITER_DIED)."""
+        return _flags(self._answer(0.0))
+
+    def wait(self) -> Settled:
+        while True:
+            running, failed = _flags(self._answer(None if self._pg is None else WAIT_POLL_S))
+            if self._pg is not None:
+                running, failed = agree(running, failed, self._pg)
+            if failed:
+                return self.abort(writer_died=failed == WRITER_DIED)
+            if not running:
+                return self._settle()
+
+    def finish_alone(self, timeout: float) -> Settled:
+        """This rank's writer's answer without asking the other ranks (``close``: a save is still
+        pending only when this rank is leaving on an error, and the others may never come to a
+        collective); a writer that has not answered within ``timeout`` is stopped."""
+        answer = self._answer(timeout)
+        if answer is None or answer.get("op") != "saved":
+            settled = self.abort()
+            if answer is None:
+                settled.error = CheckpointError(
+                    f"the background save did not finish within {timeout:g} s of closing; abandoned"
+                )
+            return settled
+        return self._settle()
+
+    def _settle(self) -> Settled:
+        assert self._proc is not None and self._job is not None
+        answer, job = self._proc.take(), self._job
+        self._job = self._staged = None
+        published = answer.get("published")
+        return Settled(
+            job,
+            Published(**published) if published else None,
+            float(answer["seconds"]),
+            [(name, fields) for name, fields in answer.get("events", [])],
+            cpu_s=answer.get("cpu_s"),
+        )
+
+    def abort(self, *, writer_died: bool = False) -> Settled:
+        """Every rank agreed that the save failed: say why (ours, or another rank's), stop our writer
+        (it may be waiting for a peer that is gone); the next background save starts a new one.
+        ``writer_died``: some rank's writer died, which is then the reason on every rank (the others'
+        writers only fail because a peer went, in gloo's words)."""
+        assert self._proc is not None and self._job is not None
+        answer, job = self._proc.poll(0.0) or {}, self._job
+        settled = Settled(job)
+        own_failure = bool(answer) and answer.get("op") != "saved"
+        if own_failure and (answer.get("dead") or not writer_died):
+            settled.error = CheckpointError(
+                answer["message"], where=answer.get("where"), hint=answer.get("hint")
+            )
+        elif writer_died:
+            settled.error = CheckpointError(
+                f"the checkpoint writer process of another rank died while saving step {job.step} "
+                "(see that rank's log)",
+                hint="the save is retried in the training process",
+            )
+        else:
+            settled.error = CheckpointError("the background save failed on another rank (see its log)")
+        if own_failure:
+            settled.events = [(name, fields) for name, fields in answer.get("events", [])]
+        self._proc.kill()
+        self._proc = None
+        self._job = self._staged = None
+        return settled
+
+    def before_update(self) -> None:
+        self._stager.before_update()
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.close()
+            self._proc = None
+        self._stager.close()
+
+
+FAILED = 1
+WRITER_DIED = 2  # ranks over FAILED in the all-reduce's MAX: a dead writer names the cause
+
+
+def _flags(answer: dict[str, Any] | None) -> tuple[bool, int]:
+    if answer is None:
+        return True, 0
+    if answer.get("op") == "saved":
+        return False, 0
+    return False, WRITER_DIED if answer.get("dead") else FAILED
+
+
+def agree(running: bool, failed: int, pg: dist.ProcessGroup) -> tuple[bool, int]:
+    """(writing on any rank, the worst failure on any rank): a two-integer all-reduce over ``pg``."""
+    import torch
+    import torch.distributed as dist
+
+    flags = torch.tensor([int(running), int(failed)], dtype=torch.int64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
+    return bool(flags[0]), int(flags[1])

@@ -1,0 +1,149 @@
+"""The writer process as the training process sees it: started, fed, asked how it went, stopped.
+
+One writer process per training rank (``writer_main``), started by the rank's first background save
+and kept for the attempt. It is started from the thread that trains: it dies with that thread
+(the parent-death signal), so a rank killed with ``kill -9`` never leaves a writer behind that
+publishes into the next attempt's directory. The rank hands it a staging buffer once (a file
+descriptor over a Unix socket) and then one small JSON message per save; the writer answers with
+one message per save (published, or failed with the reason). A writer that dies answers nothing:
+the socket's end and its exit status say so, and that is reported as the save's failure.
+
+The writers of one run form a gloo group of their own, rendezvousing through the store the ranks
+joined (``MASTER_ADDR``/``MASTER_PORT``, torchrun's) under a prefix that rank 0 chose for this
+generation of writers: after a failure every rank stops its writer and the next background save
+starts a new generation, so a half-broken group is never reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+from ...errors import CheckpointError
+from . import channel
+from .faults import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
+
+if TYPE_CHECKING:
+    from .staging import Staged
+    from .writing import SaveJob
+
+# The test hooks are read when save() is called, as with the thread writer: the training process
+# sends what it sees with every save.
+HOOK_VARS = (ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL)
+EXIT_WAIT_S = 10.0
+
+
+def store_address(world_size: int) -> tuple[str, int] | None:
+    """Where the writers meet: the store the ranks joined (None: one rank, no group needed)."""
+    if world_size == 1:
+        return None
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not addr or not port:
+        raise CheckpointError(
+            "checkpoint.writer: process needs MASTER_ADDR and MASTER_PORT (the store torchrun "
+            "starts) for the writers of several ranks to meet",
+            hint="start the ranks with torchrun, or set checkpoint.writer: thread",
+        )
+    return addr, int(port)
+
+
+class WriterProcess:
+    """One rank's writer process (see the module docstring)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        spec = {**spec, "fd": theirs.fileno(), "parent": os.getpid()}
+        argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec)]
+        try:
+            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+        except OSError as e:
+            ours.close()
+            raise CheckpointError(f"cannot start the checkpoint writer process: {e}") from e
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.rank = int(spec["rank"])
+        self._layouts: set[str] = set()
+        self._result: dict[str, Any] | None = None
+
+    @property
+    def pid(self) -> int:
+        return int(self.proc.pid)
+
+    def submit(self, job: SaveJob, staged: Staged) -> None:
+        """Hand one save to the writer (its staging buffer first, when the writer has not seen it)."""
+        layout = staged.layout
+        hooks = {name: os.environ.get(name) for name in HOOK_VARS}
+        try:
+            if layout.id not in self._layouts:
+                channel.send(self.sock, {"op": "layout", **layout.describe()}, [layout.fd])
+                self._layouts = {layout.id}  # the writer keeps only the newest
+            message = {"op": "save", "layout": layout.id, "job": job.to_json(), "hooks": hooks}
+            channel.send(self.sock, {**message, "objects": staged.objects})
+        except channel.ChannelClosed:
+            self._result = self._death()
+
+    def poll(self, timeout: float | None = 0.0) -> dict[str, Any] | None:
+        """The answer to the save in flight, once there is one (a dead writer's answer is its death);
+        ``timeout`` None waits for it."""
+        if self._result is None:
+            if channel.readable(self.sock, timeout):
+                try:
+                    self._result, _ = channel.recv(self.sock)
+                except (channel.ChannelClosed, ValueError):
+                    self._result = self._death()
+            elif self.proc.poll() is not None:
+                self._result = self._death()
+        return self._result
+
+    def take(self) -> dict[str, Any]:
+        """The answer (after ``poll`` returned one); the writer is free for the next save."""
+        result, self._result = self._result, None
+        assert result is not None
+        return result
+
+    def _death(self) -> dict[str, Any]:
+        try:
+            code = self.proc.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            code = None
+        how = "still running, its channel closed" if code is None else _exit_text(code)
+        return {
+            "op": "failed",
+            "message": f"the checkpoint writer process of rank {self.rank} (pid {self.pid}) died ({how})",
+            "hint": "the save is retried in the training process; see the node log for the writer's last words",
+            "dead": True,
+        }
+
+    def kill(self) -> None:
+        """Stop it now (a failed save: it may be waiting for a peer that is gone)."""
+        with contextlib.suppress(OSError):
+            self.proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=EXIT_WAIT_S)
+        self.sock.close()
+
+    def close(self) -> None:
+        """Ask it to leave (nothing in flight), then make sure it has."""
+        with contextlib.suppress(channel.ChannelClosed, OSError):
+            channel.send(self.sock, {"op": "exit"})
+        try:
+            self.proc.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        self.sock.close()
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        import signal
+
+        with contextlib.suppress(ValueError):
+            return f"killed by {signal.Signals(-code).name}"
+        return f"killed by signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,286 @@
+"""One save's write and publish: DCP's files, their sha256, the manifest, the rename, retention.
+
+This is the part of a save that runs wherever the writer runs: in the training process for a
+blocking save (and for the thread writer, in its thread), in the writer process for the process
+writer (``writer_main``). Every rank writes its own data files and hashes them; the coordinator
+(rank 0 of the writers' group) writes the manifest, publishes by rename + directory fsync and
+applies retention, and tells every rank how it went, so a failure is raised on every rank alike.
+What a publish produced comes back as ``Published``; the caller reports it (log, ledger).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ...errors import CheckpointError
+from ...fsutil import atomic_write_json, fsync_dir
+from ..dist import all_gather_json, broadcast_json
+from .directory import CheckpointDir
+from .faults import (
+    delay_write_hook,
+    hooked_writer_class,
+    injected_failure,
+    is_filesystem_failure,
+    kill_hook,
+    kill_requested,
+    save_error,
+)
+from .manifest import MANIFEST_NAME, METADATA_NAME, build_manifest, file_digest, move_aside_corrupt
+from .save_plans import SavePlans
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+log = logging.getLogger("hpclaunch.trainer.checkpoint")
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    """One save as every rank agreed on it (rank 0 chose the temporary directory's name)."""
+
+    step: int
+    tmp: Path
+    final: Path
+    blocking: bool
+    extra: dict[str, Any]
+    started: float  # time.monotonic() in the training process when save() was called
+    needed_bytes: int  # about what the whole checkpoint takes on disk (for a "no space" message)
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "tmp": str(self.tmp), "final": str(self.final)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SaveJob:
+        return cls(**{**data, "tmp": Path(data["tmp"]), "final": Path(data["final"])})
+
+
+@dataclass(frozen=True)
+class Published:
+    """What the coordinator published (the other ranks get None)."""
+
+    step: int
+    path: str
+    bytes: int
+    seconds: float  # from the start of the write to the end of retention
+
+
+def quiet_dcp_logger() -> None:
+    """DCP logs every call of its methods at DEBUG to a logger with only a NullHandler: records
+    built for nobody, ~15 ms of CPU per save of a few hundred tensors (cProfile). Raise its level."""
+    from torch.distributed.checkpoint import logger as dcp_logger
+
+    quiet = getattr(dcp_logger, "_dcp_logger", None)
+    if isinstance(quiet, logging.Logger) and all(isinstance(h, logging.NullHandler) for h in quiet.handlers):
+        quiet.setLevel(logging.WARNING)
+
+
+class SaveWriter:
+    """Writes and publishes saves of one checkpoint directory from one rank (collective over ``pg``)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        rank: int,
+        world_size: int,
+        config_hash: str,
+        model_hash: str,
+        checkpoints: CheckpointDir,
+        plans: SavePlans,
+        pg: dist.ProcessGroup | None,
+        in_writer_process: bool = False,
+        before_write: Callable[[], None] | None = None,
+    ) -> None:
+        self.directory = directory
+        self.rank = rank
+        self.world_size = world_size
+        self.config_hash = config_hash
+        self.model_hash = model_hash
+        self.checkpoints = checkpoints
+        self.plans = plans
+        self.pg = pg
+        self.in_writer_process = in_writer_process
+        self.before_write = before_write
+        self.loading: set[int] = set()
+        quiet_dcp_logger()
+
+    @property
+    def is_coordinator(self) -> bool:
+        return self.rank == 0
+
+    def write_and_publish(
+        self, job: SaveJob, state: dict[str, Any], **planner_attrs: Any
+    ) -> Published | None:
+        """Every rank: DCP write, hash own files; rank 0: manifest + publish. Collective."""
+        begun = time.monotonic()
+        if self.before_write is not None:
+            self.before_write()
+        delay_write_hook()
+        self._dcp_save(job, state, planner_attrs)
+        kill_hook(job.step, self.rank, "publish", in_writer_process=self.in_writer_process)
+        reports = all_gather_json(self._own_digests(job.tmp), self.pg)
+        status: dict[str, Any] = {}
+        published: Published | None = None
+        if self.is_coordinator:
+            published, status = self._publish_or_report(job, reports, begun)
+        status = broadcast_json(status, self.pg, is_source=self.is_coordinator)
+        if status.get("error"):
+            raise CheckpointError(
+                f"publishing failed: {status['error']}", where=str(job.final), hint=status.get("hint")
+            )
+        return published
+
+    def _dcp_save(self, job: SaveJob, state: dict[str, Any], planner_attrs: dict[str, Any]) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            dcp.save(
+                state,
+                storage_writer=self._storage_writer(job),
+                planner=self.plans.planner(**planner_attrs),
+                process_group=self.pg,
+                no_dist=self.pg is None,
+            )
+        except (Exception, CheckpointException) as e:  # DCP's is a BaseException
+            self.plans.forget()  # the ranks' cached plans may be out of step now
+            fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
+            if self.is_coordinator and fs:  # free the space a half-written save holds, then measure
+                shutil.rmtree(job.tmp, ignore_errors=True)  # (a peer's death leaves it for the resume)
+            raise save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes) from e
+
+    def _storage_writer(self, job: SaveJob) -> Any:
+        # (Hashing as DCP writes would save reading the files back, but torch.save writes a record
+        # in dozens of small pieces: a Python hook on each cost more CPU than the second pass.)
+        fail = injected_failure(job.step, self.rank)
+        if fail is not None or kill_requested(job.step, self.rank, "data"):
+            return hooked_writer_class()(
+                job.tmp,
+                fail,
+                lambda: kill_hook(job.step, self.rank, "data", in_writer_process=self.in_writer_process),
+            )
+        return direct_writer_class()(job.tmp, sync_files=True, overwrite=False)
+
+    def _own_digests(self, tmp: Path) -> dict[str, Any]:
+        """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel)."""
+        import torch.distributed as dist
+
+        group_rank = dist.get_rank(self.pg) if self.pg is not None else 0
+        try:
+            mine = sorted(tmp.glob(f"__{group_rank}_*.distcp"))
+            return {"files": {p.name: list(file_digest(p)) for p in mine}}
+        except OSError as e:
+            return {"error": f"rank {self.rank} cannot hash its files: {e}"}
+
+    def _publish_or_report(
+        self, job: SaveJob, reports: list[Any], begun: float
+    ) -> tuple[Published | None, dict[str, Any]]:
+        try:
+            return self._publish(job, reports, begun), {}
+        except Exception as e:  # reported to every rank, raised there
+            log.error("publishing %s failed: %s", job.final.name, e)
+            shutil.rmtree(job.tmp, ignore_errors=True)
+            err = save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes)
+            return None, {"error": err.message, "hint": err.hint}
+
+    def _publish(self, job: SaveJob, reports: list[Any], begun: float) -> Published:
+        errors = [r["error"] for r in reports if r.get("error")]
+        if errors:
+            raise CheckpointError("; ".join(errors), where=str(job.tmp))
+        if not (job.tmp / METADATA_NAME).is_file():
+            raise CheckpointError("DCP finished without writing .metadata", where=str(job.tmp))
+        files = collect_digests(job.tmp, reports)
+        manifest = build_manifest(
+            step=job.step,
+            world_size=self.world_size,
+            config_hash=self.config_hash,
+            model_hash=self.model_hash,
+            extra=job.extra,
+            files=files,
+            torch_version=_torch_version(),
+        )
+        atomic_write_json(job.tmp / MANIFEST_NAME, manifest)
+        self._rename_into_place(job)
+        self.checkpoints.mark_valid(job.step, job.final)
+        self.checkpoints.apply_retention(protect={job.step}, loading=self.loading)
+        seconds = time.monotonic() - begun
+        return Published(job.step, str(job.final), int(manifest["total_bytes"]), seconds)
+
+    def _rename_into_place(self, job: SaveJob) -> None:
+        if job.final.exists():  # appeared since the decision (not ours): never overwrite it
+            move_aside_corrupt(job.final)
+        # rename() of a directory onto an existing non-empty one fails: never overwrites.
+        os.rename(job.tmp, job.final)
+        fsync_dir(self.directory)
+
+
+class _NoClose:
+    """The file a record is written into, minus ``close``: ``write`` is the buffered file's own
+    method, so the many small writes of torch.save's record format go straight to C."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.write = raw.write
+
+    def flush(self) -> None:
+        self._raw.flush()
+
+    def close(self) -> None:  # DCP closes what it wrote a record into; the file stays open
+        self._raw.flush()
+
+
+@functools.cache
+def direct_writer_class() -> type[Any]:
+    """DCP's filesystem writer, minus a Python frame per write: without stream extensions DCP
+    still wraps the file in a Python ``NoCloseWriter`` whose ``write`` runs for each of the ~36
+    pieces torch.save writes a record in (cProfile: ~40 % of a save's CPU for a few hundred
+    tensors). The bytes written are the same. With extensions, or a DCP without the hook, DCP's
+    own path."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import filesystem
+
+    base = getattr(filesystem, "_StorageWriterTransforms", None)
+
+    class DirectWriter(dcp.FileSystemWriter):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if base is not None and isinstance(self.transforms, base) and not self.transforms.extensions:
+                self.transforms = _DirectTransforms()
+
+    if base is None:
+        return DirectWriter
+
+    class _DirectTransforms(base):  # type: ignore[misc, valid-type]
+        def transform_save_stream(self, write_item: Any, raw_stream: Any) -> tuple[Any, list[str]]:
+            return _NoClose(raw_stream), []
+
+    return DirectWriter
+
+
+def collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]]:
+    """Every file in ``tmp``: the digest its writer reported, or rank 0 hashes it itself."""
+    reported: dict[str, tuple[int, str]] = {}
+    for report in reports:
+        for name, (size, sha) in report.get("files", {}).items():
+            reported[name] = (int(size), str(sha))
+    files: dict[str, tuple[int, str]] = {}
+    for path in sorted(tmp.iterdir()):
+        if path.name == MANIFEST_NAME or not path.is_file():
+            continue
+        known = reported.get(path.name)
+        files[path.name] = known if known and known[0] == path.stat().st_size else file_digest(path)
+    return files
+
+
+def _torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)

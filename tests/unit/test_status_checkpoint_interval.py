@@ -1,0 +1,42 @@
+"""``status`` shows the save interval the trainer chose last and what a failure is expected to cost."""
+
+from __future__ import annotations
+
+from hpclaunch.orchestrator.checkpoint_interval import checkpoint_interval_summary, describe
+
+
+def decision(**kw: object) -> dict[str, object]:
+    base = {
+        "event": "checkpoint_interval",
+        "attempt": "7.0",
+        "step": 120,
+        "mode": "auto",
+        "interval_steps": 246,
+        "interval_s": 122.96,
+        "next_step": 356,
+        "save_cost_s": 1.05,
+        "step_time_s": 0.5,
+        "mtbf_s": 7200.0,
+        "expected_loss_per_failure_s": 122.96,
+    }
+    return {**base, **kw}
+
+
+def test_the_last_decision_is_shown_with_its_figures() -> None:
+    events = [decision(interval_steps=0, interval_s=None, save_cost_s=None), {"event": "other"}, decision()]
+    summary = checkpoint_interval_summary(events)
+    assert summary is not None and summary["interval_steps"] == 246 and summary["attempt"] == "7.0"
+    assert describe(summary) == (
+        "checkpoints: every 246 steps (~2.0 min) [auto, Young/Daly; a save costs 1.050 s of training; "
+        "MTBF 2.0 h]; expected loss per failure ~2.0 min"
+    )
+
+
+def test_before_anything_is_measured_and_for_runs_without_decisions() -> None:
+    first = checkpoint_interval_summary([decision(interval_steps=0, interval_s=None, save_cost_s=None)])
+    assert describe(first) == "checkpoints: saving once to measure what a save costs (auto, Young/Daly)"
+    assert checkpoint_interval_summary([]) is None and describe(None) is None
+    fixed = describe(checkpoint_interval_summary([decision(mode="steps", interval_steps=50, interval_s=5.0)]))
+    assert fixed is not None and fixed.startswith(
+        "checkpoints: every 50 steps (~5.0 s) [checkpoint.every_steps;"
+    )
