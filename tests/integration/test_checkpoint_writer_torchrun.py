@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.jobs.stop import write_stop_request
 from hpclaunch.rundir import CHECKPOINT_FAILED, CHECKPOINT_SAVED, RunPaths, read_events
+from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.rundir.ledger import CHECKPOINT_INTERVAL
 from hpclaunch.trainer.checkpoint import ENV_KILL
 
@@ -233,7 +233,7 @@ def test_every_steps_auto_measures_a_background_save_of_the_process_writer(root:
             timeout=600,
         )
     finally:
-        write_stop_request(RunPaths(run).stop_file, "user", by="test")
+        write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
         _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-3000:]
     decisions = events(run, CHECKPOINT_INTERVAL)
