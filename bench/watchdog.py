@@ -16,7 +16,7 @@
    ``--hang-at``, the watchdog at its defaults unless ``--step-min-s`` says otherwise. Printed, from
    the ledger, the hung rank's own report and the metrics file (watched every 50 ms):
    detection (the rank stops -> the verdict), dump (stacks written), teardown (workers stopped,
-   torchrun gone, decision recorded), restart (the next attempt's process start, start-up with
+   rank host gone, decision recorded), restart (the next attempt's process start, start-up with
    checkpoint load, and its first step).
 
     .venv/bin/python bench/watchdog.py [--rounds 3] [--steps 200] [--hang-at 30] [--step-min-s 60]
@@ -214,7 +214,7 @@ def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None) -> None:
             f"window {verdict['window_s']:.0f} s",
         ),
         ("dump (every rank's stacks)", verdict["dump_s"], ""),
-        ("teardown (kill, torchrun exits, decision)", requeued["ts"] - verdict["ts"], ""),
+        ("teardown (kill, rank host exits, decision)", requeued["ts"] - verdict["ts"], ""),
         ("restart: next attempt's process", started["ts"] - requeued["ts"], ""),
         (
             "restart: start-up + checkpoint load",

@@ -86,7 +86,10 @@ class SchedulerConfig(_Section):
     )
     gpus_per_node: int = Field(0, ge=0, le=64, description="GPUs per node; 0 = CPU ranks with gloo.")
     procs_per_node: int | None = Field(
-        None, ge=1, le=256, description="torchrun --nproc-per-node; default gpus_per_node, or 1."
+        None,
+        ge=1,
+        le=256,
+        description="Ranks per node (torchrun's --nproc-per-node); default gpus_per_node, or 1.",
     )
     cpus_per_task: int = Field(2, ge=1, le=1024, description="CPUs for the node agent's task.")
     mem_gb: float | None = Field(None, gt=0, description="Memory per node in GB; null = site default.")
@@ -558,7 +561,7 @@ class CheckpointConfig(_Section):
 
 
 class PreflightConfig(_Section):
-    node_checks: bool = Field(True, description="Run node-level checks in the job before torchrun.")
+    node_checks: bool = Field(True, description="Run node-level checks in the job before the ranks start.")
     distributed_smoke: bool = Field(
         True, description="all_reduce + barrier across all ranks before training."
     )
@@ -584,7 +587,7 @@ class WatchdogConfig(_Section):
     launch_s: int = Field(
         600,
         ge=10,
-        description="Window from torchrun's start to each rank's first report (imports, rendezvous).",
+        description="Window from the rank host's start to each rank's first report (imports, rendezvous).",
     )
     startup_s: int = Field(
         600,
