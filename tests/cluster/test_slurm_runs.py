@@ -111,7 +111,17 @@ def test_scontrol_requeue_is_a_preemption_with_nothing_lost(
 def test_pbs_run_continues_through_a_continuation_job(
     slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
 ) -> None:
-    run = _submit(work, data, "pbs", "scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG)
+    # 0.25 s a step: 90 s of sleep alone, so the one-minute limit is reached on any machine (the
+    # PBS deadline is the trainer's own clock: no warning signal comes to make it stop early)
+    run = _submit(
+        work,
+        data,
+        "pbs",
+        "scheduler.kind=pbs",
+        "scheduler.time_limit=00:01:00",
+        *LONG,
+        "testing.step_sleep_s=0.25",
+    )
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     causes = _attempt_causes(s)
@@ -218,7 +228,17 @@ def test_scancel_after_the_warning_signal_is_a_cancellation_not_a_timeout(
     slurm_cluster: SlurmCluster, work: Path, data: Path
 ) -> None:
     """The warning (USR2, as `--signal` sends it) and then a user's scancel: never requeued."""
-    run = _submit(work, data, "warncancel", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
+    # The agent waits 8 s between deciding to continue and asking Slurm (under KillWait, 15 s):
+    # the scancel below lands in that window on any machine, never after the requeue.
+    run = _submit(
+        work,
+        data,
+        "warncancel",
+        "scheduler.kind=slurm",
+        "scheduler.time_limit=00:10:00",
+        *LONG,
+        "testing.pause_before_continue_s=8",
+    )
     job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
     wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
     slurm_cluster.run("scancel", "--signal=USR2", str(job_id))

@@ -148,7 +148,14 @@ def test_a_crash_is_restarted_in_place_within_its_own_budget_bitwise_equal(work:
         work, data, "crash", *SLOW, "train.steps=60", "scheduler.max_failure_retries=1"
     )
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
-    _wait_step(run, 35, attempt=1)  # past the checkpoint at step 30: the restart loads it
+    # Past the checkpoint at step 30 *committed* (saves run in the background: reaching step 35
+    # does not mean the step-30 save is on disk yet on a loaded machine): the restart loads it.
+    wait_for(
+        lambda: any(e["event"] == "checkpoint_saved" and e.get("step") == 30 for e in events(run)),
+        timeout=180,
+        poll=0.1,
+        what="the checkpoint at step 30",
+    )
     _worker(run, rank=0).send_signal(signal.SIGKILL)  # what an OOM kill or a segfault looks like
     s = wait_run_done(run, work, timeout=300)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]

@@ -95,13 +95,18 @@ def test_a_continuation_that_never_comes_is_lost_after_a_grace_period() -> None:
     assert run_state(attempts, ledger, "completed", now=1030.0) == "requeued"
     # ... for longer than the grace period: lost (and `submit --wait` stops waiting)
     assert run_state(attempts, ledger, "unknown", now=1000.0 + LOST_AFTER_S + 1) == "lost"
+    # the continuation was cancelled while it waited in the queue: cancelled, as the user said
+    assert run_state(attempts, ledger, "cancelled", now=1000.0 + LOST_AFTER_S + 1) == "cancelled"
     assert current_job_id(ledger) == "8.pbshead"
 
 
 def test_a_submission_that_never_starts_is_lost_too() -> None:
     ledger = [{"event": "submitted", "ts": 100.0, "job_id": "5"}]
     assert run_state([], ledger, "pending", now=9999.0) == "pending"
-    assert run_state([], ledger, "cancelled", now=100.0 + LOST_AFTER_S + 1) == "lost"
+    assert run_state([], ledger, "failed", now=100.0 + LOST_AFTER_S + 1) == "lost"
+    # a pending job the user cancelled (scancel, qdel): the run ended as they said, not lost
+    assert run_state([], ledger, "cancelled", now=100.0 + LOST_AFTER_S + 1) == "cancelled"
+    assert run_state([], ledger, "cancelled", now=101.0) == "pending"  # the grace period first
 
 
 def test_withdrawn_and_user_ended_attempts() -> None:

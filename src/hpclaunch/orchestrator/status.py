@@ -213,11 +213,15 @@ def run_state(
 
 
 def _lost_or(scheduler_state: str | None, state: str, *, since: float | None, now: float | None) -> str:
-    """``state``, unless the scheduler has shown no pending or running job for too long."""
+    """``state``, unless the scheduler has shown no pending or running job for too long: then the
+    job was cancelled while it waited (a user's scancel/qdel of a pending continuation: the run
+    ended as the user said) or it is lost."""
     if scheduler_state is None or scheduler_state in ACTIVE_STATES:
         return state
     waited = (now or time.time()) - (since or 0)
-    return "lost" if waited > LOST_AFTER_S else state
+    if waited <= LOST_AFTER_S:
+        return state
+    return "cancelled" if scheduler_state == "cancelled" else "lost"
 
 
 def _last_ts(events: list[dict[str, Any]], name: str) -> float | None:
