@@ -7,6 +7,8 @@ trainer's final parameter hash against an uninterrupted `hpclaunch train` of the
 from __future__ import annotations
 
 import json
+import os
+import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -316,6 +318,38 @@ def test_a_requeue_after_the_budget_is_spent_is_withdrawn(
     assert "already ended (failed)" in held["reason"] and "cancelled job" in held.get("note", "")
     assert s["state"] == "failed", json.dumps(s, indent=1)[-2000:]
     assert len([e for e in story if e["event"] == "resumed"]) == 1  # it never trained again
+
+
+def test_an_attempt_whose_agent_was_killed_before_deciding_is_decided_by_the_next_one(
+    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+) -> None:
+    """`scontrol requeue` while node 0's agent cannot run (SIGSTOPped: as if its stop and save took
+    longer than KillWait): Slurm SIGKILLs it before it writes a decision and starts the job again.
+    The new attempt decides for the old one (a preemption, one requeue spent), trains on from the
+    last checkpoint and ends bitwise equal; the run's budgets are never bypassed this way."""
+    run = _submit(
+        work,
+        data,
+        "unended",
+        "scheduler.kind=slurm",
+        "scheduler.time_limit=00:10:00",
+        "scheduler.max_requeues=1",
+        *LONG,
+    )
+    job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" for e in events(run)), timeout=180, what="a save")
+    agent = next(e for e in events(run) if e["event"] == "started" and e.get("node") == 0)
+    os.kill(int(agent["pid"]), signal.SIGSTOP)
+    slurm_cluster.run("scontrol", "requeue", str(job_id))
+    s = wait_run_done(run, work, timeout=480)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"]) == ("requeued", "preemption"), first
+    decided = [e for e in events(run) if e["event"] == "requeued" and e.get("attempt") == first["attempt"]]
+    assert len(decided) == 1 and decided[0]["by"] == "scheduler", decided
+    assert "ended without a decision" in decided[0]["reason"] and decided[0]["counts_as"] == "requeue"
+    assert s["attempts"][1]["restart_count"] == 1 and s["attempts"][1]["resumed_step"] > 0
+    assert final_params_sha(run) == reference_sha
 
 
 def test_node_lists_come_from_scontrol(slurm_cluster: SlurmCluster) -> None:

@@ -10,7 +10,16 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide, decide_start
+from hpclaunch.jobs.decide import (
+    Action,
+    Budgets,
+    Facts,
+    History,
+    decide,
+    decide_start,
+    decide_unended,
+    unended_attempt,
+)
 from hpclaunch.rundir import AttemptOutcome
 from hpclaunch.rundir.cause import Cause
 
@@ -434,6 +443,41 @@ def test_an_attempt_of_a_live_run_may_start() -> None:
         decide_start(History.from_events([ev("submitted"), ev("failed"), ev("submitted", resume=True)]))
         is None
     )
+
+
+def test_an_attempt_killed_before_its_decision_is_found_by_the_next_one() -> None:
+    story = [
+        ev("submitted", job_id="7"),
+        ev("started", attempt="7.0", node=0),
+        ev("started", attempt="7.0", node=1),
+        ev("requeued", attempt="7.0", cause="timeout"),
+        ev("started", attempt="7.1", node=0),
+        ev("checkpoint_saved", attempt="7.1", step=40),  # ... and then SIGKILL: no decision
+        ev("started", attempt="7.2", node=0),
+    ]
+    assert unended_attempt(story, "7.2") == "7.1"
+    assert unended_attempt(story[:5], "7.1") is None  # every earlier attempt was decided
+    assert unended_attempt([*story[:6], ev("held", attempt="7.1")], "7.2") is None
+    assert unended_attempt([*story[:6], ev("refused", attempt="7.1")], "7.2") is None
+    # a submission starts the story again: `submit --resume` after a lost run spends nothing
+    assert unended_attempt([*story[:6], ev("submitted", resume=True), story[6]], "7.2") is None
+
+
+@pytest.mark.parametrize(("used", "action"), [(0, Action.CONTINUE), (2, Action.CONTINUE), (3, Action.FAIL)])
+def test_an_attempt_without_a_decision_spends_a_requeue_as_the_preemption_it_was(
+    used: int, action: Action
+) -> None:
+    d = decide_unended("7.1", History(requeues=used), BUDGETS)
+    assert (d.action, d.cause) == (action, Cause.PREEMPTION)
+    assert "attempt 7.1 ended without a decision" in d.reason
+    if action is Action.FAIL:
+        assert d.event == "failed" and "3 requeues used of 3" in d.reason
+        # ... and once that is written, the attempt the scheduler started is withdrawn
+        assert decide_start(History.from_events([ev("submitted"), ev(d.event)])) is not None
+    else:
+        assert (d.event, d.counts_as, d.in_place) == ("requeued", "requeue", False)
+        after = History.from_events([ev("submitted"), ev(d.event, cause=d.cause.value if d.cause else None)])
+        assert after.requeues == 1 and decide_start(after) is None
 
 
 # ---- where a continuation happens: in place (issue 17) or through the scheduler ----------------

@@ -63,7 +63,17 @@ from ..schedulers.nodes import interface_of, rendezvous_address
 from ..schedulers.registry import get_scheduler
 from .allocation import REPORT_GRACE_S, Allocation, Roster
 from .chain import after_attempt
-from .decide import Action, Budgets, Decision, Facts, History, decide, decide_start
+from .decide import (
+    Action,
+    Budgets,
+    Decision,
+    Facts,
+    History,
+    decide,
+    decide_start,
+    decide_unended,
+    unended_attempt,
+)
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
@@ -184,10 +194,38 @@ class NodeAgent:
             self.ledger.append(REFUSED, reason=reason, holder=holder.job_id)
             print(f"hpclaunch: {reason}", file=sys.stderr, flush=True)
             return reason
-        if holder is not None and holder.job_id == self.ctx.job_id and holder.role in ("controller", "train"):
-            return None  # the local controller / the foreground command holds it for this job
-        self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
-        return None
+        if holder is None or holder.job_id != self.ctx.job_id or holder.role not in ("controller", "train"):
+            # (else the local controller / the foreground command holds it for this job)
+            self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
+        return self._settle_unended(events)
+
+    def _settle_unended(self, events: list[dict[str, Any]]) -> str | None:
+        """The attempt before this one may have no decision: its agents were killed first (the
+        scheduler's SIGKILL after its kill wait, a dead node 0). It is decided now, once, as the
+        preemption it was, so its requeue is counted; when that spends more than the budget the run
+        fails and this attempt is withdrawn (None: this attempt runs)."""
+        previous = unended_attempt(events, self.attempt)
+        if previous is None:
+            return None
+        decision = decide_unended(previous, History.from_events(events), Budgets.from_plan(self.plan))
+        fields: dict[str, Any] = {"cause": decision.cause, "reason": decision.reason, "by": "scheduler"}
+        if decision.action is Action.FAIL:
+            fields["error"] = decision.reason
+        else:
+            fields.update(job_id=self.ctx.job_id, in_place=False, counts_as=decision.counts_as)
+        Ledger(self.paths, role="agent", attempt=previous, node=self.ctx.node_rank).append(
+            decision.event, action=decision.action.value, **fields
+        )
+        print(
+            f"hpclaunch: {previous}: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True
+        )
+        withdraw = decide_start(History.from_events(self.ledger.events()))
+        if withdraw is None:
+            return None
+        self._record(withdraw, note=self.scheduler.withdraw(self.paths, self.ctx))
+        self._release_lock(None)
+        self.holder = None
+        return withdraw.reason  # (agent_main tells the runs chained after this one)
 
     def _active(self, holder: LockHolder) -> bool | None:
         try:

@@ -40,8 +40,10 @@ from ..rundir import (
     HELD,
     NODE_EXCLUDED,
     NODE_REPLACED,
+    REFUSED,
     REQUEUED,
     RUN_ENDS,
+    STARTED,
     SUBMITTED,
     SUBMITTING,
     AttemptOutcome,
@@ -356,6 +358,42 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
         f"{what}; continuing without {', '.join(nodes)}",
         exclude=tuple(sorted({*history.excluded, *nodes})),
         counts_as="node",
+    )
+
+
+# The events that end one attempt: every decision, and the starts that did not run.
+_ATTEMPT_ENDS = frozenset((*RUN_ENDS, REQUEUED, REFUSED))
+
+
+def unended_attempt(events: Iterable[Mapping[str, Any]], current: str) -> str | None:
+    """The attempt before ``current`` that started after the run's latest submission and has no
+    decision: its agents were killed before they could write one (an ``scontrol requeue`` or a
+    preemption whose SIGKILL came before the stop and save ended, a node that died with node 0's
+    agent on it). None when there is none."""
+    unended: list[str] = []
+    for e in events:
+        kind, key = e.get("event"), e.get("attempt")
+        if kind in (SUBMITTING, SUBMITTED):
+            unended.clear()  # a submission starts the run's story again (budgets too)
+        elif kind == STARTED and key and key != current and key not in unended:
+            unended.append(str(key))
+        elif kind in _ATTEMPT_ENDS and key in unended:
+            unended.remove(str(key))
+    return unended[-1] if unended else None
+
+
+def decide_unended(attempt: str, history: History, budgets: Budgets) -> Decision:
+    """The decision an attempt that ended without one is given by the attempt the scheduler
+    started after it: the scheduler took its nodes (a requeue or a preemption), so it spends a
+    requeue like any preemption; over the budget, the run fails here and the new attempt is
+    withdrawn, as if the decision had been written in time."""
+    return _within(
+        Cause.PREEMPTION,
+        f"attempt {attempt} ended without a decision (its agents were stopped before they could write "
+        "one) and the scheduler started the job again; it resumes from its last checkpoint",
+        used=history.requeues,
+        budget=budgets.max_requeues,
+        what="requeues",
     )
 
 
