@@ -208,20 +208,17 @@ class NodeAgent:
         if previous is None:
             return None
         decision = decide_unended(previous, History.from_events(events), Budgets.from_plan(self.plan))
-        fields: dict[str, Any] = {"cause": decision.cause, "reason": decision.reason, "by": "scheduler"}
-        if decision.action is Action.FAIL:
-            fields["error"] = decision.reason
-        else:
-            fields.update(job_id=self.ctx.job_id, in_place=False, counts_as=decision.counts_as)
-        Ledger(self.paths, role="agent", attempt=previous, node=self.ctx.node_rank).append(
-            decision.event, action=decision.action.value, **fields
+        continued = decision.action is Action.CONTINUE
+        self._record(
+            decision,
+            job_id=self.ctx.job_id if continued else None,
+            by="scheduler",
+            ledger=Ledger(self.paths, role="agent", attempt=previous, node=self.ctx.node_rank),
         )
-        print(
-            f"hpclaunch: {previous}: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True
-        )
-        withdraw = decide_start(History.from_events(self.ledger.events()))
-        if withdraw is None:
+        if continued:
             return None
+        withdraw = decide_start(History(ended=decision.event))  # the run has just ended: failed
+        assert withdraw is not None
         self._record(withdraw, note=self.scheduler.withdraw(self.paths, self.ctx))
         self._release_lock(None)
         self.holder = None
@@ -571,8 +568,11 @@ class NodeAgent:
         job_id: str | None = None,
         by: str = "agent",
         note: str = "",
+        ledger: Ledger | None = None,
         **extra: Any,
     ) -> None:
+        """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
+        for an attempt that could not) and say it on stderr."""
         fields: dict[str, Any] = {
             "cause": decision.cause,
             "reason": decision.reason,
@@ -611,7 +611,7 @@ class NodeAgent:
                 f"{self.ctx.scheduler} cannot keep a continuation off a node: it may run where it hung"
             )
         fields.update(extra)
-        self.ledger.append(decision.event, **fields)
+        (ledger or self.ledger).append(decision.event, **fields)
         print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
 
     def _release_lock(self, next_job: str | None) -> None:
