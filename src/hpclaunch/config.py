@@ -546,7 +546,8 @@ class CheckpointConfig(_Section):
     writer_idle: bool = Field(
         True,
         description="The writer process runs only on CPU time nothing else wants (Linux SCHED_IDLE; "
-        "a save then waits for idle time where every core trains); false = at writer_nice.",
+        "a save then waits for idle time where every core trains; a writer a rank must wait for and "
+        "finds starved of CPU is replaced by one at writer_nice); false = at writer_nice.",
     )
 
     @field_validator("every_steps", mode="before")

@@ -23,6 +23,8 @@ from tests.runlib import (
     wait_run_done,
 )
 
+from hpclaunch.rundir import RunPaths, read_events
+
 pytestmark = pytest.mark.slow
 
 STEPS = 300
@@ -201,6 +203,9 @@ def test_user_stop_ends_the_run_and_resume_continues_it(work: Path, data: Path) 
     s = wait_run_done(run, work, timeout=300)
     assert s["state"] == "finished" and s["step"] == 60
     assert s["attempts"][1]["resumed_step"] == s["attempts"][0]["last_step"]
+    # the run's end carries its step (issue 16, finding 8: the old `finished` event had none)
+    (finished,) = [e for e in read_events(RunPaths(run)) if e["event"] == "finished"]
+    assert finished["step"] == 60
 
 
 def test_status_json_and_logs_of_a_run(work: Path) -> None:

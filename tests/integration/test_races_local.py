@@ -112,8 +112,10 @@ def _agent_alive_torchrun(run: Path) -> bool:
 
 def test_a_late_relay_does_not_stop_the_next_attempt(work: Path, data: Path) -> None:
     """Finding 2: a node agent that relays the previous attempt's SIGTERM after node 0 decided (a
-    non-head node, late): the next attempt must train on. Emulated by the request a late relay of
-    this version writes (for the old attempt), and by the single control file older versions wrote."""
+    non-head node, late): the next attempt must train on. Emulated by the request a late relay writes
+    (``control/stop.<old attempt>``). The code before the fix had one control file without an
+    attempt, which this test cannot write (it is the user's request now): the unit test
+    ``test_a_late_nodes_relay_does_not_stop_the_next_attempt`` is the one that fails on that code."""
     run = _submit(work, data, "stale-relay")
     wait_for(lambda: _trained(run, 2), timeout=300, poll=0.2, what="training")
     first = _named(run, "started")[0]["attempt"]

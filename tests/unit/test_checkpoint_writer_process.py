@@ -34,6 +34,9 @@ def make(tmp_path: Path, **kw: Any) -> Checkpointer:
         "model_hash": "model-a",
         "keep_last": 10,
         "writer": "process",
+        # Normal priority: on a loaded machine an idle-priority writer the test waits for is replaced
+        # (test_checkpoint_writer_starved), which these tests of one writer must not see.
+        "writer_idle": False,
         "ledger": Ledger(RunPaths(tmp_path), role="trainer"),
     }
     args.update(kw)

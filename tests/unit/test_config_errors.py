@@ -119,6 +119,13 @@ CASES = [
         ['scheduler.partition="gpu\\n"'],
         "scheduler.partition: 'gpu\\n' holds a control character",
     ),
+    # On PBS the old code rendered it, exit 0: `#PBS -q 'gpu` then a line `'`.
+    (
+        "newline-queue-on-pbs",
+        None,
+        ["scheduler.kind=pbs", 'scheduler.partition="gpu\\n"'],
+        "scheduler.partition: 'gpu\\n' holds a control character",
+    ),
     ("tab-in-env", None, ['launch.env.X="a\\tb"'], "launch.env.X: 'a\\tb' holds a control character"),
 ]
 

@@ -64,26 +64,37 @@ def _relay(tmp_path: Path, attempt: str, node: int = 0, cause: Cause = Cause.PRE
     )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("order", ["stop, then the warning", "the warning, then stop"])
+@pytest.mark.parametrize(
+    "order",
+    [
+        "stop, warning, ranks check",
+        "warning, stop, ranks check",
+        # the ranks check every ~2 s: between the warning and the stop is the common case
+        "warning, ranks check, stop",
+    ],
+)
 def test_a_user_stop_and_a_warning_in_one_attempt_end_the_run(tmp_path: Path, order: str) -> None:
     """Before: the relay overwrote the control file with the stronger cause and the decision read
     "timeout": requeued. Now the requests are apart and the decision ends the run."""
-    paths = RunPaths(tmp_path)
-    relay = _relay(tmp_path, "7.0")
-    warn = lambda: (relay.inbox.received.append((signal.SIGUSR2, time.time())), relay.handle_signals())  # noqa: E731
-    stop = lambda: write_user_stop(paths, continue_=False, attempt="7.0", by="hpclaunch stop")  # noqa: E731
-    for action in (stop, warn) if order.startswith("stop") else (warn, stop):
-        action()
-    ranks_see = StopController(paths=paths, attempt="7.0").check(1, 0.1)
-    assert ranks_see is Cause.TIMEOUT  # they save for the stronger cause...
-    taken = take_user_stop(paths, "7.0")
-    assert taken is not None
-    outcome_cause = ranks_see
     from hpclaunch.rundir import AttemptOutcome
 
-    facts = Facts(
-        AttemptOutcome("stopped", outcome_cause, 40), user_stop=True, continue_requested=taken.continue_
-    )
+    paths = RunPaths(tmp_path)
+    relay = _relay(tmp_path, "7.0")
+    seen: list[Cause] = []
+    steps = {
+        "warning": lambda: (
+            relay.inbox.received.append((signal.SIGUSR2, time.time())),
+            relay.handle_signals(),
+        ),
+        "stop": lambda: write_user_stop(paths, continue_=False, attempt="7.0", by="hpclaunch stop"),
+        "ranks check": lambda: seen.append(StopController(paths=paths, attempt="7.0").check(1, 0.1)),
+    }
+    for name in order.split(", "):
+        steps[name]()
+    assert seen == [Cause.TIMEOUT]  # they save for the stronger cause...
+    taken = take_user_stop(paths, "7.0")
+    assert taken is not None
+    facts = Facts(AttemptOutcome("stopped", seen[0], 40), user_stop=True, continue_requested=taken.continue_)
     d = decide(facts, History(), BUDGETS, can_exclude_nodes=True)
     assert (d.action, d.cause) == (Action.END, Cause.USER)  # ... and the run ends as the user said
 
@@ -96,6 +107,35 @@ def test_a_continue_never_outlives_its_request(tmp_path: Path) -> None:
     write_user_stop(paths, continue_=False, attempt="7.1", by="hpclaunch stop")
     later = take_user_stop(paths, "7.1")
     assert later is not None and not later.continue_
+
+
+def test_a_continue_in_an_attempt_that_ended_for_a_warning_does_not_outlive_it(tmp_path: Path) -> None:
+    """Before: the agent deleted the `continue` file only when the decision honoured it (cause user);
+    an attempt that ended for the scheduler's warning left it, and a plain stop in the next attempt
+    then continued the run."""
+    from hpclaunch.rundir import AttemptOutcome
+
+    paths = RunPaths(tmp_path)
+    write_user_stop(paths, continue_=True, attempt="7.0", by="hpclaunch stop")
+    relay = _relay(tmp_path, "7.0")
+    relay.inbox.received.append((signal.SIGUSR2, time.time()))
+    relay.handle_signals()
+    ranks_see = StopController(paths=paths, attempt="7.0").check(1, 0.1)
+    taken = take_user_stop(paths, "7.0")
+    facts = Facts(
+        AttemptOutcome("stopped", ranks_see, 10),
+        user_stop=taken is not None,
+        continue_requested=bool(taken and taken.continue_),
+    )
+    assert decide(facts, History(), BUDGETS, can_exclude_nodes=True).action is Action.CONTINUE
+    write_user_stop(paths, continue_=False, attempt="7.1", by="hpclaunch stop")
+    later = take_user_stop(paths, "7.1")
+    assert later is not None and not later.continue_
+    facts = Facts(
+        AttemptOutcome("stopped", Cause.USER, 20), user_stop=True, continue_requested=later.continue_
+    )
+    d = decide(facts, History(), BUDGETS, can_exclude_nodes=True)
+    assert (d.action, d.cause) == (Action.END, Cause.USER)
 
 
 # ---- 2. stale stop requests ----------------------------------------------------------------------

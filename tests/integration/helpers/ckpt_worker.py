@@ -77,6 +77,9 @@ def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
         model_hash="toy-v1",
         keep_last=3,
         writer=os.environ.get("CKPT_WRITER", "process"),  # type: ignore[arg-type]
+        # Normal priority: on a loaded machine an idle-priority writer the rank waits for is replaced
+        # (test_checkpoint_writer_starved), which these tests of one writer's faults must not see.
+        writer_idle=False,
         ledger=Ledger(RunPaths(run_dir), role="trainer") if rank == 0 else None,
     )
 

@@ -12,17 +12,23 @@ write and publish it out of the training loop's way, with the code a blocking sa
   process per rank (``writer_process``). A writer that dies fails only its own rank, and its peers may
   wait for it in their group, so ``wait`` is collective: every rank reports (still writing? failed?)
   over the checkpointer's group, which nothing else uses in this mode, until all are done or one
-  has failed; then every rank stops its writer and the next save starts fresh ones.
+  has failed; then every rank stops its writer and the next save starts fresh ones. An idle-priority
+  writer that a waiting rank finds starved of CPU (``starvation``) is replaced, on every rank at
+  once, by one at ``writer_nice`` that writes the same staged state again.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import logging
+import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
+from ...rundir import CHECKPOINT_WRITER_STARVED
+from .starvation import StarvationWatch
 from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
@@ -30,6 +36,7 @@ if TYPE_CHECKING:
 
     from .writer_process import WriterProcess
 
+log = logging.getLogger("hpclaunch.trainer.checkpoint")
 WAIT_POLL_S = 0.2  # while waiting, ranks compare notes this often (one small all-reduce)
 
 
@@ -145,21 +152,24 @@ class ProcessBackground:
         self._job: SaveJob | None = None
         self._staged: Any = None
         self._sent = False
+        self._notes: list[tuple[str, dict[str, Any]]] = []  # ledger events of the save in flight
 
     @property
     def pending(self) -> bool:
         return self._job is not None
 
     @property
+    def idle(self) -> bool:
+        """Writers start at SCHED_IDLE (until one was found starved; then at writer_nice)."""
+        return bool(self._spec.get("idle"))
+
+    @property
     def writer_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
     def start(self, job: SaveJob, state: dict[str, Any]) -> None:
-        from .writer_process import WriterProcess
-
         if self._proc is None:  # every rank starts its writer at the same save: one generation
-            generation = job.tmp.name.rsplit("tmp-", 1)[-1]
-            self._proc = WriterProcess({**self._spec, "generation": generation})
+            self._proc = self._new_writer(job)
         self._staged = self._stager.stage(state)
         self._job, self._sent = job, False
         self._dispatch(block=False)
@@ -185,14 +195,67 @@ class ProcessBackground:
         return _flags(self._answer(0.0))
 
     def wait(self) -> Settled:
+        watch = self._starvation_watch()
         while True:
-            running, failed = _flags(self._answer(None if self._pg is None else WAIT_POLL_S))
+            polling = self._pg is not None or watch is not None
+            running, failed = _flags(self._answer(WAIT_POLL_S if polling else None))
+            starved = running and watch is not None and watch.starved()
             if self._pg is not None:
-                running, failed = agree(running, failed, self._pg)
+                agreed = _agree_max([running, failed, starved], self._pg)
+                running, failed, starved = bool(agreed[0]), agreed[1], bool(agreed[2])
             if failed:
                 return self.abort(writer_died=failed == WRITER_DIED)
             if not running:
                 return self._settle()
+            if starved:
+                self._replace_starved_writer(watch)
+                watch = None
+
+    def _starvation_watch(self) -> StarvationWatch | None:
+        """While a rank waits for an idle-priority writer, watch whether it gets any CPU at all."""
+        if not self.idle or self._proc is None:
+            return None
+        return StarvationWatch(self._proc.pid)
+
+    def _replace_starved_writer(self, watch: StarvationWatch | None) -> None:
+        """Every rank agreed that some writer is starved: every rank stops its writer and starts one
+        at ``writer_nice`` (a process cannot raise its own priority again) that writes the same
+        staged state under a new temporary name; the half-written directory is removed."""
+        assert self._proc is not None and self._job is not None
+        old, nice = self._job, int(self._spec.get("nice", 0))
+        self._proc.kill()
+        self._proc = None
+        if self._pg is not None:
+            _agree_max([False], self._pg)  # every rank's starved writer is gone before the cleanup
+        if int(self._spec["rank"]) == 0:
+            shutil.rmtree(old.tmp, ignore_errors=True)
+        share = None if watch is None or watch.last_share is None else round(watch.last_share, 2)
+        log.warning(
+            "checkpoint writer: the save of step %d was starved of CPU at idle priority (%s of its time "
+            "waiting for a core: other processes keep every core busy); writing it again at nice +%d",
+            old.step,
+            "another rank's writer" if share is None else f"{share:.0%}",
+            nice,
+        )
+        self._notes.append(
+            (CHECKPOINT_WRITER_STARVED, {"step": old.step, "run_queue_share": share, "nice": nice})
+        )
+        self._spec = {**self._spec, "idle": False}
+        # a new hex nonce (the leftover pattern) and so a new generation of writers and their store prefix
+        self._job = replace(old, tmp=old.tmp.with_name(old.tmp.name + "0"))
+        self._sent = False
+        self._proc = self._new_writer(self._job)
+        self._dispatch(block=True)
+
+    def _new_writer(self, job: SaveJob) -> WriterProcess:
+        from .writer_process import WriterProcess
+
+        generation = job.tmp.name.rsplit("tmp-", 1)[-1]
+        return WriterProcess({**self._spec, "generation": generation})
+
+    def _take_notes(self) -> list[tuple[str, dict[str, Any]]]:
+        notes, self._notes = self._notes, []
+        return notes
 
     def finish_alone(self, timeout: float) -> Settled:
         """This rank's writer's answer without asking the other ranks (``close``: a save is still
@@ -217,7 +280,7 @@ class ProcessBackground:
             job,
             Published(**published) if published else None,
             float(answer["seconds"]),
-            [(name, fields) for name, fields in answer.get("events", [])],
+            [*self._take_notes(), *((name, fields) for name, fields in answer.get("events", []))],
             cpu_s=answer.get("cpu_s"),
         )
 
@@ -228,7 +291,7 @@ class ProcessBackground:
         writers only fail because a peer went, in gloo's words)."""
         assert self._proc is not None and self._job is not None
         answer, job = self._proc.poll(0.0) or {}, self._job
-        settled = Settled(job)
+        settled = Settled(job, events=self._take_notes())
         own_failure = bool(answer) and answer.get("op") != "saved"
         if own_failure and (answer.get("dead") or not writer_died):
             settled.error = CheckpointError(
@@ -243,7 +306,7 @@ class ProcessBackground:
         else:
             settled.error = CheckpointError("the background save failed on another rank (see its log)")
         if own_failure:
-            settled.events = [(name, fields) for name, fields in answer.get("events", [])]
+            settled.events += [(name, fields) for name, fields in answer.get("events", [])]
         self._proc.kill()
         self._proc = None
         self._job = self._staged = None
@@ -273,9 +336,15 @@ def _flags(answer: dict[str, Any] | None) -> tuple[bool, int]:
 
 def agree(running: bool, failed: int, pg: dist.ProcessGroup) -> tuple[bool, int]:
     """(writing on any rank, the worst failure on any rank): a two-integer all-reduce over ``pg``."""
+    agreed = _agree_max([running, failed], pg)
+    return bool(agreed[0]), int(agreed[1])
+
+
+def _agree_max(values: list[int], pg: dist.ProcessGroup) -> list[int]:
+    """Each value's maximum over the ranks of ``pg`` (booleans as 0/1): one small all-reduce."""
     import torch
     import torch.distributed as dist
 
-    flags = torch.tensor([int(running), int(failed)], dtype=torch.int64)
+    flags = torch.tensor([int(v) for v in values], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
-    return bool(flags[0]), int(flags[1])
+    return [int(v) for v in flags]

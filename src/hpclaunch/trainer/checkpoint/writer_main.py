@@ -292,9 +292,11 @@ def _lower_priority(nice: int, *, idle: bool) -> None:
     """The writer's CPU time yields to training where they share cores (a refusal costs speed only).
 
     ``idle`` (Linux SCHED_IDLE): it runs only on CPU time nothing else wants. The training process
-    never waits for it except in ``wait`` (the next save, the end), and while it waits its core is
-    idle, so the writer always finishes; on a GPU node the cores it needs are idle anyway. Else
-    ``nice`` is added to its niceness (CFS still gives it a share of a busy core: ~10 % at +10)."""
+    never waits for it except in ``wait`` (the next save, the end), and while it waits its own core
+    is free; on a GPU node the cores it needs are idle anyway. Where other processes keep every core
+    busy too, a waiting rank finds it starved and replaces it by one at ``nice`` (``starvation``):
+    this process could not raise its own priority again. Else ``nice`` is added to its niceness
+    (CFS still gives it a share of a busy core: ~10 % at +10)."""
     if idle and hasattr(os, "SCHED_IDLE"):
         try:
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
