@@ -136,3 +136,42 @@ def test_a_starved_idle_writer_is_replaced_at_writer_nice_and_its_save_lands(
         assert ck.writer_pid == new_pid
     finally:
         ck.close()
+
+
+@pytest.mark.parametrize("answered", [True, False], ids=["its answer came", "killed before it answered"])
+def test_a_writer_found_starved_after_it_published_settles_the_save_as_published(
+    tmp_path: Path, answered: bool
+) -> None:
+    """The ranks agree on "starved" while the coordinator's writer has published already (it was
+    starved between the rename and its answer): no second write, no failure, the save is recorded."""
+    from hpclaunch.rundir import CHECKPOINT_SAVED
+    from hpclaunch.trainer.checkpoint.background import ProcessBackground
+
+    ledger = Ledger(RunPaths(tmp_path), role="trainer")
+    # normal priority: its answer must come on a loaded machine too
+    ck = Checkpointer(
+        tmp_path / "ckpt", rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=3,
+        writer="process", writer_idle=False, ledger=ledger,
+    )  # fmt: skip
+    try:
+        ck.save(5, {"w": torch.ones(8)}, blocking=False)
+        bg = ck._background
+        assert isinstance(bg, ProcessBackground) and bg._proc is not None
+        deadline = time.monotonic() + 300
+        while bg._proc.poll(0.0) is None:  # the writer published and answered
+            assert time.monotonic() < deadline, "the writer never answered"
+            time.sleep(0.05)
+        assert (tmp_path / "ckpt" / "step_000005").is_dir()
+        if not answered:
+            bg._proc.take()  # as if it had been killed between the rename and its answer
+        settled = bg._replace_starved_writer(None)
+        assert settled is not None and settled.error is None
+        assert settled.published is not None and settled.published.step == 5
+        assert settled.published.bytes > 0
+        assert not ck.pending and ck.writer_pid is None  # stopped, and no second write started
+        ck._settle(settled)
+        saved = [e for e in read_events(RunPaths(tmp_path)) if e["event"] == CHECKPOINT_SAVED]
+        assert [e["step"] for e in saved] == [5]
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000005"]
+    finally:
+        ck.close()

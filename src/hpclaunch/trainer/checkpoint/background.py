@@ -208,7 +208,9 @@ class ProcessBackground:
             if not running:
                 return self._settle()
             if starved:
-                self._replace_starved_writer(watch)
+                settled = self._replace_starved_writer(watch)
+                if settled is not None:
+                    return settled
                 watch = None
 
     def _starvation_watch(self) -> StarvationWatch | None:
@@ -217,17 +219,24 @@ class ProcessBackground:
             return None
         return StarvationWatch(self._proc.pid)
 
-    def _replace_starved_writer(self, watch: StarvationWatch | None) -> None:
+    def _replace_starved_writer(self, watch: StarvationWatch | None) -> Settled | None:
         """Every rank agreed that some writer is starved: every rank stops its writer and starts one
         at ``writer_nice`` (a process cannot raise its own priority again) that writes the same
-        staged state under a new temporary name; the half-written directory is removed."""
+        staged state under a new temporary name; the half-written directory is removed. A save the
+        starved writers published after all (a writer starved between the rename and its answer) is
+        settled as published instead (the Settled)."""
         assert self._proc is not None and self._job is not None
         old, nice = self._job, int(self._spec.get("nice", 0))
+        answer = self._proc.poll(0.0)  # this rank's writer may have finished its part meanwhile
         self._proc.kill()
         self._proc = None
-        if self._pg is not None:
-            _agree_max([False], self._pg)  # every rank's starved writer is gone before the cleanup
-        if int(self._spec["rank"]) == 0:
+        coordinator = int(self._spec["rank"]) == 0
+        published = coordinator and old.final.is_dir()
+        if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
+            published = bool(_agree_max([published], self._pg)[0])
+        if published:
+            return self._settle_published_meanwhile(old, answer if coordinator else None)
+        if coordinator:
             shutil.rmtree(old.tmp, ignore_errors=True)
         share = None if watch is None or watch.last_share is None else round(watch.last_share, 2)
         log.warning(
@@ -246,6 +255,27 @@ class ProcessBackground:
         self._sent = False
         self._proc = self._new_writer(self._job)
         self._dispatch(block=True)
+        return None
+
+    def _settle_published_meanwhile(self, job: SaveJob, answer: dict[str, Any] | None) -> Settled:
+        """The coordinator's writer published ``job`` before it was stopped: settle it as saved (the
+        coordinator with what was published: its writer's answer, or the directory itself)."""
+        self._job = self._staged = None
+        notes = self._take_notes()
+        if answer is not None and answer.get("op") == "saved":
+            published = answer.get("published")
+            return Settled(
+                job,
+                Published(**published) if published else None,
+                float(answer["seconds"]),
+                [*notes, *((name, fields) for name, fields in answer.get("events", []))],
+                cpu_s=answer.get("cpu_s"),
+            )
+        seconds = time.monotonic() - job.started
+        if int(self._spec["rank"]) != 0:
+            return Settled(job, None, seconds, notes)
+        size = sum(f.stat().st_size for f in job.final.iterdir() if f.is_file())
+        return Settled(job, Published(job.step, str(job.final), size, seconds), seconds, notes)
 
     def _new_writer(self, job: SaveJob) -> WriterProcess:
         from .writer_process import WriterProcess
