@@ -238,12 +238,13 @@ class ProcessBackground:
             return self._settle_published_meanwhile(old, answer if coordinator else None)
         if coordinator:
             shutil.rmtree(old.tmp, ignore_errors=True)
-        share = None if watch is None or watch.last_share is None else round(watch.last_share, 2)
+        ours = watch is not None and watch.last_share is not None and watch.last_share >= watch.share
+        share = round(watch.last_share, 2) if ours and watch is not None and watch.last_share else None
         log.warning(
-            "checkpoint writer: the save of step %d was starved of CPU at idle priority (%s of its time "
-            "waiting for a core: other processes keep every core busy); writing it again at nice +%d",
+            "checkpoint writer: the save of step %d was starved of CPU at idle priority (%s: other "
+            "processes keep every core busy); writing it again at nice +%d",
             old.step,
-            "another rank's writer" if share is None else f"{share:.0%}",
+            f"this rank's writer waited for a core {share:.0%} of the time" if share else "on another rank",
             nice,
         )
         self._notes.append(
