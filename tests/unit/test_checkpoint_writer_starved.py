@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tests.unit.test_checkpoint_writer_process import make
 
-from hpclaunch.rundir import CHECKPOINT_WRITER_STARVED, Ledger, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import Checkpointer
+from hpclaunch.rundir import CHECKPOINT_WRITER_STARVED, RunPaths, read_events
 from hpclaunch.trainer.checkpoint.starvation import StarvationWatch, run_queue_seconds
 
 pytestmark = pytest.mark.skipif(
@@ -95,19 +95,7 @@ def test_a_process_that_is_gone_cannot_be_called_starved() -> None:
 def test_a_starved_idle_writer_is_replaced_at_writer_nice_and_its_save_lands(
     tmp_path: Path, hog: int
 ) -> None:
-    ledger = Ledger(RunPaths(tmp_path), role="trainer")
-    ck = Checkpointer(
-        tmp_path / "ckpt",
-        rank=0,
-        world_size=1,
-        config_hash="cfg",
-        model_hash="m",
-        keep_last=3,
-        writer="process",
-        writer_idle=True,
-        writer_nice=5,
-        ledger=ledger,
-    )
+    ck = make(tmp_path, writer_idle=True, writer_nice=5)
     state = {"model": {"w": torch.arange(4096, dtype=torch.float32).reshape(64, 64)}}
     try:
         ck.save(7, state, blocking=False)
@@ -147,12 +135,7 @@ def test_a_writer_found_starved_after_it_published_settles_the_save_as_published
     from hpclaunch.rundir import CHECKPOINT_SAVED
     from hpclaunch.trainer.checkpoint.background import ProcessBackground
 
-    ledger = Ledger(RunPaths(tmp_path), role="trainer")
-    # normal priority: its answer must come on a loaded machine too
-    ck = Checkpointer(
-        tmp_path / "ckpt", rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=3,
-        writer="process", writer_idle=False, ledger=ledger,
-    )  # fmt: skip
+    ck = make(tmp_path)  # normal priority: its answer must come on a loaded machine too
     try:
         ck.save(5, {"w": torch.ones(8)}, blocking=False)
         bg = ck._background

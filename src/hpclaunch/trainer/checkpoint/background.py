@@ -238,8 +238,7 @@ class ProcessBackground:
             return self._settle_published_meanwhile(old, answer if coordinator else None)
         if coordinator:
             shutil.rmtree(old.tmp, ignore_errors=True)
-        ours = watch is not None and watch.last_share is not None and watch.last_share >= watch.share
-        share = round(watch.last_share, 2) if ours and watch is not None and watch.last_share else None
+        share = watch.starved_share if watch is not None else None  # None: another rank's writer
         log.warning(
             "checkpoint writer: the save of step %d was starved of CPU at idle priority (%s: other "
             "processes keep every core busy); writing it again at nice +%d",
@@ -262,16 +261,9 @@ class ProcessBackground:
         """The coordinator's writer published ``job`` before it was stopped: settle it as saved (the
         coordinator with what was published: its writer's answer, or the directory itself)."""
         self._job = self._staged = None
-        notes = self._take_notes()
         if answer is not None and answer.get("op") == "saved":
-            published = answer.get("published")
-            return Settled(
-                job,
-                Published(**published) if published else None,
-                float(answer["seconds"]),
-                [*notes, *((name, fields) for name, fields in answer.get("events", []))],
-                cpu_s=answer.get("cpu_s"),
-            )
+            return self._settled(job, answer)
+        notes = self._take_notes()
         seconds = time.monotonic() - job.started
         if int(self._spec["rank"]) != 0:
             return Settled(job, None, seconds, notes)
@@ -306,6 +298,10 @@ class ProcessBackground:
         assert self._proc is not None and self._job is not None
         answer, job = self._proc.take(), self._job
         self._job = self._staged = None
+        return self._settled(job, answer)
+
+    def _settled(self, job: SaveJob, answer: dict[str, Any]) -> Settled:
+        """A save as its writer's "saved" answer tells it (with our notes of it first)."""
         published = answer.get("published")
         return Settled(
             job,

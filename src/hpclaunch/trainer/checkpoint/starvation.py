@@ -46,6 +46,7 @@ class StarvationWatch:
         self.share = share
         self._samples: deque[tuple[float, float]] = deque()
         self.last_share: float | None = None
+        self.starved_share: float | None = None  # the share when starved() last said yes
 
     def starved(self, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
@@ -60,4 +61,7 @@ class StarvationWatch:
         if now - start < self.patience_s:
             return False
         self.last_share = (queued - start_queued) / (now - start)
-        return self.last_share >= self.share
+        if self.last_share < self.share:
+            return False
+        self.starved_share = round(self.last_share, 2)
+        return True
