@@ -137,6 +137,13 @@ class SchedulerConfig(_Section):
         le=100,
         description="Continuations allowed after the watchdog finds a hang (each from the last checkpoint).",
     )
+    max_restarts_without_progress: int = Field(
+        3,
+        ge=1,
+        le=100,
+        description="Failures (crash, hang, node) continued in a row with no new checkpoint between "
+        "them before the run stops as making no progress.",
+    )
     gpu_hour_cost: float | None = Field(
         None,
         ge=0,
@@ -644,6 +651,13 @@ class HangKnob(_Section):
         return self
 
 
+class FailNodeCheckKnob(_Section):
+    host: str = Field(..., description="The host (as the scheduler names it) whose node check fails.")
+    from_in_place: int = Field(
+        1, ge=0, description="From this in-place attempt of an allocation on (0: from its first)."
+    )
+
+
 class SlowRankKnob(_Section):
     rank: int = Field(..., ge=0, description="The rank that is slow.")
     seconds: float = Field(..., gt=0, le=60, description="CPU seconds it burns in every step's data phase.")
@@ -664,6 +678,9 @@ class TestingConfig(_Section):
         default_factory=list, description="Hangs to inject; each fires once per run (a marker file)."
     )
     slow_rank: SlowRankKnob | None = Field(None, description="Make one rank slow (a straggler).")
+    fail_node_check: FailNodeCheckKnob | None = Field(
+        None, description="Make one host's node check fail (a bad GPU found between attempts)."
+    )
     pause_before_continue_s: float = Field(
         0.0,
         ge=0,

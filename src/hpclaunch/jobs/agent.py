@@ -6,16 +6,22 @@ It owns everything between the scheduler and the ranks:
    rank host (``rank_host``: the process that forks this node's ranks, warming up meanwhile);
 2. node 0 first asks whether this attempt may run at all (``decide_start``: a run that had already
    ended is withdrawn) and takes the run-directory lock (a second writer is refused);
-3. runs the node checks; on several nodes node 0 gathers every node's verdict before anyone starts
+3. runs the node checks before every attempt (the first and each one restarted in place); on
+   several nodes the decider gathers every node's verdict before anyone starts
    (``node_checks.StartBarrier``) and names the roster: the training nodes, a healthy spare in the
    place of a node that failed its checks, the other spares waiting;
 4. runs one attempt: its rank host rendezvouses and forks the ranks (torch's elastic launcher,
    c10d), the agent relays the scheduler's warning / SIGTERM / Ctrl-C to them (``stop_relay``) and
    its watchdog (``watchdog``) stops a hung attempt;
-5. after each attempt one decision (``decide``), made by node 0's agent (or, when node 0 died, by
-   the first live agent: ``allocation``) and published to every agent: in place, the agents of this
-   allocation start the next attempt at once (a spare in a failed node's place); through the
-   scheduler, node 0 carries it out (requeue, continuation job, exclusion) and every agent exits.
+5. after each attempt one decision (``decide``), made by the decider and published to every agent:
+   in place, the agents of this allocation start the next attempt at once (a spare in a failed or
+   suspect node's place: ``attribution``); through the scheduler, the decider carries it out
+   (requeue, continuation job, exclusion) and every agent exits.
+
+The decider is a role, not a host (``allocation``): the first live agent in roster order, node 0's
+at first. It gathers the checks, leads the watchdog, cuts an overrunning stop save off and decides,
+whether its node trains or not; when its node leaves the roster or dies the next agent takes the
+role over (and the run lock), during the checks, an attempt or a decision alike.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +68,8 @@ from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
 from ..schedulers.registry import get_scheduler
-from .allocation import REPORT_GRACE_S, Allocation, Roster
+from .allocation import BEAT_S, REPORT_GRACE_S, Allocation, Roster, await_reports
+from .attribution import Suspicion, suspect
 from .chain import after_attempt
 from .decide import (
     Action,
@@ -105,7 +113,9 @@ class NodeAgent:
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is over
-        self.decider = ctx.is_head  # node 0 decides; another agent only when node 0 is gone
+        self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_decider``)
+        self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
+        self._next_look = 0.0  # when this agent next looks whether the decider still beats
 
     @property
     def attempt(self) -> str:
@@ -141,32 +151,40 @@ class NodeAgent:
             self.sink.close()
 
     def _start(self, barrier: StartBarrier) -> int | None:
-        """Node checks and the start barrier: None when this node goes on to the attempts, else
-        the agent's exit code (the attempt does not run)."""
+        """Node checks and the start barrier, before every attempt: None when this node goes on to
+        the attempt, else the agent's exit code (the attempt does not run)."""
         verdict = self._node_checks()
         if self.ctx.num_nodes == 1:
             return None if verdict.ok else self._carry_out(self._decide_after_checks(Verdicts([verdict])))
         barrier.report(verdict)
-        if not self.ctx.is_head:
-            go, reason, named = barrier.wait_go(timeout_s=3600)
-            if not go:
-                print(f"hpclaunch: node {self.ctx.hostname} does not start: {reason}", file=sys.stderr)
-                return 0
-            self.roster = Roster.from_json(named) if named else self.roster
-            return None
-        verdicts = barrier.gather(self.ctx)
-        roster = Roster.initial(self.ctx.hosts, self.plan.nodes, failed=verdicts.failed_nodes)
+        if not self.decider:
+            word = barrier.wait_go(timeout_s=3600, take_over=self._decider_gone)
+            if not word.take_over:
+                if not word.go:
+                    print(
+                        f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr
+                    )
+                    return 0
+                self.roster = Roster.from_json(word.roster) if word.roster else self.roster
+                return None
+            self._take_over()  # the decider died during the checks: this agent gathers and announces
+        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
+        nodes = {ranks[h]: h for h in self.roster.nodes if h in ranks}
+        verdicts = barrier.gather(nodes, gone=lambda h: not self.alloc.alive(h))
+        roster = self.roster.without(verdicts.failed_nodes)
         covered = not (set(roster.training) & set(verdicts.failed_nodes))
         if verdicts.data_error is None and covered:
-            self._record_replacements(Roster.initial(self.ctx.hosts, self.plan.nodes), roster, verdicts)
+            self._record_replacements(self.roster, roster, verdicts)
             self.roster = roster
             barrier.announce(go=True, roster=roster.to_json())
+            self._follow_roster()
             return None
         barrier.announce(go=False, reason="a node failed its checks")
         return self._carry_out(self._decide_after_checks(verdicts))
 
     def _attempts(self) -> int:
-        """Attempts in this allocation until a decision sends the run through the scheduler."""
+        """Attempts in this allocation until a decision sends the run through the scheduler; each
+        one restarted in place begins with the node checks of the nodes the run is using."""
         while True:
             result = self._run_attempt() if self.ctx.hostname in self.roster.training else {"state": "spare"}
             self.alloc.report(self.attempt, self.ctx.node_rank, result)
@@ -174,6 +192,31 @@ class NodeAgent:
             if not decision.get("in_place"):
                 return int(decision.get("exit_code", 0)) if self.decider else 0
             self._next_in_place(decision)
+            if self.ctx.hostname in self.roster.nodes:
+                started = self._start(StartBarrier(self.paths, self.attempt))
+                if started is not None:
+                    return started
+
+    # ---- the decider's role ----------------------------------------------------------------------
+
+    def _decider_gone(self) -> bool:
+        """The deciding agent stopped beating and this agent is next in roster order (looked at once
+        per heartbeat interval: one small read of the decider's file)."""
+        now = time.monotonic()
+        if now < self._next_look:
+            return False
+        self._next_look = now + BEAT_S
+        return self.alloc.decider(self.roster) == self.ctx.hostname
+
+    def _follow_roster(self) -> None:
+        """The roster changed: the role goes to its first live agent (a node the roster left, or a
+        dead one, hands it on; the next takes it, with the run lock)."""
+        mine = self.alloc.decider(self.roster) == self.ctx.hostname
+        if mine and not self.decider:
+            self._take_over()
+        elif not mine and self.decider:
+            self.decider = False
+        self.relay.lead = self.decider
 
     # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
@@ -341,27 +384,39 @@ class NodeAgent:
         self.relay.escalate = lambda: stop_workers(self.host.rank_pids()) if self.host else None
         watchdog = self._watchdog()
         self.host.begin(request)
-        ended_elsewhere = False
+        self.stopped_by_agent = False
         while (result := self.host.result()) is None:
-            self.relay.handle_signals()
-            if watchdog is not None and self.hang is None:
-                self.hang = watchdog.check(self.host.rank_pids)
-            self.relay.cut_off_if_due(time.time())
-            if not ended_elsewhere and self.alloc.ended(self.attempt):
+            self._watch(watchdog, self.host.rank_pids)
+            if not self.stopped_by_agent and self.alloc.ended(self.attempt):
                 # Another node's ranks failed: this node's cannot finish the attempt without them.
-                ended_elsewhere = True
+                self.stopped_by_agent = True
                 stop_workers(self.host.rank_pids())
             time.sleep(POLL_S)
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
             self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
-        return result
+        return {**result, "stopped_by_agent": self.stopped_by_agent}
+
+    def _watch(self, watchdog: Watchdog | None, pids: Callable[[], list[int]]) -> None:
+        """One poll while an attempt runs: signals, the decider's liveness, and (the decider's
+        role) the watchdog's verdict and the stop-save cut-off, which ends the attempt everywhere."""
+        self.relay.handle_signals()
+        if not self.decider and self._decider_gone():
+            self._take_over()
+        if watchdog is not None:
+            watchdog.lead = self.decider
+            if self.hang is None:
+                self.hang = watchdog.check(pids)
+        overdue = self.relay.interrupted is None
+        self.relay.cut_off_if_due(time.time())
+        if overdue and self.relay.interrupted is not None:
+            self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: the stop save overran")
 
     def _watchdog(self) -> Watchdog | None:
         if not self.cfg.watchdog.enabled:
             return None
-        return Watchdog(
+        watchdog = Watchdog(
             self.cfg.watchdog,
             self.paths,
             self.ctx,
@@ -369,7 +424,10 @@ class NodeAgent:
             nccl=self.plan.backend == "nccl",
             ledger=self.ledger,
             smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
+            lead=self.decider,
         )
+        watchdog.ack_nodes = [self.ctx.hosts.index(h) for h in self.roster.training if h in self.ctx.hosts]
+        return watchdog
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
 
@@ -381,7 +439,7 @@ class NodeAgent:
             if published is not None:
                 return published
             self.relay.handle_signals()
-            if self.alloc.decider() == self.ctx.hostname:
+            if self._decider_gone():
                 self._take_over()
                 break
             time.sleep(POLL_S)
@@ -389,32 +447,31 @@ class NodeAgent:
         return self._publish(decision)
 
     def _take_over(self) -> None:
-        """Node 0's agent is gone: this one decides from now on (and holds the run's lock)."""
+        """The deciding agent is gone (or its node left the roster): this one decides from now on
+        (and holds the run's lock)."""
         self.decider = True
+        self.relay.lead = True
         print(
-            f"hpclaunch: node {self.ctx.hostname} decides: node 0's agent is gone",
+            f"hpclaunch: node {self.ctx.hostname} decides from now on (the deciding agent is gone or "
+            "its node left the roster)",
             file=sys.stderr,
             flush=True,
         )
         with contextlib.suppress(OSError):
             self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
 
-    def _dead_nodes(self) -> tuple[str, ...]:
-        """Training nodes whose agent is gone: no report of this attempt, and no heartbeat."""
+    def _await_reports(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """The training nodes' reports: (dead, stuck) nodes (``allocation.await_reports``). While
+        the attempt still runs (this decider does not train) this agent leads the watchdog and
+        relays the scheduler's signals meanwhile."""
         ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
-        expect = [ranks[h] for h in self.roster.training if h in ranks]
-        deadline = time.time() + REPORT_GRACE_S
-        while True:
-            reports = self.alloc.reports(self.attempt, expect)
-            silent = [self.ctx.hosts[r] for r in expect if r not in reports]
-            dead = tuple(h for h in silent if not self.alloc.alive(h))
-            if len(dead) == len(silent) or time.time() >= deadline:
-                return tuple(silent) if time.time() >= deadline else dead
-            self.relay.handle_signals()
-            time.sleep(POLL_S)
+        expect = {ranks[h]: h for h in self.roster.training if h in ranks}
+        watchdog = self._watchdog() if self.ctx.hostname not in self.roster.training else None
+        return await_reports(self.alloc, self.attempt, expect, poll=lambda: self._watch(watchdog, list))
 
     def _decide(self, returncode: int) -> Decision:
-        dead = self._dead_nodes() if len(self.roster.training) > 1 or not self.ctx.is_head else ()
+        alone = tuple(self.roster.training) == (self.ctx.hostname,)
+        dead, stuck = self._await_reports() if not alone else ((), ())
         events = self.ledger.events()
         cancelled = self.relay.cancelled or any(
             e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
@@ -427,6 +484,10 @@ class NodeAgent:
             )
             if self.hang is not None:
                 self.ledger.append(HANG, **self.hang.ledger_fields())
+        if self.hang is None and stuck:
+            self.hang = Verdict.stuck(self.attempt, stuck, REPORT_GRACE_S)
+            self.ledger.append(HANG, **self.hang.ledger_fields())
+        blamed = self._suspect() if outcome is None or outcome.status == "failed" else None
         # Taken now (atomically): a request written after this moment is the next attempt's.
         user = take_user_stop(self.paths, self.attempt)
         facts = Facts(
@@ -440,10 +501,21 @@ class NodeAgent:
             interrupted=self.relay.interrupted,
             read_error=read_error,
             dead_nodes=dead,
+            suspect=blamed.node if blamed is not None else None,
+            suspect_evidence=blamed.evidence if blamed is not None else "",
+            suspect_certain=blamed is not None and blamed.certain,
             spares=tuple(h for h in self.roster.spares if self.alloc.alive(h)),
             in_place_ok=self._in_place_ok(),
         )
         return self._decision(facts, events)
+
+    def _suspect(self) -> Suspicion | None:
+        """The node this attempt's crash is pinned on, if the evidence names one (``attribution``)."""
+        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
+        expect = {ranks[h]: h for h in self.roster.training if h in ranks}
+        reports = self.alloc.reports(self.attempt, expect)
+        logs = {h: self.paths.node_log(self.attempt, r) for r, h in expect.items()}
+        return suspect(reports, logs)
 
     def _in_place_ok(self) -> bool:
         """The allocation can carry another attempt: no stop under way, and time for a start-up and
@@ -510,6 +582,7 @@ class NodeAgent:
         self.relay.next_attempt(self.attempt)
         self.relay.ctx = self.ctx
         self.hang = self.outcome = None
+        self._follow_roster()
         self._record_started(previous=record["attempt"])
 
     def _record_started(self, previous: str | None = None) -> None:
@@ -593,6 +666,8 @@ class NodeAgent:
             fields["exclude"] = list(decision.exclude)
         if decision.replace:
             fields["replaced"] = dict(decision.replace)
+        if decision.suspect:
+            fields["suspect"] = decision.suspect
         if note:
             fields["note"] = note
         if (

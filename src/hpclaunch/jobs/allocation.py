@@ -7,8 +7,14 @@ same position, so the world size and the ranks' order stay those of the run).
 
 The files, and what each costs on a shared filesystem (N nodes):
 
-- ``RUN/agents/<job>/<host>``: each agent touches its own file every ``BEAT_S`` (one metadata write
-  per node per beat). Read only when a decision needs to know who is alive: O(N) once per attempt.
+- ``RUN/agents/<job>/<host>``: each agent rewrites its own file every ``BEAT_S`` with a counter (its
+  pid and the beat's number, in place, fixed width: one small data write per node per beat, no
+  rename, no truncation). Read only when someone needs to know who is alive. Liveness is by
+  observation: an observer notes when it last saw the counter change, on its own monotonic clock,
+  and calls a host gone only after ``DEAD_AFTER_S`` without a change. Nothing compares a remote
+  file's mtime with the local clock: NFS caches attributes for 3-60 s and clocks skew, so an mtime
+  makes a live node look dead (or a dead one alive). Reading the content is safe under NFS's
+  close-to-open consistency: every read opens the file.
 - ``attempts/<attempt>/end``: created by the first agent whose attempt ended (its ranks failed or
   finished): every other agent stops its ranks when it sees it. One ``stat`` per agent per poll.
 - ``attempts/<attempt>/node<r>.done.json``: each agent's report (its rank host's answer). Read by the
@@ -16,8 +22,11 @@ The files, and what each costs on a shared filesystem (N nodes):
 - ``attempts/<attempt>/decision.json``: the one decision. Created with ``link()`` of a written file,
   so two agents can never both decide (atomic on NFS too); the others ``stat`` it per poll.
 
-Who decides: node 0's agent; when its heartbeat has stopped (its node died), the first agent, in
-allocation order, whose heartbeat is alive. The exclusive create makes any race harmless.
+Who decides (a role, not a host): the first live agent among the nodes the run is using, in
+roster order (the training nodes, then the spares): node 0's at the start; after a replacement or a
+death, the next one. A node the roster left (replaced by a spare) never decides. The decider also
+leads the watchdog and cuts overrunning stop saves off (``jobs.agent``). The exclusive create makes
+a race between two agents that both think they decide harmless.
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,8 +45,10 @@ from ..fsutil import atomic_write_json, create_exclusive
 from ..rundir import RunPaths
 
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
-DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # silent this long: gone
+DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
+BEAT_WIDTH = 32  # "<pid> <count>" padded: rewritten in place, never shorter than before
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides
+POLL_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -64,23 +75,45 @@ class Roster:
     def from_json(cls, data: dict[str, Any]) -> Roster:
         return cls(tuple(data.get("training") or ()), tuple(data.get("spares") or ()))
 
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """Every node the run is using, in order: the training nodes, then the spares."""
+        return (*self.training, *self.spares)
+
+    def without(self, failed: Iterable[str]) -> Roster:
+        """Each failed training node's place goes to a healthy spare, in order; failed spares leave.
+        A failed training node with no spare left stays (the caller sees it is not covered)."""
+        bad = set(failed)
+        healthy = tuple(h for h in self.spares if h not in bad)
+        pairs = zip((h for h in self.training if h in bad), healthy, strict=False)
+        return Roster(self.training, healthy).replaced(pairs)
+
     @classmethod
     def initial(cls, hosts: tuple[str, ...], training: int, failed: Iterable[str] = ()) -> Roster:
         """The allocation's first ``training`` hosts train, the rest wait as spares; a host that
         failed its node check is neither (a healthy spare takes its place)."""
-        bad = set(failed)
-        roster = cls(hosts[:training], tuple(h for h in hosts[training:] if h not in bad))
-        return roster.replaced(zip((h for h in roster.training if h in bad), roster.spares, strict=False))
+        return cls(hosts[:training], hosts[training:]).without(failed)
 
 
 class Allocation:
     """One agent's view of its allocation's coordination files (see the module docstring)."""
 
-    def __init__(self, paths: RunPaths, job: str, host: str, hosts: tuple[str, ...]):
+    def __init__(
+        self,
+        paths: RunPaths,
+        job: str,
+        host: str,
+        hosts: tuple[str, ...],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.paths = paths
         self.host = host
         self.hosts = hosts
         self.beats = paths.root / "agents" / job.replace("/", "_")
+        self.clock = clock
+        self._count = 0
+        self._seen: dict[str, tuple[str, float]] = {}  # host -> (its last token, when it changed here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -98,27 +131,53 @@ class Allocation:
             self._thread.join(timeout=5)
 
     def beat(self) -> None:
-        path = self.beats / self.host
+        """One beat: the counter changes (written in place at a fixed width, so a reader never sees
+        an empty or half-written file where the old content was)."""
+        self._count += 1
+        line = f"{os.getpid()} {self._count}".ljust(BEAT_WIDTH - 1) + "\n"
+        fd = os.open(self.beats / self.host, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.utime(path)
-        except FileNotFoundError:
-            path.touch()
+            os.pwrite(fd, line.encode(), 0)
+        finally:
+            os.close(fd)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_S):
             with contextlib.suppress(OSError):  # a filesystem hiccup: the next beat tries again
                 self.beat()
 
-    def alive(self, host: str, now: float | None = None) -> bool:
+    def _token(self, host: str) -> str | None:
+        """What ``host``'s heartbeat says now: None when it has never beaten (no file)."""
         try:
-            age = (time.time() if now is None else now) - (self.beats / host).stat().st_mtime
+            return (self.beats / host).read_text().strip()
         except FileNotFoundError:
-            return False
-        return age < DEAD_AFTER_S
+            return None
 
-    def decider(self, now: float | None = None) -> str | None:
-        """Node 0's host while its agent beats; else the first live agent in allocation order."""
-        return next((h for h in self.hosts if self.alive(h, now)), None)
+    def alive(self, host: str, now: float | None = None) -> bool:
+        """``host``'s agent beats: its counter changed within ``DEAD_AFTER_S`` of this observer's own
+        monotonic clock. The first look at a host that has beaten counts as a change (it is given
+        the full ``DEAD_AFTER_S`` before it can be called gone)."""
+        now = self.clock() if now is None else now
+        if host == self.host and not self._stop.is_set():
+            return True  # this agent is alive by definition while it beats
+        try:
+            token = self._token(host)
+        except OSError:
+            token = ""  # cannot read now: no observation, the last one stands
+        if token is None:
+            return False
+        seen = self._seen.get(host)
+        if seen is None or (token and token != seen[0]):
+            self._seen[host] = (token or (seen[0] if seen else ""), now)
+            return True
+        return now - seen[1] < DEAD_AFTER_S
+
+    def decider(self, roster: Roster | None = None, now: float | None = None) -> str | None:
+        """Who decides: the first live agent in ``roster`` order (training nodes, then spares); with
+        none alive there, the first live agent of the allocation."""
+        order = [*roster.training, *roster.spares] if roster is not None else []
+        order += [h for h in self.hosts if h not in order]
+        return next((h for h in order if self.alive(h, now)), None)
 
     # ---- one attempt ---------------------------------------------------------------------------
 
@@ -155,3 +214,43 @@ class Allocation:
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         return data if isinstance(data, dict) else None
+
+
+def await_reports(
+    alloc: Allocation,
+    attempt: str,
+    expect: Mapping[int, str],
+    *,
+    grace_s: float = REPORT_GRACE_S,
+    poll: Callable[[], None] = lambda: None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The decider waits for the reports of the nodes in ``expect`` (node rank -> host) and
+    returns (dead, stuck) among the silent ones.
+
+    Dead: silent, and its heartbeat stopped changing (by observation, ``Allocation.alive``). Stuck:
+    silent ``grace_s`` after the attempt was seen over somewhere (a report, or the ``end`` file),
+    yet beating: alive but slow (ranks in D-state, a rank host still in rendezvous). A beating node
+    is never dead for being slow: it is a hang, with its own cause and budget. While no node has
+    ended, it waits as long as the attempt runs (``poll`` runs the watchdog meanwhile)."""
+    over_since: float | None = None
+    dead: list[str] = []
+    next_look = clock()
+    while True:
+        reports = alloc.reports(attempt, expect)
+        silent = [h for r, h in expect.items() if r not in reports]
+        if not silent:
+            return (), ()
+        now = clock()
+        if over_since is None and (reports or alloc.ended(attempt)):
+            over_since = now
+        if now >= next_look:  # one read per silent node per beat, not per poll
+            next_look = now + BEAT_S
+            dead = [h for h in silent if not alloc.alive(h, now)]
+            if len(dead) == len(silent):
+                return tuple(dead), ()
+        if over_since is not None and now - over_since >= grace_s:
+            return tuple(dead), tuple(h for h in silent if h not in dead)
+        poll()
+        sleep(POLL_S)

@@ -27,6 +27,7 @@ Every case is a row of ``tests/unit/test_decide.py``.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..rundir import (
     CANCELLED,
+    CHECKPOINT_SAVED,
     ENDED,
     FAILED,
     FINISHED,
@@ -84,6 +86,12 @@ class Facts:
     # attempt is treated as a filesystem failure, retried like a crash.
     read_error: str | None = None
     dead_nodes: tuple[str, ...] = ()  # training nodes whose agent is gone (no report, no heartbeat)
+    # The node a crash is attributed to (``jobs.attribution``), what says so, and whether that
+    # evidence is enough to evict it at once (GPU/ECC/Xid text, a failed check) or only a hint
+    # (its ranks died first): a hinted node is evicted when it is the suspect a second time.
+    suspect: str | None = None
+    suspect_evidence: str = ""
+    suspect_certain: bool = False
     spares: tuple[str, ...] = ()  # healthy hot spares waiting in this allocation, in order
     # The allocation can carry another attempt (no stop pending, time left): a continuation that
     # needs no new allocation happens in place.
@@ -100,6 +108,10 @@ class History:
     node_excludes: int = 0  # nodes kept off: excluded by a new job, or replaced by a spare in place
     excluded: tuple[str, ...] = ()  # nodes earlier decisions kept the run off
     ended: str | None = None  # the run already ended (finished/failed/...): the event name
+    suspected: Mapping[str, int] = field(default_factory=dict)  # node -> crashes attributed to it
+    # Failures continued in a row with no new checkpoint between them (NVRx's "no progress").
+    no_progress: int = 0
+    newest_checkpoint: int | None = None
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
@@ -107,32 +119,58 @@ class History:
         excludes = 0
         excluded: list[str] = []
         ended: str | None = None
+        suspected: dict[str, int] = {}
+        newest: int | None = None  # the newest checkpoint's step
+        streak, at_failure = 0, None  # failures in a row with no new checkpoint; newest at the last
         for e in events:
             kind = e.get("event")
             # `submitting` is written before the scheduler is asked, `submitted` once it answered:
             # an attempt may start in between, and must already see the run started again.
             if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
                 spent = {"requeue": 0, "crash": 0, "hang": 0}
-                excludes, excluded, ended = 0, [], None
+                excludes, excluded, ended, suspected, streak = 0, [], None, {}, 0
             elif kind in (SUBMITTING, SUBMITTED):
                 ended = None  # `submit --resume` starts the run again; budgets carry on
+            elif kind == CHECKPOINT_SAVED and isinstance(e.get("step"), int):
+                newest = max(newest if newest is not None else -1, int(e["step"]))
             elif kind == REQUEUED:
                 budget = _budget_of(e)
                 if budget in spent:
                     spent[budget] += 1
+                if budget in FAILURE_BUDGETS:
+                    streak = streak + 1 if streak and at_failure == newest else 1
+                    at_failure = newest
+                else:
+                    streak = 0
+                if e.get("suspect"):
+                    suspected[str(e["suspect"])] = suspected.get(str(e["suspect"]), 0) + 1
             elif kind in (NODE_EXCLUDED, NODE_REPLACED):
                 excludes += 1
                 excluded += [str(n) for n in e.get("nodes") or [e.get("excluded")] if n]
             elif kind in RUN_ENDS:
                 ended = str(kind)
         return cls(
-            spent["requeue"], spent["crash"], spent["hang"], excludes, tuple(dict.fromkeys(excluded)), ended
+            spent["requeue"],
+            spent["crash"],
+            spent["hang"],
+            excludes,
+            tuple(dict.fromkeys(excluded)),
+            ended,
+            suspected,
+            streak if at_failure == newest else 0,
+            newest,
         )
+
+
+# The budgets of continuations after a failure (not a stop the allocation's end asked for).
+FAILURE_BUDGETS = frozenset(("crash", "hang", "node"))
 
 
 def _budget_of(event: Mapping[str, Any]) -> str | None:
     """The budget a recorded continuation spent (a cause this version does not know spends none:
     it cannot be counted against a budget nobody defined)."""
+    if event.get("counts_as"):  # what the decision said it spent (a crash that evicted a node: node)
+        return str(event["counts_as"])
     try:
         cause = Cause.parse_optional(event.get("cause"))
     except UnknownCause:
@@ -146,6 +184,7 @@ class Budgets:
     max_failure_retries: int
     max_node_excludes: int
     max_hang_retries: int = 3
+    max_restarts_without_progress: int = 3
 
     @classmethod
     def from_plan(cls, plan: JobPlan) -> Budgets:
@@ -155,6 +194,7 @@ class Budgets:
             max_failure_retries=plan.max_failure_retries,
             max_node_excludes=plan.max_node_excludes,
             max_hang_retries=plan.max_hang_retries,
+            max_restarts_without_progress=plan.max_restarts_without_progress,
         )
 
 
@@ -167,6 +207,7 @@ class Decision:
     counts_as: str | None = None  # the budget this continuation spends: requeue | crash | hang | node
     in_place: bool = False  # CONTINUE: the agents of this allocation start the next attempt
     replace: tuple[tuple[str, str], ...] = ()  # in place: (failed node, the spare taking its place)
+    suspect: str | None = None  # the node a crash was pinned on (counted: a second time evicts it)
 
     @property
     def event(self) -> str:
@@ -197,6 +238,11 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         return Decision(Action.FAIL, out.cause, out.error or "the trainer failed")
     if facts.user_stop and not facts.continue_requested:
         return _user_end(facts)
+    stalled = _no_progress(history, budgets)
+    if stalled is not None and _is_failure(facts):
+        what = facts.hang or (out.error if out is not None and out.error else None) or "the attempt failed"
+        cause = _failure_cause(facts)
+        return Decision(Action.FAIL, cause, f"{what}; {stalled}")
     if facts.failed_nodes or facts.dead_nodes:
         return _node_failure(facts, history, budgets, can_exclude_nodes)
     if facts.hang is not None:
@@ -226,13 +272,23 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         if cause is Cause.HANG:
             hung = Facts(out, hang=error, in_place_ok=facts.in_place_ok)
             return _hang(hung, history, budgets, can_exclude_nodes)
-        return _within(
+        evicted = _evict_suspect(cause, error, facts, history, budgets, can_exclude_nodes)
+        if evicted is not None:
+            return dataclasses.replace(evicted, suspect=facts.suspect)
+        if facts.suspect is not None:
+            error = f"{error}; {facts.suspect} is suspect: {facts.suspect_evidence}"
+        retried = _within(
             cause,
             error,
             used=history.crash_retries,
             budget=budgets.max_failure_retries,
             what="failure retries",
             in_place=facts.in_place_ok,
+        )
+        return (
+            dataclasses.replace(retried, suspect=facts.suspect)
+            if retried.action is Action.CONTINUE
+            else retried
         )
     cause = out.cause or Cause.USER
     if cause is Cause.USER and not facts.continue_requested:
@@ -246,6 +302,78 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         budget=budgets.max_requeues,
         what="requeues",
     )
+
+
+def _is_failure(facts: Facts) -> bool:
+    """The attempt ended in a failure that would be continued (crash, hang, node, filesystem), not
+    in a stop the allocation's end asked for."""
+    out = facts.outcome
+    if facts.failed_nodes or facts.dead_nodes or facts.hang is not None:
+        return True
+    if out is None:
+        return facts.interrupted is None
+    return out.status == "failed"
+
+
+def _failure_cause(facts: Facts) -> Cause:
+    out = facts.outcome
+    if facts.failed_nodes or facts.dead_nodes:
+        return Cause.NODE_FAILURE
+    if facts.hang is not None:
+        return Cause.HANG
+    if out is None and facts.read_error is not None:
+        return Cause.FILESYSTEM
+    return out.cause if out is not None and out.cause is not None else Cause.CRASH
+
+
+def _no_progress(history: History, budgets: Budgets) -> str | None:
+    """Why the run stops restarting: it failed this many times in a row without a new checkpoint
+    (a restart loop that only burns the allocation). None while it may go on."""
+    if history.no_progress < budgets.max_restarts_without_progress:
+        return None
+    newest = (
+        f"the newest is step {history.newest_checkpoint}"
+        if history.newest_checkpoint is not None
+        else "there is none yet"
+    )
+    return (
+        f"no progress: {history.no_progress} restarts in a row without a new checkpoint ({newest}; "
+        f"scheduler.max_restarts_without_progress={budgets.max_restarts_without_progress})"
+    )
+
+
+def _evict_suspect(
+    cause: Cause, error: str, facts: Facts, history: History, budgets: Budgets, can_exclude: bool
+) -> Decision | None:
+    """A crash the evidence pins on one node: certain evidence (GPU/ECC/Xid text), or the same node
+    suspected a second time, takes it out of the run at once (a spare in its place, else a new job
+    without it), within the node budget; a first hint only restarts (None: not evicted)."""
+    node = facts.suspect
+    if node is None or not (facts.suspect_certain or history.suspected.get(node, 0) >= 1):
+        return None
+    if history.node_excludes >= budgets.max_node_excludes:
+        return None  # no node budget left: an ordinary retry, within the crash budget
+    again = "" if facts.suspect_certain else " (the second crash pinned on it)"
+    what = f"{error}; {node} is suspect: {facts.suspect_evidence}{again}"
+    if facts.in_place_ok and facts.spares:
+        spare = facts.spares[0]
+        return Decision(
+            Action.CONTINUE,
+            cause,
+            f"{what}; restarting in place, {spare} taking the place of {node}",
+            counts_as="node",
+            in_place=True,
+            replace=((node, spare),),
+        )
+    if can_exclude:
+        return Decision(
+            Action.EXCLUDE,
+            cause,
+            f"{what}; continuing without {node}",
+            exclude=tuple(sorted({*history.excluded, node})),
+            counts_as="node",
+        )
+    return None
 
 
 def _user_end(facts: Facts) -> Decision:

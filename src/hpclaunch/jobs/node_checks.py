@@ -1,10 +1,16 @@
-"""Node checks before torchrun, and the start barrier through which node 0 hears every node's verdict.
+"""Node checks before every attempt, and the start barrier through which the decider hears every
+node's verdict.
 
-Every node's agent runs the node checks (preflight's node, gpu, data, disk, network) and reports
-its verdict in ``RUN/attempts/<attempt>/node<r>.json``. On a multi-node job, node 0 waits for all
-verdicts, then writes ``go.json``: go, or stop with the reason; the other nodes wait for it before
-they start torchrun. So one failing node never leaves the others waiting in a rendezvous until a
-timeout, and only node 0 decides what happens next (exclude the node, fail the run), once.
+Before every attempt (the allocation's first, and each one restarted in place) every node the run
+is using (training nodes and spares) runs the node checks (preflight's node, gpu, data, disk,
+network) and reports its verdict in ``RUN/attempts/<attempt>/node<r>.json``. On a multi-node job the
+decider waits for all verdicts, then writes ``go.json``: go (with the roster: a healthy spare in the
+place of a node that failed), or stop with the reason; the other nodes wait for it before their
+ranks start. So one failing node never leaves the others waiting in a rendezvous until a timeout,
+a bad GPU is found between two attempts instead of crashing the next one, and only the decider
+decides what happens next (replace the node, exclude it, fail the run), once. A waiting node
+watches the decider's heartbeat: when the decider dies during the checks, the next live node
+gathers the verdicts and announces instead (``wait_go``'s ``take_over``).
 
 A failing ``data`` check is a problem of the data when it fails on every node that checked it
 (a corrupt shard looks the same from everywhere): the run fails naming the file. When it fails on
@@ -53,6 +59,12 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict
     from ..preflight import NODE_CHECKS, run_node_checks
     from ..preflight.probe import StaticProbe
 
+    forced = _forced_failure(cfg, ctx)
+    if forced is not None:
+        print(
+            f"hpclaunch: node {ctx.hostname} failed check {forced.check}: {forced.finding}", file=sys.stderr
+        )
+        return forced, [{"name": "gpu", "status": "fail", "finding": forced.finding or ""}]
     if not cfg.preflight.node_checks:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), []
     # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
@@ -72,6 +84,27 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict
         flush=True,
     )
     return NodeVerdict(ctx.node_rank, ctx.hostname, False, first.name, first.finding), rows
+
+
+def _forced_failure(cfg: RunConfig, ctx: NodeContext) -> NodeVerdict | None:
+    """``testing.fail_node_check``: a named host fails its check from the in-place attempt given on
+    (a bad GPU found between attempts on a machine that has none to break)."""
+    knob = cfg.testing.fail_node_check
+    if knob is None or knob.host != ctx.hostname or ctx.in_place < knob.from_in_place:
+        return None
+    finding = "testing.fail_node_check: GPU 0 reports an uncorrectable ECC error (injected)"
+    return NodeVerdict(ctx.node_rank, ctx.hostname, False, "gpu", finding)
+
+
+@dataclass(frozen=True)
+class Word:
+    """What a waiting node heard: the decider's go (and the roster), a stop, or nothing yet because
+    the decider is gone and this node takes over (``take_over``)."""
+
+    go: bool
+    reason: str = ""
+    roster: dict[str, Any] | None = None
+    take_over: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,39 +145,60 @@ class StartBarrier:
     def report(self, verdict: NodeVerdict) -> None:
         atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict))
 
-    def gather(self, ctx: NodeContext, *, timeout_s: float = GATHER_TIMEOUT_S) -> Verdicts:
-        """Node 0: every node's verdict; a node silent for ``timeout_s`` counts as failed."""
-        deadline = self.clock() + timeout_s
+    def gather(
+        self,
+        nodes: dict[int, str],
+        *,
+        timeout_s: float = GATHER_TIMEOUT_S,
+        gone: Callable[[str], bool] | None = None,
+    ) -> Verdicts:
+        """The decider: the verdict of every node in ``nodes`` (node rank -> host). A node silent for
+        ``timeout_s``, or whose agent is gone (``gone``: its heartbeat stopped), counts as failed."""
+        began = self.clock()
+        deadline = began + timeout_s
         found: dict[int, NodeVerdict] = {}
+        dead: dict[int, NodeVerdict] = {}
         while True:
-            for rank in range(ctx.num_nodes):
+            for rank, host in nodes.items():
                 if rank not in found:
                     verdict = self._read(rank)
                     if verdict is not None:
                         found[rank] = verdict
-            if len(found) == ctx.num_nodes or self.clock() >= deadline:
+                        dead.pop(rank, None)
+                    elif gone is not None and gone(host):
+                        dead[rank] = NodeVerdict(
+                            rank, host, False, "start", "its agent is gone (no heartbeat)"
+                        )
+            if len(found) + len(dead) == len(nodes) or self.clock() >= deadline:
                 break
             time.sleep(POLL_S)
-        nodes = [
-            found.get(r)
-            or NodeVerdict.missing(r, ctx.hosts[r] if r < len(ctx.hosts) else f"node{r}", timeout_s)
-            for r in range(ctx.num_nodes)
-        ]
-        return Verdicts(nodes)
+        waited = self.clock() - began
+        for rank, verdict in list(found.items()):  # reported, then died (before its rank host started)
+            if verdict.ok and gone is not None and gone(verdict.host):
+                found[rank] = NodeVerdict(
+                    rank, verdict.host, False, "start", "its agent is gone (no heartbeat)"
+                )
+        return Verdicts(
+            [found.get(r) or dead.get(r) or NodeVerdict.missing(r, h, waited) for r, h in nodes.items()]
+        )
 
     def announce(self, *, go: bool, reason: str = "", roster: dict[str, Any] | None = None) -> None:
-        """Node 0's word to every node: go or not, and who trains (the roster) when it goes."""
+        """The decider's word to every node: go or not, and who trains (the roster) when it goes."""
         atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
 
-    def wait_go(self, *, timeout_s: float) -> tuple[bool, str, dict[str, Any] | None]:
-        """The other nodes: node 0's word; silence for ``timeout_s`` is a stop."""
+    def wait_go(self, *, timeout_s: float, take_over: Callable[[], bool] | None = None) -> Word:
+        """A waiting node: the decider's word; ``take_over()`` true (the decider is gone and this node
+        is next) ends the wait so that this node gathers and announces; silence for ``timeout_s`` is
+        a stop."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                 data = json.loads((self.dir / "go.json").read_text())
-                return bool(data.get("go")), str(data.get("reason") or ""), data.get("roster")
+                return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
+            if take_over is not None and take_over():
+                return Word(False, take_over=True)
             time.sleep(POLL_S)
-        return False, f"node 0 gave no word within {timeout_s:.0f} s", None
+        return Word(False, f"the deciding node gave no word within {timeout_s:.0f} s")
 
     def _read(self, rank: int) -> NodeVerdict | None:
         try:

@@ -8,7 +8,8 @@ this attempt's relay request (``rundir.control``: authoritative, and never the u
 and signals the worker pids straight away.
 
 After the scheduler's SIGTERM its SIGKILL follows (SLURM's KillWait, PBS's kill_delay): when the
-workers have not finished their stop save shortly before it, node 0 ends them itself
+workers have not finished their stop save shortly before it, the deciding agent (``lead``: node 0's
+at first, the role moves with the decider) ends them itself
 (``cut_off_if_due``) so that it can still decide (continue from the last checkpoint) instead of
 dying undecided.
 """
@@ -77,6 +78,7 @@ class StopRelay:
         self.cancelled = False
         self.cut_off_at: float | None = None
         self.interrupted: Cause | None = None
+        self.lead = ctx.is_head  # this agent decides: it cuts an overrunning stop save off
 
     def install(self) -> None:
         self.inbox.install()
@@ -136,7 +138,7 @@ class StopRelay:
             # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
             # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
             what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
-            if self.cut_off_at is None and self.ctx.is_head:
+            if self.cut_off_at is None and self.lead:
                 self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
             if what is Cause.CANCELLED:
                 self.cancelled = True

@@ -1,6 +1,8 @@
 """The node agent's watchdog: a window per phase over every rank's progress, and what a hang leaves.
 
-While torchrun runs, node 0's agent reads every rank's heartbeat (``rundir.progress``) every
+While the ranks run, the deciding agent (the ``lead``: node 0's at first; the role moves with the
+decider when node 0 leaves the roster or dies, and it leads whether its node trains or not) reads
+every rank's heartbeat (``rundir.progress``) every
 ``watchdog.poll_s``. A rank *advances* when its step or phase changes. Windows:
 
 - launch (torchrun's start to a rank's first report: imports, rendezvous): ``launch_s``;
@@ -21,12 +23,12 @@ their windows decide. When no rank stands apart (every rank waits, or all are at
 the verdict says "no single culprit known" and any rank past its window decides. The evidence names
 a node when every culprit rank runs on it (or, with no culprit, when the whole run is on one node).
 
-On a verdict node 0 writes ``RUN/attempts/<attempt>/hang.json``; every node's agent (node 0 too)
+On a verdict the lead writes ``RUN/attempts/<attempt>/hang.json``; every node's agent (the lead too)
 then dumps its ranks' Python stacks (``STACK_SIGNAL``, faulthandler in the worker) into the
 attempt's log directory, asks NCCL ranks for their flight record (a write to torch's dump pipe),
 says it is done, waits for the other nodes (a killed rank would break its peers' collectives before
-their stacks are taken) and kills its workers. Node 0 records the ``hang`` event; the agent then
-ends the attempt with cause ``hang`` (``decide``). Only node 0 decides, so the verdict is the same
+their stacks are taken) and kills its workers. The lead records the ``hang`` event; the agent then
+ends the attempt with cause ``hang`` (``decide``). Only the lead judges, so the verdict is the same
 on every node.
 """
 
@@ -180,6 +182,30 @@ class Verdict:
         return fields
 
     @classmethod
+    def stuck(cls, attempt: str, nodes: Sequence[str], waited_s: float) -> Verdict:
+        """Nodes whose agent beats but whose ranks did not end within ``waited_s`` of the attempt's
+        end elsewhere (ranks in D-state, a rank host stuck in rendezvous): alive but stuck, a hang
+        with its own budget, never a dead node."""
+        node = nodes[0] if len(nodes) == 1 else None
+        now = time.time()
+        return cls(
+            attempt=attempt,
+            phase="teardown",
+            step=0,
+            culprit=f"node{'s' if len(nodes) > 1 else ''} {', '.join(nodes)}",
+            ranks=(),
+            culprit_node=node,
+            reason=f"{', '.join(nodes)}: the agent beats but its ranks did not end within "
+            f"{waited_s:.0f} s of the attempt's end",
+            window_s=waited_s,
+            stalled_s=waited_s,
+            stalled_since=now - waited_s,
+            detected_at=now,
+            states=(),
+            source="agent heartbeat",
+        )
+
+    @classmethod
     def from_json(cls, data: dict[str, Any]) -> Verdict:
         data = {**data, "ranks": tuple(data.get("ranks") or ()), "states": tuple(data.get("states") or ())}
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
@@ -259,6 +285,7 @@ class Watchdog:
         ledger: Ledger,
         launched_at: float | None = None,
         smoke_timeout_s: float = 60.0,
+        lead: bool | None = None,
     ):
         self.cfg = cfg
         self.smoke_timeout_s = smoke_timeout_s
@@ -276,17 +303,30 @@ class Watchdog:
         self.tracker: StragglerTracker | None = None
         self._offsets: dict[int, int] = {}
         self.scale = CheckpointScale()
-        if ctx.is_head:
-            self.scale = CheckpointScale.of_run(paths, ledger.events())
+        self.ack_nodes: list[int] | None = None  # the nodes running ranks (None: every node)
+        self._lead = False
+        self.lead = ctx.is_head if lead is None else lead
+
+    @property
+    def lead(self) -> bool:
+        """This node's agent decides: it judges the ranks and writes the verdict; the others read it.
+        A role, not a host: it moves to another agent when the decider's node leaves or dies."""
+        return self._lead
+
+    @lead.setter
+    def lead(self, value: bool) -> None:
+        if value and not self._lead:
+            self.scale = CheckpointScale.of_run(self.paths, self.ledger.events())
             self.tracker = StragglerTracker(
-                world_size=world_size,
-                threshold=cfg.straggler_threshold,
-                windows=cfg.straggler_windows,
+                world_size=self.world_size,
+                threshold=self.cfg.straggler_threshold,
+                windows=self.cfg.straggler_windows,
                 attempt=self.attempt,
             )
-            for rank in range(world_size):  # earlier attempts' lines are not this attempt's business
+            for rank in range(self.world_size):  # earlier attempts' lines are not this one's business
                 with contextlib.suppress(OSError):
-                    self._offsets[rank] = steptimes_file(paths, rank).stat().st_size
+                    self._offsets[rank] = steptimes_file(self.paths, rank).stat().st_size
+        self._lead = value
 
     def check(self, worker_pids: Callable[[], list[int]], now: float | None = None) -> Verdict | None:
         """Poll when due; on a hang, gather the evidence, stop this node's workers, return the verdict."""
@@ -296,7 +336,7 @@ class Watchdog:
         if now < self._next_poll:
             return None
         self._next_poll = now + self.cfg.poll_s
-        if self.ctx.is_head:
+        if self.lead:
             self._note_stragglers()
             verdict = find_hang(self.observe(now), attempt=self.attempt, now=now)
             if verdict is None:  # rank 0 may have named ranks missing from the start-up barrier
@@ -359,7 +399,7 @@ class Watchdog:
         )
         atomic_write_json(self._ack(self.ctx.node_rank), {"stacks": dumped, "flight_recorder": traces})
         self._wait_for_nodes(deadline=began + self.cfg.dump_wait_s + 2 * self.cfg.poll_s + 5)
-        if self.ctx.is_head:
+        if self.lead:
             logs = self.paths.attempt_logs(self.attempt)
             stacks = sorted(
                 str(p.relative_to(self.paths.root)) for p in logs.glob("rank*.stacks.txt") if _size(p)
@@ -380,7 +420,8 @@ class Watchdog:
         return self.paths.attempt_dir(self.attempt) / f"hang.node{node_rank}.json"
 
     def _wait_for_nodes(self, deadline: float) -> None:
-        others = [self._ack(r) for r in range(self.ctx.num_nodes) if r != self.ctx.node_rank]
+        nodes = self.ack_nodes if self.ack_nodes is not None else range(self.ctx.num_nodes)
+        others = [self._ack(r) for r in nodes if r != self.ctx.node_rank]
         while others and time.time() < deadline:
             others = [p for p in others if not p.exists()]
             time.sleep(0.1)

@@ -66,6 +66,7 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         max_requeues=s.max_requeues,
         max_failure_retries=s.max_failure_retries,
         max_hang_retries=s.max_hang_retries,
+        max_restarts_without_progress=s.max_restarts_without_progress,
         max_node_excludes=cfg.preflight.max_node_excludes,
         kill_wait_s=s.kill_wait_s,
         torchrun=TorchrunPlan(

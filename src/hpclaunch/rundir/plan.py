@@ -100,6 +100,7 @@ class JobPlan(BaseModel):
     max_failure_retries: int
     max_hang_retries: int = 3
     max_node_excludes: int = 2
+    max_restarts_without_progress: int = 3
     kill_wait_s: int
     torchrun: TorchrunPlan
     backend: Literal["nccl", "gloo"]
