@@ -3,12 +3,18 @@ exclusive create, the lock heartbeat as a compare-and-swap, the relay before any
 
 from __future__ import annotations
 
+import json
 import os
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from hpclaunch import fsutil
+from hpclaunch.rundir import RunLock, RunPaths
+from hpclaunch.rundir import lock as lock_mod
+from hpclaunch.rundir.lock import LockHolder
 
 # ---- 4. create_exclusive: EEXIST for our own, retransmitted LINK ------------------------------------
 
@@ -37,3 +43,79 @@ def test_create_exclusive_still_loses_to_a_file_that_was_there(tmp_path: Path) -
     target.write_text("theirs")
     assert not fsutil.create_exclusive(target, "mine")
     assert target.read_text() == "theirs"
+
+
+# ---- 3. the lock heartbeat: a compare-and-swap ---------------------------------------------------
+
+
+def _agent(job: str) -> LockHolder:
+    now = time.time()
+    return LockHolder(job, "slurm", "agent", "node0", 4242, now, now)
+
+
+@pytest.mark.parametrize("meanwhile", ["hand_over", "release"])
+def test_a_heartbeat_never_writes_back_over_a_hand_over_or_release_made_after_its_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, meanwhile: str
+) -> None:
+    # Forced interleaving: the heartbeat has read "mine"; the attempt's other thread (another
+    # process, in production) hands the lock on to job 101 or releases it, and gets a moment to
+    # finish; then the heartbeat writes. Before: the lock held job 100 again (and a continuation
+    # on another host was refused for up to 90 s); a release was undone.
+    paths = RunPaths(tmp_path)
+    old = _agent("100")
+    RunLock(paths).set(old)
+    beating = RunLock(paths)
+    real_read = beating.read
+    other: list[threading.Thread] = []
+
+    def read_then_interleave() -> LockHolder | None:
+        seen = real_read()
+        if not other:
+            if meanwhile == "hand_over":
+                t = threading.Thread(target=lambda: RunLock(paths).hand_over(old, "101"))
+            else:
+                t = threading.Thread(target=lambda: RunLock(paths).release(old))
+            other.append(t)
+            t.start()
+            t.join(timeout=0.5)  # done by now without a guard; blocked until the write with one
+        return seen
+
+    monkeypatch.setattr(beating, "read", read_then_interleave)
+    assert beating.heartbeat(old)
+    other[0].join(timeout=10)
+    assert not other[0].is_alive()
+    now = RunLock(paths).read()
+    if meanwhile == "hand_over":
+        assert now is not None and (now.job_id, now.role) == ("101", "job")
+    else:
+        assert now is None
+    assert not list(tmp_path.glob("lock.json.writing*"))  # the mutex is gone
+
+
+def test_a_mutex_left_by_a_dead_holder_on_this_host_is_broken_at_once(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    old = _agent("100")
+    lock = RunLock(paths)
+    lock.set(old)
+    dead = json.dumps({"host": lock_mod._this_host(), "pid": 2**22 + 7, "nonce": "x"})
+    (tmp_path / "lock.json.writing").write_text(dead)
+    started = time.monotonic()
+    assert lock.hand_over(old, "101")
+    assert time.monotonic() - started < 5
+    assert lock.read().job_id == "101"  # type: ignore[union-attr]
+    assert not list(tmp_path.glob("*lock.json.writing*"))
+
+
+def test_a_mutex_whose_token_does_not_change_is_broken_after_the_stale_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A holder on another host that died inside its critical section: judged by observation (the
+    # same token for MUTEX_STALE_S on this process's monotonic clock), never by the file's mtime.
+    monkeypatch.setattr(lock_mod, "MUTEX_STALE_S", 0.3)
+    paths = RunPaths(tmp_path)
+    old = _agent("100")
+    lock = RunLock(paths)
+    lock.set(old)
+    (tmp_path / "lock.json.writing").write_text(json.dumps({"host": "elsewhere", "pid": 1, "nonce": "y"}))
+    assert lock.heartbeat(old)
+    assert not list(tmp_path.glob("*lock.json.writing*"))
