@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from hpclaunch import fsutil
-from hpclaunch.rundir import RunLock, RunPaths
+from hpclaunch.jobs import stop_relay
+from hpclaunch.jobs.stop_relay import StopRelay
+from hpclaunch.rundir import Ledger, RunLock, RunPaths
 from hpclaunch.rundir import lock as lock_mod
+from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.control import relay_stop
 from hpclaunch.rundir.lock import LockHolder
+from hpclaunch.schedulers.base import NodeContext
 
 # ---- 4. create_exclusive: EEXIST for our own, retransmitted LINK ------------------------------------
 
@@ -119,3 +126,55 @@ def test_a_mutex_whose_token_does_not_change_is_broken_after_the_stale_time(
     (tmp_path / "lock.json.writing").write_text(json.dumps({"host": "elsewhere", "pid": 1, "nonce": "y"}))
     assert lock.heartbeat(old)
     assert not list(tmp_path.glob("*lock.json.writing*"))
+
+
+# ---- 5. the relay before any scheduler query -------------------------------------------------------
+
+
+class _SlowScheduler:
+    """A controller loaded by a preemption storm: ``scontrol show job`` answers only after a while
+    (here: as soon as the ranks have been signalled, or after 5 s)."""
+
+    def __init__(self, cause: Cause, signalled: threading.Event) -> None:
+        self.cause = cause
+        self.signalled = signalled
+        self.ranks_signalled_before_answer: bool | None = None
+
+    def termination_cause(self, paths: RunPaths, ctx: NodeContext, *, now: float) -> Cause:
+        self.ranks_signalled_before_answer = self.signalled.wait(timeout=5.0)
+        return self.cause
+
+    def kill_grace_s(self, plan: Any) -> float:
+        return 30.0
+
+
+@pytest.mark.parametrize("cause", [Cause.PREEMPTION, Cause.TIMEOUT, Cause.CANCELLED])
+def test_a_sigterm_reaches_the_ranks_before_the_scheduler_is_asked_what_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cause: Cause
+) -> None:
+    # Before: every agent asked the scheduler first (30 s timeout), then relayed: in a storm that
+    # ate the KillWait (30 s by default) the ranks needed for their stop save.
+    sent: list[tuple[int, int]] = []
+    signalled = threading.Event()
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append((pid, signum))
+        signalled.set()
+
+    monkeypatch.setattr(stop_relay.os, "kill", kill)
+    paths = RunPaths(tmp_path)
+    ctx = NodeContext("slurm", "7", 0, 2, "n0", ("n0", "n1"), restart_count=0)
+    scheduler = _SlowScheduler(cause, signalled)
+    plan: Any = None
+    relay = StopRelay(paths, plan, ctx, scheduler, Ledger(paths, role="agent", attempt="7.0", node=0))  # type: ignore[arg-type]
+    relay.ranks = lambda: [4242, 4243]
+    relay.inbox.received.append((signal.SIGTERM, time.time()))
+    relay.handle_signals()
+    assert scheduler.ranks_signalled_before_answer is True
+    assert sent == [(4242, signal.SIGTERM), (4243, signal.SIGTERM)]  # once each, not again after
+    # ... and the cause is settled after: the request the ranks read, and the agent's own facts.
+    request = relay_stop(paths, "7.0")
+    assert request is not None
+    assert request.cause is (Cause.TIMEOUT if cause is Cause.TIMEOUT else Cause.PREEMPTION)
+    assert relay.cancelled is (cause is Cause.CANCELLED)
+    assert relay.cut_off_at is not None

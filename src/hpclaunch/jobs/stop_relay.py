@@ -2,10 +2,14 @@
 
 The agent starts torchrun with USR1/USR2/TERM/INT ignored, so a scheduler signal can never kill
 torchrun and orphan the workers. Signals reach the agent's ``SignalInbox`` instead (handlers only
-record them); the agent's loop hands them to ``StopRelay.handle_signals``, which asks the scheduler
-what a SIGTERM is (its time limit, a requeue/preemption or a cancellation), writes the cause into
-this attempt's relay request (``rundir.control``: authoritative, and never the user's request)
-and signals the worker pids straight away.
+record them); the agent's loop hands them to ``StopRelay.handle_signals``, which signals the worker
+pids straight away, then asks the scheduler what a SIGTERM is (its time limit, a requeue/preemption
+or a cancellation) and writes the cause into this attempt's relay request (``rundir.control``:
+authoritative, and never the user's request). The relay comes first because that question can take
+its whole timeout (30 s) when a preemption storm loads the controller, and the SIGKILL follows after
+KillWait (30 s by default): the ranks start saving on any stop signal, and the cause is settled
+before the decision reads it (a rank that checks before the request is written records the
+signal's guess, "preemption"; a cancellation is the agent's own fact).
 
 After the scheduler's SIGTERM its SIGKILL follows (SLURM's KillWait, PBS's kill_delay): when the
 workers have not finished their stop save shortly before it, node 0 ends them itself
@@ -90,6 +94,8 @@ class StopRelay:
         for signum, at in self.inbox.take():
             if signum == signal.SIGCONT:
                 continue  # SLURM sends CONT before TERM/USR*; nothing to do
+            if signum == signal.SIGTERM:
+                self._signal_workers(signal.SIGTERM)  # before the scheduler is asked (see above)
             cause, relay = self._classify(signum, at)
             if cause is None:
                 continue
@@ -107,7 +113,8 @@ class StopRelay:
                     cause=Cause.CANCELLED if self.cancelled else strongest,
                     source=signal.Signals(signum).name,
                 )
-            self._signal_workers(relay)
+            if signum != signal.SIGTERM:
+                self._signal_workers(relay)
             if signum == signal.SIGINT and not first:
                 self._escalate()
 
