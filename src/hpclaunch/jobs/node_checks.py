@@ -1,6 +1,7 @@
 """Node checks before torchrun, and the start barrier through which node 0 hears every node's verdict.
 
-Every node's agent runs the node checks (preflight's node, gpu, data, disk, network) and reports
+Every node's agent runs the node checks (preflight's node, gpu, data, disk, network, fds: the
+last raises the agent's soft ``ulimit -n``, which torchrun and the ranks inherit) and reports
 its verdict in ``RUN/attempts/<attempt>/node<r>.json``. On a multi-node job, node 0 waits for all
 verdicts, then writes ``go.json``: go, or stop with the reason; the other nodes wait for it before
 they start torchrun. So one failing node never leaves the others waiting in a rendezvous until a
