@@ -85,9 +85,23 @@ def create_exclusive(path: Path, text: str) -> bool:
         os.link(tmp, path)
         return True
     except FileExistsError:
-        return False
+        return _linked_anyway(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _linked_anyway(tmp: Path, path: Path) -> bool:
+    """After EEXIST: whether ``path`` is our own ``tmp`` after all. An NFS client that retransmits
+    a LINK whose reply was lost gets EEXIST for the link its first call made; the server then holds
+    two names for our file. The usual check (as NFS-safe lock files do): the temporary file's link
+    count, or ``path`` naming the same inode (a count can lag in the attribute cache; the lookup of
+    ``path`` after the failed LINK is fresh)."""
+    try:
+        mine = os.stat(tmp)
+        theirs = os.stat(path)
+    except FileNotFoundError:
+        return False  # the existing file went again meanwhile: not ours; the caller reads again
+    return mine.st_nlink == 2 or (mine.st_ino, mine.st_dev) == (theirs.st_ino, theirs.st_dev)
 
 
 def atomic_write_json(path: Path, obj: Any) -> None:

@@ -24,11 +24,18 @@ WORKER = Path(__file__).parent / "helpers" / "ckpt_worker.py"
 
 
 def launch(
-    run_dir: Path, mode: str, *, nproc: int | None, kill: str | None = None, fail: str | None = None
+    run_dir: Path,
+    mode: str,
+    *,
+    nproc: int | None,
+    kill: str | None = None,
+    fail: str | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     """torchrun (nproc ranks) or, with nproc=None, plain python (one process, no torch.distributed)."""
     env = {k: v for k, v in os.environ.items() if k not in (ENV_KILL, ENV_DELAY_WRITE, ENV_FAIL)}
     env["OMP_NUM_THREADS"] = "1"
+    env.update(extra_env or {})
     if kill:
         env[ENV_KILL] = kill
     if fail:

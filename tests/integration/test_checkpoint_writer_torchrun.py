@@ -112,6 +112,19 @@ def test_a_rank_that_closes_alone_is_not_held_by_the_others(tmp_path: Path) -> N
     assert not writers_of(tmp_path / "checkpoints")
 
 
+def test_async_save_with_more_than_1024_descriptors_open_in_every_rank_loads_bitwise(tmp_path: Path) -> None:
+    # At a few hundred ranks the gloo groups' sockets push the writer's channel past descriptor
+    # 1023, where select() raised ValueError on the first background save. Every rank opens 1,100
+    # descriptors first, so every socket after them (gloo's, the channel) is numbered above 1,100.
+    ok(launch(tmp_path, "roundtrip", nproc=2, extra_env={"CKPT_OPEN_FDS": "1100"}))
+    for rank, res in enumerate(results(tmp_path, "roundtrip", 2)):
+        assert res["open_fds"] > 1100, rank
+        assert res["loaded_step"] == 4 and res["staged_mismatch"] == [], rank
+        assert res["final_mismatch"] == [], f"rank {rank}: resumed run diverged"
+    (saved,) = events(tmp_path, CHECKPOINT_SAVED)
+    assert saved["blocking"] is False
+
+
 # ---- the trainer ---------------------------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@ node's verdict.
 
 Before every attempt (the allocation's first, and each one restarted in place) every node the run
 is using (training nodes and spares) runs the node checks (preflight's node, gpu, data, disk,
-network) and reports its verdict in ``RUN/attempts/<attempt>/node<r>.json``. On a multi-node job the
+network, fds: the last raises the agent's soft ``ulimit -n``, which the rank host and the ranks
+inherit) and reports its verdict in ``RUN/attempts/<attempt>/node<r>.json``. On a multi-node job the
 decider waits for all verdicts, then writes ``go.json``: go (with the roster: a healthy spare in the
 place of a node that failed), or stop with the reason; the other nodes wait for it before their
 ranks start. So one failing node never leaves the others waiting in a rendezvous until a timeout,

@@ -2,10 +2,16 @@
 
 The agent starts torchrun with USR1/USR2/TERM/INT ignored, so a scheduler signal can never kill
 torchrun and orphan the workers. Signals reach the agent's ``SignalInbox`` instead (handlers only
-record them); the agent's loop hands them to ``StopRelay.handle_signals``, which asks the scheduler
-what a SIGTERM is (its time limit, a requeue/preemption or a cancellation), writes the cause into
-this attempt's relay request (``rundir.control``: authoritative, and never the user's request)
-and signals the worker pids straight away.
+record them); the agent's loop hands them to ``StopRelay.handle_signals``, which signals the worker
+pids straight away, then asks the scheduler what a SIGTERM is (its time limit, a requeue/preemption
+or a cancellation) and writes the cause into this attempt's relay request (``rundir.control``:
+authoritative, and never the user's request). The relay comes first because that question can take
+its whole timeout (30 s) when a preemption storm loads the controller, and the SIGKILL follows after
+KillWait (30 s by default): the ranks start saving on any stop signal, and the cause is settled
+before the decision reads it. At the job's end time the SIGTERM is the time limit, which the node
+knows from its own clock: the ranks get the time-limit signal at once. Before it, a rank that checks
+before the request is written records the signal's guess, "preemption" (a cancellation is the
+agent's own fact, and both save and end the same way).
 
 After the scheduler's SIGTERM its SIGKILL follows (SLURM's KillWait, PBS's kill_delay): when the
 workers have not finished their stop save shortly before it, the deciding agent (``lead``: node 0's
@@ -26,7 +32,7 @@ from types import FrameType
 from ..rundir import STOP_OVERDUE, STOP_REQUESTED, JobPlan, Ledger, RunPaths
 from ..rundir.cause import STOP_CODES, Cause
 from ..rundir.control import write_relay_stop
-from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.base import NodeContext, Scheduler, at_time_limit
 
 CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 
@@ -92,6 +98,11 @@ class StopRelay:
         for signum, at in self.inbox.take():
             if signum == signal.SIGCONT:
                 continue  # SLURM sends CONT before TERM/USR*; nothing to do
+            if signum == signal.SIGTERM:
+                # Before the scheduler is asked (see above). At the job's end time it is the time
+                # limit, which this node knows without asking: the ranks hear it as one.
+                at_limit = at_time_limit(self.ctx, at)
+                self._signal_workers(signal.SIGUSR1 if at_limit else signal.SIGTERM)
             cause, relay = self._classify(signum, at)
             if cause is None:
                 continue
@@ -109,7 +120,8 @@ class StopRelay:
                     cause=Cause.CANCELLED if self.cancelled else strongest,
                     source=signal.Signals(signum).name,
                 )
-            self._signal_workers(relay)
+            if signum != signal.SIGTERM:
+                self._signal_workers(relay)
             if signum == signal.SIGINT and not first:
                 self._escalate()
 

@@ -23,6 +23,7 @@ from .base import CheckContext, Outcome, RunCommand, run_command
 from .data import check_data
 from .disk import check_disk
 from .env import check_env
+from .fds import check_fds
 from .gpu import check_gpu
 from .layout import check_config
 from .network import check_network
@@ -57,10 +58,11 @@ CHECKS: dict[str, Check] = {
         Check("scheduler", check_scheduler, 45),
         Check("config", check_config, PROBE_TIMEOUT_S + 5, needs_probe=True),
         Check("node", check_node, 10),
+        Check("fds", check_fds, 5),
     )
 }
-LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config")
-NODE_CHECKS = ("node", "env", "gpu", "data", "disk", "network")
+LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config", "fds")
+NODE_CHECKS = ("node", "env", "gpu", "data", "disk", "network", "fds")
 
 
 def select(names: Iterable[str], only: Iterable[str] | None, *, where: str) -> list[Check]:

@@ -22,6 +22,15 @@ file (atomic, and it fails when the lock exists, over NFS too). A stale lock is 
 contender only: each contender first creates ``lock.json.takeover-<fingerprint of the stale
 holder>`` the same way; only the one whose link succeeds replaces the lock, the others find the
 winner's fresh lock when they read again. Updates replace the file atomically.
+
+Every read-modify-write of the lock (heartbeat, hand-over, release, adoption, the takeover's write)
+is a compare-and-swap: it runs while holding ``lock.json.writing``, a mutex created the same way
+(``link()``), so a heartbeat that read "mine" cannot write that back over a hand-over or a release
+made since. Not ``flock``: over NFS it depends on lockd (and on Lustre on a mount option), and a
+lock lost with a client goes unnoticed; ``link()`` is atomic on every shared filesystem we meet,
+and NFS's close-to-open consistency makes the read after taking the mutex see the last write. A
+mutex whose holder died inside its few milliseconds is broken by a waiter that saw the same token
+in it for ``MUTEX_STALE_S`` on its own monotonic clock (or whose holder's pid is gone on this host).
 """
 
 from __future__ import annotations
@@ -33,8 +42,10 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 from ..errors import RunLockedError
 from ..fsutil import atomic_write_text, create_exclusive, retry_transient, unique_suffix
@@ -45,6 +56,11 @@ STALE_AFTER_S = 90.0
 HEARTBEAT_EVERY_S = float(os.environ.get("HPCLAUNCH_LOCK_HEARTBEAT_S") or 15.0)
 PROCESS_ROLES = ("agent", "controller", "train")
 UNREADABLE = "?"  # job id and scheduler of a lock file that cannot be parsed
+# The update mutex: a critical section is one read and one rename, so a token unchanged this long
+# (seen on the waiter's own clock) belongs to a holder that died; a waiter gives up after GIVE_UP.
+MUTEX_STALE_S = 30.0
+MUTEX_GIVE_UP_S = MUTEX_STALE_S + 15.0
+MUTEX_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -91,6 +107,15 @@ def _pid_alive(pid: int) -> bool:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(") ", 1)[1][0] != "Z"
     except (FileNotFoundError, IndexError, PermissionError):
+        return False
+
+
+def _holder_gone_here(token: str) -> bool:
+    """The update mutex's holder ran on this host and its pid is gone (certain, no waiting)."""
+    try:
+        who = json.loads(token)
+        return bool(who["host"] == _this_host() and not _pid_alive(int(who["pid"])))
+    except (ValueError, KeyError, TypeError):
         return False
 
 
@@ -171,11 +196,12 @@ class RunLock:
                     marker.unlink()
             return False
         try:
-            current = self.read()
-            if current is not None and current.fingerprint() != stale.fingerprint():
-                return False  # not the holder we judged stale any more
-            self.set(mine)
-            return True
+            with self._exclusive():
+                current = self.read()
+                if current is not None and current.fingerprint() != stale.fingerprint():
+                    return False  # not the holder we judged stale any more
+                self.set(mine)
+                return True
         finally:
             marker.unlink(missing_ok=True)
 
@@ -185,57 +211,110 @@ class RunLock:
 
     def adopt(self, *, job_id: str, role: str) -> LockHolder:
         """The job's running process takes over the lock its submission made (same job id)."""
-        now = time.time()
-        holder = self.read()
-        acquired = holder.acquired if holder is not None else now
-        scheduler = holder.scheduler if holder is not None else "?"
-        mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), acquired, now)
-        self.set(mine)
-        return mine
+        with self._exclusive():
+            now = time.time()
+            holder = self.read()
+            acquired = holder.acquired if holder is not None else now
+            scheduler = holder.scheduler if holder is not None else "?"
+            mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), acquired, now)
+            self.set(mine)
+            return mine
 
     def heartbeat(self, holder: LockHolder) -> bool:
         """Refresh ``holder``'s heartbeat; False when the lock is no longer ours."""
-        current = self.read()
-        if current is None or (current.job_id, current.pid, current.host) != (
-            holder.job_id,
-            holder.pid,
-            holder.host,
-        ):
-            return False
-        self.set(replace(current, heartbeat=time.time()))
-        return True
+        with self._exclusive():  # a hand-over or release between this read and the write wins
+            current = self.read()
+            if current is None or (current.job_id, current.pid, current.host) != (
+                holder.job_id,
+                holder.pid,
+                holder.host,
+            ):
+                return False
+            self.set(replace(current, heartbeat=time.time()))
+            return True
 
     def hand_over(self, holder: LockHolder, job_id: str) -> bool:
         """The lock now belongs to the job ``job_id`` (a continuation or a requeue) waiting in the
         queue; False when it is not ``holder``'s any more (that job started already and adopted it:
         a released continuation can start before this attempt has finished handing over)."""
-        current = self.read()
-        if current is not None and (current.job_id, current.pid, current.host) != (
-            holder.job_id,
-            holder.pid,
-            holder.host,
-        ):
-            return False
-        now = time.time()
-        self.set(replace(holder, job_id=job_id, role="job", pid=0, heartbeat=now))
-        return True
+        with self._exclusive():
+            current = self.read()
+            if current is not None and (current.job_id, current.pid, current.host) != (
+                holder.job_id,
+                holder.pid,
+                holder.host,
+            ):
+                return False
+            now = time.time()
+            self.set(replace(holder, job_id=job_id, role="job", pid=0, heartbeat=now))
+            return True
 
     def release(self, holder: LockHolder | None = None) -> None:
         """Remove the lock (only if ``holder`` still holds it, when given)."""
-        current = self.read()
-        if current is None:
-            return
-        if holder is not None and (current.job_id, current.pid) != (holder.job_id, holder.pid):
-            return
-        aside = self.path.with_name(f".lock.released-{unique_suffix()}")
-        with contextlib.suppress(FileNotFoundError):
-            os.rename(self.path, aside)
-            aside.unlink(missing_ok=True)
+        with self._exclusive():
+            current = self.read()
+            if current is None:
+                return
+            if holder is not None and (current.job_id, current.pid) != (holder.job_id, holder.pid):
+                return
+            aside = self.path.with_name(f".lock.released-{unique_suffix()}")
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(self.path, aside)
+                aside.unlink(missing_ok=True)
 
     # ---- internals ----------------------------------------------------------------------------
 
     def _create(self, holder: LockHolder) -> bool:
         return create_exclusive(self.path, json.dumps(asdict(holder), indent=2) + "\n")
+
+    @property
+    def _mutex(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.writing")
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the update mutex (see the module docstring); TimeoutError (an OSError, which the
+        heartbeat thread takes as a hiccup) when a live holder keeps it past MUTEX_GIVE_UP_S."""
+        token = json.dumps({"host": _this_host(), "pid": os.getpid(), "nonce": uuid.uuid4().hex})
+        start = seen_since = time.monotonic()
+        seen: str | None = None
+        while not create_exclusive(self._mutex, token):
+            current, now = self._mutex_token(), time.monotonic()
+            if current != seen:
+                seen, seen_since = current, now
+            elif current is not None and (now - seen_since > MUTEX_STALE_S or _holder_gone_here(current)):
+                self._break_mutex(current)
+                continue
+            if now - start > MUTEX_GIVE_UP_S:
+                raise TimeoutError(f"{self._mutex} held by {current} for {now - seen_since:.0f} s")
+            time.sleep(MUTEX_POLL_S)
+        try:
+            yield
+        finally:
+            # Ours unless a waiter broke it while we stalled past MUTEX_STALE_S: leave a new one be.
+            if self._mutex_token() == token:
+                self._mutex.unlink(missing_ok=True)
+
+    def _mutex_token(self) -> str | None:
+        try:
+            return self._mutex.read_text()
+        except FileNotFoundError:
+            return None
+
+    def _break_mutex(self, dead: str) -> None:
+        """Remove the mutex holding ``dead``: renamed aside first (one breaker wins), and put back
+        when what was moved is a fresh one after all (another breaker and a new holder were quicker)."""
+        aside = self.path.with_name(f".{self._mutex.name}.broken-{unique_suffix()}")
+        try:
+            os.rename(self._mutex, aside)
+        except FileNotFoundError:
+            return
+        try:
+            if aside.read_text() != dead:
+                with contextlib.suppress(FileExistsError):
+                    os.link(aside, self._mutex)
+        finally:
+            aside.unlink(missing_ok=True)
 
 
 class Heartbeat:

@@ -19,6 +19,9 @@ Modes:
              another collective (a rank leaving on an error must not need the others to close).
 
 CKPT_WRITER=thread|process (default process) picks the background writer.
+CKPT_OPEN_FDS=N opens N descriptors (duplicates of /dev/null) in each rank before anything else, so
+that every socket the rank opens afterwards (gloo's, the writer's channel) is numbered above N; the
+result then says how many descriptors the rank held at its end ("open_fds").
 
 Each rank writes RUN_DIR/result-MODE-rank<r>.json for the test to read.
 """
@@ -48,6 +51,7 @@ K = 4  # save after K steps, then K more
 
 def main() -> None:
     mode, run_dir = sys.argv[1], Path(sys.argv[2])
+    dummies = open_dummy_fds(int(os.environ.get("CKPT_OPEN_FDS", "0")))
     distributed = "RANK" in os.environ  # started by torchrun
     if distributed:
         dist.init_process_group("gloo")
@@ -62,10 +66,28 @@ def main() -> None:
         "closealone": closealone,
     }
     result = modes[mode](run_dir, rank, world)
+    if dummies:
+        result["open_fds"] = len(os.listdir("/proc/self/fd"))
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))
     if distributed:
         dist.barrier()
         dist.destroy_process_group()
+
+
+def open_dummy_fds(n: int) -> list[int]:
+    """n duplicates of /dev/null, the soft RLIMIT_NOFILE raised as far as it must (and may) go."""
+    if not n:
+        return []
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n + 512  # gloo, the store, the writer's channel, the staging buffer, imports
+    if soft != resource.RLIM_INFINITY and soft < want:
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (want if hard == resource.RLIM_INFINITY else min(want, hard), hard)
+        )
+    null = os.open(os.devnull, os.O_RDONLY)
+    return [null] + [os.dup(null) for _ in range(n - 1)]
 
 
 def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import array
 import json
+import math
 import select
 import socket
 import struct
@@ -34,9 +35,16 @@ def send(sock: socket.socket, message: dict[str, Any], fds: list[int] | tuple[in
 
 
 def readable(sock: socket.socket, timeout: float | None) -> bool:
-    """A message (or the end of the channel) is waiting; ``timeout`` None blocks."""
-    ready, _, _ = select.select([sock], [], [], timeout)
-    return bool(ready)
+    """A message (or the end of the channel) is waiting; ``timeout`` None blocks.
+
+    poll, not select: select() takes no descriptor above 1023, and at a few hundred ranks the gloo
+    groups' sockets push this one past it (a ValueError on the first background save). A poll
+    object holds no descriptor of its own, unlike an epoll selector. The end of the channel shows
+    as POLLHUP, which poll reports whatever was asked for."""
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    ms = None if timeout is None else max(0, math.ceil(timeout * 1000))
+    return bool(poller.poll(ms))
 
 
 def recv(sock: socket.socket) -> tuple[dict[str, Any], list[int]]:
