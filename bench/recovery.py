@@ -7,8 +7,11 @@ checkpoint and trained past it, a fault is made, with nothing else running from 
   slurm     real local SLURM, the same crash, twice in one run of this script: restarted in place,
             and with ``scheduler.restart_in_place=false``, through ``scontrol requeue`` (SLURM's own
             requeue hold included, as a user of a real cluster pays it, before any queue wait);
-  spare     real local SLURM, 3-node layout (2 training nodes + 1 hot spare): every process of
-            training node n2 killed (its agent too); the spare takes its place in place;
+  spare     real local SLURM, 3-node layout (2 training nodes + 1 hot spare), three runs of one
+            configuration: every process of training node n2 killed (its agent too), the spare
+            takes its place; node 0's (n1's) agent and ranks killed, another agent takes the
+            decider's role and the spare n1's place; a rank's crash restarted in place on the same
+            nodes (the baseline);
   agree     no training: N simulated node agents (threads, N up to 512) against one run directory:
             the decider reads N reports and publishes its decision, the others poll for it. Time to
             agreement, and the filesystem operations one agent makes per poll.
@@ -142,36 +145,62 @@ def slurm_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
     return [("SLURM, crash, in place", in_place), ("SLURM, crash, scontrol requeue", requeue)]
 
 
-def spare_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
+def kill_node(namespace: str, *, python_only: bool = False) -> float:
+    """SIGKILL every process of the job in a node's network namespace but SLURM's daemons
+    (``python_only``: the agent and what it started; the batch script and srun live on). The time
+    of the kill."""
     import psutil
 
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True, text=True).stdout.split()
+    doomed = []
+    for pid in map(int, pids):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+        except psutil.Error:
+            continue
+        # (srun's own command line names python too: only a python process itself is the agent's)
+        if (
+            "slurmd" not in cmd
+            and "slurmstepd" not in cmd
+            and (not python_only or "python" in cmd.split(" ")[0])
+        ):
+            doomed.append(pid)
+    faulted = time.time()
+    for pid in doomed:
+        with __import__("contextlib").suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return faulted
+
+
+def spare_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
+    """One configuration (2 training nodes + 1 hot spare), three faults: a worker node's death, the
+    head's agent and ranks dying (another agent takes the decider's role), and a rank's crash
+    restarted in place on the same nodes, as the baseline."""
+    spare = ("scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.spare_nodes=1")
+    results = []
     with slurm_lock():
         layout(3)
         try:
-            run = submit(
-                work, data, "spare", "scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.spare_nodes=1"
+            for name, namespace, python_only in (
+                ("SLURM 2+1 nodes, worker n2 dead, spare in place", "hpcl2", False),
+                ("SLURM 2+1 nodes, head n1's agent+ranks dead, spare", "hpcl1", True),
+            ):
+                run = submit(work, data, f"spare-{namespace}", *spare)
+                wait(
+                    lambda run=run: last_step(run) >= FAULT_AFTER, f"{name}: step 25", timeout=600, poll=0.05
+                )
+                faulted = kill_node(namespace, python_only=python_only)
+                wait(lambda run=run: ended(run), f"{name}: the run's end", timeout=900)
+                results.append((name, recovery(run, faulted)))
+            results.append(
+                (
+                    "SLURM 2+1 nodes, crash, in place (same nodes)",
+                    crash_run(work, data, "spare-crash", *spare),
+                )
             )
-            wait(lambda: last_step(run) >= FAULT_AFTER, "spare: step 25", timeout=600, poll=0.05)
-            pids = subprocess.run(
-                ["ip", "netns", "pids", "hpcl2"], capture_output=True, text=True
-            ).stdout.split()
-            doomed = []
-            for pid in map(int, pids):
-                try:
-                    cmd = " ".join(psutil.Process(pid).cmdline())
-                except psutil.Error:
-                    continue
-                if "slurmd" not in cmd and "slurmstepd" not in cmd:
-                    doomed.append(pid)
-            faulted = time.time()
-            for pid in doomed:
-                with __import__("contextlib").suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            wait(lambda: ended(run), "spare: the run's end", timeout=900)
-            result = recovery(run, faulted)
         finally:
             layout(1)
-    return [("SLURM 2+1 nodes, node n2 dead, spare in place", result)]
+    return results
 
 
 # ---- agreement at scale, simulated ----------------------------------------------------------------

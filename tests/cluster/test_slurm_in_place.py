@@ -112,7 +112,8 @@ def _kill_node(cluster: SlurmCluster, node: str, *, python_only: bool = False) -
             cmd = " ".join(psutil.Process(pid).cmdline())
         except psutil.Error:
             continue
-        if "slurmd" in cmd or "slurmstepd" in cmd or (python_only and "python" not in cmd):
+        # (srun's own command line names python too: only a python process itself is the agent's)
+        if "slurmd" in cmd or "slurmstepd" in cmd or (python_only and "python" not in cmd.split(" ")[0]):
             continue
         with __import__("contextlib").suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

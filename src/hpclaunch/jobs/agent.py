@@ -166,6 +166,7 @@ class NodeAgent:
                     )
                     return 0
                 self.roster = Roster.from_json(word.roster) if word.roster else self.roster
+                self._follow_roster()
                 return None
             self._take_over()  # the decider died during the checks: this agent gathers and announces
         ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
