@@ -1,4 +1,5 @@
-"""The arrows between hpclaunch's packages point one way (docs/design.md, "Layers").
+"""The arrows between hpclaunch's packages point one way (docs/design.md, "Layers"), and no two
+files import each other, inside a package too.
 
 Read from the source (every ``import`` and ``from ... import``, function-level ones included), so a
 lazy import inside a function cannot hide an arrow that points the wrong way.
@@ -53,8 +54,8 @@ def part_of(module: str) -> str | None:
     return parts[1]
 
 
-def module_name(path: Path) -> str:
-    rel = path.relative_to(SRC.parent).with_suffix("")
+def module_name(path: Path, root: Path = SRC) -> str:
+    rel = path.relative_to(root.parent).with_suffix("")
     parts = list(rel.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -131,3 +132,96 @@ def test_there_is_no_cycle_between_parts() -> None:
 
     cycles = sorted(p for p in edges if reaches(p, p, {p}))
     assert cycles == [], f"import cycle through {cycles}"
+
+
+def file_edges(root: Path) -> dict[str, set[str]]:
+    """Which module file imports which, for every file under ``root`` (a package directory).
+
+    ``from . import channel`` is an arrow to ``channel``, not to the package's ``__init__``; a name
+    imported from a package (``from ...rundir import Ledger``) is an arrow to its ``__init__``.
+    Imports inside functions and under ``TYPE_CHECKING`` count: a lazy import hides a circle from
+    the interpreter, not from a reader."""
+    files = sorted(root.rglob("*.py"))
+    modules = {module_name(p, root) for p in files}
+
+    def known(target: str) -> str | None:
+        while target and target not in modules:
+            target = target.rpartition(".")[0]
+        return target or None
+
+    edges: dict[str, set[str]] = {}
+    for path in files:
+        me = module_name(path, root)
+        package = me if path.name == "__init__.py" else me.rsplit(".", 1)[0]
+        found: set[str | None] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                found.update(known(a.name) for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    target = ".".join([*base, node.module] if node.module else base)
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in modules else known(target))
+        edges[me] = {m for m in found if m is not None and m != me}
+    return edges
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that reach one another (Tarjan's strongly connected components with
+    more than one member), each sorted, for the message."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_no_two_files_import_each_other() -> None:
+    found = circles(file_edges(SRC))
+    assert found == [], f"import circle between files (docs/design.md, Layers): {found}"
+
+
+def test_a_lazy_import_circle_inside_a_package_is_found(tmp_path: Path) -> None:
+    """The circle this test was written for: ``background`` imported ``set_thread_nice`` from
+    ``checkpointer`` inside a function while ``checkpointer`` imported ``background``."""
+    pkg = tmp_path / "hpclaunch" / "ckpt"
+    pkg.mkdir(parents=True)
+    (tmp_path / "hpclaunch" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("from .checkpointer import Checkpointer\n")
+    (pkg / "channel.py").write_text("")
+    (pkg / "checkpointer.py").write_text("from .background import agree\nclass Checkpointer: ...\n")
+    (pkg / "background.py").write_text(
+        "from . import channel\ndef agree():\n    from .checkpointer import nice\n"
+    )
+    root = tmp_path / "hpclaunch"
+    assert circles(file_edges(root)) == [["hpclaunch.ckpt.background", "hpclaunch.ckpt.checkpointer"]]
+    (pkg / "background.py").write_text("from . import channel\ndef agree(): ...\n")
+    assert circles(file_edges(root)) == []

@@ -7,6 +7,7 @@ checkpoint, also read-only for ``hpclaunch sample``), ``faults`` (failures in th
 hooks), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
 ``staging`` + ``channel`` + ``writer_process`` + ``writer_main`` (the writer process of each rank,
 fed through shared memory), ``background`` (the process and thread writers behind one interface),
+``priority`` (the writers' CPU priority),
 ``interval`` (when to save: every N steps or minutes, or Young/Daly) and ``checkpointer``
 (collective saves and loads). Data is written by
 torch.distributed.checkpoint (DCP), so DDP and FSDP share one format and a checkpoint written by

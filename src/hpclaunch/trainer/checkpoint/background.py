@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
 from ...rundir import CHECKPOINT_WRITER_STARVED
+from .priority import set_thread_nice
 from .starvation import StarvationWatch
 from .writing import Published, SaveJob, SaveWriter
 
@@ -97,8 +98,6 @@ class ThreadBackground:
         return staged
 
     def _run(self, job: SaveJob, staged: dict[str, Any]) -> tuple[Published | None, float]:
-        from .checkpointer import set_thread_nice
-
         set_thread_nice(self._nice)
         begun = time.monotonic()
         published = self._writer.write_and_publish(job, staged)

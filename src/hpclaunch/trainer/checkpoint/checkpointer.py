@@ -10,11 +10,7 @@ writer runs, since each gloo group costs W sockets per rank), else one of the ch
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -452,14 +448,3 @@ def _verify_share(info: CheckpointInfo, rank: int, world: int) -> dict[str, Any]
         return {"invalid": str(e)}
     except FilesystemError as e:
         return {"filesystem": e.one_line()}
-
-
-def set_thread_nice(added: int) -> None:
-    """Run the calling thread at the process's niceness plus ``added`` (Linux: niceness is per
-    thread, and the threads this one starts, DCP's writers included, inherit it). Elsewhere, or
-    where the kernel refuses, the thread keeps its priority: a slower save, never a failed one."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError):
-        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + added))

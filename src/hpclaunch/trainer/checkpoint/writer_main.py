@@ -33,6 +33,7 @@ from typing import Any
 from ...errors import CheckpointError
 from . import channel
 from .directory import CheckpointDir, EventBuffer
+from .priority import lower_process_priority
 from .save_plans import SavePlans
 from .staging import Slot, dtype_of, map_fd
 from .writing import SaveJob, SaveWriter
@@ -45,7 +46,7 @@ GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
     _die_with_parent(int(spec["parent"]))
-    _lower_priority(int(spec["nice"]), idle=bool(spec.get("idle")))
+    lower_process_priority(int(spec["nice"]), idle=bool(spec.get("idle")))
     logging.basicConfig(
         level=logging.WARNING, format=f"[checkpoint writer of rank {spec['rank']}] %(name)s: %(message)s"
     )
@@ -286,26 +287,6 @@ def _die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     if os.getppid() != parent:
         os._exit(1)
-
-
-def _lower_priority(nice: int, *, idle: bool) -> None:
-    """The writer's CPU time yields to training where they share cores (a refusal costs speed only).
-
-    ``idle`` (Linux SCHED_IDLE): it runs only on CPU time nothing else wants. The training process
-    never waits for it except in ``wait`` (the next save, the end), and while it waits its own core
-    is free; on a GPU node the cores it needs are idle anyway. Where other processes keep every core
-    busy too, a waiting rank finds it starved and replaces it by one at ``nice`` (``starvation``):
-    this process could not raise its own priority again. Else ``nice`` is added to its niceness
-    (CFS still gives it a share of a busy core: ~10 % at +10)."""
-    if idle and hasattr(os, "SCHED_IDLE"):
-        try:
-            os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-            return
-        except OSError:
-            pass
-    if nice > 0:
-        with contextlib.suppress(OSError):
-            os.nice(nice)
 
 
 if __name__ == "__main__":
