@@ -1,11 +1,11 @@
 # README's two commands: `make demo` (set up + run the main job on the embedded local scheduler)
-# and `make test` (set up + lint + type check + the whole test suite).
+# and `make test` (set up + lint + type check + the whole test suite); `make check` is the edit loop.
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv test lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
+.PHONY: venv check test lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
 
 # torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
 $(STAMP): pyproject.toml
@@ -23,6 +23,12 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
+
+# The edit loop, under a minute: lint, types and the pure-logic tests (marked `fast`, not `spawns`:
+# no process started, no torch.distributed group, no cluster; tests/conftest.py fails a `fast`
+# test that starts a process). `make test` is what CI runs.
+check: lint typecheck
+	$(BIN)/pytest -q -m "fast and not spawns" -p no:cacheprovider
 
 # Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
 # and OpenPBS; skipped with a reason when they cannot start, an error when

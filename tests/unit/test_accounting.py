@@ -8,6 +8,8 @@ import pytest
 
 from hpclaunch.orchestrator.accounting import PHASES, RunTime, account, fmt_seconds
 
+pytestmark = pytest.mark.fast
+
 
 def ev(event: str, ts: float, attempt: str | None = None, **fields: object) -> dict[str, object]:
     out: dict[str, object] = {"event": event, "ts": ts, **fields}

@@ -22,6 +22,8 @@ from hpclaunch.rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from hpclaunch.rundir.clock import AttemptClock, allocation_start, attempt_end, stop_lead_s
 from hpclaunch.templates.lint import lint_slurm
 
+pytestmark = pytest.mark.fast
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAUSE_VALUES = {c.value for c in Cause}
@@ -200,6 +202,7 @@ def test_the_clock_is_recorded_whole_and_read_back() -> None:
 # ---- old run directories still read -------------------------------------------------------------
 
 
+@pytest.mark.spawns
 def test_a_run_written_before_the_contract_reads_the_same(tmp_path: Path) -> None:
     """A local run (three attempts, two time-limit requeues) recorded by the code before this
     change: ``status`` tells the same story, figure for figure, and ``report`` draws it."""

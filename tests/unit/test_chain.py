@@ -25,6 +25,8 @@ from hpclaunch.rundir.chain import Follower, claim, followers, register, verdict
 from hpclaunch.schedulers.chain import settle_followers
 from hpclaunch.schedulers.local import LocalScheduler, read_state
 
+pytestmark = pytest.mark.fast
+
 RUN = Path("/runs/stage1")
 
 
@@ -103,6 +105,7 @@ def wait(predicate: object, timeout: float = 30) -> None:
     raise TimeoutError
 
 
+@pytest.mark.spawns
 def test_a_finished_run_releases_its_held_local_follower_once(tmp_path: Path) -> None:
     stage1 = RunPaths(tmp_path / "stage1").ensure()
     paths, job = held_local_run(tmp_path / "stage2")
@@ -127,6 +130,7 @@ def test_a_finished_run_releases_its_held_local_follower_once(tmp_path: Path) ->
     assert [f.run for f in followers(stage1)] == [paths.root]
 
 
+@pytest.mark.spawns
 def test_a_failed_run_cancels_its_held_local_follower_and_says_why(tmp_path: Path) -> None:
     stage1 = RunPaths(tmp_path / "stage1").ensure()
     paths, job = held_local_run(tmp_path / "stage2")

@@ -21,6 +21,8 @@ from hpclaunch.trainer.checkpoint.interval import (
     young_daly_interval_s,
 )
 
+pytestmark = pytest.mark.fast
+
 
 def test_young_daly_worked_example() -> None:
     # A save costs training 0.5 s; a node fails every 5,000 h; 8 nodes: the run fails every

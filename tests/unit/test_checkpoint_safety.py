@@ -21,6 +21,8 @@ from hpclaunch.trainer.checkpoint import (
     scan_checkpoints,
 )
 
+pytestmark = pytest.mark.fast
+
 
 class MakesMarker:
     """Unpickling this calls ``open(marker, "w")``: creates a file, as arbitrary code would."""

@@ -26,6 +26,8 @@ from hpclaunch.trainer.checkpoint import (
 )
 from hpclaunch.trainer.checkpoint import writing as writing_mod
 
+pytestmark = pytest.mark.fast
+
 
 def make(tmp_path: Path, **kw: Any) -> Checkpointer:
     args: dict[str, Any] = {
@@ -95,6 +97,7 @@ def test_blocking_save_publishes_a_complete_directory_and_loads_back_exactly(tmp
     assert ck.last_save_seconds is not None and ck.last_stall_seconds is not None
 
 
+@pytest.mark.spawns
 def test_async_save_stages_a_copy_and_returns_before_writing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,6 +119,7 @@ def test_async_save_stages_a_copy_and_returns_before_writing(
     assert event["blocking"] is False and event["stall_s"] < 0.5 <= event["seconds"]
 
 
+@pytest.mark.spawns
 def test_next_save_waits_for_the_previous_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV_DELAY_WRITE, "0.3")
     ck = make(tmp_path)
@@ -128,6 +132,7 @@ def test_next_save_waits_for_the_previous_one(tmp_path: Path, monkeypatch: pytes
     assert [i.step for i in ck.list_valid()] == [1, 2]
 
 
+@pytest.mark.spawns
 def test_saving_an_already_published_step_is_skipped(tmp_path: Path) -> None:
     ck = make(tmp_path)
     ck.save(3, state_at(3), blocking=False)
@@ -151,6 +156,7 @@ def test_a_published_directory_without_manifest_is_moved_aside_and_saved_again(t
     assert event["reason"].startswith("no manifest.json") and event["moved_to"].endswith(".corrupt")
 
 
+@pytest.mark.spawns
 def test_retention_keeps_last_k_and_every_nth(tmp_path: Path) -> None:
     ck = make(tmp_path, keep_last=2, keep_every=3)
     for step in range(1, 8):
@@ -187,6 +193,7 @@ def test_background_error_surfaces_on_wait_and_the_next_save_works(
     ck.close()
 
 
+@pytest.mark.spawns
 def test_saves_reuse_their_plan_and_a_changed_state_is_planned_again(tmp_path: Path) -> None:
     from torch.distributed.checkpoint.planner import SavePlanner
 

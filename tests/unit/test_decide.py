@@ -23,6 +23,8 @@ from hpclaunch.jobs.decide import (
 from hpclaunch.rundir import AttemptOutcome
 from hpclaunch.rundir.cause import Cause
 
+pytestmark = pytest.mark.fast
+
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 
 

@@ -23,6 +23,8 @@ from hpclaunch.orchestrator.cost import measured
 from hpclaunch.orchestrator.status import summarize
 from hpclaunch.rundir import RunPaths, read_events
 
+pytestmark = pytest.mark.fast
+
 RECORDED = Path(__file__).resolve().parent / "recorded" / "requeued_run"
 AFTER_SECOND_REQUEUE = 1795545687.0  # attempt 2 requeued at step 107, attempt 3 not yet started
 LIMIT = 25.0
@@ -112,6 +114,7 @@ def test_attempts_needed_follow_the_time_limit() -> None:
     assert any("prices GPU-hours" in n for n in e.notes)
 
 
+@pytest.mark.spawns
 def test_status_json_has_eta_gpu_hours_and_cost(tmp_path: Path) -> None:
     run = tmp_path / "run"
     shutil.copytree(RECORDED, run)

@@ -26,7 +26,7 @@ from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model import build_model
 
 MODEL = tiny_model(1)
-pytestmark = pytest.mark.usefixtures("in_process_trainer")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("in_process_trainer")]
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,7 @@ def test_a_new_run_starts_from_the_ema_weights_with_a_fresh_optimizer(
     tr.close()
 
 
+@pytest.mark.spawns
 def test_once_it_has_a_checkpoint_the_run_resumes_from_it_and_never_reinitializes(
     tmp_path: Path, data: Path, stage1: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,6 +184,7 @@ def wandb_records(path: Path) -> list[Any]:
     return out
 
 
+@pytest.mark.spawns
 def test_an_offline_wandb_run_spans_both_attempts(
     tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,8 @@ from tests.runlib import hpclaunch
 from hpclaunch.config import load_config, merge_layers
 from hpclaunch.errors import ConfigError
 
+pytestmark = pytest.mark.fast
+
 BASE = """\
 name: base
 scheduler: {kind: slurm, nodes: 2, time_limit: "02:00:00", exclude: [n1, n2]}
@@ -33,6 +35,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
+@pytest.mark.spawns
 def test_later_files_override_key_by_key_then_set(tmp_path: Path) -> None:
     base, exp = write(tmp_path, "base.yaml", BASE), write(tmp_path, "exp.yaml", HIGHRES)
     cfg = load_config([base, exp], ["train.lr=5e-4", "launch.env.C=4"])
@@ -50,6 +53,7 @@ def test_later_files_override_key_by_key_then_set(tmp_path: Path) -> None:
     assert shown["launch"]["env"] == {"A": "1", "B": "3"}
 
 
+@pytest.mark.spawns
 def test_an_unknown_key_in_the_second_file_is_named_with_that_file(tmp_path: Path) -> None:
     base = write(tmp_path, "base.yaml", BASE)
     exp = write(tmp_path, "exp.yaml", HIGHRES.replace("steps: 3000", "stepz: 3000"))

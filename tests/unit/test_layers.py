@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.fast
+
 SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
 
 # What each part may import (besides itself). Top-level modules count as parts of their own.

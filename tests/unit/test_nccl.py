@@ -22,6 +22,8 @@ from hpclaunch.nccl import (
     validate_nccl_env,
 )
 
+pytestmark = pytest.mark.fast
+
 # ---- fake sysfs -----------------------------------------------------------------------------
 
 

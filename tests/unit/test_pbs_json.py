@@ -19,6 +19,8 @@ from hpclaunch.schedulers.pbs_json import (
     parse_server,
 )
 
+pytestmark = pytest.mark.fast
+
 DATA = Path(__file__).parent / "pbs_records"
 
 

@@ -17,6 +17,8 @@ from hpclaunch.schedulers import pbs
 from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.schedulers.pbs_json import parse_jobs
 
+pytestmark = pytest.mark.fast
+
 DATA = Path(__file__).parent / "pbs_records"
 
 

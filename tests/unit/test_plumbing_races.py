@@ -23,6 +23,8 @@ from hpclaunch.rundir.control import relay_stop
 from hpclaunch.rundir.lock import LockHolder
 from hpclaunch.schedulers.base import NodeContext
 
+pytestmark = pytest.mark.fast
+
 # ---- 4. create_exclusive: EEXIST for our own, retransmitted LINK ------------------------------------
 
 

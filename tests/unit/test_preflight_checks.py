@@ -30,6 +30,8 @@ from hpclaunch.preflight.sizes import estimate_parameters
 from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.shards import synth_dataset
 
+pytestmark = pytest.mark.fast
+
 CPU_TORCH = {
     "version": "2.13.0+cpu",
     "cuda_build": None,

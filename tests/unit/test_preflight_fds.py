@@ -15,6 +15,8 @@ from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.report import Status
 from hpclaunch.schedulers.base import NodeContext
 
+pytestmark = pytest.mark.fast
+
 
 def cfg_for(tmp_path: Path, nodes: int, procs: int, **checkpoint: Any) -> RunConfig:
     raw = {

@@ -8,10 +8,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight.base import CheckContext, CommandResult, Status
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.scheduler import check_scheduler
+
+pytestmark = pytest.mark.fast
 
 DATA = Path(__file__).parent / "pbs_records"
 SCHED = 'Sched default\n    preempt_order = "SCR 80 SC"\n    scheduling = True\n'

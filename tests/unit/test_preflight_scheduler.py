@@ -22,6 +22,8 @@ from hpclaunch.preflight.scheduler import (
     parse_slurm_time,
 )
 
+pytestmark = pytest.mark.fast
+
 # sinfo -h -a -N -o "%P|%a|%l|%N|%T|%G|%f" on a GPU cluster (one line per node and partition)
 SINFO_GPU = """\
 gpu*|up|2-00:00:00|gpu001|idle|gpu:h100:8(S:0-1)|h100,ib

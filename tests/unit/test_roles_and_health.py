@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpclaunch.config import RunConfig
 from hpclaunch.jobs import allocation
 from hpclaunch.jobs.allocation import DEAD_AFTER_S, Allocation, Roster, await_reports
@@ -23,6 +25,8 @@ from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.progress import progress_file
 from hpclaunch.schedulers.base import NodeContext
+
+pytestmark = pytest.mark.fast
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 HOSTS = ("n1", "n2", "n3")

@@ -10,6 +10,8 @@ from hpclaunch.orchestrator.launch import prepare
 from hpclaunch.orchestrator.plan import build
 from hpclaunch.templates.lint import lint_slurm, sbatch_directives
 
+pytestmark = pytest.mark.fast
+
 SLURM = ["scheduler.kind=slurm", "run_dir=/runs/x"]
 PBS = ["scheduler.kind=pbs", "run_dir=/runs/x"]
 

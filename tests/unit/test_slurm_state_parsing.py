@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from hpclaunch.schedulers.base import JobState
 from hpclaunch.schedulers.slurm import parse_sacct_json, parse_squeue_json
+
+pytestmark = pytest.mark.fast
 
 
 def num(n: int) -> dict[str, object]:

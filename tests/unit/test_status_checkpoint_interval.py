@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hpclaunch.orchestrator.checkpoint_interval import checkpoint_interval_summary, describe
+
+pytestmark = pytest.mark.fast
 
 
 def decision(**kw: object) -> dict[str, object]:

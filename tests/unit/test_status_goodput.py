@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from hpclaunch.orchestrator.status import (
     LOST_AFTER_S,
     attempts_from_events,
@@ -9,6 +11,8 @@ from hpclaunch.orchestrator.status import (
     goodput,
     run_state,
 )
+
+pytestmark = pytest.mark.fast
 
 
 def ev(event: str, attempt: str | None = None, **fields: object) -> dict[str, object]:

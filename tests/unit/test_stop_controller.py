@@ -21,6 +21,8 @@ from hpclaunch.rundir.control import (
     write_user_stop,
 )
 
+pytestmark = pytest.mark.fast
+
 
 class FakeClock:
     def __init__(self, now: float = 1000.0) -> None:

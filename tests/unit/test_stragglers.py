@@ -7,10 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from hpclaunch.jobs.stragglers import StragglerTracker
 from hpclaunch.orchestrator.stragglers import describe, straggler_summary
 from hpclaunch.rundir import Ledger, RunPaths, read_events
 from hpclaunch.rundir.progress import steptimes_file
+
+pytestmark = pytest.mark.fast
 
 
 def line(rank: int, step: int, work: float, attempt: str = "j.0") -> dict[str, Any]:

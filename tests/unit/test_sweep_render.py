@@ -8,6 +8,8 @@ from hpclaunch.config import load_config
 from hpclaunch.errors import UserInputError
 from hpclaunch.orchestrator.launch import expand_sweep, prepare
 
+pytestmark = pytest.mark.fast
+
 SWEEPS = ["train.lr=1e-4,3e-4", "model.depth=2,4"]
 
 

@@ -17,6 +17,8 @@ from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.checkpoint import Checkpointer
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -10,6 +10,8 @@ from hpclaunch.cli import main
 from hpclaunch.config import load_config
 from hpclaunch.shards import validate_dataset
 
+pytestmark = pytest.mark.fast
+
 
 def test_synth_writes_a_valid_dataset(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "d"

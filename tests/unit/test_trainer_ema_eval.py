@@ -22,7 +22,7 @@ from hpclaunch.trainer.state import params_sha256
 
 MODEL = tiny_model(2)
 
-pytestmark = pytest.mark.usefixtures("in_process_trainer")
+pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("in_process_trainer")]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,7 @@ def test_ema_follows_the_warmed_up_decay_and_swaps_in_and_out_exactly() -> None:
     assert set(ema.state_dict()["weights"]) == {n for n, _ in model.named_parameters()}
 
 
+@pytest.mark.spawns
 def test_fsdp_evaluation_is_fixed_and_leaves_training_bitwise_untouched(tmp_path: Path, data: Path) -> None:
     common = ["train.parallel=fsdp", "train.ema_decay=0.9", "data.val_fraction=0.2", "train.eval_samples=12"]
     results = {}

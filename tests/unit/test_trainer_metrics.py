@@ -10,6 +10,8 @@ import torch
 
 from hpclaunch.trainer.metrics import FIELDS, MetricsLog, MetricsWindow
 
+pytestmark = pytest.mark.fast
+
 
 def t(x: float) -> torch.Tensor:
     return torch.tensor(x)

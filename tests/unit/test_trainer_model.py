@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from hpclaunch.config import ModelConfig
 from hpclaunch.trainer.model import build_model, count_parameters
+
+pytestmark = pytest.mark.fast
 
 SMALL = ModelConfig(vocab_size=40, text_len=6, latent_len=3, latent_dim=5, depth=1, dim_text=16, dim_latent=16, dim_cond=16, heads=2, dim_head=8)  # fmt: skip
 

@@ -9,6 +9,8 @@ from hpclaunch.config import ModelConfig
 from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import compute_losses, draw, mix_seed
 
+pytestmark = pytest.mark.fast
+
 M = ModelConfig(vocab_size=40, text_len=10, latent_len=3, latent_dim=4, depth=1, dim_text=16, dim_latent=16, dim_cond=16, heads=2, dim_head=8)  # fmt: skip
 
 
