@@ -113,7 +113,7 @@ class NodeAgent:
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is over
-        self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_decider``)
+        self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_roster``)
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
 
@@ -169,9 +169,7 @@ class NodeAgent:
                 self._follow_roster()
                 return None
             self._take_over()  # the decider died during the checks: this agent gathers and announces
-        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
-        nodes = {ranks[h]: h for h in self.roster.nodes if h in ranks}
-        verdicts = barrier.gather(nodes, gone=lambda h: not self.alloc.alive(h))
+        verdicts = barrier.gather(self._node_ranks(self.roster.nodes), gone=lambda h: not self.alloc.alive(h))
         roster = self.roster.without(verdicts.failed_nodes)
         covered = not (set(roster.training) & set(verdicts.failed_nodes))
         if verdicts.data_error is None and covered:
@@ -427,7 +425,7 @@ class NodeAgent:
             smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
             lead=self.decider,
         )
-        watchdog.ack_nodes = [self.ctx.hosts.index(h) for h in self.roster.training if h in self.ctx.hosts]
+        watchdog.ack_nodes = list(self._node_ranks(self.roster.training))
         return watchdog
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
@@ -465,10 +463,12 @@ class NodeAgent:
         """The training nodes' reports: (dead, stuck) nodes (``allocation.await_reports``). While
         the attempt still runs (this decider does not train) this agent leads the watchdog and
         relays the scheduler's signals meanwhile."""
-        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
-        expect = {ranks[h]: h for h in self.roster.training if h in ranks}
         watchdog = self._watchdog() if self.ctx.hostname not in self.roster.training else None
-        return await_reports(self.alloc, self.attempt, expect, poll=lambda: self._watch(watchdog, list))
+
+        def poll() -> None:
+            self._watch(watchdog, list)
+
+        return await_reports(self.alloc, self.attempt, self._node_ranks(self.roster.training), poll=poll)
 
     def _decide(self, returncode: int) -> Decision:
         alone = tuple(self.roster.training) == (self.ctx.hostname,)
@@ -512,11 +512,15 @@ class NodeAgent:
 
     def _suspect(self) -> Suspicion | None:
         """The node this attempt's crash is pinned on, if the evidence names one (``attribution``)."""
-        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
-        expect = {ranks[h]: h for h in self.roster.training if h in ranks}
+        expect = self._node_ranks(self.roster.training)
         reports = self.alloc.reports(self.attempt, expect)
         logs = {h: self.paths.node_log(self.attempt, r) for r, h in expect.items()}
         return suspect(reports, logs)
+
+    def _node_ranks(self, hosts: tuple[str, ...]) -> dict[int, str]:
+        """Node rank (the host's place in the allocation) -> host, for ``hosts``."""
+        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
+        return {ranks[h]: h for h in hosts if h in ranks}
 
     def _in_place_ok(self) -> bool:
         """The allocation can carry another attempt: no stop under way, and time for a start-up and
