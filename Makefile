@@ -49,7 +49,7 @@ pbs: venv
 golden: venv
 	HPCLAUNCH_UPDATE_GOLDEN=1 $(BIN)/pytest -q tests/unit/test_render_golden.py
 
-# Regenerate the config reference in README from the schema.
+# Regenerate the config reference (docs/configuration.md) from the schema.
 docs: venv
 	$(BIN)/python scripts/update_readme_reference.py
 
