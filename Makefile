@@ -28,7 +28,7 @@ typecheck: venv
 # no process started, no torch.distributed group, no cluster; tests/conftest.py fails a `fast`
 # test that starts a process). `make test` is what CI runs.
 check: lint typecheck
-	$(BIN)/pytest -q -m "fast and not spawns" -p no:cacheprovider
+	HPCLAUNCH_FAST_GUARD=1 $(BIN)/pytest -q -m "fast and not spawns" -p no:cacheprovider
 
 # Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
 # and OpenPBS; skipped with a reason when they cannot start, an error when
