@@ -23,6 +23,7 @@ from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier, run_checks
 from hpclaunch.jobs.watchdog import Watchdog, read_verdict
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.paths import newest_checkpoint_step
 from hpclaunch.rundir.progress import progress_file
 from hpclaunch.schedulers.base import NodeContext
 
@@ -311,26 +312,33 @@ def test_a_hinted_node_restarts_in_place_once_and_is_evicted_the_second_time() -
     assert "second crash pinned on it" in second.reason
 
 
-def test_a_run_that_restarts_without_a_new_checkpoint_stops_as_no_progress() -> None:
-    """NVRx's "no progress" exit: a restart loop that only burns the allocation ends with that reason."""
+def test_a_run_that_restarts_without_a_new_checkpoint_stops_as_no_progress(tmp_path: Path) -> None:
+    """NVRx's "no progress" exit: a restart loop that only burns the allocation ends with that
+    reason. The newest checkpoint is read from the checkpoint folder (an async save's ledger line
+    comes late, or never when the attempt is killed), and each failure's continuation records it."""
     budgets = Budgets(3, 5, 5, 5, max_restarts_without_progress=3)
-    saved = {"event": "checkpoint_saved", "step": 20}
-    crash = {"event": "requeued", "cause": "crash", "counts_as": "crash"}
-    hang = {"event": "requeued", "cause": "hang", "counts_as": "hang"}
-    assert History.from_events([saved, crash, hang]).no_progress == 2
-    stuck = History.from_events([saved, crash, hang, crash])
-    assert stuck.no_progress == 3 and stuck.newest_checkpoint == 20
-    d = decide(Facts(CRASH, in_place_ok=True), stuck, budgets, can_exclude_nodes=True)
+    crash = {"event": "requeued", "cause": "crash", "counts_as": "crash", "checkpoint": 20}
+    hang = {"event": "requeued", "cause": "hang", "counts_as": "hang", "checkpoint": 20}
+    stuck = History.from_events([{**crash, "checkpoint": None}, crash, hang, crash])
+    assert stuck.no_progress(20) == 3 and stuck.no_progress(30) == 0
+    d = decide(Facts(CRASH, in_place_ok=True, newest_checkpoint=20), stuck, budgets, can_exclude_nodes=True)
     assert (
         d.action is Action.FAIL and "no progress: 3 restarts in a row" in d.reason and "step 20" in d.reason
     )
-    # a new checkpoint between failures is progress; a timeout's requeue breaks the streak too
-    assert History.from_events([saved, crash, hang, {**saved, "step": 40}, crash]).no_progress == 1
-    timeout = {"event": "requeued", "cause": "timeout", "counts_as": "requeue"}
-    assert History.from_events([saved, crash, crash, timeout]).no_progress == 0
-    # and a stop is never refused for it
-    stopped = decide(Facts(AttemptOutcome("stopped", "timeout", 40)), stuck, budgets, can_exclude_nodes=True)
-    assert stopped.action is Action.CONTINUE
+    # a new checkpoint since the last failure is progress
+    d = decide(Facts(CRASH, in_place_ok=True, newest_checkpoint=30), stuck, budgets, can_exclude_nodes=True)
+    assert d.action is Action.CONTINUE
+    # a timeout's requeue breaks the streak; a stop is never refused for it
+    timeout = {"event": "requeued", "cause": "timeout", "counts_as": "requeue", "checkpoint": 20}
+    assert History.from_events([crash, crash, crash, timeout]).no_progress(20) == 0
+    stopped = Facts(AttemptOutcome("stopped", "timeout", 40), newest_checkpoint=20)
+    assert decide(stopped, stuck, budgets, can_exclude_nodes=True).action is Action.CONTINUE
+    # the folder's newest published step (not a temporary, not one set aside)
+    paths = RunPaths(tmp_path).ensure()
+    assert newest_checkpoint_step(paths) is None
+    for name in ("step_000010", "step_000020", ".step_000030.tmp-ab12", "step_000040.corrupt"):
+        (paths.checkpoints / name).mkdir(parents=True)
+    assert newest_checkpoint_step(paths) == 20
 
 
 def test_roster_without_failed_nodes_puts_healthy_spares_in_their_places() -> None:

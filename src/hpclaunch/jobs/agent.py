@@ -64,6 +64,7 @@ from ..rundir.control import take_user_stop
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
 from ..rundir.lock import liveness
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
+from ..rundir.paths import newest_checkpoint_step
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
@@ -116,6 +117,7 @@ class NodeAgent:
         self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_roster``)
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
+        self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
 
     @property
     def attempt(self) -> str:
@@ -489,6 +491,7 @@ class NodeAgent:
             self.hang = Verdict.stuck(self.attempt, stuck, REPORT_GRACE_S)
             self.ledger.append(HANG, **self.hang.ledger_fields())
         blamed = self._suspect() if outcome is None or outcome.status == "failed" else None
+        self.newest_checkpoint = newest_checkpoint_step(self.paths)
         # Taken now (atomically): a request written after this moment is the next attempt's.
         user = take_user_stop(self.paths, self.attempt)
         facts = Facts(
@@ -505,6 +508,7 @@ class NodeAgent:
             suspect=blamed.node if blamed is not None else None,
             suspect_evidence=blamed.evidence if blamed is not None else "",
             suspect_certain=blamed is not None and blamed.certain,
+            newest_checkpoint=self.newest_checkpoint,
             spares=tuple(h for h in self.roster.spares if self.alloc.alive(h)),
             in_place_ok=self._in_place_ok(),
         )
@@ -673,6 +677,8 @@ class NodeAgent:
             fields["replaced"] = dict(decision.replace)
         if decision.suspect:
             fields["suspect"] = decision.suspect
+        if decision.action in (Action.CONTINUE, Action.EXCLUDE) and self.newest_checkpoint is not None:
+            fields["checkpoint"] = self.newest_checkpoint  # what the continuation resumes from
         if note:
             fields["note"] = note
         if (

@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 
 from ..rundir import (
     CANCELLED,
-    CHECKPOINT_SAVED,
     ENDED,
     FAILED,
     FINISHED,
@@ -92,6 +91,9 @@ class Facts:
     suspect: str | None = None
     suspect_evidence: str = ""
     suspect_certain: bool = False
+    # The newest checkpoint's step in the run directory now (None: none yet): what the next attempt
+    # resumes from. Failures continued in a row from the same one are a restart loop.
+    newest_checkpoint: int | None = None
     spares: tuple[str, ...] = ()  # healthy hot spares waiting in this allocation, in order
     # The allocation can carry another attempt (no stop pending, time left): a continuation that
     # needs no new allocation happens in place.
@@ -109,9 +111,18 @@ class History:
     excluded: tuple[str, ...] = ()  # nodes earlier decisions kept the run off
     ended: str | None = None  # the run already ended (finished/failed/...): the event name
     suspected: Mapping[str, int] = field(default_factory=dict)  # node -> crashes attributed to it
-    # Failures continued in a row with no new checkpoint between them (NVRx's "no progress").
-    no_progress: int = 0
-    newest_checkpoint: int | None = None
+    # The newest checkpoint each failure continued in a row resumed from (their `checkpoint`), since
+    # the last continuation that was not a failure's: NVRx's "no progress" count comes from it.
+    failure_checkpoints: tuple[int | None, ...] = ()
+
+    def no_progress(self, newest: int | None) -> int:
+        """Failures continued in a row, the last ones, from the checkpoint that is still the newest."""
+        count = 0
+        for step in reversed(self.failure_checkpoints):
+            if step != newest:
+                break
+            count += 1
+        return count
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
@@ -120,28 +131,25 @@ class History:
         excluded: list[str] = []
         ended: str | None = None
         suspected: dict[str, int] = {}
-        newest: int | None = None  # the newest checkpoint's step
-        streak, at_failure = 0, None  # failures in a row with no new checkpoint; newest at the last
+        failures: list[int | None] = []  # the checkpoint of each failure continued in a row
         for e in events:
             kind = e.get("event")
             # `submitting` is written before the scheduler is asked, `submitted` once it answered:
             # an attempt may start in between, and must already see the run started again.
             if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
                 spent = {"requeue": 0, "crash": 0, "hang": 0}
-                excludes, excluded, ended, suspected, streak = 0, [], None, {}, 0
+                excludes, excluded, ended, suspected, failures = 0, [], None, {}, []
             elif kind in (SUBMITTING, SUBMITTED):
                 ended = None  # `submit --resume` starts the run again; budgets carry on
-            elif kind == CHECKPOINT_SAVED and isinstance(e.get("step"), int):
-                newest = max(newest if newest is not None else -1, int(e["step"]))
             elif kind == REQUEUED:
                 budget = _budget_of(e)
                 if budget in spent:
                     spent[budget] += 1
                 if budget in FAILURE_BUDGETS:
-                    streak = streak + 1 if streak and at_failure == newest else 1
-                    at_failure = newest
+                    step = e.get("checkpoint")
+                    failures.append(int(step) if isinstance(step, int) else None)
                 else:
-                    streak = 0
+                    failures = []
                 if e.get("suspect"):
                     suspected[str(e["suspect"])] = suspected.get(str(e["suspect"]), 0) + 1
             elif kind in (NODE_EXCLUDED, NODE_REPLACED):
@@ -157,8 +165,7 @@ class History:
             tuple(dict.fromkeys(excluded)),
             ended,
             suspected,
-            streak if at_failure == newest else 0,
-            newest,
+            tuple(failures),
         )
 
 
@@ -238,7 +245,7 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         return Decision(Action.FAIL, out.cause, out.error or "the trainer failed")
     if facts.user_stop and not facts.continue_requested:
         return _user_end(facts)
-    stalled = _no_progress(history, budgets)
+    stalled = _no_progress(history, budgets, facts.newest_checkpoint)
     if stalled is not None and _is_failure(facts):
         what = facts.hang or (out.error if out is not None and out.error else None) or "the attempt failed"
         cause = _failure_cause(facts)
@@ -326,18 +333,16 @@ def _failure_cause(facts: Facts) -> Cause:
     return out.cause if out is not None and out.cause is not None else Cause.CRASH
 
 
-def _no_progress(history: History, budgets: Budgets) -> str | None:
-    """Why the run stops restarting: it failed this many times in a row without a new checkpoint
-    (a restart loop that only burns the allocation). None while it may go on."""
-    if history.no_progress < budgets.max_restarts_without_progress:
+def _no_progress(history: History, budgets: Budgets, newest: int | None) -> str | None:
+    """Why the run stops restarting: it was continued this many times in a row after a failure and
+    the newest checkpoint is still the one it resumed from (a restart loop that only burns the
+    allocation). None while it may go on."""
+    count = history.no_progress(newest)
+    if count < budgets.max_restarts_without_progress:
         return None
-    newest = (
-        f"the newest is step {history.newest_checkpoint}"
-        if history.newest_checkpoint is not None
-        else "there is none yet"
-    )
+    which = f"the newest is step {newest}" if newest is not None else "there is none yet"
     return (
-        f"no progress: {history.no_progress} restarts in a row without a new checkpoint ({newest}; "
+        f"no progress: {count} restarts in a row without a new checkpoint ({which}; "
         f"scheduler.max_restarts_without_progress={budgets.max_restarts_without_progress})"
     )
 

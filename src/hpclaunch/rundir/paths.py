@@ -19,8 +19,13 @@ RUN/
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
+
+# A published checkpoint's directory (``trainer.checkpoint`` writes it; anything else in the folder
+# is a temporary, a leftover or a checkpoint set aside as corrupt).
+STEP_DIR_RE = re.compile(r"^step_(\d{6,})$")
 
 
 @dataclass(frozen=True)
@@ -128,3 +133,14 @@ class RunPaths:
 
     def is_run(self) -> bool:
         return self.plan.exists() or self.events_dir.is_dir() or self.legacy_events.exists()
+
+
+def newest_checkpoint_step(paths: RunPaths) -> int | None:
+    """The step of the newest published checkpoint in the run's checkpoint folder (None: none): one
+    listing, no manifest read (what an attempt would resume from, unless that one proves corrupt)."""
+    try:
+        names = [entry.name for entry in paths.checkpoints.iterdir()]
+    except OSError:
+        return None
+    steps = [int(m.group(1)) for name in names if (m := STEP_DIR_RE.fullmatch(name))]
+    return max(steps, default=None)

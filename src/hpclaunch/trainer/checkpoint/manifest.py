@@ -17,6 +17,7 @@ from typing import Any
 
 from ...errors import CheckpointError, FilesystemError
 from ...fsutil import retry_transient
+from ...rundir.paths import STEP_DIR_RE
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -27,7 +28,7 @@ RANK_LOCAL = "rank_local"
 OPTIONAL_SECTIONS = (RANK_LOCAL, "ema")
 CORRUPT_SUFFIX = ".corrupt"
 
-_STEP_RE = re.compile(r"^step_(\d{6,})$")
+_STEP_RE = STEP_DIR_RE
 _LEFTOVER_RE = re.compile(r"^\.step_(\d{6,})\.(tmp|del)-[0-9a-f]+$")
 # Files DCP writes; an unlisted one in a published directory means it was tampered with or mixed up.
 _DCP_FILE_RE = re.compile(r"^(__\d+_\d+\.distcp|(__\d+)?\.metadata(\.tmp)?)$")
