@@ -237,29 +237,3 @@ def test_retention_in_the_writer_keeps_the_last_valid_ones_and_sets_a_corrupt_on
         "step_000004",
         "step_000005",
     ]
-
-
-@pytest.mark.parametrize(
-    ("writer", "async_save", "own"),
-    [("process", True, False), ("thread", True, True), ("thread", False, False)],
-)
-def test_only_the_thread_writer_costs_a_gloo_group_of_its_own_fds(
-    tmp_path: Path, one_rank_group: Any, writer: str, async_save: bool, own: bool
-) -> None:
-    # Every gloo group is a full mesh (W sockets per rank): the trainer's checkpointer shares the
-    # loop's host group unless the thread writer runs collectives from its own thread.
-    import torch.distributed as dist
-
-    from hpclaunch.config import RunConfig
-    from hpclaunch.rundir import RunPaths
-    from hpclaunch.trainer.build import make_checkpointer
-    from hpclaunch.trainer.dist import DistContext
-
-    raw = {"checkpoint": {"writer": writer, "async_save": async_save}}
-    cfg = RunConfig.model_validate(raw).resolved(tmp_path)
-    ctx = DistContext(initialized=True)
-    ckpt = make_checkpointer(cfg, ctx, RunPaths(tmp_path / "run"), None)
-    try:
-        assert (ckpt._pg is not dist.group.WORLD) == own and ckpt._owns_pg == own
-    finally:
-        ckpt.close()

@@ -143,12 +143,6 @@ def make_checkpointer(
     cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
 ) -> Checkpointer:
     c = cfg.checkpoint
-    # Each gloo group is a full mesh (W sockets per rank, docs/design.md "Descriptors"). Only the
-    # thread writer needs a group of the checkpointer's own: its DCP collectives run from another
-    # thread, beside the loop's. Otherwise every checkpointer collective runs on this thread in the
-    # same order on every rank (the process writer's writers have their own group, in their own
-    # process), so it shares the loop's host group.
-    own_group = c.async_save and c.writer == "thread"
     return Checkpointer(
         paths.checkpoints,
         rank=ctx.rank,
@@ -162,5 +156,4 @@ def make_checkpointer(
         writer_nice=c.writer_nice,
         writer_idle=c.writer_idle,
         ledger=ledger,
-        process_group=None if own_group else ctx.host_group(),
     )

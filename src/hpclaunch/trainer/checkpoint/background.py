@@ -11,8 +11,8 @@ write and publish it out of the training loop's way, with the code a blocking sa
 - ``ProcessBackground`` (``checkpoint.writer: process``): ``staging.SharedStager`` and one writer
   process per rank (``writer_process``). A writer that dies fails only its own rank, and its peers may
   wait for it in their group, so ``wait`` is collective: every rank reports (still writing? failed?)
-  over the checkpointer's group (from the training thread only, so it may be the loop's) until all
-  are done or one has failed; then every rank stops its writer and the next save starts fresh ones. An idle-priority
+  over the checkpointer's group, which nothing else uses in this mode, until all are done or one
+  has failed; then every rank stops its writer and the next save starts fresh ones. An idle-priority
   writer that a waiting rank finds starved of CPU (``starvation``) is replaced, on every rank at
   once, by one at ``writer_nice`` that writes the same staged state again.
 """

@@ -3,9 +3,8 @@
 Every rank constructs it at the same point and calls ``save``/``load_latest`` together. Rank 0
 coordinates: it names the temporary directory, writes the manifest, publishes by rename + fsync,
 applies retention, and chooses what to load; its verdicts reach the other ranks as JSON over a
-gloo group: the caller's (``process_group``: the trainer passes its host group unless the thread
-writer runs, since each gloo group costs W sockets per rank), else one of the checkpointer's own
-(the thread writer's background saves must never share a collective order with the training loop). See the package docstring for the layout and the state-dict conventions.
+gloo group of the checkpointer's own (background saves never share a collective order with the
+training loop). See the package docstring for the layout and the state-dict conventions.
 """
 
 from __future__ import annotations
