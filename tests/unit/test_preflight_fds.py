@@ -46,14 +46,14 @@ def limits(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 
 def test_ulimit_need_grows_with_the_world_size_by_the_formula(tmp_path: Path) -> None:
-    # 512 nodes x 8 GPUs, the process writer: one gloo group per rank (W + 3), and the rendezvous
-    # host's store holds a connection per rank, per writer and per agent (2W + N): that one is larger.
-    big = cfg_for(tmp_path, 512, 8)
+    # 512 nodes x 8 GPUs: two gloo groups per rank (the host group and the checkpointer's own,
+    # W + 3 each), and the rendezvous host's store holds a connection per rank, per writer and per
+    # agent (2W + N): that one is larger.
     w = 4096
-    assert fds.gloo_group_sizes(big) == [w]
+    big = cfg_for(tmp_path, 512, 8)
+    assert fds.gloo_group_sizes(big) == [w, w]
     assert fds.needed_fds(big) == fds.BASE_FDS + 2 * w + 512
-    thread = cfg_for(tmp_path, 512, 8, writer="thread")
-    assert fds.gloo_group_sizes(thread) == [w, w]  # the thread writer's group of its own
+    thread = cfg_for(tmp_path, 512, 8, writer="thread")  # no writer processes at the store: a rank
     assert fds.needed_fds(thread) == fds.BASE_FDS + 2 * (w + fds.PER_GLOO_GROUP)
     assert fds.needed_fds(cfg_for(tmp_path, 2, 1)) < 1024
 

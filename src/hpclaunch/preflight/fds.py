@@ -27,11 +27,11 @@ PER_GLOO_GROUP = 3  # beside the W-1 peer sockets: the listening socket, the eve
 
 def gloo_group_sizes(cfg: RunConfig) -> list[int]:
     """The size of every gloo group one training process joins (``trainer/dist.py``, ``build.py``)."""
-    s, t, c = cfg.scheduler, cfg.train, cfg.checkpoint
+    s, t = cfg.scheduler, cfg.train
     world = s.world_size
-    sizes = [world]  # the host group: the default group on CPU, the gloo group beside NCCL
-    if c.async_save and c.writer == "thread":
-        sizes.append(world)  # the thread writer's collectives run beside the loop's
+    # The host group (the default group on CPU, the gloo group beside NCCL) and the checkpointer's
+    # own: background saves never share a collective order with the training loop's collectives.
+    sizes = [world, world]
     shard = t.fsdp_shard_size
     if t.parallel == "fsdp" and s.gpus_per_node == 0 and shard is not None and shard < world:
         sizes += [world // shard, shard]  # HSDP's mesh: a replicate and a shard group, gloo on CPU
