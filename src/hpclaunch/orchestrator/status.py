@@ -21,6 +21,8 @@ from ..rundir import (
     HELD,
     REFUSED,
     REQUEUED,
+    RESCUE_CANCELLED,
+    RESCUE_SUBMITTED,
     RESUMED,
     STARTED,
     STOP_REQUESTED,
@@ -177,6 +179,31 @@ def current_job_id(events: list[dict[str, Any]]) -> str | None:
     return job_id
 
 
+def rescue_view(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rescue job waiting behind the run's current job (``schedulers.rescue``), and one line per
+    job the scheduler ended undecided that a rescue continued (why the scheduler calls it FAILED)."""
+    waiting: dict[str, str] = {}  # watched job -> its rescue
+    notes: list[str] = []
+    for e in events:
+        kind = e.get("event")
+        if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+            waiting.clear()
+        elif kind == RESCUE_SUBMITTED and e.get("rescue_job"):
+            waiting[str(e.get("job_id"))] = str(e["rescue_job"])
+        elif kind == RESCUE_CANCELLED:
+            gone = {str(j) for j in e.get("rescue_jobs") or ()}
+            waiting = {k: v for k, v in waiting.items() if v not in gone}
+        elif kind == REQUEUED and e.get("by") == "rescue":
+            hosts = ", ".join(str(n) for n in e.get("exclude") or ()) or "?"
+            said = f" {e['job_ended']}" if e.get("job_ended") else ""
+            notes.append(
+                f"job {e.get('for_job')}{said}: its batch host died with its attempt undecided; the rescue "
+                f"(job {e.get('rescue_job') or '?'}) continued the run as job {e.get('job_id')} without {hosts}"
+            )
+    job = current_job_id(events)
+    return {"job_id": waiting.get(job) if job else None, "notes": notes}
+
+
 def run_state(
     attempts: list[Attempt],
     events: list[dict[str, Any]],
@@ -283,6 +310,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
+        "rescue": rescue_view(events),
     }
 
 
