@@ -7,12 +7,17 @@ bitwise equal to one that was never interrupted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import psutil
 import pytest
-from tests.cluster.test_slurm_in_place import COMMON, SPARE, _kill_node, _last_step
+from tests.cluster.test_slurm_in_place import COMMON, SPARE, _last_step
 from tests.runlib import (
     TINY,
     events,
@@ -39,6 +44,31 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def data(work: Path) -> Path:
     return synth_data(work / "data")
+
+
+def _kill_job_on(cluster: SlurmCluster, node: str, job_id: str) -> list[str]:
+    """Every process of job ``job_id`` on ``node`` but SLURM's own (slurmstepd): the batch script,
+    srun, the agent, its rank host, forkserver, ranks and their helpers. Only this job's (its
+    environment says so): other sessions' jobs may share the node."""
+    ns = f"hpcl{cluster.nodes.index(node) + 1}"
+    pids = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
+    ).stdout.split()
+    mine = f"SLURM_JOB_ID={job_id}".encode()
+    killed = []
+    for pid in map(int, pids):
+        try:
+            proc = psutil.Process(pid)
+            cmd = " ".join(proc.cmdline())
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (psutil.Error, OSError):
+            continue
+        if "slurmd" in cmd or "slurmstepd" in cmd or mine not in env:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(cmd[:80])
+    return killed
 
 
 def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
@@ -69,8 +99,10 @@ def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
     assert cluster.job_info(rescue["rescue_job"])["JobState"] == "PENDING"  # held on the job
 
     wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
-    killed = _kill_node(cluster, "n1")
-    assert any("hpclaunch.jobs.agent" in k for k in killed), killed
+    killed = _kill_job_on(cluster, "n1", first_job)
+    assert any("hpclaunch.jobs.agent" in k for k in killed) and any("slurm_script" in k for k in killed), (
+        killed
+    )
     assert cluster.wait_job(first_job, timeout=60) == "FAILED"  # the batch script died with them
     wait_for(
         lambda: any(e["event"] == "requeued" for e in events(run)), timeout=120, poll=0.5, what="the rescue"

@@ -54,6 +54,8 @@ def test_an_undecided_attempt_is_a_node_failure_of_the_batch_host() -> None:
 
 def test_a_host_whose_agent_fell_silent_first_is_left_out_too() -> None:
     assert gone_hosts(("n1", "n2", "n3"), {"n1": 100.0, "n2": 80.0, "n3": 100.2}) == ("n1", "n2")
+    # A spare (or any agent) that reported the attempt and then exited on a decision was not gone.
+    assert gone_hosts(("n1", "n2", "n3"), {"n1": 100.0, "n2": 120.0, "n3": 100.2}, {"n2", "n3"}) == ("n1",)
     assert gone_hosts(("n1", "n2"), {}) == ("n1",)  # no heartbeats at all: the batch host
     assert gone_hosts((), {}) == ()
 
@@ -232,3 +234,33 @@ def test_the_rescue_leaves_a_run_someone_resubmitted_alone(
     assert fake.calls == []
     (said,) = [e for e in Ledger(paths, role="t").events() if e["event"] == "rescue"]
     assert "held by slurm job 30" in said["reason"]
+
+
+def test_slurm_tells_the_batch_hosts_death_from_a_cancellation() -> None:
+    """`scontrol show job` while SLURM ends the job (measured on Slurm 22.05): the batch script
+    SIGKILLed gives ExitCode 0:9 and Reason=JobLaunchFailure; scancel gives 0:0 or 0:15."""
+    from hpclaunch.schedulers.slurm import batch_host_died
+
+    assert batch_host_died({"JobState": "COMPLETING", "Reason": "JobLaunchFailure", "ExitCode": "0:9"})
+    assert batch_host_died({"JobState": "FAILED", "Reason": "NonZeroExitCode", "ExitCode": "0:9"})
+    assert not batch_host_died({"JobState": "COMPLETING", "Reason": "None", "ExitCode": "0:15"})
+    assert not batch_host_died({"JobState": "COMPLETING", "Reason": "None", "ExitCode": "0:0"})
+
+
+def test_a_continuation_asks_only_for_the_spares_the_partition_has_left(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from hpclaunch.config import load_config
+    from hpclaunch.orchestrator.launch import prepare
+    from hpclaunch.schedulers import slurm
+
+    cfg = load_config(
+        None, ["run_dir=/runs/x", "scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.spare_nodes=1"]
+    )
+    plan = prepare(cfg).plan
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition: ["n1", "n2", "n3"])
+    assert slurm.spares_left(plan, ["n1"]) == 0  # 2 train on n2, n3
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition: [f"n{i}" for i in range(1, 9)])
+    assert slurm.spares_left(plan, ["n1"]) == 1
+    monkeypatch.setattr(slurm, "partition_nodes", lambda partition: None)  # SLURM cannot say: keep them
+    assert slurm.spares_left(plan, ["n1"]) == 1

@@ -19,9 +19,10 @@ scheduler's word for the job; ``tests/unit/test_rescue.py`` holds its rows.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,17 +77,32 @@ def hosts_of(events: list[dict[str, Any]], attempt: str) -> tuple[str, ...]:
 
 
 def gone_hosts(
-    hosts: tuple[str, ...], beats: Mapping[str, float], *, slack_s: float = GONE_BEFORE_S
+    hosts: tuple[str, ...],
+    beats: Mapping[str, float],
+    reported: Iterable[str] = (),
+    *,
+    slack_s: float = GONE_BEFORE_S,
 ) -> tuple[str, ...]:
     """The hosts to leave out: the batch host (its batch script's death is what ends a job whose
-    other nodes are kept with ``--no-kill``), and any host whose agent fell silent ``slack_s``
-    before the allocation's last heartbeat (gone first, not ended with the job)."""
+    other nodes are kept with ``--no-kill``), and any host whose agent never reported the attempt
+    and fell silent ``slack_s`` before the allocation's last heartbeat (gone first, not ended with
+    the job; an agent that reported may have exited on its own, after a decision)."""
     if not hosts:
         return ()
     seen = [beats[h] for h in hosts if h in beats]
     last = max(seen) if seen else 0.0
-    early = [h for h in hosts[1:] if h in beats and beats[h] < last - slack_s]
+    done = set(reported)
+    early = [h for h in hosts[1:] if h not in done and h in beats and beats[h] < last - slack_s]
     return (hosts[0], *early)
+
+
+def reported_hosts(paths: RunPaths, attempt: str) -> set[str]:
+    """The hosts whose agents reported ``attempt`` (``jobs.allocation``'s ``node<r>.done.json``)."""
+    hosts: set[str] = set()
+    for path in paths.attempt_dir(attempt).glob("node*.done.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            hosts.add(str(json.loads(path.read_text()).get("host")))
+    return hosts
 
 
 def find(
@@ -95,12 +111,14 @@ def find(
     *,
     budgets: Budgets,
     beats: Mapping[str, float],
+    reported: Iterable[str] = (),
     scheduler_word: str = "",
     user_stop: bool = False,
     continue_requested: bool = False,
 ) -> Finding:
     """The rescue's decision (pure). ``beats``: each host's last agent heartbeat (mtime) in the
-    job's latest allocation; ``scheduler_word``: how the scheduler says the job ended."""
+    job's latest allocation; ``reported``: the hosts whose agents reported the attempt;
+    ``scheduler_word``: how the scheduler says the job ended."""
     attempts = job_attempts(events, job_id)
     if not attempts:
         return Finding(f"job {job_id} ended before any of its agents started; nothing to decide")
@@ -114,7 +132,7 @@ def find(
     cancelled = scheduler_word.upper().startswith("CANCEL") or any(
         e.get("event") == CANCELLED and float(e.get("ts") or 0) >= started for e in events
     )
-    gone = gone_hosts(hosts_of(events, attempt), beats)
+    gone = gone_hosts(hosts_of(events, attempt), beats, reported)
     ended = f" ({scheduler_word})" if scheduler_word else ""
     why = f"the batch host: its job processes died and the scheduler ended job {job_id}{ended} undecided"
     problems = {gone[0]: why} if gone else {}
@@ -172,6 +190,7 @@ class Rescue:
             self.job_id,
             budgets=Budgets.from_plan(self.plan),
             beats=last_beats(self.paths, allocation_of(attempts[-1])) if attempts else {},
+            reported=reported_hosts(self.paths, attempts[-1]) if attempts else (),
             scheduler_word=word,
             user_stop=user is not None,
             continue_requested=user is not None and user.continue_,

@@ -282,6 +282,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     speed = last_metric.get("step_time_s")
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     gp = goodput(attempts)
+    rescue = rescue_view(events)
     state = run_state(attempts, events, sched["state"] if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
@@ -290,7 +291,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     return {
         "run": str(run),
         "state": state,
-        "hint": _hint(state, run, current_job_id(events)),
+        "hint": _hint(state, run, current_job_id(events), rescue=rescue["job_id"]),
         "ledger_warnings": log.torn,
         "job_id": current_job_id(events),
         "scheduler": sched,
@@ -310,7 +311,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
-        "rescue": rescue_view(events),
+        "rescue": rescue,
     }
 
 
@@ -322,12 +323,14 @@ def _add_unsaved_steps(attempts: list[Attempt], metrics: list[dict[str, Any]]) -
             a.last_step = max(a.last_step or 0, logged[a.attempt])
 
 
-def _hint(state: str, run: Path, job_id: str | None) -> str | None:
+def _hint(state: str, run: Path, job_id: str | None, *, rescue: str | None = None) -> str | None:
     if state == "lost":
         return (
             f"the scheduler shows no pending or running job for this run (last job {job_id or '?'}); "
             f"continue it with: hpclaunch submit --resume {run}"
         )
+    if state.startswith("lost (") and rescue is not None:
+        return f"the job ended without its agent recording why; its rescue job {rescue} decides the attempt"
     if state.startswith("lost ("):
         return f"the job ended without its agent recording why; see hpclaunch logs {run}"
     return None
