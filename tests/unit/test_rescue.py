@@ -264,3 +264,31 @@ def test_a_continuation_asks_only_for_the_spares_the_partition_has_left(
     assert slurm.spares_left(plan, ["n1"]) == 1
     monkeypatch.setattr(slurm, "partition_nodes", lambda partition: None)  # SLURM cannot say: keep them
     assert slurm.spares_left(plan, ["n1"]) == 1
+
+
+def test_the_rescue_never_imports_torch(tmp_path: Path) -> None:
+    """It runs on one CPU for a few seconds: reading a ledger and one sbatch must not pay torch."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, hpclaunch.jobs.rescue, hpclaunch.schedulers.slurm, hpclaunch.schedulers.pbs; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'numpy'))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None:
+    events = [
+        *running(),
+        ev("requeued", 40, attempt="21.0", cause="node_failure", job_id="22", by="agent", exclude=["n1"]),
+        ev("rescue_submitted", 41, job_id="22", rescue_job="23"),
+        ev("rescue", 50, attempt="21.0", job_id="21", action="nothing", reason="...", job_ended="FAILED"),
+    ]
+    view = rescue_view(events)
+    assert view["job_id"] == "23"
+    assert view["notes"] == [
+        "job 21 FAILED: its batch host died after its attempt was decided (node_failure); the run "
+        "continued as job 22"
+    ]

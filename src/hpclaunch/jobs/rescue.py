@@ -197,7 +197,7 @@ class Rescue:
         )
         ledger = Ledger(self.paths, role="rescue", attempt=finding.attempt)
         if finding.decision is None:
-            ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=finding.reason)
+            ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=finding.reason, job_ended=word)
             say(finding.reason)
             return 0
         held = self._take_over()

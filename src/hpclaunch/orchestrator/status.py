@@ -21,6 +21,7 @@ from ..rundir import (
     HELD,
     REFUSED,
     REQUEUED,
+    RESCUE,
     RESCUE_CANCELLED,
     RESCUE_SUBMITTED,
     RESUMED,
@@ -200,8 +201,29 @@ def rescue_view(events: list[dict[str, Any]]) -> dict[str, Any]:
                 f"job {e.get('for_job')}{said}: its batch host died with its attempt undecided; the rescue "
                 f"(job {e.get('rescue_job') or '?'}) continued the run as job {e.get('job_id')} without {hosts}"
             )
+    notes += _decided_before_the_rescue(events)
     job = current_job_id(events)
     return {"job_id": waiting.get(job) if job else None, "notes": notes}
+
+
+def _decided_before_the_rescue(events: list[dict[str, Any]]) -> list[str]:
+    """A job the scheduler ended in a failed state after an agent had decided its attempt and
+    continued the run elsewhere (the agents left took over from the dead batch host in time)."""
+    continued = {
+        str(e.get("attempt")): e for e in events if e.get("event") == REQUEUED and not e.get("in_place")
+    }
+    notes = []
+    for e in events:
+        decided = continued.get(str(e.get("attempt")))
+        if e.get("event") != RESCUE or e.get("action") != "nothing" or not e.get("job_ended"):
+            continue
+        if decided is None or str(decided.get("job_id")) == str(e.get("job_id")):
+            continue
+        notes.append(
+            f"job {e.get('job_id')} {e['job_ended']}: its batch host died after its attempt was decided "
+            f"({decided.get('cause')}); the run continued as job {decided.get('job_id')}"
+        )
+    return notes
 
 
 def run_state(
