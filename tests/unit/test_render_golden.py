@@ -90,3 +90,46 @@ def test_config_hash_ignores_where_the_checkout_and_data_live(tmp_path: Path) ->
     # ...while a change to the math still changes it.
     other_lr = load_config(ROOT / "examples/tiny.yaml", [*FIXED, "train.lr=5e-4"], base=ROOT)
     assert other_lr.config_hash() != here.config_hash()
+
+
+# The rescue job each SLURM/PBS job leaves behind (schedulers.rescue): `hpclaunch render --rescue`.
+RESCUE_CASES = [
+    ("slurm-8xh100.rescue.sbatch", "examples/slurm-8xh100.yaml", None, None, ["run_dir=/runs/mmdit-8xh100"]),
+    ("pbs-pro.rescue.pbs", "examples/pbs-pro.yaml", None, None, ["run_dir=/runs/mmdit-pbs"]),
+    ("pbs-torque.rescue.pbs", "examples/pbs-pro.yaml", None, "torque", ["run_dir=/runs/mmdit-pbs"]),
+]
+
+
+def render_rescue(example: str, scheduler: str | None, dialect: str | None, overrides: list[str]) -> str:
+    from hpclaunch.cli.render_cmd import rescue_script
+
+    cfg = load_config(ROOT / example, [*FIXED, *overrides], base=ROOT)
+    return rescue_script(prepare(with_scheduler(cfg, scheduler, dialect))).text
+
+
+@pytest.mark.parametrize(
+    "golden,example,scheduler,dialect,overrides", RESCUE_CASES, ids=[c[0] for c in RESCUE_CASES]
+)
+def test_rendered_rescue_script_matches_golden(
+    golden: str, example: str, scheduler: str | None, dialect: str | None, overrides: list[str]
+) -> None:
+    text = render_rescue(example, scheduler, dialect, overrides)
+    path = GOLDEN / golden
+    if os.environ.get("HPCLAUNCH_UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert path.exists(), f"no golden file {path}; run `make golden` and review it"
+    assert text == path.read_text(), f"{golden} changed; review the diff and run `make golden` to accept it"
+    result = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_rescue_script_quotes_what_reaches_the_shell() -> None:
+    """A run directory that directives cannot carry is refused; the command line quotes the rest."""
+    from hpclaunch.errors import UserInputError
+
+    with pytest.raises(UserInputError, match="cannot be written into a #SBATCH"):
+        render_rescue("examples/tiny.yaml", "slurm", None, ["run_dir=/runs/a'; echo foo"])
+    text = render_rescue(
+        "examples/tiny.yaml", "slurm", None, ["run_dir=/runs/x", "launch.python=/opt/my env/python"]
+    )
+    assert "exec '/opt/my env/python' -u -m hpclaunch.jobs.rescue /runs/x \"$1\"" in text

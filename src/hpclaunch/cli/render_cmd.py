@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from ..errors import UserInputError
 from ..fsutil import atomic_write_text
-from ..orchestrator.launch import prepare, with_scheduler
+from ..orchestrator.launch import Prepared, prepare, with_scheduler
+from ..schedulers.base import RenderedJob
+from ..schedulers.registry import get_scheduler
 from .common import ConfigArg, SetOpt, err_console, load
 
 
@@ -29,6 +33,13 @@ def render(
     sweep: Annotated[
         list[str] | None, typer.Option("--sweep", help="Render the job array for key=v1,v2 (repeatable).")
     ] = None,
+    rescue: Annotated[
+        bool,
+        typer.Option(
+            "--rescue",
+            help="Print the rescue job's script instead (submitted beside each job, held until it fails).",
+        ),
+    ] = False,
     output: Annotated[
         Path | None, typer.Option("-o", "--output", help="Write the script here instead of stdout.")
     ] = None,
@@ -38,9 +49,12 @@ def render(
     Examples:
       hpclaunch render examples/slurm-8xh100.yaml
       hpclaunch render examples/tiny.yaml --scheduler pbs --pbs-dialect torque -o job.pbs
+      hpclaunch render examples/slurm-8xh100.yaml --rescue
     """
     cfg = with_scheduler(load(config, overrides), scheduler, pbs_dialect)
     prepared = prepare(cfg, sweeps=sweep or [])
+    if rescue:
+        prepared = replace(prepared, rendered=rescue_script(prepared))
     for warning in prepared.rendered.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     if output is not None:
@@ -48,3 +62,17 @@ def render(
         err_console.print(f"wrote {output}", highlight=False)
     else:
         typer.echo(prepared.rendered.text, nl=False)
+
+
+def rescue_script(prepared: Prepared) -> RenderedJob:
+    """The rescue job's script, exactly as ``submit`` hands it over (``schedulers.rescue``)."""
+    scheduler = get_scheduler(prepared.plan.scheduler)
+    render_rescue = getattr(scheduler, "render_rescue", None)
+    if render_rescue is None or prepared.plan.sweep:
+        raise UserInputError(
+            f"a {prepared.plan.scheduler} {'sweep' if prepared.plan.sweep else 'job'} has no rescue job",
+            where="--rescue",
+            hint="rescue jobs are left behind single SLURM and PBS jobs",
+        )
+    rendered: RenderedJob = render_rescue(prepared.plan)
+    return rendered

@@ -394,11 +394,13 @@ def _status_table(data: dict[str, Any]) -> Any:
     from .time_view import time_parts
 
     sched = data.get("scheduler") or {}
+    rescue = data.get("rescue") or {}
     head = Text.assemble(
         (f"{data['run']}", "bold"),
         f"  state: {data['state']}",
         f"  job: {data.get('job_id') or '-'}",
         f" ({sched.get('raw') or sched.get('state') or 'n/a'})" if sched else "",
+        f"  rescue: job {rescue['job_id']}" if rescue.get("job_id") else "",
     )
     loss = data.get("loss")
     progress = Text(
@@ -425,6 +427,7 @@ def _status_table(data: dict[str, Any]) -> Any:
             Text(a.get("cause") or ""),
         )
     parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
+    parts += [Text(note) for note in rescue.get("notes") or []]
     if interval := describe_interval(data.get("checkpoint_interval")):
         parts.append(Text(interval))
     if stragglers := describe_stragglers(data.get("stragglers")):
@@ -527,6 +530,10 @@ def cancel(run: RunArg) -> None:
         raise UserInputError("this run has no submitted job", where=str(paths.root))
     # Recorded first: the agent reads it to tell this cancellation from a preemption.
     Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
+    from ..schedulers.rescue import withdraw_rescues
+
+    # Its rescue first: a cancelled job ends "not ok", which would start it (to do nothing).
+    withdraw_rescues(paths, get_scheduler(kind), role="cli")
     get_scheduler(kind).cancel(paths, job_id)
     console.print(f"cancelled job {job_id}", highlight=False)
     from ..schedulers.chain import settle_followers

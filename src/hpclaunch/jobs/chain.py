@@ -9,6 +9,7 @@ import sys
 
 from ..rundir import RunPaths
 from ..schedulers.chain import settle_followers
+from .rescue import after_run
 
 
 def after_attempt(paths: RunPaths) -> None:
@@ -24,3 +25,4 @@ def after_attempt(paths: RunPaths) -> None:
             )
     except OSError as e:
         print(f"hpclaunch: chain: could not settle the runs after this one: {e}", file=sys.stderr, flush=True)
+    after_run(paths)  # and its rescue jobs, which would only start to find nothing to do

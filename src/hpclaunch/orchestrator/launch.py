@@ -33,6 +33,7 @@ from ..rundir import (
 from ..rundir.control import drop_user_stop
 from ..schedulers.base import RenderedJob, Scheduler
 from ..schedulers.registry import get_scheduler
+from ..schedulers.rescue import leave_rescue
 from . import plan as plan_mod
 
 
@@ -222,6 +223,8 @@ def submit(
     for (lock, holder), (target, target_job) in zip(taken, targets, strict=True):
         _name_the_job(lock, holder, target_job)
         Ledger(target, role="cli").append(SUBMITTED, job_id=target_job, **submission)
+    # The job's rescue: continues the run if the scheduler ends the job before an agent decides.
+    leave_rescue(scheduler, plan, paths, job_id, role="cli")
     return paths, job_id
 
 

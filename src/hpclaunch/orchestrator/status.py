@@ -21,6 +21,9 @@ from ..rundir import (
     HELD,
     REFUSED,
     REQUEUED,
+    RESCUE,
+    RESCUE_CANCELLED,
+    RESCUE_SUBMITTED,
     RESUMED,
     STARTED,
     STOP_REQUESTED,
@@ -177,6 +180,52 @@ def current_job_id(events: list[dict[str, Any]]) -> str | None:
     return job_id
 
 
+def rescue_view(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rescue job waiting behind the run's current job (``schedulers.rescue``), and one line per
+    job the scheduler ended undecided that a rescue continued (why the scheduler calls it FAILED)."""
+    waiting: dict[str, str] = {}  # watched job -> its rescue
+    notes: list[str] = []
+    for e in events:
+        kind = e.get("event")
+        if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+            waiting.clear()
+        elif kind == RESCUE_SUBMITTED and e.get("rescue_job"):
+            waiting[str(e.get("job_id"))] = str(e["rescue_job"])
+        elif kind == RESCUE_CANCELLED:
+            gone = {str(j) for j in e.get("rescue_jobs") or ()}
+            waiting = {k: v for k, v in waiting.items() if v not in gone}
+        elif kind == REQUEUED and e.get("by") == "rescue":
+            hosts = ", ".join(str(n) for n in e.get("exclude") or ()) or "?"
+            said = f" {e['job_ended']}" if e.get("job_ended") else ""
+            notes.append(
+                f"job {e.get('for_job')}{said}: its batch host died with its attempt undecided; the rescue "
+                f"(job {e.get('rescue_job') or '?'}) continued the run as job {e.get('job_id')} without {hosts}"
+            )
+    notes += _decided_before_the_rescue(events)
+    job = current_job_id(events)
+    return {"job_id": waiting.get(job) if job else None, "notes": notes}
+
+
+def _decided_before_the_rescue(events: list[dict[str, Any]]) -> list[str]:
+    """A job the scheduler ended in a failed state after an agent had decided its attempt and
+    continued the run elsewhere (the agents left took over from the dead batch host in time)."""
+    continued = {
+        str(e.get("attempt")): e for e in events if e.get("event") == REQUEUED and not e.get("in_place")
+    }
+    notes = []
+    for e in events:
+        decided = continued.get(str(e.get("attempt")))
+        if e.get("event") != RESCUE or e.get("action") != "nothing" or not e.get("job_ended"):
+            continue
+        if decided is None or str(decided.get("job_id")) == str(e.get("job_id")):
+            continue
+        notes.append(
+            f"job {e.get('job_id')} {e['job_ended']}: its batch host died after its attempt was decided "
+            f"({decided.get('cause')}); the run continued as job {decided.get('job_id')}"
+        )
+    return notes
+
+
 def run_state(
     attempts: list[Attempt],
     events: list[dict[str, Any]],
@@ -255,6 +304,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     speed = last_metric.get("step_time_s")
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     gp = goodput(attempts)
+    rescue = rescue_view(events)
     state = run_state(attempts, events, sched["state"] if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
@@ -263,7 +313,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
     return {
         "run": str(run),
         "state": state,
-        "hint": _hint(state, run, current_job_id(events)),
+        "hint": _hint(state, run, current_job_id(events), rescue=rescue["job_id"]),
         "ledger_warnings": log.torn,
         "job_id": current_job_id(events),
         "scheduler": sched,
@@ -283,6 +333,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
+        "rescue": rescue,
     }
 
 
@@ -294,12 +345,14 @@ def _add_unsaved_steps(attempts: list[Attempt], metrics: list[dict[str, Any]]) -
             a.last_step = max(a.last_step or 0, logged[a.attempt])
 
 
-def _hint(state: str, run: Path, job_id: str | None) -> str | None:
+def _hint(state: str, run: Path, job_id: str | None, *, rescue: str | None = None) -> str | None:
     if state == "lost":
         return (
             f"the scheduler shows no pending or running job for this run (last job {job_id or '?'}); "
             f"continue it with: hpclaunch submit --resume {run}"
         )
+    if state.startswith("lost (") and rescue is not None:
+        return f"the job ended without its agent recording why; its rescue job {rescue} decides the attempt"
     if state.startswith("lost ("):
         return f"the job ended without its agent recording why; see hpclaunch logs {run}"
     return None

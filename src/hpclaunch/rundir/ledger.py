@@ -61,6 +61,10 @@ INITIALIZED = "initialized"  # trainer rank 0: weights taken from another run (t
 CHAIN_WAITING = "chain_waiting"  # CLI: this run is held until the run it is chained after finishes
 CHAIN_RELEASED = "chain_released"  # (both runs) the earlier run finished: the next one released
 CHAIN_BLOCKED = "chain_blocked"  # (both runs) the earlier run failed or was cancelled: the next never runs
+RESCUE_SUBMITTED = "rescue_submitted"  # a rescue job left behind a job of the run (jobs.rescue)
+RESCUE_NOT_SUBMITTED = "rescue_not_submitted"  # the scheduler refused the rescue job: nothing watches
+RESCUE = "rescue"  # the rescue job ran: what it found (an undecided attempt, or nothing to do)
+RESCUE_CANCELLED = "rescue_cancelled"  # the run ended for good: its waiting rescue jobs withdrawn
 
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)

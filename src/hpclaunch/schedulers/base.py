@@ -12,6 +12,10 @@ A scheduler module answers what only it knows, on both sides of a job:
   ``exclude_nodes`` (come back without some nodes, where the scheduler can express that) and
   ``withdraw`` (take back an attempt the scheduler started after the run had ended).
 
+SLURM and PBS also leave a rescue job behind every job of a run (``schedulers.rescue``:
+``render_rescue``, ``submit_rescue``, and ``continuation_held`` for the rescue's continuation);
+these are optional (looked up with ``getattr``): the local scheduler's controller outlives its job.
+
 What happens after an attempt is decided elsewhere (``jobs.decide``, pure); the agent carries the
 decision out through these methods. This package imports ``rundir``, ``config`` and ``templates``,
 never the agent, the trainer or the orchestrator.

@@ -43,8 +43,11 @@ from .base import (
     run_command,
 )
 from .nodes import resolve_address
+from .rescue import RESCUE_MINUTES, leave_rescue, rescue_body
 
 SCRIPT_NAME = "job.pbs"
+RESCUE_SCRIPT_NAME = "rescue.pbs"
+RESCUE_FOR_VAR = "HPCLAUNCH_RESCUE_FOR"  # the job a rescue watches (qsub runs a script with no arguments)
 
 # Where PBS has no JSON (Torque, Slurm's emulation) only the state letter is known.
 STATE_MAP: dict[str, JobState] = {
@@ -134,6 +137,48 @@ def select_spec(plan: JobPlan, mem: str | None) -> str:
     return f"{plan.allocation_nodes}:{chunk}:mpiprocs=1"
 
 
+def rescue_qsub_args(job_id: str) -> list[str]:
+    """How a rescue is handed over: held until ``job_id`` ends in a failed state (PBS deletes it
+    when that can no longer happen), and told which job it watches."""
+    return ["-W", f"depend=afternotok:{job_id}", "-v", f"{RESCUE_FOR_VAR}={job_id}"]
+
+
+def render_rescue(plan: JobPlan) -> RenderedJob:
+    """The rescue job's script (``schedulers.rescue``): one chunk of one CPU, a few minutes, the
+    run's queue and account; its output in the run's scheduler folder."""
+    name = directive_value(f"{plan.name}-rescue", what="name")
+    log = directive_value(str(Path(plan.run_dir) / "scheduler") + "/", what="run_dir")
+    size = "select=1:ncpus=1" if plan.pbs_dialect == "pro" else "nodes=1:ppn=1"
+    lines = [
+        "#!/bin/bash",
+        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
+        "# undecided (its batch host died); submitted as",
+        f"#   qsub {' '.join(rescue_qsub_args('JOB'))} {RESCUE_SCRIPT_NAME}",
+        f"#PBS -N {name}",
+    ]
+    if plan.partition:
+        lines.append(f"#PBS -q {directive_value(plan.partition, what='scheduler.partition')}")
+    if plan.account:
+        lines.append(f"#PBS -A {directive_value(plan.account, what='scheduler.account')}")
+    lines += [
+        f"#PBS -l walltime={format_hms(RESCUE_MINUTES * 60)}",
+        f"#PBS -l {size}",
+        "#PBS -r n",
+        "#PBS -j oe",
+        f"#PBS -o {log}",
+        *rescue_body(plan, f'"${{{RESCUE_FOR_VAR}:?which job this rescue watches}}"'),
+    ]
+    return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
+
+
+def submit_rescue(plan: JobPlan, paths: RunPaths, job_id: str) -> str:
+    """Write the rescue script (exactly ``render_rescue``) and hand it over, held on ``job_id``."""
+    rendered = render_rescue(plan)
+    script = paths.root / rendered.filename
+    atomic_write_text(script, rendered.text, mode=0o755)
+    return qsub([*rescue_qsub_args(job_id), str(script)], cwd=paths.scheduler_dir)
+
+
 def _task_cmd(plan: JobPlan) -> str:
     """What pbsdsh starts on every node: the agent, after the setup lines when there are any (a
     pbsdsh task starts from the job's base environment, not from this script's)."""
@@ -166,6 +211,23 @@ class PbsScheduler:
 
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["qdel", job_id], what="qdel")
+
+    def render_rescue(self, plan: JobPlan) -> RenderedJob:
+        return render_rescue(plan)
+
+    def submit_rescue(self, plan: JobPlan, paths: RunPaths, job_id: str) -> str:
+        return submit_rescue(plan, paths, job_id)
+
+    def continuation_held(self, plan: JobPlan, paths: RunPaths, avoid: list[str]) -> tuple[JobPlan, str]:
+        """(rescue) The run as a new held job: PBS Pro names healthy hosts outside ``avoid`` (with as
+        many hot spares as hosts are left for); Torque cannot, and runs the run's own script."""
+        if plan.pbs_dialect == "pro":
+            hosts = usable_hosts(sorted({*plan.exclude, *avoid}))
+            spares = (
+                plan.spare_nodes if hosts is None else max(0, min(plan.spare_nodes, len(hosts) - plan.nodes))
+            )
+            plan = plan_avoiding(plan, paths, avoid, spare_nodes=spares)
+        return plan, qsub(["-h", str(paths.root / SCRIPT_NAME)], cwd=paths.scheduler_dir)
 
     # ---- allocation side ------------------------------------------------------------------------
 
@@ -208,27 +270,19 @@ class PbsScheduler:
         job = own_job(ctx.job_id)
         if job is not None and job.rerun_in_progress:
             return Continuation(ctx.job_id, by="scheduler")
-        return Continuation(submit_after(paths.root / SCRIPT_NAME, paths, ctx))
+        job_id = submit_after(paths.root / SCRIPT_NAME, paths, ctx)
+        leave_rescue(self, plan, paths, job_id, role="agent")
+        return Continuation(job_id)
 
     def exclude_nodes(
         self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
     ) -> Continuation:
         """A continuation that avoids ``nodes``. PBS Pro cannot say "not these": the new job names as
         many healthy hosts as it needs (``select=1:...:host=A+1:...:host=B``) and waits for those."""
-        avoid = sorted({*plan.exclude, *nodes})
-        if plan.pbs_dialect != "pro":
-            raise SchedulerError(
-                f"PBS ({plan.pbs_dialect} dialect) cannot keep a job off {', '.join(avoid)}: only PBS Pro's "
-                "select names the hosts of a job",
-                where="exclude",
-                hint="drain or fix the node (pbsnodes -o), then hpclaunch submit --resume",
-            )
-        hosts = pick_hosts(plan, avoid)
-        new_plan = plan.model_copy(update={"exclude": avoid, "hosts": hosts})
-        rendered = render_pbs(new_plan)
-        atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
-        atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
-        return Continuation(submit_after(paths.root / rendered.filename, paths, ctx))
+        new_plan = plan_avoiding(plan, paths, nodes)
+        job_id = submit_after(paths.root / SCRIPT_NAME, paths, ctx)
+        leave_rescue(self, new_plan, paths, job_id, role="agent")
+        return Continuation(job_id)
 
     def kill_grace_s(self, plan: JobPlan) -> float:
         """The kill_delay of this job's queue (preflight names a queue whose delay is shorter than
@@ -252,6 +306,41 @@ class PbsScheduler:
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["qdel", ctx.job_id], what="qdel")
         return f"deleted job {ctx.job_id}"
+
+
+def plan_avoiding(
+    plan: JobPlan, paths: RunPaths, nodes: list[str], *, spare_nodes: int | None = None
+) -> JobPlan:
+    """The run's plan and script rewritten to name healthy hosts outside ``nodes`` (PBS Pro cannot
+    say "not these": the job names as many healthy hosts as it needs and waits for those).
+    ``spare_nodes``: fewer hot spares than the run's (too few hosts are left for them)."""
+    avoid = sorted({*plan.exclude, *nodes})
+    if plan.pbs_dialect != "pro":
+        raise SchedulerError(
+            f"PBS ({plan.pbs_dialect} dialect) cannot keep a job off {', '.join(avoid)}: only PBS Pro's "
+            "select names the hosts of a job",
+            where="exclude",
+            hint="drain or fix the node (pbsnodes -o), then hpclaunch submit --resume",
+        )
+    sized = plan.model_copy(update={"spare_nodes": spare_nodes}) if spare_nodes is not None else plan
+    new_plan = sized.model_copy(update={"exclude": avoid, "hosts": pick_hosts(sized, avoid)})
+    rendered = render_pbs(new_plan)
+    atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
+    atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+    return new_plan
+
+
+def usable_hosts(avoid: list[str]) -> list[str] | None:
+    """Hosts PBS could run a chunk on, outside ``avoid``; None when PBS cannot say."""
+    try:
+        nodes = pbs_json.parse_nodes(_run(["pbsnodes", "-a", "-F", "json"], what="pbsnodes"))
+    except (SchedulerError, ValueError):
+        return None
+    return list(
+        dict.fromkeys(
+            n.host for n in nodes.values() if n.usable and n.host not in avoid and n.name not in avoid
+        )
+    )
 
 
 def own_job(job_id: str) -> pbs_json.PbsJob | None:

@@ -26,7 +26,7 @@ from typing import Any
 
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
-from ..rundir import JobPlan, RunPaths
+from ..rundir import JobPlan, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..templates import lint
 from ..templates.shell import Raw, directive_value, export_line, join
@@ -44,9 +44,11 @@ from .base import (
     run_command,
 )
 from .nodes import resolve_address
+from .rescue import RESCUE_MINUTES, leave_rescue, rescue_body
 
 SUBMITIT_DIR = "scheduler/submitit"
 SCRIPT_NAME = "job.sbatch"
+RESCUE_SCRIPT_NAME = "rescue.sbatch"
 
 # squeue/sacct state words -> ours. Anything unknown stays UNKNOWN with the raw word shown.
 STATE_MAP: dict[str, JobState] = {
@@ -148,10 +150,62 @@ def render_sbatch(plan: JobPlan) -> RenderedJob:
     return RenderedJob(text=text, filename=SCRIPT_NAME, warnings=[w.message for w in warnings])
 
 
-def sbatch(script: Path, *, cwd: Path, hold: bool = False) -> str:
+def rescue_sbatch_args(job_id: str) -> list[str]:
+    """How a rescue is handed over: held until ``job_id`` ends in a failed state, dropped by SLURM
+    when it ends well, and told which job it watches (the script's ``$1``)."""
+    return [f"--dependency=afternotok:{job_id}", "--kill-on-invalid-dep=yes"]
+
+
+def render_rescue(plan: JobPlan) -> RenderedJob:
+    """The rescue job's script (``schedulers.rescue``): one task, a few minutes, the run's partition,
+    account and QOS; its output beside the submitit folder."""
+    name = directive_value(f"{plan.name}-rescue", what="name")
+    log = directive_value(str(Path(plan.run_dir) / "scheduler" / "rescue-%j.out"), what="run_dir")
+    lines = [
+        "#!/bin/bash",
+        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
+        "# undecided (its batch host died); submitted as",
+        f"#   sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB",
+        f"#SBATCH --job-name={name}",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks=1",
+        "#SBATCH --cpus-per-task=1",
+        f"#SBATCH --time={RESCUE_MINUTES}",
+        f"#SBATCH --output={log}",
+        "#SBATCH --open-mode=append",
+        "#SBATCH --no-requeue",
+    ]
+    for key in ("partition", "account", "qos"):
+        value = getattr(plan, key)
+        if value:
+            lines.append(f"#SBATCH --{key}={directive_value(value, what=f'scheduler.{key}')}")
+    lines += rescue_body(plan, '"$1"')
+    return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
+
+
+def submit_rescue(plan: JobPlan, paths: RunPaths, job_id: str) -> str:
+    """Write the rescue script (exactly ``render_rescue``) and hand it over, held on ``job_id``."""
+    rendered = render_rescue(plan)
+    script = paths.root / rendered.filename
+    atomic_write_text(script, rendered.text, mode=0o755)
+    paths.scheduler_dir.mkdir(parents=True, exist_ok=True)
+    with submitit_adapter.clean_env():  # from inside a job: not this job's SLURM_* settings
+        return sbatch(script, cwd=paths.scheduler_dir, extra=[*rescue_sbatch_args(job_id)], args=[job_id])
+
+
+def sbatch(
+    script: Path,
+    *,
+    cwd: Path,
+    hold: bool = False,
+    extra: list[str] | None = None,
+    args: list[str] | None = None,
+) -> str:
     """Submit ``script`` as it is; the job id (``sbatch --parsable`` prints ``id[;cluster]``).
-    ``hold``: on the command line, never in the script, which continuations submit again."""
-    out = _run(["sbatch", "--parsable", *(["--hold"] if hold else []), str(script)], what="sbatch", cwd=cwd)
+    ``hold``, ``extra``: on the command line, never in the script, which continuations submit
+    again; ``args``: the script's own arguments."""
+    argv = ["sbatch", "--parsable", *(["--hold"] if hold else []), *(extra or []), str(script), *(args or [])]
+    out = _run(argv, what="sbatch", cwd=cwd)
     job_id = out.strip().split(";")[0]
     if not job_id.isdigit():
         raise SchedulerError(f"sbatch answered {out.strip()!r}, not a job id", where="sbatch")
@@ -187,6 +241,18 @@ class SlurmScheduler:
     def cancel(self, paths: RunPaths, job_id: str) -> None:
         _run(["scancel", job_id], what="scancel")
 
+    def render_rescue(self, plan: JobPlan) -> RenderedJob:
+        return render_rescue(plan)
+
+    def submit_rescue(self, plan: JobPlan, paths: RunPaths, job_id: str) -> str:
+        return submit_rescue(plan, paths, job_id)
+
+    def continuation_held(self, plan: JobPlan, paths: RunPaths, avoid: list[str]) -> tuple[JobPlan, str]:
+        """(rescue) The run as a new held job that never lands on ``avoid``, with as many of its hot
+        spares as the partition still has nodes for; ``release`` starts it."""
+        job_id = resubmit_excluding(plan, paths, avoid, hold=True, spare_nodes=spares_left(plan, avoid))
+        return read_plan(paths), job_id
+
     # ---- allocation side ------------------------------------------------------------------------
 
     def node_context(self, plan: JobPlan, environ: Mapping[str, str], *, now: float) -> NodeContext:
@@ -212,6 +278,11 @@ class SlurmScheduler:
             return Cause.PREEMPTION  # SLURM cannot be asked: save, and let the decision sort it out
         if int(job.get("Restarts", "0") or 0) > ctx.restart_count:
             return Cause.PREEMPTION  # a requeue (preemption, scontrol requeue) raised Restarts first
+        if batch_host_died(job):
+            # Nobody cancelled it: its batch script died (node 0 emptied, or dead) and SLURM ends
+            # the job. The agents left save and decide (node 0's death); if SLURM kills them first,
+            # the job's rescue does (``schedulers.rescue``).
+            return Cause.PREEMPTION
         return Cause.CANCELLED
 
     def continue_job(self, plan: JobPlan, paths: RunPaths, ctx: NodeContext) -> Continuation:
@@ -224,7 +295,9 @@ class SlurmScheduler:
     def exclude_nodes(
         self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
     ) -> Continuation:
-        return Continuation(resubmit_excluding(plan, paths, nodes))
+        job_id = resubmit_excluding(plan, paths, nodes, spare_nodes=spares_left(plan, nodes))
+        leave_rescue(self, plan, paths, job_id, role="agent")
+        return Continuation(job_id)
 
     def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
         _run(["scancel", ctx.job_id], what="scancel")
@@ -235,6 +308,13 @@ class SlurmScheduler:
 
 
 # ---- inside the job -----------------------------------------------------------------------------
+
+
+def batch_host_died(job: Mapping[str, str]) -> bool:
+    """The job ends because its batch script was killed (``scontrol show job``: ExitCode 0:9,
+    Reason=JobLaunchFailure; measured on Slurm 22.05 with every job process on the batch host
+    SIGKILLed), not because someone cancelled it (ExitCode 0:0 or 0:15, Reason=None)."""
+    return job.get("Reason") == "JobLaunchFailure" or job.get("ExitCode", "").endswith(":9")
 
 
 def scontrol_hostnames(nodelist: str) -> list[str]:
@@ -445,16 +525,55 @@ def job_end_time(job_id: str) -> float | None:
         return None
 
 
-def resubmit_excluding(plan: JobPlan, paths: RunPaths, nodes: list[str]) -> str:
+def resubmit_excluding(
+    plan: JobPlan, paths: RunPaths, nodes: list[str], *, hold: bool = False, spare_nodes: int | None = None
+) -> str:
     """Submit this run again as a new job that never lands on ``nodes``; returns its job id.
+    ``hold``: it waits for ``release`` (the rescue hands the run's lock to it first);
+    ``spare_nodes``: fewer hot spares than the run's (too few nodes are left for them).
 
     Not ``scontrol requeuehold`` + ``update ExcNodeList`` + ``release``: a requeued job stays
     COMPLETING until all of its processes have exited, and the update and the release both fail
     before that (measured on Slurm 22.05), so the job cannot do it for itself.
     """
-    new_plan = plan.model_copy(update={"exclude": sorted(set(plan.exclude) | set(nodes))})
+    update: dict[str, Any] = {"exclude": sorted(set(plan.exclude) | set(nodes))}
+    if spare_nodes is not None:
+        update["spare_nodes"] = spare_nodes
+    new_plan = plan.model_copy(update=update)
     rendered = render_sbatch(new_plan)
     atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
     atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     with submitit_adapter.clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
-        return SlurmScheduler().submit(new_plan, rendered)
+        return SlurmScheduler().submit(new_plan, rendered, hold=hold)
+
+
+def spares_left(plan: JobPlan, avoid: list[str]) -> int:
+    """The hot spares a job avoiding ``avoid`` can still get: fewer when the partition is left with
+    fewer nodes than the run's training nodes and spares (a job asking for more never starts)."""
+    nodes = partition_nodes(plan.partition)
+    if nodes is None:
+        return plan.spare_nodes
+    left = len([n for n in nodes if n not in {*plan.exclude, *avoid}])
+    return max(0, min(plan.spare_nodes, left - plan.nodes))
+
+
+def partition_nodes(partition: str | None) -> list[str] | None:
+    """The nodes of ``partition`` (the default one when None) that are not down or drained; None when
+    SLURM cannot say."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N %P %t"]
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    except (FileNotFoundError, subprocess.TimeoutExpired):
+        return None
+    if out.returncode != 0:
+        return None
+    nodes: list[str] = []
+    for line in out.stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 3:
+            continue
+        node, part, state = parts
+        wanted = part.rstrip("*") == partition if partition else part.endswith("*")
+        if wanted and not state.rstrip("*~#!%$@^-").startswith(("down", "drain", "fail")):
+            nodes.append(node)
+    return list(dict.fromkeys(nodes))

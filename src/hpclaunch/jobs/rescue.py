@@ -1,0 +1,332 @@
+"""The rescue: decides an attempt that the scheduler ended before any agent could, and continues the
+run without a person (``python -m hpclaunch.jobs.rescue RUN_DIR JOB_ID``; torch-free).
+
+The scheduler starts it only when ``JOB_ID`` ended in a failed state (``schedulers.rescue``). It
+reads the ledger: when the latest attempt of that job has a decision (an agent decided, or took
+over when node 0's agent died), or the run has ended, it does nothing and says so. Otherwise the
+job's batch host took the job with it (its batch script died: the OOM killer, the node's death):
+the attempt is decided here, once, by ``decide`` like any other, as the node failure of the batch
+host (and of any host whose agent fell silent well before the others), within
+``max_node_excludes``, and the continuation is submitted without that node: held, so that the run's
+lock (the dead job's) is handed to it and the attempt is recorded decided before it can start, and
+with its own rescue. A user's pending stop or a cancellation ends the run instead, as the agent
+would have.
+
+The pure part, ``find``, is a function of the ledger's events, the agents' last heartbeats and the
+scheduler's word for the job; ``tests/unit/test_rescue.py`` holds its rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import HpclaunchError
+from ..rundir import (
+    CANCELLED,
+    NODE_EXCLUDED,
+    RESCUE,
+    STARTED,
+    Ledger,
+    LockHolder,
+    RunLock,
+    RunPaths,
+    read_events,
+    read_plan,
+)
+from ..rundir.control import take_user_stop
+from ..rundir.lock import liveness
+from ..schedulers.registry import get_scheduler
+from ..schedulers.rescue import leave_rescue, withdraw_rescues
+from .decide import Action, Budgets, Decision, Facts, History, decide, unended_attempt
+
+# An agent whose heartbeat stopped this long before the allocation's last one was gone before the
+# scheduler ended the job (its node died first); the others were ended with the job.
+GONE_BEFORE_S = 5.0
+SELF_VARS = ("SLURM_JOB_ID", "PBS_JOBID")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What the rescue found: ``decision`` None means nothing to do, and ``reason`` says why."""
+
+    reason: str
+    attempt: str | None = None
+    decision: Decision | None = None
+    gone: tuple[str, ...] = ()
+
+
+def job_attempts(events: list[dict[str, Any]], job_id: str) -> list[str]:
+    """The attempts that ``job_id`` ran, in order (in-place restarts included)."""
+    keys = [str(e["attempt"]) for e in events if e.get("event") == STARTED and str(e.get("job_id")) == job_id]
+    return list(dict.fromkeys(k for k in keys if k))
+
+
+def hosts_of(events: list[dict[str, Any]], attempt: str) -> tuple[str, ...]:
+    """The allocation's hosts, batch host first, as the attempt's node 0 recorded them."""
+    for e in events:
+        if e.get("event") == STARTED and e.get("attempt") == attempt and e.get("hosts"):
+            return tuple(str(h) for h in e["hosts"])
+    return ()
+
+
+def gone_hosts(
+    hosts: tuple[str, ...],
+    beats: Mapping[str, float],
+    reported: Iterable[str] = (),
+    *,
+    slack_s: float = GONE_BEFORE_S,
+) -> tuple[str, ...]:
+    """The hosts to leave out: the batch host (its batch script's death is what ends a job whose
+    other nodes are kept with ``--no-kill``), and any host whose agent never reported the attempt
+    and fell silent ``slack_s`` before the allocation's last heartbeat (gone first, not ended with
+    the job; an agent that reported may have exited on its own, after a decision)."""
+    if not hosts:
+        return ()
+    seen = [beats[h] for h in hosts if h in beats]
+    last = max(seen) if seen else 0.0
+    done = set(reported)
+    early = [h for h in hosts[1:] if h not in done and h in beats and beats[h] < last - slack_s]
+    return (hosts[0], *early)
+
+
+def reported_hosts(paths: RunPaths, attempt: str) -> set[str]:
+    """The hosts whose agents reported ``attempt`` (``jobs.allocation``'s ``node<r>.done.json``)."""
+    hosts: set[str] = set()
+    for path in paths.attempt_dir(attempt).glob("node*.done.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            hosts.add(str(json.loads(path.read_text()).get("host")))
+    return hosts
+
+
+def find(
+    events: list[dict[str, Any]],
+    job_id: str,
+    *,
+    budgets: Budgets,
+    beats: Mapping[str, float],
+    reported: Iterable[str] = (),
+    scheduler_word: str = "",
+    user_stop: bool = False,
+    continue_requested: bool = False,
+) -> Finding:
+    """The rescue's decision (pure). ``beats``: each host's last agent heartbeat (mtime) in the
+    job's latest allocation; ``reported``: the hosts whose agents reported the attempt;
+    ``scheduler_word``: how the scheduler says the job ended."""
+    attempts = job_attempts(events, job_id)
+    if not attempts:
+        return Finding(f"job {job_id} ended before any of its agents started; nothing to decide")
+    attempt = attempts[-1]
+    history = History.from_events(events)
+    if unended_attempt(events, current="") != attempt:
+        return Finding(f"attempt {attempt} of job {job_id} was decided; nothing to do", attempt)
+    if history.ended is not None:
+        return Finding(f"the run has already ended ({history.ended}); nothing to do", attempt)
+    started = min((float(e.get("ts") or 0) for e in events if e.get("attempt") == attempt), default=0.0)
+    cancelled = scheduler_word.upper().startswith("CANCEL") or any(
+        e.get("event") == CANCELLED and float(e.get("ts") or 0) >= started for e in events
+    )
+    gone = gone_hosts(hosts_of(events, attempt), beats, reported)
+    ended = f" ({scheduler_word})" if scheduler_word else ""
+    why = f"the batch host: its job processes died and the scheduler ended job {job_id}{ended} undecided"
+    problems = {gone[0]: why} if gone else {}
+    facts = Facts(
+        outcome=None,
+        cancelled=cancelled,
+        user_stop=user_stop,
+        continue_requested=continue_requested,
+        dead_nodes=gone,
+        node_problems=problems,
+    )
+    return Finding("", attempt, decide(facts, history, budgets, can_exclude_nodes=True), gone)
+
+
+def last_beats(paths: RunPaths, allocation: str) -> dict[str, float]:
+    """Each host's last agent heartbeat in ``allocation`` (``jobs.allocation``'s files)."""
+    folder = paths.root / "agents" / allocation.replace("/", "_")
+    beats: dict[str, float] = {}
+    with contextlib.suppress(FileNotFoundError):
+        for entry in folder.iterdir():
+            with contextlib.suppress(OSError):
+                beats[entry.name] = entry.stat().st_mtime
+    return beats
+
+
+def allocation_of(attempt: str) -> str:
+    """``<job>.<restart>`` of an attempt key ``<job>.<restart>[.<n>]``."""
+    parts = attempt.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 2 else attempt
+
+
+class Rescue:
+    """Carries the finding out: takes the run over from the dead job and continues it."""
+
+    def __init__(self, paths: RunPaths, job_id: str):
+        self.paths = paths
+        self.job_id = job_id
+        self.plan = read_plan(paths)
+        self.scheduler: Any = get_scheduler(self.plan.scheduler)
+        self.own = next((os.environ[v] for v in SELF_VARS if os.environ.get(v)), "")
+        self.lock = RunLock(paths)
+        self.word = ""  # how the scheduler says the watched job ended (FAILED, NODE_FAIL, ...)
+
+    def run(self) -> int:
+        events = read_events(self.paths).events
+        word = self.word = self._scheduler_word()
+        attempts = job_attempts(events, self.job_id)
+        user = (
+            take_user_stop(self.paths, attempts[-1])
+            if attempts and self._undecided(events, attempts[-1])
+            else None
+        )
+        finding = find(
+            events,
+            self.job_id,
+            budgets=Budgets.from_plan(self.plan),
+            beats=last_beats(self.paths, allocation_of(attempts[-1])) if attempts else {},
+            reported=reported_hosts(self.paths, attempts[-1]) if attempts else (),
+            scheduler_word=word,
+            user_stop=user is not None,
+            continue_requested=user is not None and user.continue_,
+        )
+        ledger = Ledger(self.paths, role="rescue", attempt=finding.attempt)
+        if finding.decision is None:
+            ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=finding.reason, job_ended=word)
+            say(finding.reason)
+            return 0
+        held = self._take_over()
+        if isinstance(held, str):
+            ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=held)
+            say(held)
+            return 0
+        return self._carry_out(finding, held, ledger)
+
+    def _undecided(self, events: list[dict[str, Any]], attempt: str) -> bool:
+        return unended_attempt(events, current="") == attempt
+
+    def _scheduler_word(self) -> str:
+        try:
+            return self.scheduler.status(self.paths, self.job_id).raw
+        except (HpclaunchError, ValueError):
+            return ""
+
+    def _take_over(self) -> LockHolder | str:
+        """The run's lock, taken from the dead job; a string when another live writer holds the run
+        (someone resubmitted it meanwhile): then the rescue leaves it alone."""
+        holder = self.lock.read()
+        if holder is not None and holder.job_id not in ("", self.job_id, self.own):
+            live = liveness(holder, is_active=self._active)
+            if live.alive:
+                return f"the run is held by {holder.describe()} ({live.why}); the rescue leaves it alone"
+        return self.lock.adopt(job_id=self.own or f"rescue-{self.job_id}", role="agent")
+
+    def _active(self, holder: LockHolder) -> bool | None:
+        try:
+            return get_scheduler(holder.scheduler).status(self.paths, holder.job_id).active
+        except (HpclaunchError, ValueError):
+            return None
+
+    def _carry_out(self, finding: Finding, holder: LockHolder, ledger: Ledger) -> int:
+        decision = finding.decision
+        assert decision is not None
+        if decision.action is not Action.EXCLUDE:  # a cancellation, a user's stop, the budget spent
+            record(ledger, decision, job_id=self.job_id)
+            self.lock.release(holder)
+            return 0 if decision.action is Action.END else 1
+        note = ""
+        can_exclude = self.plan.scheduler == "slurm" or self.plan.pbs_dialect == "pro"
+        if not can_exclude:
+            note = f"{self.plan.scheduler} ({self.plan.pbs_dialect}) cannot keep a continuation off a node: it may run there again"
+        ledger.append(NODE_EXCLUDED, nodes=list(finding.gone), reason=decision.reason, by="rescue")
+        try:
+            plan, new_job = self.scheduler.continuation_held(
+                self.plan, self.paths, list(decision.exclude) if can_exclude else []
+            )
+            leave_rescue(self.scheduler, plan, self.paths, new_job, role="rescue")
+        except HpclaunchError as e:
+            failed = Decision(
+                Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
+            )
+            record(ledger, failed, job_id=self.job_id)
+            self.lock.release(holder)
+            return 1
+        if plan.spare_nodes < self.plan.spare_nodes:
+            left = f"{plan.spare_nodes} hot spare(s) instead of {self.plan.spare_nodes}: too few nodes are left for more"
+            note = f"{note}; {left}" if note else left
+        record(
+            ledger,
+            decision,
+            job_id=new_job,
+            note=note,
+            for_job=self.job_id,
+            job_ended=self.word,
+            rescue_job=self.own,
+        )
+        self.lock.hand_over(holder, new_job)
+        self.scheduler.release(self.paths, new_job)
+        return 0
+
+
+def record(ledger: Ledger, decision: Decision, *, job_id: str, note: str = "", **extra: Any) -> None:
+    """The decision in the ledger (by: rescue), as an agent records its own; and on stdout."""
+    fields: dict[str, Any] = {
+        "cause": decision.cause,
+        "reason": decision.reason,
+        "action": decision.action.value,
+    }
+    if decision.action is Action.FAIL:
+        fields["error"] = decision.reason
+    if decision.action in (Action.CONTINUE, Action.EXCLUDE):
+        fields.update(by="rescue", in_place=False, counts_as=decision.counts_as)
+    if decision.exclude:
+        fields["exclude"] = list(decision.exclude)
+    if note:
+        fields["note"] = note
+    ledger.append(decision.event, job_id=job_id, **fields, **extra)
+    say(
+        f"{decision.action.value}: {decision.reason}"
+        + (f" (job {job_id})" if decision.action is Action.EXCLUDE else "")
+    )
+
+
+def say(text: str) -> None:
+    print(f"hpclaunch rescue: {text}", flush=True)
+
+
+def after_run(paths: RunPaths) -> None:
+    """A run that has ended for good withdraws the rescue jobs still waiting behind its jobs (the
+    deciding agent, after its decision); never raises."""
+    try:
+        scheduler = get_scheduler(read_plan(paths).scheduler)
+        for job in withdraw_rescues(paths, scheduler, role="agent"):
+            print(f"hpclaunch: withdrew rescue job {job}: the run has ended", file=sys.stderr, flush=True)
+    except (HpclaunchError, OSError, ValueError) as e:
+        print(f"hpclaunch: could not withdraw the rescue jobs: {e}", file=sys.stderr, flush=True)
+
+
+def rescue_main(run_dir: str, job_id: str) -> int:
+    paths = RunPaths(Path(run_dir))
+    try:
+        return Rescue(paths, job_id).run()
+    except HpclaunchError as e:
+        say(f"error: {e.one_line()}")
+        with contextlib.suppress(OSError):
+            Ledger(paths, role="rescue").append(RESCUE, job_id=job_id, action="error", reason=e.one_line())
+        return 1
+
+
+def main() -> None:
+    if len(sys.argv) != 3:
+        print("usage: python -m hpclaunch.jobs.rescue RUN_DIR JOB_ID", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(rescue_main(sys.argv[1], sys.argv[2]))
+
+
+if __name__ == "__main__":
+    main()

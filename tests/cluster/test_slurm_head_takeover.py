@@ -1,0 +1,145 @@
+"""Issue 24, finding 4, on the real local SLURM, 3-node layout (n1, n2 training; n3 a hot spare):
+every job process on the batch host n1 is killed at step ~25, the batch script included (as when
+the OOM killer empties node 0 or the node dies). SLURM ends the job at once (FAILED) and no agent
+decides; the rescue job the submission left behind (``afternotok``) decides the attempt as n1's
+node failure and continues the run as a new job without n1, with no person involved. The run ends
+bitwise equal to one that was never interrupted."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import psutil
+import pytest
+from tests.cluster.test_slurm_in_place import COMMON, SPARE, _last_step
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    status,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("head-takeover")
+
+
+@pytest.fixture(scope="module")
+def data(work: Path) -> Path:
+    return synth_data(work / "data")
+
+
+def _kill_job_on(cluster: SlurmCluster, node: str, job_id: str) -> list[str]:
+    """Every process of job ``job_id`` on ``node`` but SLURM's own (slurmstepd): the batch script,
+    srun, the agent, its rank host, forkserver, ranks and their helpers. Only this job's (its
+    environment says so): other sessions' jobs may share the node."""
+    ns = f"hpcl{cluster.nodes.index(node) + 1}"
+    pids = subprocess.run(
+        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
+    ).stdout.split()
+    mine = f"SLURM_JOB_ID={job_id}".encode()
+    killed = []
+    for pid in map(int, pids):
+        try:
+            proc = psutil.Process(pid)
+            cmd = " ".join(proc.cmdline())
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (psutil.Error, OSError):
+            continue
+        if "slurmd" in cmd or "slurmstepd" in cmd or mine not in env:
+            continue
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            killed.append(cmd[:80])
+    return killed
+
+
+def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
+    hpclaunch(
+        "submit", str(TINY), *tiny_overrides(work, data, name, *COMMON, *extra), "--no-preflight", cwd=work
+    )
+    return work / "runs" / name
+
+
+@pytest.mark.parametrize(
+    "who",
+    [
+        # The agents left are SIGKILLed (KillWait) before they carry their decision out: the rescue.
+        "rescue",
+        # They decide in time: n1's node failure, by the first live agent; the rescue does nothing.
+        "agent",
+    ],
+)
+def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, who: str
+) -> None:
+    cluster = slurm_cluster_3nodes
+    slow = ("testing.pause_before_continue_s=120",) if who == "rescue" else ()
+    run = _submit(work, data, f"head-dies-{who}", SPARE, *slow)
+    first_job = next(str(e["job_id"]) for e in events(run) if e["event"] == "submitted")
+    (rescue,) = [e for e in events(run) if e["event"] == "rescue_submitted"]
+    assert rescue["job_id"] == first_job
+    assert cluster.job_info(rescue["rescue_job"])["JobState"] == "PENDING"  # held on the job
+
+    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    killed = _kill_job_on(cluster, "n1", first_job)
+    assert any("hpclaunch.jobs.agent" in k for k in killed) and any("slurm_script" in k for k in killed), (
+        killed
+    )
+    assert cluster.wait_job(first_job, timeout=60) == "FAILED"  # the batch script died with them
+    wait_for(
+        lambda: any(e["event"] == "requeued" for e in events(run)), timeout=120, poll=0.5, what="the rescue"
+    )
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"]) == ("requeued", "node_failure")
+    decided = [e for e in events(run) if e["event"] == "requeued"]
+    assert [(e["by"], e["exclude"]) for e in decided] == [(who, ["n1"])]
+    excluded = [e for e in events(run) if e["event"] == "node_excluded"]
+    assert [e["nodes"] for e in excluded] == [["n1"]]
+    said = [e for e in events(run) if e["event"] == "rescue"]
+    if who == "rescue":
+        assert "n1: the batch host" in (first["error"] or "") and decided[0]["for_job"] == first_job
+        assert said == []
+    else:
+        assert "n1: its agent and ranks are gone" in (first["error"] or "")
+        assert [e["action"] for e in said] == ["nothing"] and "was decided" in said[0]["reason"]
+    started = [e for e in events(run) if e["event"] == "started" and e["node"] == 0]
+    last_job = str(started[-1]["job_id"])
+    assert last_job != first_job and "n1" not in started[-1]["hosts"]
+    assert "n1" in cluster.job_info(last_job).get("ExcNodeList", "")
+    # The continuation has its own rescue, withdrawn once the run finished.
+    rescues = [e for e in events(run) if e["event"] == "rescue_submitted"]
+    assert [e["job_id"] for e in rescues] == [first_job, last_job]
+    assert cluster.wait_job(rescues[1]["rescue_job"], timeout=60) == "CANCELLED"
+    notes = status(run, work)["rescue"]["notes"]  # why SLURM calls the first job FAILED
+    assert notes and f"job {first_job} FAILED" in notes[0] and f"as job {last_job}" in notes[0], notes
+    assert final_params_sha(run) == reference(work, data)
+
+
+def reference(work: Path, data: Path) -> str:
+    """The same run never interrupted (once per module; after the kills, which it must not meet)."""
+    run = work / "runs" / "reference"
+    if not run.exists():
+        _submit(work, data, "reference")
+    r = wait_run_done(run, work, timeout=600)
+    assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
+    return final_params_sha(run)
