@@ -1,9 +1,11 @@
-"""Issue 24, finding 4, on the real OpenPBS, 3-node layout (pbsn1, pbsn2 training; pbsn3 a hot
-spare): every process of the job on its mother superior pbsn1 (the job script included) is killed
-at step ~25. PBS ends the job with a failed exit status; the rescue job the submission left behind
-(``depend=afternotok``), or an agent left alive when it decided in time, decides the attempt as
-pbsn1's node failure and continues the run without it (PBS Pro: a job naming healthy hosts),
-with no person involved. The run ends bitwise equal to one that was never interrupted."""
+"""Issue 24 on the real OpenPBS, 3-node layout (pbsn1, pbsn2 training; pbsn3 a hot spare).
+
+Finding 4: every process of the job on its mother superior pbsn1 (the job script included) is
+killed at step ~25. PBS ends the job with a failed exit status; the rescue job the submission left
+behind (``depend=afternotok``), or an agent left alive when it decided in time, decides the attempt
+as pbsn1's node failure and continues the run without it (PBS Pro: a job naming healthy hosts), with
+no person involved. (a): only the agent and ranks on pbsn1 die: restarted in place on the spare.
+Every run ends bitwise equal to one that was never interrupted."""
 
 from __future__ import annotations
 
@@ -60,9 +62,10 @@ def _last_step(run: Path) -> int:
     return int(lines[-1]["step"]) if lines else 0
 
 
-def _kill_job_on(node: str, job_id: str) -> list[str]:
+def _kill_job_on(node: str, job_id: str, *, python_only: bool = False) -> list[str]:
     """Every process of PBS job ``job_id`` on ``node`` but PBS's own (pbs_mom): the job script,
-    the launcher, the agent and everything under it."""
+    the launcher, the agent and everything under it (``python_only``: the agent and what it started;
+    the job script and the launcher live on)."""
     ns = f"hpclpbs{node.removeprefix('pbsn')}"
     pids = os.popen(f"ip netns pids {ns}").read().split()
     mine = f"PBS_JOBID={job_id}".encode()
@@ -73,7 +76,7 @@ def _kill_job_on(node: str, job_id: str) -> list[str]:
             env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except (psutil.Error, OSError):
             continue
-        if "pbs_mom" in cmd or mine not in env:
+        if "pbs_mom" in cmd or mine not in env or (python_only and "python" not in cmd.split(" ")[0]):
             continue
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
@@ -106,7 +109,47 @@ def test_head_takeover_by_the_rescue_when_every_job_process_on_the_mother_superi
     notes = status(server, run)["rescue"]["notes"]
     assert notes and f"job {first_job}" in notes[0]
 
-    reference = submit(server, runs["work"], runs["data"], "reference", *COMMON)
-    r = wait_run_done(server, reference, timeout=900)
-    assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
-    assert final_params_sha(run) == final_params_sha(reference)
+    assert final_params_sha(run) == _reference(server, runs)
+
+
+def _reference(server: PbsServer, runs: dict[str, Any]) -> str:
+    if "reference" not in runs:
+        reference = submit(server, runs["work"], runs["data"], "reference", *COMMON)
+        r = wait_run_done(server, reference, timeout=900)
+        assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
+        runs["reference"] = final_params_sha(reference)
+    return str(runs["reference"])
+
+
+def test_head_agent_and_ranks_killed_restart_in_place_on_the_spare(
+    pbs_server_3nodes: PbsServer, runs: dict[str, Any]
+) -> None:
+    """Issue 24 (a) on OpenPBS: the agent and ranks on the mother superior die, the job script lives:
+    another agent takes the decider's role and pbsn3 takes pbsn1's place, in the same job. The
+    agents are started with pbsdsh here: MPICH's mpiexec (hydra) ends every process of the launch
+    when one exits abnormally, so with it the job ends and the rescue continues the run instead."""
+    server = pbs_server_3nodes
+    run = submit(
+        server,
+        runs["work"],
+        runs["data"],
+        "head-agent-dies",
+        *COMMON,
+        "scheduler.spare_nodes=1",
+        "scheduler.pbs_launcher=pbsdsh",
+    )
+    job = submitted_job(run, events)
+    wait_for(lambda: _last_step(run) >= 25, timeout=900, poll=0.2, what="step 25")
+    killed = _kill_job_on("pbsn1", job, python_only=True)
+    assert killed and not any("mom_priv/jobs" in k for k in killed), "\n".join(killed)
+    s = wait_run_done(server, run, timeout=900)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first = s["attempts"][0]
+    assert (first["end"], first["cause"], first["replaced"]) == (
+        "restarted in place",
+        "node_failure",
+        {"pbsn1": "pbsn3"},
+    )
+    assert {str(e["job_id"]) for e in events(run) if e["event"] == "started"} == {job}
+    assert int(server.job(job).get("run_count", 1)) == 1
+    assert final_params_sha(run) == _reference(server, runs)
