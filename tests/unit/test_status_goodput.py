@@ -6,6 +6,8 @@ from hpclaunch.orchestrator.status import (
     LOST_AFTER_S,
     attempts_from_events,
     current_job_id,
+    describe_failed_saves,
+    failed_saves,
     goodput,
     run_state,
 )
@@ -120,3 +122,26 @@ def test_withdrawn_and_user_ended_attempts() -> None:
     ]
     attempts = attempts_from_events(ledger)
     assert [(a.end, a.cause) for a in attempts] == [("stopped", "user"), ("withdrawn", None)]
+
+
+def test_a_failed_and_retried_save_is_shown_per_attempt_and_for_the_run() -> None:
+    """Issue 26: a background save killed by a signal (then saved again, blocking) left no trace in
+    status; it now shows in the attempt's row and one line for the run."""
+    failed = ev(
+        "checkpoint_failed",
+        "7.0",
+        step=14,
+        error="the checkpoint writer process of rank 0 (pid 9) died (killed by SIGUSR2)",
+        action="blocking retry",
+    )
+    ledger = [*LEDGER[:4], failed, *LEDGER[4:]]
+    attempts = attempts_from_events(ledger)
+    assert [a.failed_saves for a in attempts] == [1, 0, 0]
+    summary = failed_saves(ledger)
+    assert summary is not None and summary["count"] == 1 and summary["last"]["step"] == 14
+    line = describe_failed_saves(summary)
+    assert line == (
+        "checkpoint: 1 save failed; the last at step 14 (blocking retry): the checkpoint writer "
+        "process of rank 0 (pid 9) died (killed by SIGUSR2)"
+    )
+    assert failed_saves(LEDGER) is None and describe_failed_saves(None) is None

@@ -12,6 +12,7 @@ from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInpu
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.status import describe_failed_saves
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
@@ -420,13 +421,16 @@ def _status_table(data: dict[str, Any]) -> Any:
             str(a.get("nodes") or "-"),
             _fmt_time(a.get("started")),
             steps,
-            str(a.get("checkpoint_step") or "-"),
+            str(a.get("checkpoint_step") or "-")
+            + (f" ({a['failed_saves']} failed)" if a.get("failed_saves") else ""),
             Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
             Text(a.get("cause") or ""),
         )
     parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
     if interval := describe_interval(data.get("checkpoint_interval")):
         parts.append(Text(interval))
+    if failed := describe_failed_saves(data.get("failed_saves")):
+        parts.append(Text(failed, style="yellow"))
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):

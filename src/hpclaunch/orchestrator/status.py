@@ -14,6 +14,7 @@ from typing import Any
 from ..fsutil import read_jsonl
 from ..rundir import (
     CANCELLED,
+    CHECKPOINT_FAILED,
     CHECKPOINT_SAVED,
     ENDED,
     FAILED,
@@ -64,6 +65,7 @@ class Attempt:
     replaced: dict[str, str] = field(default_factory=dict)  # node -> the spare that took its place
     cause: str | None = None
     error: str | None = None
+    failed_saves: int = 0  # saves that failed in this attempt (each then saved again, blocking)
 
 
 @dataclass
@@ -103,6 +105,8 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
             step = int(e.get("step", 0))
             a.checkpoint_step = max(a.checkpoint_step or 0, step)
             a.last_step = max(a.last_step or 0, step)
+        elif kind == CHECKPOINT_FAILED:
+            a.failed_saves += 1
         elif kind == STOPPED:
             a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
             a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
@@ -160,6 +164,28 @@ def goodput(attempts: list[Attempt]) -> Goodput:
         frontier = max(frontier, end)
     useful = frontier - lost
     return Goodput(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
+
+
+def failed_saves(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The saves that failed (None: none did): how many, and the newest with what was done."""
+    failed = [e for e in events if e.get("event") == CHECKPOINT_FAILED]
+    if not failed:
+        return None
+    last = failed[-1]
+    return {
+        "count": len(failed),
+        "last": {k: last.get(k) for k in ("attempt", "step", "error", "action")},
+    }
+
+
+def describe_failed_saves(summary: dict[str, Any] | None) -> str | None:
+    """One status line, or None when no save failed."""
+    if not summary:
+        return None
+    last, n = summary["last"], summary["count"]
+    what = "1 save failed" if n == 1 else f"{n} saves failed"
+    action = f" ({last['action']})" if last.get("action") else ""
+    return f"checkpoint: {what}; the last at step {last.get('step')}{action}: {last.get('error')}"
 
 
 def running_attempt(events: list[dict[str, Any]]) -> str | None:
@@ -283,6 +309,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
+        "failed_saves": failed_saves(events),
     }
 
 
