@@ -12,7 +12,7 @@ from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInpu
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
-from ..orchestrator.status import describe_failed_saves
+from ..orchestrator.status import describe_experiment_logs, describe_failed_saves
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
@@ -431,6 +431,8 @@ def _status_table(data: dict[str, Any]) -> Any:
         parts.append(Text(interval))
     if failed := describe_failed_saves(data.get("failed_saves")):
         parts.append(Text(failed, style="yellow"))
+    for line in describe_experiment_logs(data.get("experiment_logs")):
+        parts.append(Text(line, style="yellow"))
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):

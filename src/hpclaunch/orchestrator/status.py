@@ -17,6 +17,7 @@ from ..rundir import (
     CHECKPOINT_FAILED,
     CHECKPOINT_SAVED,
     ENDED,
+    EXPERIMENT_LOG_FAILED,
     FAILED,
     FINISHED,
     HELD,
@@ -188,6 +189,21 @@ def describe_failed_saves(summary: dict[str, Any] | None) -> str | None:
     return f"checkpoint: {what}; the last at step {last.get('step')}{action}: {last.get('error')}"
 
 
+def experiment_log_failures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every time W&B or TensorBoard failed and training went on without it (or W&B offline)."""
+    return [
+        {k: e.get(k) for k in ("log", "attempt", "error", "action")}
+        for e in events
+        if e.get("event") == EXPERIMENT_LOG_FAILED
+    ]
+
+
+def describe_experiment_logs(failures: list[dict[str, Any]] | None) -> list[str]:
+    """Status lines: the newest failure of each log (W&B offline, a log dropped)."""
+    newest = {f["log"]: f for f in failures or []}
+    return [f"{log}: {f['error']} in attempt {f['attempt']}; {f['action']}" for log, f in newest.items()]
+
+
 def running_attempt(events: list[dict[str, Any]]) -> str | None:
     """The attempt that has started and not ended yet (None: none runs now)."""
     attempts = attempts_from_events(events)
@@ -310,6 +326,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
         "failed_saves": failed_saves(events),
+        "experiment_logs": experiment_log_failures(events),
     }
 
 

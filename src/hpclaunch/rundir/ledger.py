@@ -42,6 +42,7 @@ CHECKPOINT_SAVED = "checkpoint_saved"
 CHECKPOINT_INVALID = "checkpoint_invalid"
 CHECKPOINT_FAILED = "checkpoint_failed"  # trainer rank 0: a save failed (what, and what was done)
 CHECKPOINT_WRITER_STARVED = "checkpoint_writer_starved"  # a save restarted at writer_nice (CPU starved)
+EXPERIMENT_LOG_FAILED = "experiment_log_failed"  # trainer rank 0: W&B/TensorBoard failed (what was done)
 CHECKPOINT_INTERVAL = "checkpoint_interval"  # trainer rank 0: the save interval chosen, and why
 STOP_REQUESTED = "stop_requested"
 STOP_OVERDUE = "stop_overdue"  # node 0's agent: the stop save overran the kill wait; workers ended
