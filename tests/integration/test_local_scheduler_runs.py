@@ -120,8 +120,8 @@ def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
     story = "\n".join(json.dumps(e) for e in events(run))
     assert causes[:3] == [("requeued", "user"), ("requeued", "preemption"), ("requeued", "timeout")], story
     assert causes[-1] == ("finished", None)
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
-    assert s["goodput"]["useful_steps"] == STEPS
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
+    assert s["step_counts"]["useful_steps"] == STEPS
 
     # every rank stopped after the same step, although only rank 1 got the signal
     outcomes = [json.loads(p.read_text()) for p in (run / "attempts").glob("*.json")]

@@ -122,7 +122,7 @@ def _run_page(summary: dict[str, Any], pngs: dict[str, bytes], notes: list[str])
             f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent['training_s'])} of kept training in "
             f"{fmt_seconds(spent['allocated_s'])} allocated (queue {fmt_seconds(spent['queue_s'])} apart)</p>"
         )
-    gp = summary["goodput"]
+    gp = summary["step_counts"]
     head.append(
         f"<p>steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed; "
         f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped</p>"

@@ -70,12 +70,14 @@ class Attempt:
 
 
 @dataclass
-class Goodput:
+class StepCounts:
+    """The steps beside goodput (which counts time: ``accounting``): kept of computed."""
+
     useful_steps: int
     computed_steps: int
     repeated_steps: int  # computed more than once (work lost to a stop without a save)
     lost_steps: int  # never computed (a resume that skipped ahead): data silently not trained on
-    ratio: float
+    kept_ratio: float  # useful / computed steps; not goodput (that is time: kept training / allocated)
 
 
 def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
@@ -151,7 +153,7 @@ def _cause(event: dict[str, Any]) -> str | None:
     return cause.value if cause is not None else None
 
 
-def goodput(attempts: list[Attempt]) -> Goodput:
+def step_counts(attempts: list[Attempt]) -> StepCounts:
     """Steps are computed in [resumed_step+1, last_step] per attempt."""
     computed = repeated = lost = 0
     frontier = 0  # highest step computed so far
@@ -164,7 +166,7 @@ def goodput(attempts: list[Attempt]) -> Goodput:
         lost += max(0, start - frontier)
         frontier = max(frontier, end)
     useful = frontier - lost
-    return Goodput(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
+    return StepCounts(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
 
 
 def failed_saves(events: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -296,9 +298,10 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         }
     speed = last_metric.get("step_time_s")
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
-    gp = goodput(attempts)
+    counted = step_counts(attempts)
     state = run_state(attempts, events, sched["state"] if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
+    time_json = spent.to_json()
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
         eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
@@ -318,8 +321,11 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "eta_s": eta,
         "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
         "attempts": [asdict(a) for a in attempts],
-        "goodput": asdict(gp),
-        "time": spent.to_json(),
+        # One word, one number: goodput is the time share the text shows (kept training over
+        # allocated time, as time.goodput); the step counts have their own name.
+        "goodput": time_json["goodput"],
+        "step_counts": asdict(counted),
+        "time": time_json,
         "stragglers": straggler_summary(paths, events),
         "cost": cost,
         "chain": chain_view(paths),
