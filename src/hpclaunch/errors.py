@@ -75,6 +75,11 @@ class RunLockedError(UserInputError):
     """Another live writer (a job, a foreground train) holds the run directory."""
 
 
+class RunStateError(UserInputError):
+    """A command that cannot apply to the run's state (stop a run that has ended, resume a finished
+    one): nothing is written or submitted."""
+
+
 class CheckpointError(HpclaunchError):
     """A checkpoint cannot be written, validated or loaded."""
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
+from ..errors import PreflightFailed, RunNotFoundError, RunStateError, SchedulerError, UserInputError
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
@@ -103,8 +103,17 @@ def submit(
       hpclaunch submit --resume runs/tiny
       hpclaunch submit stage2.yaml --after runs/stage1
     """
+    if resume is not None and config:
+        raise UserInputError(
+            f"--resume continues {resume} with the config it was started with; "
+            f"{', '.join(map(str, config))} would be ignored",
+            where="submit",
+            hint=f"drop the CONFIG and change settings with --set (hpclaunch submit --resume {resume} "
+            "--set train.steps=N), or submit the CONFIG as a new run without --resume",
+        )
     if resume is not None:
         cfg = load_existing_run(_run_paths(resume).root, overrides or [])
+        _refuse_resuming_a_finished_run(_run_paths(resume), cfg.train.steps)
     elif config:
         cfg = load(config, overrides)
     else:
@@ -144,6 +153,18 @@ def submit(
     if wait:
         code = _wait(paths)
         raise typer.Exit(code)
+
+
+def _refuse_resuming_a_finished_run(paths: RunPaths, steps: int) -> None:
+    """A finished run has nothing to train: a job would start, load its last checkpoint and end."""
+    view = _status_dict(paths)
+    if view["state"] == "finished" and int(view["step"] or 0) >= steps:
+        raise RunStateError(
+            f"{paths.root} has finished (step {view['step']}/{steps}): there is nothing to resume",
+            where="--resume",
+            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N "
+            f"(N > {view['step']})",
+        )
 
 
 def _chain_words(action: str, reason: str) -> str:
@@ -501,9 +522,18 @@ def stop(
     from ..rundir.control import write_user_stop
 
     paths = _run_paths(run)
-    # A sweep's root runs nothing itself: the request goes to every point.
+    # A sweep's root runs nothing itself: the request goes to every point that still runs.
     points = sweep_roots(paths)
-    targets = [RunPaths(p) for p in points] or [paths]
+    views = {p: _status_dict(p) for p in [RunPaths(p) for p in points] or [paths]}
+    targets = [p for p, view in views.items() if _busy([view])]
+    if not targets:
+        states = sorted({view["state"] for view in views.values()})
+        raise RunStateError(
+            f"nothing to stop: {'every point of the sweep' if points else 'the run'} has ended "
+            f"({', '.join(states)}); nothing was written",
+            where=str(paths.root),
+            hint=f"see hpclaunch status {paths.root}; continue a stopped run with hpclaunch submit --resume",
+        )
     for target in targets:
         attempt = running_attempt(read_events(target).events)
         write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
@@ -514,7 +544,7 @@ def stop(
             continue_=continue_,
             attempt_seen=attempt,
         )
-    what = f"the {len(targets)} points of sweep {paths.root}" if points else str(paths.root)
+    what = f"{len(targets)} of the {len(points)} points of sweep {paths.root}" if points else str(paths.root)
     console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)
 
 
