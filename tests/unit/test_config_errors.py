@@ -94,7 +94,7 @@ CASES = [
         "warmup-too-long",
         None,
         ["train.warmup_steps=500"],
-        "train.warmup_steps: 500 must be smaller than steps=200",
+        "train.warmup_steps: 500 must be smaller than train.steps=200",
     ),
     ("betas-length", None, ["train.betas=[0.9]"], "train.betas: [0.9] must be two values"),
     (
