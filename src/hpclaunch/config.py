@@ -195,6 +195,7 @@ class SchedulerConfig(_Section):
                 "procs_per_node",
                 f"{self.procs_per_node} is more than gpus_per_node={self.gpus_per_node}; "
                 "one rank per GPU at most",
+                related=("gpus_per_node",),
             )
         if self.kind == "local" and self.nodes != 1:
             raise KeyedValueError(
@@ -735,11 +736,13 @@ class RunConfig(_Section):
             raise KeyedValueError(
                 "train.global_batch",
                 f"{t.global_batch} is not divisible by the {world} ranks (scheduler.nodes x procs_per_node)",
+                related=("scheduler.nodes", "scheduler.procs_per_node", "scheduler.gpus_per_node"),
             )
         if micro < 1 or (t.global_batch // world) % micro:
             raise KeyedValueError(
                 "train.micro_batch",
                 f"{t.micro_batch} must divide the per-rank batch {t.global_batch // world}",
+                related=("train.global_batch", "scheduler.nodes", "scheduler.procs_per_node"),
             )
         if self.launch.backend == "nccl" and s.gpus_per_node == 0:
             raise KeyedValueError(
@@ -754,6 +757,7 @@ class RunConfig(_Section):
                 "launch.stop_lead_s",
                 f"{lead} is not shorter than scheduler.time_limit {s.time_limit} ({s.time_limit_s} s): "
                 "the run would stop before it starts",
+                related=("scheduler.time_limit",),
             )
         for step in self.testing.inject_nonfinite_at:
             if not 1 <= step <= t.steps:
@@ -774,6 +778,7 @@ class RunConfig(_Section):
                 "data.pad_id",
                 f"{d.pad_id} is outside the vocabulary (model.vocab_size={m.vocab_size}: ids 0..{m.vocab_size - 1}); "
                 "use the tokenizer's pad id",
+                related=("model.vocab_size",),
             )
         if (d.val_token_dir is None) != (d.val_latent_dir is None):
             missing = "data.val_latent_dir" if d.val_latent_dir is None else "data.val_token_dir"

@@ -142,3 +142,14 @@ def test_resume_with_set_blames_set_not_the_runs_config(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         read_config(paths, ["train.steps=5"])
     assert e.value.where == "--set" and f"(train.warmup_steps from {paths.config})" not in e.value.message
+
+
+def test_every_cross_field_error_blames_the_later_layer(tmp_path: Path) -> None:
+    """The class: a value valid in its file, made wrong by a later layer, names that layer."""
+    run = write(tmp_path, "run.yaml", "train: {global_batch: 16}\nscheduler: {procs_per_node: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(run, ["scheduler.procs_per_node=3"])
+    assert e.value.where == "--set" and "train.global_batch" in e.value.message
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "lead.yaml", "launch: {stop_lead_s: 60}\n"), ["scheduler.time_limit=30s"])
+    assert e.value.where == "--set" and "launch.stop_lead_s" in e.value.message
