@@ -66,6 +66,25 @@ CHAIN_BLOCKED = "chain_blocked"  # (both runs) the earlier run failed or was can
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)
 
+
+def latest_submission(events: list[dict[str, Any]]) -> int:
+    """Index of the event that opened the run's latest submission (-1: none). That is its
+    ``submitting``, not ``submitted``: the job may start, and even end, before ``submit`` hears the
+    scheduler's answer and records ``submitted``, and what it recorded meanwhile belongs to this
+    submission. A refused submission (``submit_failed``) opened nothing; a ledger without
+    ``submitting`` (a foreground ``train``, older runs) is opened by ``submitted``."""
+    start, pending = -1, None
+    for i, e in enumerate(events):
+        kind = e.get("event")
+        if kind == SUBMITTING:
+            pending = i
+        elif kind == SUBMITTED:
+            start, pending = (pending if pending is not None else i), None
+        elif kind == SUBMIT_FAILED:
+            pending = None
+    return pending if pending is not None else start
+
+
 _seq = itertools.count(1)
 _seq_lock = threading.Lock()
 
