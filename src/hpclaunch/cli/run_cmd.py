@@ -183,19 +183,45 @@ def _plan_scheduler(paths: RunPaths) -> str | None:
 
 
 def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
-    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'."""
-    from ..orchestrator.status import summarize
-
+    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'. In a
+    terminal the status is shown live meanwhile. Ctrl-C ends the waiting, not the run (130)."""
     roots = _sweep_points(paths) or [paths.root]
-    while True:
+    try:
+        views = _wait_until_ended(roots, poll_s)
+    except KeyboardInterrupt:
+        err_console.print(
+            f"hpclaunch: stopped waiting; the run goes on. Follow it: hpclaunch status {paths.root} "
+            f"--watch; stop it with a checkpoint: hpclaunch stop {paths.root}; end it now: "
+            f"hpclaunch cancel {paths.root}",
+            highlight=False,
+        )
+        return 130
+    if len(views) > 1:
+        _print_sweep(views)
+    else:
+        _print_status(views[0])
+    return 0 if all(v["state"] == "finished" for v in views) else 1
+
+
+def _wait_until_ended(roots: list[Path], poll_s: float) -> list[dict[str, Any]]:
+    """The runs' status once none is busy; redrawn in place meanwhile when stdout is a terminal."""
+    from contextlib import nullcontext
+
+    from rich.live import Live
+
+    def view() -> tuple[list[dict[str, Any]], Any]:
         views = [_status_dict(RunPaths(r)) for r in roots]
-        states = [v["state"] for v in views]
-        if not _busy(views):
-            break
-        time.sleep(poll_s)
-    for r in roots:
-        _print_status(summarize(r, scheduler_status=_scheduler_status(RunPaths(r))))
-    return 0 if all(s == "finished" for s in states) else 1
+        return views, (_sweep_table(views) if len(roots) > 1 else _status_table(views[0]))
+
+    views, shown = view()
+    live = Live(shown, console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+    with live if live is not None else nullcontext():
+        while _busy(views):
+            time.sleep(poll_s)
+            views, shown = view()
+            if live is not None:
+                live.update(shown, refresh=True)
+    return views
 
 
 def _busy(views: list[dict[str, Any]]) -> bool:
@@ -489,7 +515,10 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
-    for col in ("point", "state", "job", "step", "loss", "attempts", "goodput"):
+    # A point's name is what tells the points apart: never cut short (on a narrow or piped
+    # console it wraps instead), whatever else has to give.
+    table.add_column("point", overflow="fold", min_width=12)
+    for col in ("state", "job", "step", "loss", "attempts", "goodput"):
         table.add_column(col)
     for r in rows:
         loss = r.get("loss")
