@@ -24,6 +24,23 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"hpclaunch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print hpclaunch's version and exit."
+    ),
+) -> None:
+    """One YAML file to a SLURM or PBS MMDiT training run that survives time limits and preemption."""
+
+
 def _register_all() -> None:
 
     for name in (

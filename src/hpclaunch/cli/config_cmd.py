@@ -31,6 +31,12 @@ def init(
     """
     if path.exists() and not force:
         raise UserInputError(f"{path} exists", where="init", hint="pass --force to overwrite it")
+    if not path.parent.is_dir():  # a typo in the folder must not become a tree of new folders
+        raise UserInputError(
+            f"folder {path.parent} does not exist; nothing was written",
+            where="init",
+            hint=f"create it first (mkdir -p {path.parent}), or write the config elsewhere",
+        )
     atomic_write_text(path, commented_example())
     console.print(f"wrote {path}; next: hpclaunch preflight {path}")
 

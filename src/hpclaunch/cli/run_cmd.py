@@ -271,7 +271,7 @@ def train(
         bool, typer.Option("--resume", help="Continue the run in its existing directory.")
     ] = False,
 ) -> None:
-    """Train in the foreground on this machine through torchrun (no scheduler).
+    """Train in the foreground on this machine: the node agent and its rank host (no scheduler).
 
     Ctrl-C stops all ranks at the same step and saves; run the same command with --resume to continue.
 
@@ -324,9 +324,9 @@ def train(
         lock.release(holder)
     outcome = latest_outcome(paths)
     if outcome is not None and outcome.status == "failed":
-        # The reason is the last line; torchrun's own report stays in the node log.
+        # The reason is the last line; the rank host's own report stays in the node log.
         console.print(
-            f"failed at step {outcome.step} ({outcome.cause}); torchrun's report is in {paths.logs}/",
+            f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
             highlight=False,
         )
         err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
@@ -619,7 +619,7 @@ def logs(
     ] = None,
     node: Annotated[int, typer.Option("--node", help="Node rank.")] = 0,
 ) -> None:
-    """Print one node's log of one attempt (torchrun and all ranks' output).
+    """Print one node's log of one attempt (the node agent, its rank host and all ranks' output).
 
     Examples:
       hpclaunch logs runs/tiny --attempt 1

@@ -1,0 +1,35 @@
+"""Small CLI findings of issue 26: `--version`, `init` into a folder that does not exist, and the
+word "torchrun" where the rank host replaced it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hpclaunch import __version__
+from hpclaunch.cli import main
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"hpclaunch {__version__}"
+
+
+def test_init_into_a_missing_folder_creates_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    target = tmp_path / "nonexistent" / "dir" / "x.yaml"
+    assert main(["init", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist; nothing was written" in err and "mkdir -p" in err
+    assert not (tmp_path / "nonexistent").exists()
+    assert main(["init", str(tmp_path / "x.yaml")]) == 0 and (tmp_path / "x.yaml").is_file()
+
+
+@pytest.mark.parametrize("command", ["train", "logs", "preflight"])
+def test_help_does_not_name_torchrun_where_the_rank_host_replaced_it(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([command, "--help"]) == 0
+    assert "torchrun" not in capsys.readouterr().out
