@@ -1105,6 +1105,16 @@ def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> 
             model = sub
         return _unknown_key(loc, list(model.model_fields), where=where)
     dotted = ".".join(p for p in loc if not p.isdigit()) or "config"
+    field = _field_at(dotted.split("."))
+    section = _section_model(field.annotation) if field is not None else None
+    if err["type"] in ("model_type", "dict_type") and section is not None:
+        # `--set train=5`: pydantic's words name an internal class ("instance of TrainConfig")
+        keys = list(section.model_fields)
+        return ConfigError(
+            f"{dotted} is a section, not a value (got {err.get('input')!r})",
+            where=where,
+            hint=f"set one of its keys, e.g. {dotted}.{keys[0]}=...; keys under {dotted}: {', '.join(keys)}",
+        )
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
