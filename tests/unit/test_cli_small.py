@@ -33,3 +33,17 @@ def test_help_does_not_name_torchrun_where_the_rank_host_replaced_it(
 ) -> None:
     assert main([command, "--help"]) == 0
     assert "torchrun" not in capsys.readouterr().out
+
+
+def test_logs_of_a_sweep_names_its_points(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: `logs runs/SWEEP` said "no logs yet (the job has not started)" for a finished sweep."""
+    import json
+
+    root = tmp_path / "sweep"
+    (root / "events").mkdir(parents=True)
+    points = [str(root / "p0-lr1e-3"), str(root / "p1-lr5e-4")]
+    (root / "sweep.json").write_text(json.dumps({"points": [{"run_dir": p} for p in points]}))
+    assert main(["logs", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "a sweep of 2 points: each point has its own logs (p0-lr1e-3, p1-lr5e-4)" in err
+    assert f"hint: hpclaunch logs {points[0]}" in err and "has not started" not in err

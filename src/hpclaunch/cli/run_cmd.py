@@ -626,6 +626,14 @@ def logs(
       hpclaunch logs runs/tiny -f
     """
     paths = _run_paths(run)
+    points = sweep_roots(paths)
+    if points:  # a sweep's root runs nothing itself: its points have the logs
+        names = ", ".join(Path(p).name for p in points)
+        raise UserInputError(
+            f"a sweep of {len(points)} points: each point has its own logs ({names})",
+            where=str(paths.root),
+            hint=f"hpclaunch logs {points[0]}",
+        )
     dirs = attempt_log_dirs(paths)
     if not dirs and follow:
         err_console.print("waiting for the job to start ...", highlight=False)
