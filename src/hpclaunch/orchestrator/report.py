@@ -21,6 +21,7 @@ from ..errors import RunNotFoundError, UserInputError
 from ..fsutil import read_jsonl
 from ..rundir import RunPaths
 from ..rundir.readers import sweep_roots
+from ..schedulers.base import ACTIVE_STATES
 from .accounting import PHASES, fmt_seconds
 from .status import summarize
 from .stragglers import work_per_step
@@ -99,7 +100,13 @@ def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) 
     }
     notes = []
     if drawn["ranks.png"] is None:
-        notes.append("no rank has recorded its step times yet (steptimes/)")
+        if summary["state"] in ACTIVE_STATES:
+            notes.append("no rank has recorded its step times yet (steptimes/)")
+        else:  # an ended run will not get them: say why it has none
+            notes.append(
+                "no per-rank step times: a rank writes one summary every watchdog.straggler_every "
+                "steps of an attempt (steptimes/), and no attempt of this run ran that long"
+            )
     if drawn["loss.png"] is None:
         notes.append("no finite loss was logged yet")
     items = {name: png for name, png in drawn.items() if png is not None}
