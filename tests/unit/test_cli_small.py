@@ -47,3 +47,13 @@ def test_logs_of_a_sweep_names_its_points(tmp_path: Path, capsys: pytest.Capture
     err = capsys.readouterr().err
     assert "a sweep of 2 points: each point has its own logs (p0-lr1e-3, p1-lr5e-4)" in err
     assert f"hint: hpclaunch logs {points[0]}" in err and "has not started" not in err
+
+
+@pytest.mark.parametrize("command", ["render", "report", "sample"])
+def test_every_command_that_writes_files_takes_o_out_and_output(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: `render -o/--output` but `report -o/--out`: one spelling set for all."""
+    assert main([command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "--out" in text and "--output" in text and "-o" in text

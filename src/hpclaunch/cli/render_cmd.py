@@ -30,7 +30,7 @@ def render(
         list[str] | None, typer.Option("--sweep", help="Render the job array for key=v1,v2 (repeatable).")
     ] = None,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Write the script here instead of stdout.")
+        Path | None, typer.Option("-o", "--out", "--output", help="Write the script here instead of stdout.")
     ] = None,
 ) -> None:
     """Print the job script exactly as `hpclaunch submit` would submit it (lint included).
