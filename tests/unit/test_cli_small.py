@@ -57,3 +57,17 @@ def test_every_command_that_writes_files_takes_o_out_and_output(
     assert main([command, "--help"]) == 0
     text = capsys.readouterr().out
     assert "--out" in text and "--output" in text and "-o" in text
+
+
+def test_config_show_is_block_yaml_without_the_default_test_knobs(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 26: `config show` mixed block and flow YAML and printed an undocumented `testing:`."""
+    import yaml
+
+    tiny = str(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
+    assert main(["config", "show", tiny]) == 0
+    text = capsys.readouterr().out
+    shown = yaml.safe_load(text)
+    assert "testing" not in shown and shown["model"]["depth"] == 2
+    assert not [line for line in text.splitlines() if line.rstrip().endswith("}") and "{}" not in line]
+    assert main(["config", "show", tiny, "--set", "testing.step_sleep_s=0.1"]) == 0
+    assert yaml.safe_load(capsys.readouterr().out)["testing"]["step_sleep_s"] == 0.1
