@@ -71,3 +71,30 @@ def test_config_show_is_block_yaml_without_the_default_test_knobs(capsys: pytest
     assert not [line for line in text.splitlines() if line.rstrip().endswith("}") and "{}" not in line]
     assert main(["config", "show", tiny, "--set", "testing.step_sleep_s=0.1"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["testing"]["step_sleep_s"] == 0.1
+
+
+@pytest.mark.parametrize(("status", "cause", "code"), [("finished", None, 0), ("stopped", "user", 3)])
+def test_train_says_its_end_once_and_how_to_continue_in_the_foreground(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    status: str,
+    cause: str | None,
+    code: int,
+) -> None:
+    """Issue 26: `train` printed its end twice (the agent's decision line, then its own), and a
+    stop pointed at `submit --resume`. The agent's line is its end; a stop adds `train ... --resume`."""
+    import hpclaunch.rundir as rundir
+    from hpclaunch.cli import run_cmd
+    from hpclaunch.rundir import AttemptOutcome
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run_cmd, "_attempts_in_the_foreground", lambda run_dir: 0)
+    monkeypatch.setattr(rundir, "latest_outcome", lambda paths: AttemptOutcome(status, cause, 7))  # type: ignore[arg-type]
+    monkeypatch.setattr("hpclaunch.cli.train_checks.refuse_bad_data", lambda cfg: None)
+    tiny = str(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
+    assert main(["train", tiny, "--set", "name=fg"]) == code
+    out = capsys.readouterr().out
+    assert "finished at step" not in out
+    if status == "stopped":
+        assert f"continue it: hpclaunch train {tiny} --set name=fg --resume" in out

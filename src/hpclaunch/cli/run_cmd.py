@@ -330,10 +330,14 @@ def train(
             highlight=False,
         )
         err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
-    elif outcome is not None:
+    elif outcome is not None and outcome.status == "stopped":
+        # The agent has said how the run ended (its decision line); what continues it here is
+        # this command, not `submit --resume`.
+        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
         console.print(
-            f"{outcome.status} at step {outcome.step}" + (f" ({outcome.cause})" if outcome.cause else ""),
+            f"stopped at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
             highlight=False,
+            soft_wrap=True,  # a command to copy: never broken across lines
         )
     raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
 
