@@ -74,7 +74,7 @@ def test_config_show_is_block_yaml_without_the_default_test_knobs(capsys: pytest
 
 
 @pytest.mark.parametrize(("status", "cause", "code"), [("finished", None, 0), ("stopped", "user", 3)])
-def test_train_says_its_end_once_and_how_to_continue_in_the_foreground(
+def test_train_says_how_to_continue_a_stopped_run_in_the_foreground(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -82,8 +82,8 @@ def test_train_says_its_end_once_and_how_to_continue_in_the_foreground(
     cause: str | None,
     code: int,
 ) -> None:
-    """Issue 26: `train` printed its end twice (the agent's decision line, then its own), and a
-    stop pointed at `submit --resume`. The agent's line is its end; a stop adds `train ... --resume`."""
+    """Issue 26: a stop pointed at `submit --resume`; `train` names the command that continues a
+    foreground run. Its last line is the end (in a terminal it follows the progress line)."""
     import hpclaunch.rundir as rundir
     from hpclaunch.cli import run_cmd
     from hpclaunch.rundir import AttemptOutcome
@@ -95,6 +95,7 @@ def test_train_says_its_end_once_and_how_to_continue_in_the_foreground(
     tiny = str(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
     assert main(["train", tiny, "--set", "name=fg"]) == code
     out = capsys.readouterr().out
-    assert "finished at step" not in out
-    if status == "stopped":
+    if status == "finished":
+        assert out.strip() == "finished at step 7"
+    else:
         assert f"continue it: hpclaunch train {tiny} --set name=fg --resume" in out

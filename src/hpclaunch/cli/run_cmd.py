@@ -330,9 +330,10 @@ def train(
             highlight=False,
         )
         err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
-    elif outcome is not None and outcome.status == "stopped":
-        # The agent has said how the run ended (its decision line); what continues it here is
-        # this command, not `submit --resume`.
+    elif outcome is not None and outcome.status != "stopped":
+        console.print(f"{outcome.status} at step {outcome.step}", highlight=False)  # the last word
+    elif outcome is not None:
+        # What continues a foreground run is this command, not `submit --resume`.
         again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
         console.print(
             f"stopped at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
