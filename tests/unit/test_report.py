@@ -119,3 +119,24 @@ def test_report_draws_without_torch(tmp_path: Path) -> None:
     assert f"report: {run / 'report' / 'index.html'}" in result.stdout
     modules = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "matplotlib" in modules and not any(m == "torch" or m.startswith("torch.") for m in modules)
+
+
+def test_the_sweep_figures_point_names_do_not_run_into_the_left_panel() -> None:
+    """Issue 26: in sweep.png the right panel's labels ran into the left panel's legend."""
+    import matplotlib.pyplot as plt
+
+    from hpclaunch.orchestrator.figures import sweep_axes
+
+    names = [
+        f"p{i}-lr{lr}-depth{d}-dim_text{w}" for i, (lr, d, w) in enumerate([("1e-3", 2, 64), ("3e-4", 4, 96)])
+    ]
+    lines = [{"step": s, "loss": 1.0 / s} for s in range(1, 20)]
+    points = [(n, {"state": "finished", "time": {"goodput": 0.8}}, lines) for n in names]
+    fig = sweep_axes(points)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    left, right = fig.axes
+    left_edge = max(left.get_window_extent(renderer).x1, left.get_legend().get_window_extent(renderer).x1)
+    labels = [t.get_window_extent(renderer).x0 for t in right.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and min(labels) > left_edge
