@@ -99,3 +99,13 @@ def test_train_says_how_to_continue_a_stopped_run_in_the_foreground(
         assert out.strip() == "finished at step 7"
     else:
         assert f"continue it: hpclaunch train {tiny} --set name=fg --resume" in out
+
+
+@pytest.mark.parametrize("command", [["submit"], ["train"], ["logs"], ["config", "show"], ["data", "synth"]])
+def test_help_labels_no_flag_bool_and_no_python_list_type(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: help showed `<bool>` beside flags and `<list[Path]>` beside CONFIG."""
+    assert main([*command, "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "<bool>" not in text and "<list[" not in text
