@@ -184,7 +184,7 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     import hpclaunch.schedulers.chain as schain
     from hpclaunch.orchestrator.lineage import chain_view, describe_chain
 
-    fake = FlakyScheduler(failures=4)  # the agent's pass tries 3 times; the status pass 2 times
+    fake = FlakyScheduler(failures=4)  # the agent's pass tries 3 times; a status pass once
     monkeypatch.setattr(schain, "get_scheduler", lambda kind: fake)
     monkeypatch.setattr(schain, "RETRY_NOW_S", (0.0, 0.0))
     stage1, stage2 = RunPaths(tmp_path / "stage1").ensure(), RunPaths(tmp_path / "stage2").ensure()
@@ -200,10 +200,14 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     schain.settle_around(stage2, by="hpclaunch status")  # within the backoff: not tried yet
     assert fake.failures == 1
     monkeypatch.setattr(rchain, "RETRY_BACKOFF_S", 0.0)
-    schain.settle_around(stage2, by="hpclaunch status")  # fails once more, then releases it
+    schain.settle_around(stage2, by="hpclaunch status")  # fails once more (its 2nd failed pass) ...
+    assert fake.released == 0 and fake.failures == 0
+    schain.settle_around(stage1, by="hpclaunch status")  # ... the status of stage 1 releases it
     assert fake.released == 1
+    blocked = [e for e in read_events(stage2).events if e["event"] == "chain_blocked"]
+    assert [e["tries"] for e in blocked] == [1, 2]
     kinds = [e["event"] for e in read_events(stage2).events if e["event"].startswith("chain")]
-    assert kinds == ["chain_blocked", "chain_released"]
+    assert kinds == ["chain_blocked", "chain_blocked", "chain_released"]
     view = chain_view(stage2)
     assert view is not None and view["after"]["outcome"] == "released"
     schain.settle_around(stage1, by="hpclaunch status")  # settled: exactly once

@@ -33,7 +33,9 @@ from .registry import get_scheduler
 RETRY_NOW_S = (1.0, 3.0)  # pauses between the tries of one pass (a scheduler's brief timeout)
 
 
-def settle_followers(after: RunPaths, *, by: str) -> list[tuple[Follower, Verdict]]:
+def settle_followers(
+    after: RunPaths, *, by: str, pauses: tuple[float, ...] = RETRY_NOW_S
+) -> list[tuple[Follower, Verdict]]:
     """Release (``after`` finished) or cancel (it failed or was cancelled) every run registered
     after it that nobody has settled yet; returns what this call did."""
     registered = followers(after)
@@ -45,27 +47,30 @@ def settle_followers(after: RunPaths, *, by: str) -> list[tuple[Follower, Verdic
     done = []
     for follower in registered:
         if retry_due(RunPaths(follower.run), follower.job_id) and claim(follower, v, by=by):
-            carry_out(after, follower, v, by=by)
+            carry_out(after, follower, v, by=by, pauses=pauses)
             done.append((follower, v))
     return done
 
 
 def settle_around(paths: RunPaths, *, by: str) -> None:
     """The runs chained after ``paths``, and ``paths`` itself if it waits for another run: settled
-    if their earlier run has ended (a release that failed before is retried here). Never raises."""
+    if their earlier run has ended (a release that failed before is retried here, once per pass:
+    a `status` must not wait out several scheduler timeouts). Never raises."""
     import contextlib
     from pathlib import Path
 
     with contextlib.suppress(OSError):
-        settle_followers(paths, by=by)
+        settle_followers(paths, by=by, pauses=())
         before = predecessor(paths)
         if before is not None and before.get("run"):
             after = RunPaths(Path(str(before["run"])))
             if after.is_run():
-                settle_followers(after, by=by)
+                settle_followers(after, by=by, pauses=())
 
 
-def carry_out(after: RunPaths, follower: Follower, v: Verdict, *, by: str) -> None:
+def carry_out(
+    after: RunPaths, follower: Follower, v: Verdict, *, by: str, pauses: tuple[float, ...] = RETRY_NOW_S
+) -> None:
     """Release or cancel one claimed follower; both runs' ledgers say what was done and why."""
     paths = RunPaths(follower.run)
     mine = Ledger(paths, role="chain")
@@ -74,7 +79,7 @@ def carry_out(after: RunPaths, follower: Follower, v: Verdict, *, by: str) -> No
         # Recorded first, as `hpclaunch cancel` does: the run ends here, cancelled, and says why.
         mine.append(CANCELLED, job_id=follower.job_id, by="chain", reason=v.reason)
     error = None
-    for pause in (*RETRY_NOW_S, None):
+    for pause in (*pauses, None):
         error = _call(paths, follower, v)
         if error is None or pause is None:
             break
