@@ -52,11 +52,14 @@ class _Section(BaseModel):
 
 
 class KeyedValueError(ValueError):
-    """A cross-field error that names the dotted key (relative to the model raising it)."""
+    """A cross-field error that names the dotted key (relative to the model raising it) and the
+    other keys it depends on (``related``, same base): the error then names the layer that set any
+    of them last (a ``--set train.steps=5`` against a file's warmup blames ``--set``)."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str, message: str, *, related: tuple[str, ...] = ()):
         super().__init__(message)
         self.key = key
+        self.related = related
 
 
 def _check_directive_value(value: str | None, key: str) -> str | None:
@@ -199,6 +202,7 @@ class SchedulerConfig(_Section):
                 "procs_per_node",
                 f"{self.procs_per_node} is more than gpus_per_node={self.gpus_per_node}; "
                 "one rank per GPU at most",
+                related=("gpus_per_node",),
             )
         if self.kind == "local" and self.nodes != 1:
             raise KeyedValueError(
@@ -418,7 +422,11 @@ class TrainConfig(_Section):
     )
     lr: float = Field(3e-4, gt=0, le=10, description="Peak learning rate.")
     min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of lr (cosine).")
-    warmup_steps: int = Field(10, ge=0, description="Linear warmup steps.")
+    warmup_steps: int = Field(
+        10,
+        ge=0,
+        description="Linear warmup steps; left out: 10, or a tenth of train.steps for a run of 10 steps or fewer.",
+    )
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     betas: list[float] = Field(
         default_factory=lambda: [0.9, 0.95], description="AdamW betas (two values in [0, 1))."
@@ -489,11 +497,23 @@ class TrainConfig(_Section):
             raise ValueError(f"{v} must be two values in [0, 1)")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_warmup_fits(cls, data: Any) -> Any:
+        """A short run (`--set train.steps=5`) needs no second override: the default warmup scales."""
+        if isinstance(data, dict) and "warmup_steps" not in data:
+            steps = data.get("steps", 200)
+            if isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= 10:
+                return {**data, "warmup_steps": steps // 10}
+        return data
+
     @model_validator(mode="after")
     def _cross_fields(self) -> TrainConfig:
         if self.warmup_steps >= self.steps and self.steps > 1:
             raise KeyedValueError(
-                "warmup_steps", f"{self.warmup_steps} must be smaller than steps={self.steps}"
+                "warmup_steps",
+                f"{self.warmup_steps} must be smaller than train.steps={self.steps}",
+                related=("steps",),
             )
         if self.text_weight == 0 and self.latent_weight == 0:
             raise KeyedValueError(
@@ -733,11 +753,13 @@ class RunConfig(_Section):
             raise KeyedValueError(
                 "train.global_batch",
                 f"{t.global_batch} is not divisible by the {world} ranks (scheduler.nodes x procs_per_node)",
+                related=("scheduler.nodes", "scheduler.procs_per_node", "scheduler.gpus_per_node"),
             )
         if micro < 1 or (t.global_batch // world) % micro:
             raise KeyedValueError(
                 "train.micro_batch",
                 f"{t.micro_batch} must divide the per-rank batch {t.global_batch // world}",
+                related=("train.global_batch", "scheduler.nodes", "scheduler.procs_per_node"),
             )
         if self.launch.backend == "nccl" and s.gpus_per_node == 0:
             raise KeyedValueError(
@@ -752,6 +774,7 @@ class RunConfig(_Section):
                 "launch.stop_lead_s",
                 f"{lead} is not shorter than scheduler.time_limit {s.time_limit} ({s.time_limit_s} s): "
                 "the run would stop before it starts",
+                related=("scheduler.time_limit",),
             )
         for step in self.testing.inject_nonfinite_at:
             if not 1 <= step <= t.steps:
@@ -772,6 +795,7 @@ class RunConfig(_Section):
                 "data.pad_id",
                 f"{d.pad_id} is outside the vocabulary (model.vocab_size={m.vocab_size}: ids 0..{m.vocab_size - 1}); "
                 "use the tokenizer's pad id",
+                related=("model.vocab_size",),
             )
         if (d.val_token_dir is None) != (d.val_latent_dir is None):
             missing = "data.val_latent_dir" if d.val_latent_dir is None else "data.val_token_dir"
@@ -976,29 +1000,30 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def apply_override(raw: dict[str, Any], item: str) -> None:
-    """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map) in place."""
+def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> None:
+    """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map) in place;
+    ``where``: the flag it came from (``--set``, ``--sweep``, ...), named by its errors."""
     key, sep, text = item.partition("=")
     key = key.strip()
     if not sep or not key:
         raise ConfigError(
             f"override {item!r} is not of the form dotted.key=value",
-            where="--set",
-            hint="e.g. --set train.lr=1e-4",
+            where=where,
+            hint=f"e.g. {where} train.lr=1e-4",
         )
     try:
         value = yaml.safe_load(text) if text.strip() else ""
     except yaml.YAMLError:
         value = text
     parts = key.split(".")
-    _check_known_path(parts, where="--set")
+    _check_known_path(parts, where=where)
     node = raw
     for i, part in enumerate(parts[:-1]):
         child = node.get(part)
         if child is None:
             child = node[part] = {}
         if not isinstance(child, dict):
-            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section", where=f"--set {key}")
+            raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section", where=f"{where} {key}")
         node = child
     node[parts[-1]] = value
 
@@ -1082,8 +1107,12 @@ def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> 
     keyed = (err.get("ctx") or {}).get("error")
     if isinstance(keyed, KeyedValueError):
         dotted = ".".join([*loc, keyed.key])
-        where = source_of(dotted, sources, where)
-        return ConfigError(f"{dotted}: {keyed}", where=where, hint=_hint_for(dotted))
+        own = source_of(dotted, sources, where)
+        layers = [source_of(".".join([*loc, k]), sources, where) for k in keyed.related]
+        files = where.split(" + ")  # load_config's where: the files in the order they were merged
+        latest = max([own, *layers], key=lambda name: _layer_rank(name, files))
+        said_where = f" ({dotted} from {own})" if latest != own and own in sources.values() else ""
+        return ConfigError(f"{dotted}: {keyed}{said_where}", where=latest, hint=_hint_for(dotted))
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = RunConfig
         for part in loc[:-1]:
@@ -1093,6 +1122,16 @@ def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> 
             model = sub
         return _unknown_key(loc, list(model.model_fields), where=where)
     dotted = ".".join(p for p in loc if not p.isdigit()) or "config"
+    field = _field_at(dotted.split("."))
+    section = _section_model(field.annotation) if field is not None else None
+    if err["type"] in ("model_type", "dict_type") and section is not None:
+        # `--set train=5`: pydantic's words name an internal class ("instance of TrainConfig")
+        keys = list(section.model_fields)
+        return ConfigError(
+            f"{dotted} is a section, not a value (got {err.get('input')!r})",
+            where=where,
+            hint=f"set one of its keys, e.g. {dotted}.{keys[0]}=...; keys under {dotted}: {', '.join(keys)}",
+        )
     msg = str(err["msg"])
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
@@ -1105,6 +1144,14 @@ def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> 
     if err["type"] == "missing":
         bad = ""
     return ConfigError(f"{dotted}: {msg}{bad}", where=where, hint=_hint_for(dotted))
+
+
+def _layer_rank(name: str, files: list[str]) -> int:
+    """Which layer came later: files in the order they were merged, flags (``--set``) after every
+    file; anything else (the defaults) first."""
+    if name.startswith("--"):
+        return len(files) + 1
+    return files.index(name) if name in files else -1
 
 
 def _hint_for(dotted: str) -> str:

@@ -75,6 +75,11 @@ class RunLockedError(UserInputError):
     """Another live writer (a job, a foreground train) holds the run directory."""
 
 
+class RunStateError(UserInputError):
+    """A command that cannot apply to the run's state (stop a run that has ended, resume a finished
+    one): nothing is written or submitted."""
+
+
 class CheckpointError(HpclaunchError):
     """A checkpoint cannot be written, validated or loaded."""
 
@@ -91,3 +96,9 @@ class FilesystemError(HpclaunchError):
 
 class TrainingError(HpclaunchError):
     """The training run cannot continue (too many non-finite steps, incompatible checkpoint)."""
+
+
+def error_text(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__

@@ -65,7 +65,8 @@ class Estimate:
     eta_at: float | None = None
     unit: str = "GPU-hours"
     gpus: int = 0
-    nodes: int = 1
+    nodes: int = 1  # every node the job holds: the training nodes and the hot spares
+    spare_nodes: int = 0
     gpu_hours_spent: float | None = None
     gpu_hours_to_go: float | None = None
     gpu_hours_total: float | None = None
@@ -92,8 +93,11 @@ def estimate(
     gpu_hour_cost: float | None,
     now: float,
     basis: str,
+    spare_nodes: int = 0,
 ) -> Estimate:
-    """The ETA and the resource-hours (and cost) spent and still to go."""
+    """The ETA and the resource-hours (and cost) spent and still to go. ``nodes``: the training
+    nodes; the job holds ``spare_nodes`` besides them for as long, and pays for them too."""
+    nodes += spare_nodes
     gpus = nodes * gpus_per_node
     left = max(0, progress.steps_total - progress.steps_done)
     e = Estimate(
@@ -108,9 +112,14 @@ def estimate(
         unit="GPU-hours" if gpus else "node-hours",
         gpus=gpus,
         nodes=nodes,
+        spare_nodes=spare_nodes,
         gpu_hour_cost=gpu_hour_cost,
         notes=list(measured.notes),
     )
+    if spare_nodes:
+        e.notes.append(
+            f"counts the {nodes} nodes the job holds: {nodes - spare_nodes} training + {spare_nodes} hot spare(s)"
+        )
     if progress.ended == "finished" or (progress.ended is None and left == 0 and progress.running_s is None):
         e.state, e.training_left_s, e.attempts_left, e.allocated_left_s, e.eta_s = (
             "finished",

@@ -78,7 +78,7 @@ def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(
     job_ids = {a["job_id"] for a in s["attempts"]}
     assert len(job_ids) == 1  # the same SLURM job came back (scontrol requeue), restart counts grow
     assert [a["restart_count"] for a in s["attempts"]] == list(range(len(causes)))
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
     assert final_params_sha(run) == reference_sha
     # logs survive restarts: one log per node per attempt
     assert len(list((run / "logs").glob("attempt-*/node0.log"))) == len(causes)
@@ -104,7 +104,7 @@ def test_scontrol_requeue_is_a_preemption_with_nothing_lost(
     assert _attempt_causes(s)[0] == ("requeued", "preemption")
     stopped = [e for e in events(run) if e["event"] == "stopped"]
     assert stopped and stopped[0]["cause"] == "preemption"  # every rank saved within the kill wait
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
     assert final_params_sha(run) == reference_sha
 
 

@@ -170,7 +170,7 @@ def test_status_counts_the_crashed_attempts_lost_steps_and_their_time(story: dic
         first["lost_steps"] == 0 and last["lost_steps"] == 0 and spent["lost_steps"] == crashed["lost_steps"]
     )
     # the step figures see the same steps computed twice
-    assert s["goodput"]["repeated_steps"] == crashed["lost_steps"]
+    assert s["step_counts"]["repeated_steps"] == crashed["lost_steps"]
     for a in spent["attempts"]:
         phases = sum(a[f"{p}_s"] for p in ("startup", "training", "stall", "lost", "end_save", "idle"))
         assert phases == pytest.approx(a["allocated_s"], abs=0.01)

@@ -120,8 +120,8 @@ def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
     story = "\n".join(json.dumps(e) for e in events(run))
     assert causes[:3] == [("requeued", "user"), ("requeued", "preemption"), ("requeued", "timeout")], story
     assert causes[-1] == ("finished", None)
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
-    assert s["goodput"]["useful_steps"] == STEPS
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
+    assert s["step_counts"]["useful_steps"] == STEPS
 
     # every rank stopped after the same step, although only rank 1 got the signal
     outcomes = [json.loads(p.read_text()) for p in (run / "attempts").glob("*.json")]
@@ -376,3 +376,27 @@ def test_a_stop_save_that_overruns_the_kill_wait_is_cut_short_and_decided(work: 
         "reason"
     ]
     assert s["state"] == "failed" and "1 requeues used of 1" in s["attempts"][-1]["error"], s
+
+
+def test_the_time_limit_warning_during_saves_fails_no_save(work: Path, data: Path) -> None:
+    """Issue 26's repro: the local scheduler sends SIGUSR2 to every process of the job while the
+    ranks save every 2 steps; the checkpoint writers (helpers of the ranks, like the DataLoader
+    workers) must outlive it, so no save fails and none is retried."""
+    run = work / "runs" / "warned"
+    overrides = tiny_overrides(
+        work,
+        data,
+        "warned",
+        "train.steps=120",  # 24 s of steps: the first 30 s attempt is warned before it ends
+        "testing.step_sleep_s=0.2",
+        "scheduler.time_limit=30s",
+        "launch.stop_margin_s=2",
+        "checkpoint.every_steps=2",
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", "--wait", cwd=work)
+    story = "\n".join(json.dumps(e) for e in events(run))
+    assert not [e for e in events(run) if e["event"] == "checkpoint_failed"], story
+    s = status(run, work)
+    assert s["state"] == "finished" and s["step"] == 120, story
+    assert s["attempts"][0]["cause"] == "timeout", story  # the warning came in attempt 1
+    assert s["failed_saves"] is None and all(a["failed_saves"] == 0 for a in s["attempts"])

@@ -129,7 +129,7 @@ def test_qrerun_is_a_preemption_saved_within_kill_delay(pbs_server: PbsServer, r
     assert stopped and stopped[0]["cause"] == "preemption"  # every rank saved before kill_delay ran out
     resumed = [e["step"] for e in story if e["event"] == "resumed"]
     assert resumed[1] == stopped[0]["step"]
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
     assert final_params_sha(run) == reference_sha(runs)
 
 
@@ -158,7 +158,7 @@ def test_walltime_stops_saves_and_continues_bitwise_equal(
     # PBS's view: the job ended by itself (92/0), or, on a machine too busy for the agent to decide
     # within the margin, at the walltime (93/-29) after the save and the continuation
     assert (first["substate"], first["Exit_status"]) in ((92, 0), (93, -29)), first
-    assert s["goodput"]["repeated_steps"] == 0 and s["goodput"]["lost_steps"] == 0
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
     assert final_params_sha(run) == reference_sha(runs)
 
 

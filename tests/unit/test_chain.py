@@ -16,7 +16,9 @@ from hpclaunch.rundir import (
     FAILED,
     FINISHED,
     REQUEUED,
+    SUBMIT_FAILED,
     SUBMITTED,
+    SUBMITTING,
     Ledger,
     RunPaths,
     read_events,
@@ -46,6 +48,12 @@ def ev(*kinds: str, **fields: object) -> list[dict[str, object]]:
         (ev(SUBMITTED, ENDED, SUBMITTED, FINISHED), "release", "finished"),  # ... and was
         (ev(SUBMITTED, FAILED, SUBMITTED), "wait", "running"),  # resumed after a failure
         (ev(SUBMITTED, FINISHED, "held"), "release", "finished"),  # a stray requeue after the end
+        # Issue 26: the job ended before `submit` heard the scheduler's answer (submitting ->
+        # finished -> submitted): that end is this submission's.
+        (ev(SUBMITTING, FINISHED, SUBMITTED), "release", "finished"),
+        (ev(SUBMITTED, ENDED, SUBMITTING, FAILED, SUBMITTED), "cancel", "failed"),
+        (ev(SUBMITTED, FAILED, SUBMITTING), "wait", "running"),  # a resume in flight
+        (ev(SUBMITTED, FAILED, SUBMITTING, SUBMIT_FAILED), "cancel", "failed"),  # it was refused
     ],
 )
 def test_verdict_from_the_earlier_runs_ledger(
@@ -151,3 +159,60 @@ def test_a_failed_run_cancels_its_held_local_follower_and_says_why(tmp_path: Pat
     view = summarize(paths.root)
     assert view["state"] == "cancelled"
     assert view["chain"]["after"]["outcome"] == "cancelled" and "boom" in view["chain"]["after"]["reason"]
+
+
+class FlakyScheduler:
+    """A scheduler whose release times out ``failures`` times (an `scontrol release` timeout)."""
+
+    def __init__(self, failures: int) -> None:
+        self.failures, self.released = failures, 0
+
+    def release(self, paths: RunPaths, job_id: str) -> None:
+        from hpclaunch.errors import SchedulerError
+
+        if self.failures:
+            self.failures -= 1
+            raise SchedulerError("scontrol release timed out after 30 s")
+        self.released += 1
+
+    def cancel(self, paths: RunPaths, job_id: str) -> None:
+        raise AssertionError("not cancelled")
+
+
+def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: a failed release was recorded as chain_blocked and never tried again (stage 2 held
+    for good). Now: tried again in the same pass, then given back and retried by a later status."""
+    import hpclaunch.rundir.chain as rchain
+    import hpclaunch.schedulers.chain as schain
+    from hpclaunch.orchestrator.lineage import chain_view, describe_chain
+
+    fake = FlakyScheduler(failures=4)  # the agent's pass tries 3 times; a status pass once
+    monkeypatch.setattr(schain, "get_scheduler", lambda kind: fake)
+    monkeypatch.setattr(schain, "RETRY_NOW_S", (0.0, 0.0))
+    stage1, stage2 = RunPaths(tmp_path / "stage1").ensure(), RunPaths(tmp_path / "stage2").ensure()
+    register(stage1, Follower(stage2.root, "slurm", "77"), stage2)
+    Ledger(stage1, role="agent").append(SUBMITTED, job_id="1")
+    Ledger(stage1, role="agent").append(FINISHED)
+    settle_followers(stage1, by="agent")
+    (blocked,) = [e for e in read_events(stage2).events if e["event"] == "chain_blocked"]
+    assert blocked["retry"] is True and blocked["tries"] == 1 and "timed out" in blocked["error"]
+    view = chain_view(stage2)
+    assert view is not None and view["after"]["outcome"] == "retrying"
+    assert "tried again at the next status" in describe_chain(view)[0]
+    schain.settle_around(stage2, by="hpclaunch status")  # within the backoff: not tried yet
+    assert fake.failures == 1
+    monkeypatch.setattr(rchain, "RETRY_BACKOFF_S", 0.0)
+    schain.settle_around(stage2, by="hpclaunch status")  # fails once more (its 2nd failed pass) ...
+    assert fake.released == 0 and fake.failures == 0
+    schain.settle_around(stage1, by="hpclaunch status")  # ... the status of stage 1 releases it
+    assert fake.released == 1
+    blocked = [e for e in read_events(stage2).events if e["event"] == "chain_blocked"]
+    assert [e["tries"] for e in blocked] == [1, 2]
+    kinds = [e["event"] for e in read_events(stage2).events if e["event"].startswith("chain")]
+    assert kinds == ["chain_blocked", "chain_blocked", "chain_released"]
+    view = chain_view(stage2)
+    assert view is not None and view["after"]["outcome"] == "released"
+    schain.settle_around(stage1, by="hpclaunch status")  # settled: exactly once
+    assert fake.released == 1

@@ -15,6 +15,7 @@ from hpclaunch.trainer.checkpoint.interval import (
     Policy,
     SaveSchedule,
     expected_loss_per_failure_s,
+    expected_waste_share,
     ledger_failures,
     policy_from_config,
     run_mtbf_s,
@@ -31,11 +32,13 @@ def test_young_daly_worked_example() -> None:
     assert mtbf == 2_250_000
     interval = young_daly_interval_s(0.5, mtbf)
     assert interval == 1500
-    # Per failure: 2,250,000 / 1,500 = 1,500 saves of 0.5 s (750 s) + half an interval (750 s) = 1,500 s.
-    assert expected_loss_per_failure_s(interval, 0.5, mtbf) == 1500
-    # Twice or half the interval loses more: 375 + 1,500 and 1,500 + 375 = 1,875 s.
-    assert expected_loss_per_failure_s(3000, 0.5, mtbf) == 1875
-    assert expected_loss_per_failure_s(750, 0.5, mtbf) == 1875
+    # A failure loses half an interval of work: 750 s (issue 26: not the whole waste over one MTBF).
+    assert expected_loss_per_failure_s(interval) == 750
+    # Over one MTBF: 2,250,000 / 1,500 = 1,500 saves of 0.5 s (750 s) + the 750 s a failure loses =
+    # 1,500 s of 2,250,000 s, 0.0667 %; twice or half the interval wastes more (1,875 s).
+    assert expected_waste_share(interval, 0.5, mtbf) == pytest.approx(1500 / mtbf)
+    assert expected_waste_share(3000, 0.5, mtbf) == pytest.approx(1875 / mtbf)
+    assert expected_waste_share(750, 0.5, mtbf) == pytest.approx(1875 / mtbf)
     # A 4x dearer save: twice the interval (sqrt scaling).
     assert young_daly_interval_s(2.0, mtbf) == 3000
 
@@ -90,7 +93,7 @@ def test_auto_saves_once_to_measure_then_uses_the_measured_cost() -> None:
     # sqrt(2 x 1.05 s x 7200 s) = 122.96 s = 246 steps of 0.5 s, counted from the save's step.
     assert nxt["interval_s"] == pytest.approx(math.sqrt(2 * 1.05 * 7200), abs=1e-3)
     assert nxt["interval_steps"] == 246 and nxt["next_step"] == step + 246
-    assert nxt["expected_loss_per_failure_s"] == pytest.approx(math.sqrt(2 * 1.05 * 7200), abs=1e-2)
+    assert nxt["expected_loss_per_failure_s"] == pytest.approx(math.sqrt(2 * 1.05 * 7200) / 2, abs=1e-2)
     s.adopt(nxt)
     assert not s.due(step + 245) and s.due(step + 246)
 
@@ -112,8 +115,9 @@ def test_a_fixed_interval_is_every_rank_s_own_and_its_figures_are_still_reported
     s.save_settled()
     decision = s.propose(51)
     assert decision["interval_steps"] == 50 and decision["interval_s"] == pytest.approx(5.0)
-    # 7200 x 0.2 / 5 + 5 / 2 = 290.5 s lost per failure at this interval.
-    assert decision["expected_loss_per_failure_s"] == pytest.approx(290.5)
+    # A failure loses 5 / 2 = 2.5 s; over one MTBF 7200 x 0.2 / 5 + 2.5 = 290.5 s of 7200 s are lost.
+    assert decision["expected_loss_per_failure_s"] == pytest.approx(2.5)
+    assert decision["expected_waste_share"] == pytest.approx(290.5 / 7200, abs=1e-6)
 
 
 def test_config_picks_the_policy() -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 import random
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +15,7 @@ import pytest
 import torch
 
 from hpclaunch.errors import CheckpointError
+from hpclaunch.jobs.helper_signals import STOP_SIGNALS
 from hpclaunch.rundir import CHECKPOINT_SAVED, Ledger, RunPaths, read_events
 from hpclaunch.trainer.checkpoint import (
     ENV_DELAY_WRITE,
@@ -237,3 +240,24 @@ def test_retention_in_the_writer_keeps_the_last_valid_ones_and_sets_a_corrupt_on
         "step_000004",
         "step_000005",
     ]
+
+
+@pytest.mark.parametrize("sig", STOP_SIGNALS, ids=lambda s: signal.Signals(s).name)
+def test_a_writer_sent_a_stop_signal_survives_and_finishes_its_save(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sig: int
+) -> None:
+    """Schedulers signal every process of the job (the time-limit warning included): the writer is
+    a helper of its rank and follows the helpers' one policy, as the DataLoader workers do. Sent
+    once while it starts (still importing) and again in the middle of its write."""
+    monkeypatch.setenv(ENV_DELAY_WRITE, "1.0")
+    ck = make(tmp_path)
+    ck.save(3, state_at(3), blocking=False)
+    pid = ck.writer_pid
+    assert pid is not None
+    os.kill(pid, sig)  # start-up: before the writer's own code runs
+    time.sleep(0.6)
+    os.kill(pid, sig)  # mid-save (or still starting on a loaded machine)
+    ck.wait()  # raises CheckpointError "... died (killed by SIG...)" when the writer died
+    assert alive(pid) and ck.writer_pid == pid
+    ck.close()
+    assert [i.step for i in make(tmp_path).list_valid()] == [3]

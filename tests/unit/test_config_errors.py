@@ -94,7 +94,7 @@ CASES = [
         "warmup-too-long",
         None,
         ["train.warmup_steps=500"],
-        "train.warmup_steps: 500 must be smaller than steps=200",
+        "train.warmup_steps: 500 must be smaller than train.steps=200",
     ),
     ("betas-length", None, ["train.betas=[0.9]"], "train.betas: [0.9] must be two values"),
     (
@@ -172,3 +172,15 @@ def test_missing_config_file(tmp_path: Path) -> None:
     result = run_cli(["render", str(tmp_path / "nope.yaml")], tmp_path)
     assert result.returncode == 2
     assert "config file not found" in result.stderr
+
+
+def test_a_value_given_for_a_section_names_the_section_not_an_internal_class() -> None:
+    """Issue 26: `--set train=5` said "instance of TrainConfig"."""
+    from hpclaunch.config import load_config
+    from hpclaunch.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["train=5"])
+    assert e.value.one_line() == "--set: train is a section, not a value (got 5)"
+    assert e.value.hint is not None and e.value.hint.startswith("set one of its keys, e.g. train.seed=...")
+    assert "Config" not in e.value.one_line()

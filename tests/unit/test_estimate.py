@@ -143,3 +143,30 @@ def test_status_json_has_eta_gpu_hours_and_cost(tmp_path: Path) -> None:
     assert (cost["state"], cost["eta_s"], cost["gpu_hours_to_go"]) == ("finished", 0.0, 0.0)
     assert cost["gpu_hours_spent"] == pytest.approx(8 * data["time"]["allocated_s"] / 3600, rel=1e-3)
     assert cost["cost_spent"] == pytest.approx(2.5 * cost["gpu_hours_spent"], rel=1e-3)
+
+
+def test_cost_counts_the_hot_spares_the_job_holds(tmp_path: Path) -> None:
+    """Issue 26: 2 training + 1 spare x 8 GPUs for 1 h said 16 GPU-hours; 24 were held."""
+    run = tmp_path / "run"
+    shutil.copytree(RECORDED, run)
+    plan = json.loads((run / "plan.json").read_text())
+    held = {**plan, "nodes": 2, "spare_nodes": 1, "gpus_per_node": 8, "run_dir": str(run)}
+    (run / "plan.json").write_text(json.dumps(held))
+    view = summarize(run, scheduler_status=None)
+    cost = view["cost"]
+    allocated_h = view["time"]["allocated_s"] / 3600
+    assert cost["gpus"] == 24 and cost["nodes"] == 3 and cost["spare_nodes"] == 1
+    assert cost["gpu_hours_spent"] == pytest.approx(24 * allocated_h, rel=1e-3)
+    assert any("2 training + 1 hot spare(s)" in n for n in cost["notes"])
+    one_hour = estimate(
+        Progress(steps_total=10, steps_done=10, allocated_s=3600.0),
+        Measured(seconds_per_step=1.0),
+        time_limit_s=3600.0,
+        nodes=2,
+        spare_nodes=1,
+        gpus_per_node=8,
+        gpu_hour_cost=None,
+        now=0.0,
+        basis="t",
+    )
+    assert one_hour.gpu_hours_spent == pytest.approx(24.0)

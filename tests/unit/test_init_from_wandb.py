@@ -230,3 +230,72 @@ def test_an_offline_wandb_run_spans_both_attempts(
     for path in run.root.rglob("*"):
         if path.is_file():
             assert b"secret-key-never-written" not in path.read_bytes(), path
+
+
+def test_wandb_online_with_an_unreachable_server_trains_on_offline_with_one_warning(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 26: with `train.wandb.mode: online` and no way to the server, wandb.init raised and the
+    attempt died as a crash. Logging never ends training: one warning, then offline into RUN/wandb/
+    (kept for `wandb sync`), and the ledger says so for status."""
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_API_KEY", "a" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # nothing listens: refused at once
+    monkeypatch.setenv("WANDB_INIT_TIMEOUT", "5")
+    run = RunPaths(tmp_path / "unreachable").ensure()
+    cfg = config(tmp_path, data, f"run_dir={run.root}", "train.wandb.mode=online", "train.wandb.project=p26")
+    run.config.write_text(cfg.to_yaml())
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "only")
+    assert main([str(run.root)]) == 0
+    import wandb
+
+    wandb.teardown()
+    out = capsys.readouterr()
+    warnings = [line for line in (out.out + out.err).splitlines() if "W&B unreachable" in line]
+    assert len(warnings) == 1, out
+    assert "logging offline to RUN/wandb/" in warnings[0]
+    events = read_events(run).events
+    (failed,) = [e for e in events if e["event"] == "experiment_log_failed"]
+    assert failed["log"] == "wandb" and "CommError" in failed["error"]
+    assert list((run.root / "wandb").glob("offline-run-*/run-*.wandb"))  # kept for wandb sync
+    from hpclaunch.orchestrator.status import summarize
+
+    summary = summarize(run.root)
+    assert summary["step"] == 6
+    assert summary["experiment_logs"] == [
+        {"log": "wandb", "attempt": "only", "error": failed["error"], "action": failed["action"]}
+    ]
+
+
+def test_an_experiment_log_that_raises_mid_run_is_dropped_once_and_training_goes_on() -> None:
+    """The class of issue 26's W&B finding: any log's failure (a write, a mark, the close) is said
+    once and that log is dropped; the others keep logging."""
+    from hpclaunch.trainer.explog import ExperimentLogs
+
+    class Broken:
+        def scalars(self, record: dict[str, Any]) -> None:
+            raise OSError("disk quota exceeded")
+
+        def mark(self, what: str, step: int, text: str) -> None: ...
+
+        def close(self) -> None: ...
+
+    class Kept:
+        def __init__(self) -> None:
+            self.seen: list[int] = []
+
+        def scalars(self, record: dict[str, Any]) -> None:
+            self.seen.append(record["step"])
+
+        def mark(self, what: str, step: int, text: str) -> None: ...
+
+        def close(self) -> None: ...
+
+    said: list[tuple[str, str, str]] = []
+    kept = Kept()
+    logs = ExperimentLogs({"wandb": Broken(), "tensorboard": kept}, lambda *a: said.append(a))
+    for step in (1, 2, 3):
+        logs.scalars({"step": step})
+    logs.close()
+    assert kept.seen == [1, 2, 3] and list(logs.logs) == ["tensorboard"]
+    assert [(log, error) for log, error, _ in said] == [("wandb", "OSError: disk quota exceeded")]

@@ -73,9 +73,10 @@ def test_an_unknown_key_in_the_second_file_is_named_with_that_file(tmp_path: Pat
 def test_a_bad_value_is_named_with_the_layer_that_set_it(tmp_path: Path) -> None:
     base = write(tmp_path, "base.yaml", BASE)
     exp = write(tmp_path, "exp.yaml", "train: {steps: 50}\n")  # now warmup_steps (from base) is too long
-    with pytest.raises(ConfigError, match="warmup_steps: 100 must be smaller than steps=50") as err:
+    with pytest.raises(ConfigError, match=r"warmup_steps: 100 must be smaller than train\.steps=50") as err:
         load_config([base, exp])
-    assert err.value.where == str(base)  # base.yaml set warmup_steps
+    # exp.yaml made it wrong (issue 26: base.yaml was blamed); base.yaml's part is said too.
+    assert err.value.where == str(exp) and f"(train.warmup_steps from {base})" in err.value.message
     with pytest.raises(ConfigError) as err:
         load_config([base, exp], ["train.lr=-1"])
     assert err.value.where == "--set" and "train.lr" in err.value.message
@@ -87,3 +88,72 @@ def test_a_bad_value_is_named_with_the_layer_that_set_it(tmp_path: Path) -> None
 def test_a_section_replaced_by_a_scalar_belongs_to_the_later_layer() -> None:
     merged, sources = merge_layers([("a", {"train": {"lr": 1, "steps": 2}}), ("b", {"train": None})])
     assert merged == {"train": None} and sources == {"train": "b"}
+
+
+# ---- issue 26: errors name their real source through layering, sweeps and flags ----------------
+
+
+def test_a_cross_field_error_names_the_layer_that_changed_it_and_where_the_other_value_came_from(
+    tmp_path: Path,
+) -> None:
+    run = write(tmp_path, "run.yaml", "train: {warmup_steps: 10}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(run, ["train.steps=5"])
+    assert e.value.one_line() == (
+        f"--set: train.warmup_steps: 10 must be smaller than train.steps=5 (train.warmup_steps from {run})"
+    )
+    # Two files: the later one that shortened the run is named.
+    short = write(tmp_path, "short.yaml", "train: {steps: 8}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config([run, short])
+    assert e.value.where == str(short) and f"(train.warmup_steps from {run})" in e.value.message
+
+
+def test_the_default_warmup_scales_so_a_short_run_needs_one_override() -> None:
+    assert load_config(None, ["train.steps=5"]).train.warmup_steps == 0
+    assert load_config(None, ["train.steps=10"]).train.warmup_steps == 1
+    assert load_config(None, ["train.steps=11"]).train.warmup_steps == 10  # as before
+    assert load_config(None).train.warmup_steps == 10
+
+
+def test_sweep_and_render_flags_are_named_in_their_own_errors() -> None:
+    from hpclaunch.orchestrator.launch import expand_sweep, with_scheduler
+
+    cfg = load_config(None)
+    with pytest.raises(ConfigError) as e:
+        expand_sweep(cfg, ["train.lrr=1,2"])
+    assert e.value.one_line().startswith("--sweep: unknown key 'train.lrr' (did you mean train.lr?)")
+    with pytest.raises(ConfigError) as e:
+        expand_sweep(cfg, ["train.steps=300,2"])
+    assert e.value.where == "--sweep point 1 (train.steps=2)"
+    with pytest.raises(ConfigError) as e:
+        with_scheduler(cfg, None, "torque")
+    assert (
+        e.value.one_line()
+        == "--pbs-dialect: scheduler.pbs_dialect: only applies to kind: pbs (kind is local)"
+    )
+    with pytest.raises(ConfigError) as e:
+        with_scheduler(cfg, "slurmm", None)
+    assert e.value.where == "--scheduler"
+
+
+def test_resume_with_set_blames_set_not_the_runs_config(tmp_path: Path) -> None:
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.readers import read_config
+
+    paths = RunPaths(tmp_path / "r").ensure()
+    paths.config.write_text(load_config(None).to_yaml())
+    with pytest.raises(ConfigError) as e:
+        read_config(paths, ["train.steps=5"])
+    assert e.value.where == "--set" and f"(train.warmup_steps from {paths.config})" not in e.value.message
+
+
+def test_every_cross_field_error_blames_the_later_layer(tmp_path: Path) -> None:
+    """The class: a value valid in its file, made wrong by a later layer, names that layer."""
+    run = write(tmp_path, "run.yaml", "train: {global_batch: 16}\nscheduler: {procs_per_node: 2}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(run, ["scheduler.procs_per_node=3"])
+    assert e.value.where == "--set" and "train.global_batch" in e.value.message
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, "lead.yaml", "launch: {stop_lead_s: 60}\n"), ["scheduler.time_limit=30s"])
+    assert e.value.where == "--set" and "launch.stop_lead_s" in e.value.message

@@ -43,8 +43,9 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {"*"},
 }
-# The trainer may use the stop protocol of `jobs`, nothing else of it.
-TRAINER_FROM_JOBS = {"hpclaunch.jobs.stop"}
+# The trainer may use the stop protocol of `jobs` (the ranks' flag, the helpers' signal policy),
+# nothing else of it.
+TRAINER_FROM_JOBS = {"hpclaunch.jobs.stop", "hpclaunch.jobs.helper_signals"}
 # The orchestrator plans with preflight's sizes (the save time in the stop lead), nothing else of it.
 ORCHESTRATOR_FROM_PREFLIGHT = {"hpclaunch.preflight.sizes"}
 

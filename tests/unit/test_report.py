@@ -66,10 +66,12 @@ def test_a_run_gets_every_figure_and_one_page_that_embeds_them(tmp_path: Path) -
 
 
 def test_a_run_without_per_rank_times_says_so(tmp_path: Path) -> None:
+    """An ended run says why it has none (issue 26: "... yet" on a finished run)."""
     report = build_report(make_run(tmp_path / "r", extra=False), tmp_path / "out")
     assert "ranks.png" not in {p.name for p in report.figures}
-    assert report.notes == ["no rank has recorded its step times yet (steptimes/)"]
-    assert "no rank has recorded its step times yet" in report.page.read_text()
+    (note,) = report.notes
+    assert note.startswith("no per-rank step times: a rank writes one summary every ") and "yet" not in note
+    assert "watchdog.straggler_every" in report.page.read_text()
 
 
 def test_a_sweep_compares_its_points_and_reports_each(tmp_path: Path) -> None:
@@ -117,3 +119,24 @@ def test_report_draws_without_torch(tmp_path: Path) -> None:
     assert f"report: {run / 'report' / 'index.html'}" in result.stdout
     modules = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines() if "|" in line}
     assert "matplotlib" in modules and not any(m == "torch" or m.startswith("torch.") for m in modules)
+
+
+def test_the_sweep_figures_point_names_do_not_run_into_the_left_panel() -> None:
+    """Issue 26: in sweep.png the right panel's labels ran into the left panel's legend."""
+    import matplotlib.pyplot as plt
+
+    from hpclaunch.orchestrator.figures import sweep_axes
+
+    names = [
+        f"p{i}-lr{lr}-depth{d}-dim_text{w}" for i, (lr, d, w) in enumerate([("1e-3", 2, 64), ("3e-4", 4, 96)])
+    ]
+    lines = [{"step": s, "loss": 1.0 / s} for s in range(1, 20)]
+    points = [(n, {"state": "finished", "time": {"goodput": 0.8}}, lines) for n in names]
+    fig = sweep_axes(points)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    left, right = fig.axes
+    left_edge = max(left.get_window_extent(renderer).x1, left.get_legend().get_window_extent(renderer).x1)
+    labels = [t.get_window_extent(renderer).x0 for t in right.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert labels and min(labels) > left_edge

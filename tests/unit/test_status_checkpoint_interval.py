@@ -21,7 +21,7 @@ def decision(**kw: object) -> dict[str, object]:
         "save_cost_s": 1.05,
         "step_time_s": 0.5,
         "mtbf_s": 7200.0,
-        "expected_loss_per_failure_s": 122.96,
+        "expected_loss_per_failure_s": 61.48,
     }
     return {**base, **kw}
 
@@ -32,7 +32,25 @@ def test_the_last_decision_is_shown_with_its_figures() -> None:
     assert summary is not None and summary["interval_steps"] == 246 and summary["attempt"] == "7.0"
     assert describe(summary) == (
         "checkpoints: every 246 steps (~2.0 min) [auto, Young/Daly; a save costs 1.050 s of training; "
-        "MTBF 2.0 h]; expected loss per failure ~2.0 min"
+        "MTBF 2.0 h]; a failure is expected to lose ~61.5 s of training; saves and failures together "
+        "~1.71% of training time"
+    )
+
+
+def test_the_loss_per_failure_is_half_an_interval_even_from_an_old_ledger() -> None:
+    """Issue 26: "expected loss per failure ~154.1 h" (more than the MTBF at times) was the whole
+    waste over one MTBF. A ledger written before the fix still recorded that figure."""
+    old = decision(
+        interval_s=2.0, save_cost_s=0.05, mtbf_s=18_000_000.0, expected_loss_per_failure_s=450001.0
+    )
+    summary = checkpoint_interval_summary([old])
+    assert summary is not None and summary["expected_loss_per_failure_s"] == 1.0
+    assert summary["expected_waste_share"] == pytest.approx(0.05 / 2.0 + 2.0 / 36_000_000, rel=1e-4)
+    line = describe(summary)
+    assert (
+        line is not None
+        and "a failure is expected to lose ~1.0 s of training" in line
+        and "h of training" not in line
     )
 
 

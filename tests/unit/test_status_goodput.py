@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 
+from hpclaunch.cli.time_view import time_parts
 from hpclaunch.orchestrator.status import (
     LOST_AFTER_S,
     attempts_from_events,
     current_job_id,
-    goodput,
+    describe_failed_saves,
+    failed_saves,
     run_state,
+    step_counts,
+    summarize,
 )
 
 pytestmark = pytest.mark.fast
+
+RECORDED = Path(__file__).parent / "recorded" / "requeued_run"
 
 
 def ev(event: str, attempt: str | None = None, **fields: object) -> dict[str, object]:
@@ -53,8 +62,8 @@ def test_attempts_keep_their_causes() -> None:
 
 
 def test_exact_resume_has_full_goodput() -> None:
-    gp = goodput(attempts_from_events(LEDGER))
-    assert (gp.useful_steps, gp.computed_steps, gp.repeated_steps, gp.lost_steps, gp.ratio) == (
+    gp = step_counts(attempts_from_events(LEDGER))
+    assert (gp.useful_steps, gp.computed_steps, gp.repeated_steps, gp.lost_steps, gp.kept_ratio) == (
         200,
         200,
         0,
@@ -75,9 +84,9 @@ def test_resume_from_an_older_checkpoint_repeats_steps() -> None:
     ]
     # The crashed attempt is only known to have reached its checkpoint; a stop at 63 would show 13 repeated.
     events.insert(3, ev("stopped", "1.0", step=63, cause="user"))
-    gp = goodput(attempts_from_events(events))
+    gp = step_counts(attempts_from_events(events))
     assert gp.repeated_steps == 13 and gp.computed_steps == 113 and gp.lost_steps == 0
-    assert gp.ratio == round(100 / 113, 4)
+    assert gp.kept_ratio == round(100 / 113, 4)
 
 
 def test_run_state_and_current_job() -> None:
@@ -124,3 +133,41 @@ def test_withdrawn_and_user_ended_attempts() -> None:
     ]
     attempts = attempts_from_events(ledger)
     assert [(a.end, a.cause) for a in attempts] == [("stopped", "user"), ("withdrawn", None)]
+
+
+def test_a_failed_and_retried_save_is_shown_per_attempt_and_for_the_run() -> None:
+    """Issue 26: a background save killed by a signal (then saved again, blocking) left no trace in
+    status; it now shows in the attempt's row and one line for the run."""
+    failed = ev(
+        "checkpoint_failed",
+        "7.0",
+        step=14,
+        error="the checkpoint writer process of rank 0 (pid 9) died (killed by SIGUSR2)",
+        action="blocking retry",
+    )
+    ledger = [*LEDGER[:4], failed, *LEDGER[4:]]
+    attempts = attempts_from_events(ledger)
+    assert [a.failed_saves for a in attempts] == [1, 0, 0]
+    summary = failed_saves(ledger)
+    assert summary is not None and summary["count"] == 1 and summary["last"]["step"] == 14
+    line = describe_failed_saves(summary)
+    assert line == (
+        "checkpoint: 1 save failed; the last at step 14 (blocking retry): the checkpoint writer "
+        "process of rank 0 (pid 9) died (killed by SIGUSR2)"
+    )
+    assert failed_saves(LEDGER) is None and describe_failed_saves(None) is None
+
+
+def test_status_json_goodput_is_the_time_share_the_text_shows(tmp_path: Path) -> None:
+    """Issue 26: `status --json` -> goodput was the step ratio (1.0) while the text's goodput was the
+    time share (66.4 %). Now goodput is the time share everywhere; the steps are step_counts."""
+    run = tmp_path / "run"
+    shutil.copytree(RECORDED, run)
+    view = summarize(run, scheduler_status=None)
+    assert isinstance(view["goodput"], float) and 0 < view["goodput"] < 1
+    assert view["goodput"] == pytest.approx(view["time"]["goodput"], abs=1e-4)
+    counts = view["step_counts"]
+    assert counts["kept_ratio"] == 1.0 and counts["useful_steps"] == view["step"]
+    lines = [str(part) for part in time_parts(view)]
+    assert any(f"goodput {view['goodput']:.1%}" in line for line in lines)
+    assert any("steps: " in line and "(100.0%)" in line for line in lines)

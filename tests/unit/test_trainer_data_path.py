@@ -4,7 +4,6 @@ positions, the validation hold-out, the once-per-dataset token check, variable-l
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
+from hpclaunch.jobs.helper_signals import STOP_SIGNALS
 from hpclaunch.shards import checked as record
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data import SampleOrder, ShardedDataset, holdout_split
@@ -81,8 +81,8 @@ def test_a_stop_signal_sent_to_the_whole_job_leaves_the_loader_workers_running(d
     workers = psutil.Process().children(recursive=False)
     assert workers, "the loader started no worker process"
     for w in workers:
-        os.kill(w.pid, signal.SIGTERM)
-        os.kill(w.pid, signal.SIGUSR1)
+        for sig in STOP_SIGNALS:  # the helpers' one policy (the writer's test sends them too)
+            os.kill(w.pid, sig)
     time.sleep(0.5)
     rest = list(loader)
     got = [first, *rest]

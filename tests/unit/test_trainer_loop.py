@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -267,3 +268,30 @@ def test_failure_causes_decide_what_is_retried() -> None:
     assert failure_cause(DataError("token id 70000 >= vocab_size")) == "data"
     assert failure_cause(TrainingError("5 consecutive non-finite steps")) == "training"
     assert failure_cause(CheckpointError("no space left on /ckpt")) == "training"
+
+
+def test_an_orderly_end_leaves_no_empty_stacks_file_and_a_dump_is_kept(
+    tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 26: every attempt left an empty rank0.stacks.txt; only a dump (a hang's evidence) stays."""
+    from hpclaunch.rundir.progress import STACK_SIGNAL, stacks_file
+
+    run = write_run(tmp_path, data, "train.steps=4", "watchdog.enabled=true")
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "a1")
+    assert main([str(run)]) == 0
+    assert not stacks_file(RunPaths(run), "a1", 0).exists()
+    # A dump during the run (as the watchdog asks for) is kept.
+    from hpclaunch.trainer import loop
+
+    original = loop.Trainer.run
+
+    def dump_then_run(self: Any) -> Any:
+        signal.raise_signal(STACK_SIGNAL)
+        return original(self)
+
+    monkeypatch.setattr(loop.Trainer, "run", dump_then_run)
+    monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "a2")
+    run2 = RunPaths(run)
+    assert main([str(run)]) == 0
+    dumped = stacks_file(run2, "a2", 0)
+    assert dumped.exists() and "Thread" in dumped.read_text()

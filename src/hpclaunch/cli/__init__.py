@@ -9,6 +9,7 @@ Commands that do not train never import torch (checked by a test with ``python -
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import typer
 
@@ -24,7 +25,49 @@ app = typer.Typer(
 )
 
 
+def _version(value: bool) -> None:
+    if value:
+        from .. import __version__
+
+        typer.echo(f"hpclaunch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print hpclaunch's version and exit."
+    ),
+) -> None:
+    """One YAML file to a SLURM or PBS MMDiT training run that survives time limits and preemption."""
+
+
+def _plain_help_types() -> None:
+    """typer labels a flag ``<bool>`` and a repeatable value ``<list[Path]>`` in help: a flag takes
+    no value (no label), and a repeatable one reads ``<path>...``. Applied once, to help only."""
+    import re
+
+    from typer.core import TyperArgument, TyperOption
+
+    for cls in (TyperOption, TyperArgument):
+        original = cls.display_type_rich
+        if getattr(original, "_hpclaunch", False):
+            continue
+
+        def display(self: Any, ctx: Any, _original: Any = original) -> str | None:
+            if getattr(self, "is_flag", False):
+                return None
+            shown = _original(self, ctx)
+            if isinstance(shown, str):
+                shown = re.sub(r"<list\[(\w+)\]>", lambda m: f"<{m.group(1).lower()}>...", shown)
+            return shown
+
+        display._hpclaunch = True  # type: ignore[attr-defined]
+        cls.display_type_rich = display  # type: ignore[method-assign]
+
+
 def _register_all() -> None:
+    _plain_help_types()
 
     for name in (
         "config_cmd",

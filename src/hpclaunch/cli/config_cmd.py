@@ -31,6 +31,12 @@ def init(
     """
     if path.exists() and not force:
         raise UserInputError(f"{path} exists", where="init", hint="pass --force to overwrite it")
+    if not path.parent.is_dir():  # a typo in the folder must not become a tree of new folders
+        raise UserInputError(
+            f"folder {path.parent} does not exist; nothing was written",
+            where="init",
+            hint=f"create it first (mkdir -p {path.parent}), or write the config elsewhere",
+        )
     atomic_write_text(path, commented_example())
     console.print(f"wrote {path}; next: hpclaunch preflight {path}")
 
@@ -41,11 +47,20 @@ def show(config: ConfigArg, overrides: SetOpt = None, as_json: JsonOpt = False) 
 
     Example: hpclaunch config show examples/tiny.yaml --set train.lr=1e-4
     """
+    import yaml
+
+    from ..config import INTERNAL_SECTIONS, RunConfig
+
     cfg = load(config, overrides)
+    data = cfg.to_dict()
+    defaults = RunConfig.model_validate({}).to_dict()
+    for name in INTERNAL_SECTIONS:  # the test knobs, shown only when a config sets one
+        if data.get(name) == defaults.get(name):
+            data.pop(name, None)
     if as_json:
-        print_json(cfg.to_dict())
-    else:
-        typer.echo(cfg.to_yaml(), nl=False)
+        print_json(data)
+    else:  # block style throughout, as `init` writes it
+        typer.echo(yaml.safe_dump(data, sort_keys=False, default_flow_style=False), nl=False)
 
 
 @config_app.command("schema")

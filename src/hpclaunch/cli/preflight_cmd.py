@@ -31,7 +31,7 @@ def preflight(
     """Check in seconds whether the run can work: environment, GPUs, data, disk, network, scheduler.
 
     Exit code 0 when nothing fails (warnings allowed), 1 when a check fails, 2 on bad input.
-    The same node-level checks run again on every allocated node before torchrun starts.
+    The same node-level checks run again on every allocated node before the ranks start.
 
     Examples:
       hpclaunch preflight examples/tiny.yaml

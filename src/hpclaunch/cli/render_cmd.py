@@ -41,7 +41,7 @@ def render(
         ),
     ] = False,
     output: Annotated[
-        Path | None, typer.Option("-o", "--output", help="Write the script here instead of stdout.")
+        Path | None, typer.Option("-o", "--out", "--output", help="Write the script here instead of stdout.")
     ] = None,
 ) -> None:
     """Print the job script exactly as `hpclaunch submit` would submit it (lint included).

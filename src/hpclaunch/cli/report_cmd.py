@@ -18,7 +18,9 @@ def report(
     ],
     out: Annotated[
         Path | None,
-        typer.Option("-o", "--out", help="Where to write the report (default RUN/report).", metavar="DIR"),
+        typer.Option(
+            "-o", "--out", "--output", help="Where to write the report (default RUN/report).", metavar="DIR"
+        ),
     ] = None,
 ) -> None:
     """Loss with every stop marked, where the wall-clock time went, throughput: PNGs + one HTML page.

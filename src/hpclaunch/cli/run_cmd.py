@@ -8,10 +8,11 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import PreflightFailed, RunNotFoundError, SchedulerError, UserInputError
+from ..errors import PreflightFailed, RunNotFoundError, RunStateError, SchedulerError, UserInputError
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.status import describe_experiment_logs, describe_failed_saves
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
@@ -102,8 +103,17 @@ def submit(
       hpclaunch submit --resume runs/tiny
       hpclaunch submit stage2.yaml --after runs/stage1
     """
+    if resume is not None and config:
+        raise UserInputError(
+            f"--resume continues {resume} with the config it was started with; "
+            f"{', '.join(map(str, config))} would be ignored",
+            where="submit",
+            hint=f"drop the CONFIG and change settings with --set (hpclaunch submit --resume {resume} "
+            "--set train.steps=N), or submit the CONFIG as a new run without --resume",
+        )
     if resume is not None:
         cfg = load_existing_run(_run_paths(resume).root, overrides or [])
+        _refuse_resuming_a_finished_run(_run_paths(resume), cfg.train.steps)
     elif config:
         cfg = load(config, overrides)
     else:
@@ -145,6 +155,18 @@ def submit(
         raise typer.Exit(code)
 
 
+def _refuse_resuming_a_finished_run(paths: RunPaths, steps: int) -> None:
+    """A finished run has nothing to train: a job would start, load its last checkpoint and end."""
+    view = _status_dict(paths)
+    if view["state"] == "finished" and int(view["step"] or 0) >= steps:
+        raise RunStateError(
+            f"{paths.root} has finished (step {view['step']}/{steps}): there is nothing to resume",
+            where="--resume",
+            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N "
+            f"(N > {view['step']})",
+        )
+
+
 def _chain_words(action: str, reason: str) -> str:
     if action == "release":
         return f"{reason}, so this run was released"
@@ -161,19 +183,45 @@ def _plan_scheduler(paths: RunPaths) -> str | None:
 
 
 def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
-    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'."""
-    from ..orchestrator.status import summarize
-
+    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'. In a
+    terminal the status is shown live meanwhile. Ctrl-C ends the waiting, not the run (130)."""
     roots = _sweep_points(paths) or [paths.root]
-    while True:
+    try:
+        views = _wait_until_ended(roots, poll_s)
+    except KeyboardInterrupt:
+        err_console.print(
+            f"hpclaunch: stopped waiting; the run goes on. Follow it: hpclaunch status {paths.root} "
+            f"--watch; stop it with a checkpoint: hpclaunch stop {paths.root}; end it now: "
+            f"hpclaunch cancel {paths.root}",
+            highlight=False,
+        )
+        return 130
+    if len(views) > 1:
+        _print_sweep(views)
+    else:
+        _print_status(views[0])
+    return 0 if all(v["state"] == "finished" for v in views) else 1
+
+
+def _wait_until_ended(roots: list[Path], poll_s: float) -> list[dict[str, Any]]:
+    """The runs' status once none is busy; redrawn in place meanwhile when stdout is a terminal."""
+    from contextlib import nullcontext
+
+    from rich.live import Live
+
+    def view() -> tuple[list[dict[str, Any]], Any]:
         views = [_status_dict(RunPaths(r)) for r in roots]
-        states = [v["state"] for v in views]
-        if not _busy(views):
-            break
-        time.sleep(poll_s)
-    for r in roots:
-        _print_status(summarize(r, scheduler_status=_scheduler_status(RunPaths(r))))
-    return 0 if all(s == "finished" for s in states) else 1
+        return views, (_sweep_table(views) if len(roots) > 1 else _status_table(views[0]))
+
+    views, shown = view()
+    live = Live(shown, console=console, auto_refresh=False, transient=True) if console.is_terminal else None
+    with live if live is not None else nullcontext():
+        while _busy(views):
+            time.sleep(poll_s)
+            views, shown = view()
+            if live is not None:
+                live.update(shown, refresh=True)
+    return views
 
 
 def _busy(views: list[dict[str, Any]]) -> bool:
@@ -209,6 +257,9 @@ def _scheduler_status(paths: RunPaths) -> Any:
 
 def _status_dict(paths: RunPaths) -> dict[str, Any]:
     from ..orchestrator.status import summarize
+    from ..schedulers.chain import settle_around
+
+    settle_around(paths, by="hpclaunch status")  # a chain release that failed is retried here
 
     return summarize(paths.root, scheduler_status=_scheduler_status(paths))
 
@@ -220,7 +271,7 @@ def train(
         bool, typer.Option("--resume", help="Continue the run in its existing directory.")
     ] = False,
 ) -> None:
-    """Train in the foreground on this machine through torchrun (no scheduler).
+    """Train in the foreground on this machine: the node agent and its rank host (no scheduler).
 
     Ctrl-C stops all ranks at the same step and saves; run the same command with --resume to continue.
 
@@ -273,16 +324,21 @@ def train(
         lock.release(holder)
     outcome = latest_outcome(paths)
     if outcome is not None and outcome.status == "failed":
-        # The reason is the last line; torchrun's own report stays in the node log.
+        # The reason is the last line; the rank host's own report stays in the node log.
         console.print(
-            f"failed at step {outcome.step} ({outcome.cause}); torchrun's report is in {paths.logs}/",
+            f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
             highlight=False,
         )
         err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
+    elif outcome is not None and outcome.status != "stopped":
+        console.print(f"{outcome.status} at step {outcome.step}", highlight=False)  # the last word
     elif outcome is not None:
+        # What continues a foreground run is this command, not `submit --resume`.
+        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
         console.print(
-            f"{outcome.status} at step {outcome.step}" + (f" ({outcome.cause})" if outcome.cause else ""),
+            f"stopped at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
             highlight=False,
+            soft_wrap=True,  # a command to copy: never broken across lines
         )
     raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
 
@@ -422,7 +478,8 @@ def _status_table(data: dict[str, Any]) -> Any:
             str(a.get("nodes") or "-"),
             _fmt_time(a.get("started")),
             steps,
-            str(a.get("checkpoint_step") or "-"),
+            str(a.get("checkpoint_step") or "-")
+            + (f" ({a['failed_saves']} failed)" if a.get("failed_saves") else ""),
             Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
             Text(a.get("cause") or ""),
         )
@@ -430,6 +487,10 @@ def _status_table(data: dict[str, Any]) -> Any:
     parts += [Text(note) for note in rescue.get("notes") or []]
     if interval := describe_interval(data.get("checkpoint_interval")):
         parts.append(Text(interval))
+    if failed := describe_failed_saves(data.get("failed_saves")):
+        parts.append(Text(failed, style="yellow"))
+    for line in describe_experiment_logs(data.get("experiment_logs")):
+        parts.append(Text(line, style="yellow"))
     if stragglers := describe_stragglers(data.get("stragglers")):
         parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
     if data.get("hint"):
@@ -462,7 +523,10 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
-    for col in ("point", "state", "job", "step", "loss", "attempts", "goodput"):
+    # A point's name is what tells the points apart: never cut short (on a narrow or piped
+    # console it wraps instead), whatever else has to give.
+    table.add_column("point", overflow="fold", min_width=12)
+    for col in ("state", "job", "step", "loss", "attempts", "goodput"):
         table.add_column(col)
     for r in rows:
         loss = r.get("loss")
@@ -498,9 +562,18 @@ def stop(
     from ..rundir.control import write_user_stop
 
     paths = _run_paths(run)
-    # A sweep's root runs nothing itself: the request goes to every point.
+    # A sweep's root runs nothing itself: the request goes to every point that still runs.
     points = sweep_roots(paths)
-    targets = [RunPaths(p) for p in points] or [paths]
+    views = {p: _status_dict(p) for p in [RunPaths(p) for p in points] or [paths]}
+    targets = [p for p, view in views.items() if _busy([view])]
+    if not targets:
+        states = sorted({view["state"] for view in views.values()})
+        raise RunStateError(
+            f"nothing to stop: {'every point of the sweep' if points else 'the run'} has ended "
+            f"({', '.join(states)}); nothing was written",
+            where=str(paths.root),
+            hint=f"see hpclaunch status {paths.root}; continue a stopped run with hpclaunch submit --resume",
+        )
     for target in targets:
         attempt = running_attempt(read_events(target).events)
         write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
@@ -511,7 +584,7 @@ def stop(
             continue_=continue_,
             attempt_seen=attempt,
         )
-    what = f"the {len(targets)} points of sweep {paths.root}" if points else str(paths.root)
+    what = f"{len(targets)} of the {len(points)} points of sweep {paths.root}" if points else str(paths.root)
     console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)
 
 
@@ -558,13 +631,21 @@ def logs(
     ] = None,
     node: Annotated[int, typer.Option("--node", help="Node rank.")] = 0,
 ) -> None:
-    """Print one node's log of one attempt (torchrun and all ranks' output).
+    """Print one node's log of one attempt (the node agent, its rank host and all ranks' output).
 
     Examples:
       hpclaunch logs runs/tiny --attempt 1
       hpclaunch logs runs/tiny -f
     """
     paths = _run_paths(run)
+    points = sweep_roots(paths)
+    if points:  # a sweep's root runs nothing itself: its points have the logs
+        names = ", ".join(Path(p).name for p in points)
+        raise UserInputError(
+            f"a sweep of {len(points)} points: each point has its own logs ({names})",
+            where=str(paths.root),
+            hint=f"hpclaunch logs {points[0]}",
+        )
     dirs = attempt_log_dirs(paths)
     if not dirs and follow:
         err_console.print("waiting for the job to start ...", highlight=False)

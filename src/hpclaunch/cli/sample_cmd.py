@@ -29,7 +29,8 @@ def sample(
     ] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the starting noise.")] = 0,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Output directory (default RUN/samples/step_N-MODE).")
+        Path | None,
+        typer.Option("-o", "--out", "--output", help="Output directory (default RUN/samples/step_N-MODE)."),
     ] = None,
     device: Annotated[str, typer.Option("--device", help="cpu, cuda, or auto.")] = "auto",
 ) -> None:

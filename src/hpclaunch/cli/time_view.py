@@ -55,7 +55,7 @@ def time_parts(data: dict[str, Any]) -> list[Any]:
         row(f"{i}" + ("*" if a.get("running") else ""), a)
     if len(spent["attempts"]) > 1:
         row("run", spent, style="bold")
-    gp = data["goodput"]
+    gp = data["step_counts"]
     ratio = spent.get("goodput")
     lines: list[Any] = [table] if spent["attempts"] else []
     if ratio is not None:
@@ -68,7 +68,7 @@ def time_parts(data: dict[str, Any]) -> list[Any]:
         )
     lines.append(
         Text(
-            f"steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed ({gp['ratio']:.1%}); "
+            f"steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed ({gp['kept_ratio']:.1%}); "
             f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped; "
             f"requeues {data['requeues']}"
         )

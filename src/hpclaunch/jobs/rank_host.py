@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .stop_relay import ignored_signals_preexec
+from .helper_signals import launcher_preexec
 
 LAUNCHER_MODULE = "hpclaunch.trainer.launcher"
 
@@ -69,7 +69,7 @@ class RankHost:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             pass_fds=(reply_w,),
-            preexec_fn=ignored_signals_preexec,
+            preexec_fn=launcher_preexec,
         )
         os.close(reply_w)
         self.started_at = time.time()

@@ -55,13 +55,6 @@ class SignalInbox:
         return taken
 
 
-def ignored_signals_preexec() -> None:
-    """Runs in torchrun's process before exec: ignored dispositions survive exec (and reach the
-    workers, which install their own handlers)."""
-    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, signal.SIG_IGN)
-
-
 class StopRelay:
     """One attempt's stop state on one node: the strongest cause heard, whether it was a cancel,
     and whether node 0 had to cut the stop short (``interrupted``: the decision's fact)."""

@@ -3,7 +3,8 @@
 Rank 0 of the trainer records, after every save and at the calibration step of an attempt, the
 interval it chose and the figures behind it (``trainer.checkpoint.interval``): the measured cost of
 a save (the training it took), the step time, the run's MTBF, and the training a failure is
-expected to lose at that interval. Torch-free.
+expected to lose at that interval (half of it), and the share of training time that saves and
+failures take together. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ FIELDS = (
     "step_time_s",
     "mtbf_s",
     "expected_loss_per_failure_s",
+    "expected_waste_share",
 )
 
 
@@ -32,7 +34,19 @@ def checkpoint_interval_summary(events: list[dict[str, Any]]) -> dict[str, Any] 
     for e in events:
         if e.get("event") == CHECKPOINT_INTERVAL:
             last = e
-    return {k: last.get(k) for k in FIELDS} if last is not None else None
+    if last is None:
+        return None
+    summary = {k: last.get(k) for k in FIELDS}
+    # Derived from the interval, not taken as recorded: ledgers before issue 26 recorded the whole
+    # waste over one MTBF under "expected_loss_per_failure_s".
+    interval, cost, mtbf = summary["interval_s"], summary["save_cost_s"], summary["mtbf_s"]
+    summary["expected_loss_per_failure_s"] = round(interval / 2.0, 3) if interval else None
+    summary["expected_waste_share"] = (
+        round(cost / interval + interval / (2.0 * mtbf), 6)
+        if interval and cost is not None and mtbf
+        else None
+    )
+    return summary
 
 
 def describe(summary: dict[str, Any] | None) -> str | None:
@@ -57,7 +71,9 @@ def describe(summary: dict[str, Any] | None) -> str | None:
         figures.append(f"MTBF {_duration(summary['mtbf_s'])}")
     text += f" [{'; '.join(figures)}]"
     if summary.get("expected_loss_per_failure_s") is not None:
-        text += f"; expected loss per failure ~{_duration(summary['expected_loss_per_failure_s'])}"
+        text += f"; a failure is expected to lose ~{_duration(summary['expected_loss_per_failure_s'])} of training"
+    if summary.get("expected_waste_share") is not None:
+        text += f"; saves and failures together ~{summary['expected_waste_share']:.2%} of training time"
     return text
 
 

@@ -72,6 +72,7 @@ def run_cost(
         m,
         time_limit_s=limit,
         nodes=int(plan.get("nodes") or 1),
+        spare_nodes=int(plan.get("spare_nodes") or 0),  # held and paid for as well
         gpus_per_node=int(plan.get("gpus_per_node") or 0),
         gpu_hour_cost=gpu_hour_cost(paths),
         now=time.time() if now is None else now,

@@ -304,7 +304,15 @@ def sweep_figure(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]])
     """(name, summary, metrics lines) per point: loss against step, and each point's goodput."""
     if not any(lines for _, _, lines in points):
         return None
-    fig, (ax, bars) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]})
+    return _png(sweep_axes(points))
+
+
+def sweep_axes(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> Figure:
+    """The sweep figure, not yet rendered. Constrained layout: the right panel's point names get
+    their own room instead of running into the left panel and its legend."""
+    fig, (ax, bars) = plt.subplots(
+        1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]}, layout="constrained"
+    )
     for name, _, lines in points:
         latest: dict[int, float] = {}
         for line in lines:  # a step computed twice (lost to a crash) shows its kept value
@@ -328,4 +336,4 @@ def sweep_figure(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]])
     bars.set_xlim(0, 1.35)
     bars.set_xlabel("goodput (kept training / allocated time)")
     bars.set_title("goodput of every point", loc="left", fontsize=11)
-    return _png(fig)
+    return fig

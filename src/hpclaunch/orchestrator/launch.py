@@ -50,11 +50,16 @@ def with_scheduler(cfg: RunConfig, kind: str | None, dialect: str | None) -> Run
     if kind is None and dialect is None:
         return cfg
     raw = cfg.to_dict()
+    sources: dict[str, str] = {}
     if kind is not None:
-        apply_override(raw, f"scheduler.kind={kind}")
+        apply_override(raw, f"scheduler.kind={kind}", where="--scheduler")
+        sources["scheduler.kind"] = "--scheduler"
     if dialect is not None:
-        apply_override(raw, f"scheduler.pbs_dialect={dialect}")
-    return validate_config(raw, where="--scheduler")
+        apply_override(raw, f"scheduler.pbs_dialect={dialect}", where="--pbs-dialect")
+        sources["scheduler.pbs_dialect"] = "--pbs-dialect"
+    # An error names the flag that set its key (the config was valid before them).
+    where = "--scheduler" if kind is not None else "--pbs-dialect"
+    return validate_config(raw, where=where, sources=sources)
 
 
 def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
@@ -92,12 +97,14 @@ def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str]
     for index, combo in enumerate(itertools.product(*axes)):
         raw = cfg.to_dict()
         for override in combo:
-            apply_override(raw, override)
+            apply_override(raw, override, where="--sweep")
         label = "-".join(o.split("=", 1)[0].rsplit(".", 1)[-1] + o.split("=", 1)[1] for o in combo)
         name = f"p{index}-{label}"[:60].replace("/", "_")
         raw["run_dir"] = str(root / name)
         raw["name"] = _safe_name(f"{cfg.name}-{name}")
-        points.append((name, list(combo), validate_config(raw, where=f"--sweep point {index}")))
+        # The base config was valid: whatever fails now, the point's --sweep values made it so.
+        where = f"--sweep point {index} ({', '.join(combo)})"
+        points.append((name, list(combo), validate_config(raw, where=where)))
     return points
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..rundir import INITIALIZED, RunPaths, read_events
-from ..rundir.chain import followers, predecessor, settlement, verdict
+from ..rundir.chain import failures, followers, predecessor, settlement, verdict
 
 
 def chain_view(paths: RunPaths) -> dict[str, Any] | None:
@@ -21,22 +21,26 @@ def chain_view(paths: RunPaths) -> dict[str, Any] | None:
         after = RunPaths(_path(before["run"]))
         v = verdict(read_events(after).events, after.root) if after.is_run() else None
         done = settlement(paths, str(before.get("job_id")))
+        failed = failures(paths, str(before.get("job_id")))
         out["after"] = {
             "run": str(after.root),
             "state": v.state if v is not None else "missing",
             "job_id": before.get("job_id"),
-            "outcome": _outcome(done),
-            "reason": (done or {}).get("reason") or (v.reason if v is not None else f"{after.root} is gone"),
+            "outcome": _outcome(done, failed),
+            "reason": (done or {}).get("reason")
+            or (failed or {}).get("error")
+            or (v.reason if v is not None else f"{after.root} is gone"),
         }
     nxt = []
     for f in followers(paths):
         done = settlement(RunPaths(f.run), f.job_id)
+        failed = failures(RunPaths(f.run), f.job_id)
         nxt.append(
             {
                 "run": str(f.run),
                 "job_id": f.job_id,
-                "outcome": _outcome(done),
-                "reason": (done or {}).get("reason"),
+                "outcome": _outcome(done, failed),
+                "reason": (done or {}).get("reason") or (failed or {}).get("error"),
             }
         )
     if nxt:
@@ -44,9 +48,10 @@ def chain_view(paths: RunPaths) -> dict[str, Any] | None:
     return out or None
 
 
-def _outcome(settled: dict[str, Any] | None) -> str:
+def _outcome(settled: dict[str, Any] | None, failed: dict[str, Any] | None = None) -> str:
     if settled is None:
-        return "waiting"
+        # A release or cancel that failed is retried by the next status of either run.
+        return "retrying" if failed is not None else "waiting"
     return "released" if settled.get("action") == "release" else "cancelled"
 
 
@@ -81,14 +86,19 @@ def describe_chain(chain: dict[str, Any] | None) -> list[str]:
     if after:
         if after["outcome"] == "waiting":
             lines.append(f"chain: waits for {after['run']} ({after['state']}): starts when it finishes")
+        elif after["outcome"] == "retrying":
+            lines.append(f"chain: after {after['run']}: {after['reason']}; tried again at the next status")
         elif after["outcome"] == "released":
             lines.append(f"chain: after {after['run']}: released ({after['reason']})")
         else:
             lines.append(f"chain: after {after['run']}: never runs ({after['reason']})")
     for n in chain.get("next") or []:
-        what = {"waiting": "waits for this run", "released": "released", "cancelled": "cancelled"}[
-            n["outcome"]
-        ]
+        what = {
+            "waiting": "waits for this run",
+            "released": "released",
+            "cancelled": "cancelled",
+            "retrying": "still held, tried again at the next status",
+        }[n["outcome"]]
         why = f" ({n['reason']})" if n.get("reason") and n["outcome"] != "waiting" else ""
         lines.append(f"chain: next {n['run']} (job {n['job_id']}): {what}{why}")
     return lines

@@ -21,6 +21,7 @@ from ..errors import RunNotFoundError, UserInputError
 from ..fsutil import read_jsonl
 from ..rundir import RunPaths
 from ..rundir.readers import sweep_roots
+from ..schedulers.base import ACTIVE_STATES
 from .accounting import PHASES, fmt_seconds
 from .status import summarize
 from .stragglers import work_per_step
@@ -99,7 +100,13 @@ def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) 
     }
     notes = []
     if drawn["ranks.png"] is None:
-        notes.append("no rank has recorded its step times yet (steptimes/)")
+        if summary["state"] in ACTIVE_STATES:
+            notes.append("no rank has recorded its step times yet (steptimes/)")
+        else:  # an ended run will not get them: say why it has none
+            notes.append(
+                "no per-rank step times: a rank writes one summary every watchdog.straggler_every "
+                "steps of an attempt (steptimes/), and no attempt of this run ran that long"
+            )
     if drawn["loss.png"] is None:
         notes.append("no finite loss was logged yet")
     items = {name: png for name, png in drawn.items() if png is not None}
@@ -122,7 +129,7 @@ def _run_page(summary: dict[str, Any], pngs: dict[str, bytes], notes: list[str])
             f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent['training_s'])} of kept training in "
             f"{fmt_seconds(spent['allocated_s'])} allocated (queue {fmt_seconds(spent['queue_s'])} apart)</p>"
         )
-    gp = summary["goodput"]
+    gp = summary["step_counts"]
     head.append(
         f"<p>steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed; "
         f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped</p>"

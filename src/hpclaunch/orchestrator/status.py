@@ -14,8 +14,10 @@ from typing import Any
 from ..fsutil import read_jsonl
 from ..rundir import (
     CANCELLED,
+    CHECKPOINT_FAILED,
     CHECKPOINT_SAVED,
     ENDED,
+    EXPERIMENT_LOG_FAILED,
     FAILED,
     FINISHED,
     HELD,
@@ -67,15 +69,18 @@ class Attempt:
     replaced: dict[str, str] = field(default_factory=dict)  # node -> the spare that took its place
     cause: str | None = None
     error: str | None = None
+    failed_saves: int = 0  # saves that failed in this attempt (each then saved again, blocking)
 
 
 @dataclass
-class Goodput:
+class StepCounts:
+    """The steps beside goodput (which counts time: ``accounting``): kept of computed."""
+
     useful_steps: int
     computed_steps: int
     repeated_steps: int  # computed more than once (work lost to a stop without a save)
     lost_steps: int  # never computed (a resume that skipped ahead): data silently not trained on
-    ratio: float
+    kept_ratio: float  # useful / computed steps; not goodput (that is time: kept training / allocated)
 
 
 def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
@@ -106,6 +111,8 @@ def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
             step = int(e.get("step", 0))
             a.checkpoint_step = max(a.checkpoint_step or 0, step)
             a.last_step = max(a.last_step or 0, step)
+        elif kind == CHECKPOINT_FAILED:
+            a.failed_saves += 1
         elif kind == STOPPED:
             a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
             a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
@@ -149,7 +156,7 @@ def _cause(event: dict[str, Any]) -> str | None:
     return cause.value if cause is not None else None
 
 
-def goodput(attempts: list[Attempt]) -> Goodput:
+def step_counts(attempts: list[Attempt]) -> StepCounts:
     """Steps are computed in [resumed_step+1, last_step] per attempt."""
     computed = repeated = lost = 0
     frontier = 0  # highest step computed so far
@@ -162,7 +169,44 @@ def goodput(attempts: list[Attempt]) -> Goodput:
         lost += max(0, start - frontier)
         frontier = max(frontier, end)
     useful = frontier - lost
-    return Goodput(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
+    return StepCounts(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
+
+
+def failed_saves(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The saves that failed (None: none did): how many, and the newest with what was done."""
+    failed = [e for e in events if e.get("event") == CHECKPOINT_FAILED]
+    if not failed:
+        return None
+    last = failed[-1]
+    return {
+        "count": len(failed),
+        "last": {k: last.get(k) for k in ("attempt", "step", "error", "action")},
+    }
+
+
+def describe_failed_saves(summary: dict[str, Any] | None) -> str | None:
+    """One status line, or None when no save failed."""
+    if not summary:
+        return None
+    last, n = summary["last"], summary["count"]
+    what = "1 save failed" if n == 1 else f"{n} saves failed"
+    action = f" ({last['action']})" if last.get("action") else ""
+    return f"checkpoint: {what}; the last at step {last.get('step')}{action}: {last.get('error')}"
+
+
+def experiment_log_failures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every time W&B or TensorBoard failed and training went on without it (or W&B offline)."""
+    return [
+        {k: e.get(k) for k in ("log", "attempt", "error", "action")}
+        for e in events
+        if e.get("event") == EXPERIMENT_LOG_FAILED
+    ]
+
+
+def describe_experiment_logs(failures: list[dict[str, Any]] | None) -> list[str]:
+    """Status lines: the newest failure of each log (W&B offline, a log dropped)."""
+    newest = {f["log"]: f for f in failures or []}
+    return [f"{log}: {f['error']} in attempt {f['attempt']}; {f['action']}" for log, f in newest.items()]
 
 
 def running_attempt(events: list[dict[str, Any]]) -> str | None:
@@ -303,10 +347,11 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         }
     speed = last_metric.get("step_time_s")
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
-    gp = goodput(attempts)
+    counted = step_counts(attempts)
     rescue = rescue_view(events)
     state = run_state(attempts, events, sched["state"] if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
+    time_json = spent.to_json()
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
         eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
@@ -326,14 +371,19 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "eta_s": eta,
         "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
         "attempts": [asdict(a) for a in attempts],
-        "goodput": asdict(gp),
-        "time": spent.to_json(),
+        # One word, one number: goodput is the time share the text shows (kept training over
+        # allocated time, as time.goodput); the step counts have their own name.
+        "goodput": time_json["goodput"],
+        "step_counts": asdict(counted),
+        "time": time_json,
         "stragglers": straggler_summary(paths, events),
         "cost": cost,
         "chain": chain_view(paths),
         "weights_from": weights_from(events),
         "checkpoint_interval": checkpoint_interval_summary(events),
         "rescue": rescue,
+        "failed_saves": failed_saves(events),
+        "experiment_logs": experiment_log_failures(events),
     }
 
 

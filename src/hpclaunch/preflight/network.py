@@ -48,7 +48,7 @@ def check_network(ctx: CheckContext) -> Outcome:
 def _rendezvous(ctx: CheckContext, f: Findings, own_addr: str | None) -> None:
     cfg = ctx.cfg
     if cfg.scheduler.nodes == 1:
-        f.skip("single node: torchrun --standalone picks its own rendezvous port")
+        f.skip("single node: the rank host picks its own rendezvous port")
         return
     node = ctx.node
     if node is None:
@@ -71,7 +71,7 @@ def _rendezvous(ctx: CheckContext, f: Findings, own_addr: str | None) -> None:
         if problem:
             f.fail(
                 f"rendezvous port {port} cannot be bound on the head node {node.hostname}: {problem}",
-                "another job or a stale torchrun holds it; set launch.rdzv_port to a free port",
+                "another job or a stale rank host holds it; set launch.rdzv_port to a free port",
             )
         else:
             f.ok(f"rendezvous {head}:{port} bindable on the head node")

@@ -10,6 +10,7 @@ dependency submitted earlier could name.
 runs/stage1/chain/next/<stage2 name>-<job>.json   {"run", "scheduler", "job_id", "registered"}
 runs/stage2/chain/after.json                       {"run", "job_id", "registered"}
 runs/stage2/chain/settled-<job>.json               {"action": release|cancel, "reason", "by", "ts"}
+runs/stage2/chain/failed-<job>.json                {"tries", "error", "ts"}: a release/cancel that failed
 ```
 
 Whoever sees stage 1 ended (its node-0 agent after the final decision, the ``submit`` that
@@ -17,6 +18,11 @@ registered stage 2 after stage 1 had ended, ``hpclaunch cancel`` of stage 1) set
 first *claims* it by creating ``settled-<job>.json`` with ``link()`` (atomic and exclusive, NFS
 too), and only the one that created it releases or cancels the job. So a release happens exactly
 once, however many of them race. ``schedulers.chain`` carries the verdict out.
+
+A scheduler call that fails (an ``scontrol release`` that times out) gives the claim back
+(``give_back``: ``failed-<job>.json`` counts the tries, then the claim file goes), so a later pass
+(the next ``status`` of either run, another agent) claims it again once its backoff has passed
+(``retry_due``): a stage 2 is never left held for good by one failed call.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ..fsutil import atomic_write_json
-from .ledger import CANCELLED, ENDED, FAILED, FINISHED, SUBMITTED
+from .ledger import CANCELLED, ENDED, FAILED, FINISHED, latest_submission
 from .paths import RunPaths
 
 Action = Literal["wait", "release", "cancel"]
@@ -65,10 +71,11 @@ def chain_dir(paths: RunPaths) -> Path:
 
 
 def verdict(events: list[dict[str, Any]], run: Path) -> Verdict:
-    """The earlier run's verdict: the first end recorded since its latest submission decides
+    """The earlier run's verdict: the first end recorded since its latest submission (from its
+    ``submitting``: ``ledger.latest_submission``) decides
     (a ``held`` attempt after it changes nothing). A user stop (``ended``) may be resumed later, so
     the next stage keeps waiting."""
-    start = max((i for i, e in enumerate(events) if e.get("event") == SUBMITTED), default=-1)
+    start = latest_submission(events)
     for e in events[start + 1 :]:
         kind = e.get("event")
         if kind == FINISHED:
@@ -147,6 +154,41 @@ def claim(follower: Follower, v: Verdict, *, by: str) -> bool:
         return False
     finally:
         tmp.unlink(missing_ok=True)
+
+
+RETRY_BACKOFF_S = 30.0  # the first retry after this, then twice as long each time
+RETRY_BACKOFF_MAX_S = 600.0
+
+
+def failed_file(paths: RunPaths, job_id: str) -> Path:
+    return chain_dir(paths) / f"failed-{_safe(job_id)}.json"
+
+
+def give_back(follower: Follower, error: str) -> int:
+    """The claimer's release or cancel failed: record the try and give the claim back, so that a
+    later pass retries. Returns how many tries have failed."""
+    paths = RunPaths(follower.run)
+    tries = int((failures(paths, follower.job_id) or {}).get("tries") or 0) + 1
+    atomic_write_json(
+        failed_file(paths, follower.job_id), {"tries": tries, "error": error, "ts": round(time.time(), 3)}
+    )
+    settled_file(paths, follower.job_id).unlink(missing_ok=True)
+    return tries
+
+
+def failures(paths: RunPaths, job_id: str) -> dict[str, Any] | None:
+    """The failed tries to settle ``job_id`` (None: none failed); kept once a retry succeeded."""
+    return _read(failed_file(paths, job_id))
+
+
+def retry_due(paths: RunPaths, job_id: str, *, now: float | None = None) -> bool:
+    """Whether a follower whose settling failed may be tried again now (backoff doubling per try)."""
+    failed = failures(paths, job_id)
+    if failed is None:
+        return True
+    tries = max(1, int(failed.get("tries") or 1))
+    wait = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (tries - 1))
+    return (now if now is not None else time.time()) >= float(failed.get("ts") or 0) + wait
 
 
 def settlement(paths: RunPaths, job_id: str) -> dict[str, Any] | None:

@@ -42,6 +42,7 @@ CHECKPOINT_SAVED = "checkpoint_saved"
 CHECKPOINT_INVALID = "checkpoint_invalid"
 CHECKPOINT_FAILED = "checkpoint_failed"  # trainer rank 0: a save failed (what, and what was done)
 CHECKPOINT_WRITER_STARVED = "checkpoint_writer_starved"  # a save restarted at writer_nice (CPU starved)
+EXPERIMENT_LOG_FAILED = "experiment_log_failed"  # trainer rank 0: W&B/TensorBoard failed (what was done)
 CHECKPOINT_INTERVAL = "checkpoint_interval"  # trainer rank 0: the save interval chosen, and why
 STOP_REQUESTED = "stop_requested"
 STOP_OVERDUE = "stop_overdue"  # node 0's agent: the stop save overran the kill wait; workers ended
@@ -68,6 +69,25 @@ RESCUE_CANCELLED = "rescue_cancelled"  # the run ended for good: its waiting res
 
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)
+
+
+def latest_submission(events: list[dict[str, Any]]) -> int:
+    """Index of the event that opened the run's latest submission (-1: none). That is its
+    ``submitting``, not ``submitted``: the job may start, and even end, before ``submit`` hears the
+    scheduler's answer and records ``submitted``, and what it recorded meanwhile belongs to this
+    submission. A refused submission (``submit_failed``) opened nothing; a ledger without
+    ``submitting`` (a foreground ``train``, older runs) is opened by ``submitted``."""
+    start, pending = -1, None
+    for i, e in enumerate(events):
+        kind = e.get("event")
+        if kind == SUBMITTING:
+            pending = i
+        elif kind == SUBMITTED:
+            start, pending = (pending if pending is not None else i), None
+        elif kind == SUBMIT_FAILED:
+            pending = None
+    return pending if pending is not None else start
+
 
 _seq = itertools.count(1)
 _seq_lock = threading.Lock()

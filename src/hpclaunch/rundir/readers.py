@@ -13,9 +13,11 @@ from .paths import RunPaths
 def read_config(paths: RunPaths, overrides: list[str] | None = None) -> RunConfig:
     """``RUN/config.yaml`` (plus ``overrides``), validated like any config."""
     raw = read_yaml_mapping(paths.config)
+    sources: dict[str, str] = {}
     for item in overrides or []:
         apply_override(raw, item)
-    return validate_config(raw, where=str(paths.config))
+        sources[item.partition("=")[0].strip()] = "--set"
+    return validate_config(raw, where=str(paths.config), sources=sources)
 
 
 def read_sweep(paths: RunPaths) -> list[dict[str, Any]]:

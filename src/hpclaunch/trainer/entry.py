@@ -32,7 +32,7 @@ from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
 from ..rundir.outcome import write_rank_outcome
 from .loader import RankDataError
 from .loop import Trainer
-from .progress import register_stack_dump
+from .progress import drop_empty_stack_dump, register_stack_dump
 from .smoke import StartupHang
 from .startup import StartupClock
 
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
         # as one exits non-zero).
         dist.barrier(group=trainer.ctx.cpu_group if trainer else None)
         dist.destroy_process_group()
+    drop_empty_stack_dump()  # last: a hang up to here still has its file for the watchdog's dump
     return code
 
 

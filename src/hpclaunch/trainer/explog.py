@@ -1,13 +1,26 @@
 """The experiment logs rank 0 writes besides ``metrics.jsonl``: TensorBoard (``train.tensorboard``)
 and Weights & Biases (``train.wandb``), behind one object with TensorBoardLog's three calls, so the
-loop logs a window or marks a start or stop once, whatever is on."""
+loop logs a window or marks a start or stop once, whatever is on.
+
+Logging never ends training. W&B online that cannot reach its server (a compute node without
+internet, an outage) goes on offline into ``RUN/wandb/`` (``wandb sync`` uploads it later); a log
+that fails to open or to write is dropped for the rest of the attempt. Each such fall-back is said
+once, through ``on_failure`` (the loop writes it to the ledger, where ``status`` finds it, and to
+the console); ``metrics.jsonl`` always has every number.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..config import RunConfig
+from ..errors import error_text
+
+# (which log, what went wrong, what was done instead)
+OnFailure = Callable[[str, str, str], None]
+DROPPED = "dropped for the rest of this attempt (metrics.jsonl has every number)"
 
 
 class ExperimentLog(Protocol):
@@ -19,35 +32,52 @@ class ExperimentLog(Protocol):
 
 
 class ExperimentLogs:
-    """Every configured experiment log; each call goes to all of them."""
+    """Every configured experiment log; each call goes to all of them. A log whose call raises is
+    dropped (said once through ``on_failure``); training goes on."""
 
-    def __init__(self, logs: list[ExperimentLog]):
-        self.logs = logs
+    def __init__(self, logs: dict[str, ExperimentLog], on_failure: OnFailure):
+        self.logs = dict(logs)
+        self.on_failure = on_failure
+
+    def _each(self, call: Callable[[ExperimentLog], None]) -> None:
+        for name, log in list(self.logs.items()):
+            try:
+                call(log)
+            except Exception as e:  # a logging library's failure of any kind is not training's
+                del self.logs[name]
+                self.on_failure(name, error_text(e), DROPPED)
 
     def scalars(self, record: dict[str, Any]) -> None:
-        for log in self.logs:
-            log.scalars(record)
+        self._each(lambda log: log.scalars(record))
 
     def mark(self, what: str, step: int, text: str) -> None:
-        for log in self.logs:
-            log.mark(what, step, text)
+        self._each(lambda log: log.mark(what, step, text))
 
     def close(self) -> None:
-        for log in self.logs:
-            log.close()
+        self._each(lambda log: log.close())
 
 
 def open_experiment_logs(
-    cfg: RunConfig, run_dir: Path, *, attempt: str, resumed_step: int
+    cfg: RunConfig, run_dir: Path, *, attempt: str, resumed_step: int, on_failure: OnFailure
 ) -> ExperimentLogs | None:
-    """The logs this run's config asks for (None: neither TensorBoard nor W&B)."""
-    logs: list[ExperimentLog] = []
+    """The logs this run's config asks for (None: neither TensorBoard nor W&B, or none opened)."""
+    logs: dict[str, ExperimentLog] = {}
     if cfg.train.tensorboard:
-        from .tensorboard import TensorBoardLog
+        try:
+            from .tensorboard import TensorBoardLog
 
-        logs.append(TensorBoardLog(run_dir / "tensorboard", resumed_step=resumed_step))
+            logs["tensorboard"] = TensorBoardLog(run_dir / "tensorboard", resumed_step=resumed_step)
+        except Exception as e:
+            on_failure("tensorboard", error_text(e), DROPPED)
     if cfg.train.wandb is not None and cfg.train.wandb.mode != "disabled":
         from .wandb_log import WandbLog
 
-        logs.append(WandbLog(cfg, run_dir, attempt=attempt, resumed_step=resumed_step))
-    return ExperimentLogs(logs) if logs else None
+        try:
+            wandb = WandbLog(cfg, run_dir, attempt=attempt, resumed_step=resumed_step)
+        except Exception as e:
+            on_failure("wandb", error_text(e), DROPPED)
+        else:
+            logs["wandb"] = wandb
+            if wandb.offline_because is not None:
+                on_failure("wandb", wandb.offline_because, wandb.OFFLINE_ACTION)
+    return ExperimentLogs(logs, on_failure) if logs else None

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +28,7 @@ import torch
 from torch import Tensor
 
 from ..errors import DataError
+from ..jobs.helper_signals import die_with_parent, ignore_stop_signals
 from .data import SampleOrder, ShardedDataset, text_mask
 from .objective import Draws, draw
 
@@ -175,22 +174,16 @@ class _Packed(torch.utils.data.Dataset[Packed]):
         return pack(self.batches[i])
 
 
-# A scheduler's stop signals go to every process of the job (SLURM signals the whole step, a
-# terminal the whole process group), and a DataLoader worker dies of them: torch's own SIGTERM
-# handler re-raises any SIGTERM not sent by its parent, and USR1/USR2 kill by default. The rank
-# then fails with "DataLoader worker is killed by signal" in the middle of its stop save, and a
-# preemption is recorded as a crash. Stopping is the rank's business: a worker ends when its rank
-# tells it to or when its rank is gone (torch's watchdog checks the parent).
-WORKER_IGNORED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+# A scheduler's stop signals reach the workers too; they follow the helpers' signal policy
+# (``jobs.helper_signals``): ignore them, end when the rank says or with the rank.
 
 
 def _worker_init(_: int) -> None:
-    for sig in WORKER_IGNORED_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+    ignore_stop_signals()
     # The rank's own threads do the math; a worker's job is I/O and small draws.
     torch.set_num_threads(1)
     _let_go_of_the_ranks_connections()
-    _die_with_the_rank()
+    die_with_parent()
 
 
 def _let_go_of_the_ranks_connections() -> None:
@@ -214,17 +207,6 @@ def _let_go_of_the_ranks_connections() -> None:
         if family in (socket.AF_INET, socket.AF_INET6):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def _die_with_the_rank() -> None:
-    """Linux: this worker is killed when the rank that forked it dies (no orphan lingers)."""
-    if not sys.platform.startswith("linux"):
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        import ctypes
-
-        PR_SET_PDEATHSIG = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def make_loader(

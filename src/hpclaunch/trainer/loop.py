@@ -49,7 +49,15 @@ import torch.distributed as dist
 from ..config import RunConfig, TrainConfig
 from ..errors import CheckpointError, TrainingError
 from ..jobs.stop import StopController
-from ..rundir import CHECKPOINT_FAILED, RESUMED, STOPPED, AttemptOutcome, Ledger, RunPaths
+from ..rundir import (
+    CHECKPOINT_FAILED,
+    EXPERIMENT_LOG_FAILED,
+    RESUMED,
+    STOPPED,
+    AttemptOutcome,
+    Ledger,
+    RunPaths,
+)
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
@@ -275,6 +283,18 @@ class Trainer:
         if error is not None:
             self._save_again_after(error)
 
+    def _experiment_log_failed(self, log: str, error: str, action: str) -> None:
+        """W&B or TensorBoard failed: said once (console and ledger, for status); training goes on."""
+        if self.ledger is not None:
+            self.ledger.append(
+                EXPERIMENT_LOG_FAILED, step=self.counters.step, log=log, error=error, action=action
+            )
+        text = f"warning: {log}: {error}; {action}"
+        if self.log is not None:
+            self.log.message(text)
+        else:
+            print(text, flush=True)
+
     def _save_again_after(self, error: CheckpointError) -> None:
         step = self.counters.step
         if self.ledger is not None:
@@ -431,7 +451,11 @@ class Trainer:
                 )
                 if self.checkpointer is not None:  # TensorBoard and/or W&B (``explog``)
                     self.tb = open_experiment_logs(
-                        self.cfg, self.paths.root, attempt=self.attempt, resumed_step=c.step
+                        self.cfg,
+                        self.paths.root,
+                        attempt=self.attempt,
+                        resumed_step=c.step,
+                        on_failure=self._experiment_log_failed,
                     )
                 if self.tb is not None:
                     self.tb.mark("resumed", c.step, self._resume_text())

@@ -52,7 +52,7 @@ from ..rundir.progress import (
 )
 from .faults import TestFaults
 
-__all__ = ["PHASES", "Progress", "register_stack_dump"]
+__all__ = ["PHASES", "Progress", "drop_empty_stack_dump", "register_stack_dump"]
 
 # Python frames that block until the other ranks arrive: c10d's collectives, and DDP's buffer
 # broadcast at the start of forward.
@@ -73,6 +73,17 @@ def register_stack_dump(cfg: RunConfig, paths: RunPaths, attempt: str, rank: int
     _stack_file = open(path, "a")  # noqa: SIM115 - faulthandler writes to it until the process ends
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
     return path
+
+
+def drop_empty_stack_dump() -> None:
+    """At a rank's orderly end: its stacks file, when nothing was dumped into it, goes (an empty
+    ``rank<r>.stacks.txt`` in every attempt said nothing; one with stacks is a hang's evidence)."""
+    if _stack_file is None:
+        return
+    with contextlib.suppress(OSError, ValueError):
+        path = Path(_stack_file.name)
+        if path.stat().st_size == 0:
+            path.unlink()
 
 
 class Progress:

@@ -18,6 +18,7 @@ The API key is read by wandb from ``WANDB_API_KEY``, which reaches the job only 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 from pathlib import Path
@@ -46,6 +47,8 @@ def stable_id(directory: Path) -> str:
 class WandbLog:
     """Rank 0's W&B run for one attempt."""
 
+    OFFLINE_ACTION = "logging offline to RUN/wandb/ instead (upload it later with wandb sync)"
+
     def __init__(self, cfg: RunConfig, run_dir: Path, *, attempt: str, resumed_step: int):
         import wandb
 
@@ -54,19 +57,34 @@ class WandbLog:
         directory = run_dir / "wandb"
         self.run_id = stable_id(directory)
         config = {k: v for k, v in cfg.to_dict().items() if k != "testing"}
-        self._run = wandb.init(
-            project=w.project,
-            entity=w.entity,
-            name=w.name or cfg.name,
-            tags=list(w.tags),
-            mode=w.mode,
-            id=self.run_id,
-            resume="allow",
-            dir=str(run_dir),
-            config={**config, "hpclaunch_attempt": attempt},
+        args: dict[str, Any] = {
+            "project": w.project,
+            "entity": w.entity,
+            "name": w.name or cfg.name,
+            "tags": list(w.tags),
+            "id": self.run_id,
+            "resume": "allow",
+            "dir": str(run_dir),
+            "config": {**config, "hpclaunch_attempt": attempt},
             # The node agent keeps the ranks' output in the node logs; W&B need not capture it again.
-            settings=wandb.Settings(console="off", silent=True),
-        )
+            "settings": wandb.Settings(console="off", silent=True),
+        }
+        # Online with no way to the server (a compute node without internet, an outage): the
+        # attempt goes on offline into RUN/wandb/ under the same id, for `wandb sync` later.
+        self.offline_because: str | None = None
+        try:
+            self._run = wandb.init(mode=w.mode, **args)
+        except Exception as e:
+            if w.mode != "online":
+                raise
+            from ..errors import error_text
+
+            self.offline_because = f"W&B unreachable ({error_text(e)})"
+            # The failed init keeps the run id taken in wandb's service ("run ID ... is in use"):
+            # a fresh service takes it offline.
+            with contextlib.suppress(Exception):
+                wandb.teardown()
+            self._run = wandb.init(mode="offline", **args)
 
     def scalars(self, record: dict[str, Any]) -> None:
         """The numbers of one metrics.jsonl line, under TensorBoard's tags."""

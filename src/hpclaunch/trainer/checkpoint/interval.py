@@ -5,7 +5,9 @@ measured, its blocking part plus the slowdown of the steps its writer runs besid
 expected every M seconds, loses the work since the last save: T/2 on average with a save every T
 seconds. Over one failure the expected waste is W(T) = M*C/T + T/2 (the saves paid for between two
 failures, plus the half interval lost), smallest at T* = sqrt(2*C*M) (Young 1974; Daly 2006 to
-first order), where W(T*) = T*. M is ``checkpoint.mtbf_hours`` per node divided by the node count,
+first order), where W(T*) = T*: per failure, half an interval of work is lost (T*/2), and the
+saves between two failures cost as much again. ``status`` shows the loss per failure and the share
+of training the saves and failures take, W(T)/M. M is ``checkpoint.mtbf_hours`` per node divided by the node count,
 corrected by what this run's ledger has seen: M = (prior + seconds trained) / (1 + failures), the
 configured figure counting as one failure's worth of evidence.
 
@@ -34,10 +36,16 @@ def young_daly_interval_s(save_cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2.0 * save_cost_s * mtbf_s)
 
 
-def expected_loss_per_failure_s(interval_s: float, save_cost_s: float, mtbf_s: float) -> float:
-    """Training lost per failure at saves every ``interval_s``: the saves between two failures
-    (``mtbf_s / interval_s`` of them, ``save_cost_s`` each) plus half an interval of work redone."""
-    return mtbf_s * save_cost_s / interval_s + interval_s / 2.0
+def expected_loss_per_failure_s(interval_s: float) -> float:
+    """Training one failure is expected to lose at saves every ``interval_s``: the work since the
+    last save, half an interval on average (computed again after the restart)."""
+    return interval_s / 2.0
+
+
+def expected_waste_share(interval_s: float, save_cost_s: float, mtbf_s: float) -> float:
+    """The share of training time the saves and the failures are expected to take together:
+    W(T) / M = C/T + T/(2M) (the saves' cost per interval, plus a failure's loss per MTBF)."""
+    return save_cost_s / interval_s + interval_s / (2.0 * mtbf_s)
 
 
 def run_mtbf_s(mtbf_hours_per_node: float, nodes: int, *, failures: int, trained_s: float) -> float:
@@ -132,11 +140,8 @@ class SaveSchedule:
             interval_steps = _steps(interval_s, step_s)
         base = self._last_save_step if self._last_save_step is not None else self.start_step
         next_step = step if interval_steps == 0 else max(base + interval_steps, step + 1)
-        loss = (
-            expected_loss_per_failure_s(interval_s, cost, p.mtbf_s)
-            if interval_s and cost is not None
-            else None
-        )
+        loss = expected_loss_per_failure_s(interval_s) if interval_s else None
+        waste = expected_waste_share(interval_s, cost, p.mtbf_s) if interval_s and cost is not None else None
         return {
             "step": step,
             "mode": p.mode,
@@ -147,6 +152,7 @@ class SaveSchedule:
             "save_cost_s": _round(cost, 4),
             "mtbf_s": _round(p.mtbf_s, 4),
             "expected_loss_per_failure_s": _round(loss),
+            "expected_waste_share": _round(waste, 6),
         }
 
     def adopt(self, decision: dict[str, Any]) -> None:

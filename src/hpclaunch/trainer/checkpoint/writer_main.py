@@ -11,7 +11,8 @@ What it reads: a staging buffer (a file descriptor), and per save a JSON message
 the non-tensor values as ``torch.save`` bytes, written into the checkpoint as they are, never
 unpickled. A DTensor's shard arrives as a plain tensor with its place in the whole tensor
 (``LocalShard``), planned by DCP exactly as the DTensor would be. It dies with the training thread
-that started it (``PR_SET_PDEATHSIG``), and leaves when its channel closes.
+that started it (``PR_SET_PDEATHSIG``), and leaves when its channel closes. The scheduler's stop
+signals do not end it (``jobs.helper_signals``): it finishes the save in flight.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import io
 import json
 import logging
 import os
-import signal
 import socket
 import sys
 import time
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
+from ...jobs.helper_signals import die_with_parent, ignore_stop_signals
 from . import channel
 from .directory import CheckpointDir, EventBuffer
 from .priority import lower_process_priority
@@ -39,12 +40,12 @@ from .staging import Slot, dtype_of, map_fd
 from .writing import SaveJob, SaveWriter
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
-PR_SET_PDEATHSIG = 1
 GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (gloo's default)
 
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
+    ignore_stop_signals()  # a helper's policy: the scheduler's warning is the rank's to act on
     _die_with_parent(int(spec["parent"]))
     lower_process_priority(int(spec["nice"]), idle=bool(spec.get("idle")))
     logging.basicConfig(
@@ -281,10 +282,7 @@ def _join_group(spec: dict[str, Any]) -> Any:
 def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when the thread that started it dies (Linux); a parent already gone ends
     it now. Elsewhere the closed channel ends it between saves."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    die_with_parent()
     if os.getppid() != parent:
         os._exit(1)
 

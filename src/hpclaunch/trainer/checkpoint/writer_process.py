@@ -25,6 +25,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
+from ...jobs.helper_signals import stop_signals_blocked
 from . import channel
 from .faults import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 
@@ -60,7 +61,8 @@ class WriterProcess:
         spec = {**spec, "fd": theirs.fileno(), "parent": os.getpid()}
         argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec)]
         try:
-            self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+            with stop_signals_blocked():  # until the writer ignores them itself
+                self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except OSError as e:
             ours.close()
             raise CheckpointError(f"cannot start the checkpoint writer process: {e}") from e
