@@ -655,13 +655,7 @@ class NodeAgent:
     ) -> None:
         """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
         for an attempt that could not) and say it on stderr."""
-        fields: dict[str, Any] = {
-            "cause": decision.cause,
-            "reason": decision.reason,
-            "action": decision.action.value,
-        }
-        if decision.action is Action.FAIL:
-            fields["error"] = decision.reason
+        fields = decision.ledger_fields()
         if self.outcome is not None and self.outcome.step is not None:
             fields["step"] = self.outcome.step  # the step the attempt reached (finished: the last)
         if job_id is not None:
@@ -671,8 +665,6 @@ class NodeAgent:
             fields["in_place"] = decision.in_place
             if decision.counts_as:
                 fields["counts_as"] = decision.counts_as
-        if decision.exclude:
-            fields["exclude"] = list(decision.exclude)
         if decision.replace:
             fields["replaced"] = dict(decision.replace)
         if decision.suspect:

@@ -216,6 +216,15 @@ class Decision:
     replace: tuple[tuple[str, str], ...] = ()  # in place: (failed node, the spare taking its place)
     suspect: str | None = None  # the node a crash was pinned on (counted: a second time evicts it)
 
+    def ledger_fields(self) -> dict[str, Any]:
+        """The fields every record of this decision carries (an agent's, the rescue's)."""
+        fields: dict[str, Any] = {"cause": self.cause, "reason": self.reason, "action": self.action.value}
+        if self.action is Action.FAIL:
+            fields["error"] = self.reason
+        if self.exclude:
+            fields["exclude"] = list(self.exclude)
+        return fields
+
     @property
     def event(self) -> str:
         """The ledger event that records this decision."""

@@ -275,17 +275,9 @@ class Rescue:
 
 def record(ledger: Ledger, decision: Decision, *, job_id: str, note: str = "", **extra: Any) -> None:
     """The decision in the ledger (by: rescue), as an agent records its own; and on stdout."""
-    fields: dict[str, Any] = {
-        "cause": decision.cause,
-        "reason": decision.reason,
-        "action": decision.action.value,
-    }
-    if decision.action is Action.FAIL:
-        fields["error"] = decision.reason
+    fields = decision.ledger_fields()
     if decision.action in (Action.CONTINUE, Action.EXCLUDE):
         fields.update(by="rescue", in_place=False, counts_as=decision.counts_as)
-    if decision.exclude:
-        fields["exclude"] = list(decision.exclude)
     if note:
         fields["note"] = note
     ledger.append(decision.event, job_id=job_id, **fields, **extra)
