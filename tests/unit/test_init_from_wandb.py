@@ -232,6 +232,7 @@ def test_an_offline_wandb_run_spans_both_attempts(
             assert b"secret-key-never-written" not in path.read_bytes(), path
 
 
+@pytest.mark.spawns  # wandb starts its service process
 def test_wandb_online_with_an_unreachable_server_trains_on_offline_with_one_warning(
     tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
