@@ -88,12 +88,6 @@ class Roster:
         pairs = zip((h for h in self.training if h in bad), healthy, strict=False)
         return Roster(self.training, healthy).replaced(pairs)
 
-    @classmethod
-    def initial(cls, hosts: tuple[str, ...], training: int, failed: Iterable[str] = ()) -> Roster:
-        """The allocation's first ``training`` hosts train, the rest wait as spares; a host that
-        failed its node check is neither (a healthy spare takes its place)."""
-        return cls(hosts[:training], hosts[training:]).without(failed)
-
 
 class Allocation:
     """One agent's view of its allocation's coordination files (see the module docstring)."""

@@ -36,6 +36,7 @@ from ..schedulers.base import NodeContext
 
 GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
 POLL_S = 0.2
+LOOK_S = 1.0  # how often the gather looks at a silent node's heartbeat
 
 
 @dataclass(frozen=True)
@@ -159,14 +160,17 @@ class StartBarrier:
         deadline = began + timeout_s
         found: dict[int, NodeVerdict] = {}
         dead: dict[int, NodeVerdict] = {}
+        next_look = began  # liveness is looked at once per second, not per poll (N reads each)
         while True:
+            look = gone is not None and self.clock() >= next_look
+            next_look = self.clock() + LOOK_S if look else next_look
             for rank, host in nodes.items():
                 if rank not in found:
                     verdict = self._read(rank)
                     if verdict is not None:
                         found[rank] = verdict
                         dead.pop(rank, None)
-                    elif gone is not None and gone(host):
+                    elif look and gone is not None and gone(host):
                         dead[rank] = NodeVerdict(
                             rank, host, False, "start", "its agent is gone (no heartbeat)"
                         )
