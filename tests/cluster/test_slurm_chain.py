@@ -96,7 +96,9 @@ def test_stage2_starts_after_a_requeued_stage1_finishes(
     assert s2["state"] == "finished", json.dumps(s2, indent=1)[-3000:]
     assert _first(stage2, "started")["ts"] >= _first(stage1, "finished")["ts"]
     released = [e for e in events(stage2) if e["event"] == "chain_released"]
-    assert len(released) == 1 and released[0]["by"] == "agent"
+    # Released once, by stage 1's agent or by the test's own `status` of stage 1 when it looked
+    # between the agent's `finished` and its release (both settle a chain).
+    assert len(released) == 1 and released[0]["by"] in ("agent", "hpclaunch status"), released
     assert s2["chain"]["after"]["outcome"] == "released"
     assert s1["chain"]["next"][0]["outcome"] == "released"
     assert s2["weights_from"]["step"] == 360 and s2["weights_from"]["ema"] is True

@@ -86,7 +86,28 @@ def test_a_heartbeat_that_stops_changing_is_dead_after_the_window_even_with_a_fu
     assert not observer.alive("n1")
     n1.beat()  # it beats again (a restarted agent, a filesystem back): alive again
     assert observer.alive("n1")
-    assert not observer.alive("n3")  # never beat: not alive
+
+
+
+def test_a_host_not_beating_yet_is_starting_for_the_start_grace_then_gone(tmp_path: Path) -> None:
+    """CI (PBS, mpiexec): pbsn2's agent started 0.4 s after pbsn1's, and pbsn1 called it gone at
+    the first look (no heartbeat file yet): the run failed before its first step."""
+    clock = Clock()
+    observer = alloc(tmp_path, "n1", clock)
+    assert observer.alive("n2")  # first look, no file: starting
+    assert observer.decider(Roster(("n2", "n1"), ())) == "n2"  # a late node 0 keeps its role
+    clock.sleep(allocation.START_GRACE_S - 1)
+    assert observer.alive("n2")
+    alloc(tmp_path, "n2").beat()  # it starts: beating, given the usual window from here
+    assert observer.alive("n2")
+    clock.sleep(DEAD_AFTER_S - 1)
+    assert observer.alive("n2")
+    clock.sleep(2)
+    assert not observer.alive("n2")
+    assert observer.alive("n3")
+    clock.sleep(allocation.START_GRACE_S + 0.1)
+    assert not observer.alive("n3")  # never started: gone after the grace
+    assert observer.decider(Roster(("n3", "n1"), ())) == "n1"
 
 
 def test_the_beat_is_rewritten_in_place_at_a_fixed_width(tmp_path: Path) -> None:

@@ -62,3 +62,20 @@ def test_before_anything_is_measured_and_for_runs_without_decisions() -> None:
     assert fixed is not None and fixed.startswith(
         "checkpoints: every 50 steps (~5.0 s) [checkpoint.every_steps;"
     )
+
+
+def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
+    """CI: the trainer recorded 0.718 s, `status` showed 0.719 s. The trainer halved the unrounded
+    interval, `status` the rounded one it reads back; now both halve what the ledger keeps."""
+    from hpclaunch.trainer.checkpoint.interval import Policy, SaveSchedule
+
+    for cost in (0.0001 * k for k in range(1, 400)):
+        s = SaveSchedule(Policy("auto", None, None, 0.0004 * 3600), start_step=0)
+        for _ in range(8):
+            s.observe(0.02, saving=False)
+        s.save_started(8, stall_s=cost)
+        s.save_settled()
+        recorded = {"event": "checkpoint_interval", **s.propose(9)}
+        shown = checkpoint_interval_summary([recorded])
+        assert shown is not None and recorded["expected_loss_per_failure_s"] is not None
+        assert shown["expected_loss_per_failure_s"] == recorded["expected_loss_per_failure_s"], cost

@@ -46,6 +46,10 @@ from ..rundir import RunPaths
 
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
 DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
+# A host that has not beaten yet is starting, not gone, for this long after an observer first looked
+# for it: launchers start the agents of one allocation seconds apart (MPICH's hydra, a loaded node).
+START_GRACE_S = float(os.environ.get("HPCLAUNCH_AGENT_START_S") or 60.0)
+_NEVER = "\0never"  # the token of a host not seen beating yet
 BEAT_WIDTH = 32  # "<pid> <count>" padded: rewritten in place, never shorter than before
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides
 POLL_S = 0.2
@@ -150,7 +154,8 @@ class Allocation:
     def alive(self, host: str, now: float | None = None) -> bool:
         """``host``'s agent beats: its counter changed within ``DEAD_AFTER_S`` of this observer's own
         monotonic clock. The first look at a host that has beaten counts as a change (it is given
-        the full ``DEAD_AFTER_S`` before it can be called gone)."""
+        the full ``DEAD_AFTER_S`` before it can be called gone); a host with no heartbeat yet is
+        starting for ``START_GRACE_S`` from this observer's first look, then gone."""
         now = self.clock() if now is None else now
         if host == self.host and not self._stop.is_set():
             return True  # this agent is alive by definition while it beats
@@ -158,13 +163,16 @@ class Allocation:
             token = self._token(host)
         except OSError:
             token = ""  # cannot read now: no observation, the last one stands
-        if token is None:
-            return False
         seen = self._seen.get(host)
+        if token is None:
+            if seen is None:
+                self._seen[host] = (_NEVER, now)
+                return True
+            return seen[0] == _NEVER and now - seen[1] < START_GRACE_S
         if seen is None or (token and token != seen[0]):
             self._seen[host] = (token or (seen[0] if seen else ""), now)
             return True
-        return now - seen[1] < DEAD_AFTER_S
+        return now - seen[1] < (START_GRACE_S if seen[0] == _NEVER else DEAD_AFTER_S)
 
     def decider(self, roster: Roster | None = None, now: float | None = None) -> str | None:
         """Who decides: the first live agent in ``roster`` order (training nodes, then spares); with

@@ -140,6 +140,7 @@ class SaveSchedule:
             interval_steps = _steps(interval_s, step_s)
         base = self._last_save_step if self._last_save_step is not None else self.start_step
         next_step = step if interval_steps == 0 else max(base + interval_steps, step + 1)
+        interval_s = _round(interval_s)  # what the ledger keeps: `status` derives the loss from it
         loss = expected_loss_per_failure_s(interval_s) if interval_s else None
         waste = expected_waste_share(interval_s, cost, p.mtbf_s) if interval_s and cost is not None else None
         return {
