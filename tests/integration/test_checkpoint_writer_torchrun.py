@@ -257,3 +257,35 @@ def test_every_steps_auto_measures_a_background_save_of_the_process_writer(root:
     check_decisions(decisions, saved, 1.44)
     assert all(e["writer"] == "process" for e in events(run, CHECKPOINT_SAVED) if not e["blocking"])
     check_status(run, decisions[-1])
+
+
+def test_a_settled_background_save_is_the_measured_save_the_stop_lead_keeps_room_for(
+    root: Path, data: Path
+) -> None:
+    """Issue 25 (6): an attempt whose only save so far ran in the background stopped for its
+    deadline with the plan's estimate of a save, and on a loaded machine saved past the walltime.
+    The settled background save is a measured save from the step it settles; `stopped` says the
+    lead and the save it kept room for."""
+    run = h.make_run(
+        root,
+        "lead",
+        data,
+        ["checkpoint.every_steps=20", "train.steps=100000", "testing.step_sleep_s=0.2"],
+    )
+    proc = h.start(run)
+    try:
+        wait_until(
+            lambda: any(not e["blocking"] for e in events(run, CHECKPOINT_SAVED)) or proc.poll() is not None,
+            what="the first background save",
+            timeout=600,
+        )
+    finally:
+        write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
+        _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    (stopped,) = events(run, "stopped")
+    saved = events(run, CHECKPOINT_SAVED)
+    first_blocking = min(e["step"] for e in saved if e["blocking"])
+    assert first_blocking == stopped["step"]  # no blocking save before the stop's own
+    assert stopped["save_s"] is not None and stopped["save_s"] > 0, stopped
+    assert stopped["lead_s"] is None  # no scheduler clock here: no deadline

@@ -115,6 +115,15 @@ class StopController:
             return None
         return self.clock.stop_lead(save_s=self.save_s, step_s=self._step_time_s, check_every=self.k)
 
+    def lead_fields(self) -> dict[str, float | None]:
+        """For the ``stopped`` event: the lead in force and the measured save it kept room for
+        (``save_s`` None: the plan's estimate, no save measured in this attempt yet)."""
+        lead = self.lead_s
+        return {
+            "lead_s": None if lead is None else round(lead, 3),
+            "save_s": None if self.save_s is None else round(self.save_s, 3),
+        }
+
     def _local_causes(self) -> list[int]:
         """[requests, signal, deadline] as seen by this rank."""
         requested = 0
