@@ -690,3 +690,24 @@ def test_the_history_counts_in_place_restarts_and_replacements_in_their_budgets(
     ]
     h = History.from_events(events)
     assert (h.crash_retries, h.hang_retries, h.node_excludes, h.excluded) == (1, 1, 1, ("n2",))
+
+
+def test_budgets_are_an_enum_recorded_as_their_names_and_an_unknown_one_spends_nothing() -> None:
+    """Issue 27: retry budgets were strings ("requeue", "crash", ...) compared by hand."""
+    import json
+
+    from hpclaunch.jobs.decide import History
+    from hpclaunch.rundir.cause import Budget
+
+    d = decide(Facts(None), History(), BUDGETS, can_exclude_nodes=True)
+    assert d.counts_as is Budget.CRASH and json.dumps({"counts_as": d.counts_as}) == '{"counts_as": "crash"}'
+    assert {c.budget for c in Cause} == {*Budget, None}
+    assert [b for b in Budget if not b.after_failure] == [Budget.REQUEUE]
+    events = [
+        {"event": "requeued", "cause": "crash", "counts_as": "crash"},
+        {"event": "requeued", "cause": "crash", "counts_as": "a-budget-from-a-later-version"},
+        {"event": "requeued", "cause": "timeout"},  # written before counts_as was recorded
+        {"event": "requeued", "cause": "hang", "counts_as": "hang"},
+    ]
+    h = History.from_events(events)
+    assert (h.requeues, h.crash_retries, h.hang_retries) == (1, 1, 1)

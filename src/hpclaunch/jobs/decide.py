@@ -49,7 +49,7 @@ from ..rundir import (
     SUBMITTING,
     AttemptOutcome,
 )
-from ..rundir.cause import Cause, UnknownCause
+from ..rundir.cause import Budget, Cause, UnknownCause
 
 if TYPE_CHECKING:
     from ..rundir import JobPlan
@@ -126,7 +126,7 @@ class History:
 
     @classmethod
     def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
-        spent = {"requeue": 0, "crash": 0, "hang": 0}
+        spent = dict.fromkeys(Budget, 0)
         excludes = 0
         excluded: list[str] = []
         ended: str | None = None
@@ -137,15 +137,15 @@ class History:
             # `submitting` is written before the scheduler is asked, `submitted` once it answered:
             # an attempt may start in between, and must already see the run started again.
             if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
-                spent = {"requeue": 0, "crash": 0, "hang": 0}
+                spent = dict.fromkeys(Budget, 0)
                 excludes, excluded, ended, suspected, failures = 0, [], None, {}, []
             elif kind in (SUBMITTING, SUBMITTED):
                 ended = None  # `submit --resume` starts the run again; budgets carry on
             elif kind == REQUEUED:
                 budget = _budget_of(e)
-                if budget in spent:
+                if budget is not None and budget is not Budget.NODE:  # node: counted by exclusions
                     spent[budget] += 1
-                if budget in FAILURE_BUDGETS:
+                if budget is not None and budget.after_failure:
                     step = e.get("checkpoint")
                     failures.append(int(step) if isinstance(step, int) else None)
                 else:
@@ -158,9 +158,9 @@ class History:
             elif kind in RUN_ENDS:
                 ended = str(kind)
         return cls(
-            spent["requeue"],
-            spent["crash"],
-            spent["hang"],
+            spent[Budget.REQUEUE],
+            spent[Budget.CRASH],
+            spent[Budget.HANG],
             excludes,
             tuple(dict.fromkeys(excluded)),
             ended,
@@ -169,15 +169,11 @@ class History:
         )
 
 
-# The budgets of continuations after a failure (not a stop the allocation's end asked for).
-FAILURE_BUDGETS = frozenset(("crash", "hang", "node"))
-
-
-def _budget_of(event: Mapping[str, Any]) -> str | None:
-    """The budget a recorded continuation spent (a cause this version does not know spends none:
-    it cannot be counted against a budget nobody defined)."""
+def _budget_of(event: Mapping[str, Any]) -> Budget | None:
+    """The budget a recorded continuation spent (a cause or budget this version does not know
+    spends none: it cannot be counted against a budget nobody defined)."""
     if event.get("counts_as"):  # what the decision said it spent (a crash that evicted a node: node)
-        return str(event["counts_as"])
+        return Budget.parse_optional(event["counts_as"])
     try:
         cause = Cause.parse_optional(event.get("cause"))
     except UnknownCause:
@@ -211,7 +207,7 @@ class Decision:
     cause: Cause | None  # finished -> None; else the cause kept all the way to `status`
     reason: str  # one line, the user's words
     exclude: tuple[str, ...] = ()
-    counts_as: str | None = None  # the budget this continuation spends: requeue | crash | hang | node
+    counts_as: Budget | None = None  # the budget this continuation spends
     in_place: bool = False  # CONTINUE: the agents of this allocation start the next attempt
     replace: tuple[tuple[str, str], ...] = ()  # in place: (failed node, the spare taking its place)
     suspect: str | None = None  # the node a crash was pinned on (counted: a second time evicts it)
@@ -375,7 +371,7 @@ def _evict_suspect(
             Action.CONTINUE,
             cause,
             f"{what}; restarting in place, {spare} taking the place of {node}",
-            counts_as="node",
+            counts_as=Budget.NODE,
             in_place=True,
             replace=((node, spare),),
         )
@@ -385,7 +381,7 @@ def _evict_suspect(
             cause,
             f"{what}; continuing without {node}",
             exclude=tuple(sorted({*history.excluded, node})),
-            counts_as="node",
+            counts_as=Budget.NODE,
         )
     return None
 
@@ -441,7 +437,7 @@ def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -
             Action.CONTINUE,
             Cause.HANG,
             f"{what}; restarting in place from the last checkpoint, {spare} taking the place of {node}",
-            counts_as="hang",
+            counts_as=Budget.HANG,
             in_place=True,
             replace=((node, spare),),
         )
@@ -451,18 +447,18 @@ def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -
             Cause.HANG,
             f"{what}; continuing from the last checkpoint without {node}",
             exclude=tuple(sorted({*history.excluded, node})),
-            counts_as="hang",
+            counts_as=Budget.HANG,
         )
     if facts.in_place_ok:
         return Decision(
             Action.CONTINUE,
             Cause.HANG,
             f"{what}; restarting in place from the last checkpoint",
-            counts_as="hang",
+            counts_as=Budget.HANG,
             in_place=True,
         )
     return Decision(
-        Action.CONTINUE, Cause.HANG, f"{what}; continuing from the last checkpoint", counts_as="hang"
+        Action.CONTINUE, Cause.HANG, f"{what}; continuing from the last checkpoint", counts_as=Budget.HANG
     )
 
 
@@ -483,7 +479,7 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
             Action.CONTINUE,
             Cause.NODE_FAILURE,
             f"{what}; restarting in place, {took}",
-            counts_as="node",
+            counts_as=Budget.NODE,
             in_place=True,
             replace=pairs,
         )
@@ -499,7 +495,7 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
         Cause.NODE_FAILURE,
         f"{what}; continuing without {', '.join(nodes)}",
         exclude=tuple(sorted({*history.excluded, *nodes})),
-        counts_as="node",
+        counts_as=Budget.NODE,
     )
 
 

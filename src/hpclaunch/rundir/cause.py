@@ -18,6 +18,37 @@ class UnknownCause(ValueError):
     """A cause value that is not one of ``Cause``'s."""
 
 
+class Budget(str, Enum):
+    """The retry budget a continuation spends, as recorded (``counts_as``): requeue
+    (scheduler.max_requeues), crash (max_failure_retries), hang (max_hang_retries), node
+    (preflight.max_node_excludes)."""
+
+    REQUEUE = "requeue"
+    CRASH = "crash"
+    HANG = "hang"
+    NODE = "node"
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def after_failure(self) -> bool:
+        """A failure's budget, not one a stop the allocation's end asked for spends."""
+        return self is not Budget.REQUEUE
+
+    @classmethod
+    def parse_optional(cls, value: object) -> Budget | None:
+        """The budget recorded as ``value``; None when absent or one this version does not know (it
+        cannot be counted against a budget nobody defined)."""
+        try:
+            return None if value is None or value == "" else cls(str(value))
+        except ValueError:
+            return None
+
+
 class Cause(str, Enum):
     # The allocation ends or the user asks: every rank stops after the same step and saves.
     TIMEOUT = "timeout"
@@ -68,7 +99,7 @@ class Cause(str, Enum):
         return self in (Cause.TRAINING, Cause.DATA)
 
     @property
-    def budget(self) -> str | None:
+    def budget(self) -> Budget | None:
         """The budget a continuation for this cause spends (``None``: it is never continued)."""
         return _BUDGETS.get(self)
 
@@ -80,16 +111,14 @@ class Cause(str, Enum):
 
 STOP_CAUSES = (Cause.TIMEOUT, Cause.PREEMPTION, Cause.USER)
 
-# Budgets: requeue (scheduler.max_requeues), crash (max_failure_retries), hang (max_hang_retries),
-# node (preflight.max_node_excludes).
 _BUDGETS = {
-    Cause.TIMEOUT: "requeue",
-    Cause.PREEMPTION: "requeue",
-    Cause.USER: "requeue",
-    Cause.CRASH: "crash",
-    Cause.FILESYSTEM: "crash",
-    Cause.HANG: "hang",
-    Cause.NODE_FAILURE: "node",
+    Cause.TIMEOUT: Budget.REQUEUE,
+    Cause.PREEMPTION: Budget.REQUEUE,
+    Cause.USER: Budget.REQUEUE,
+    Cause.CRASH: Budget.CRASH,
+    Cause.FILESYSTEM: Budget.CRASH,
+    Cause.HANG: Budget.HANG,
+    Cause.NODE_FAILURE: Budget.NODE,
 }
 
 _WORDS = {
