@@ -44,11 +44,8 @@ from ..rundir import (
     CANCELLED,
     FAILED,
     HANG,
-    NCCL_PRESET,
-    NODE_EXCLUDED,
     NODE_PREFLIGHT,
     NODE_REPLACED,
-    REFUSED,
     STARTED,
     Heartbeat,
     JobPlan,
@@ -61,16 +58,16 @@ from ..rundir import (
 )
 from ..rundir.cause import Cause
 from ..rundir.control import take_user_stop
-from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
-from ..rundir.lock import liveness
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
-from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
-from ..schedulers.nodes import interface_of, rendezvous_address
 from ..schedulers.registry import get_scheduler
+from .admission import admit
+from .agent_records import decision_fields, started_fields
 from .allocation import BEAT_S, REPORT_GRACE_S, Allocation, Roster, await_reports
+from .attempt_env import rank_host_environment, rank_request
 from .attribution import Suspicion, suspect
+from .carry_out import cancelled_meanwhile, carry_out
 from .chain import after_attempt
 from .decide import (
     Action,
@@ -79,14 +76,11 @@ from .decide import (
     Facts,
     History,
     decide,
-    decide_start,
-    decide_unended,
-    unended_attempt,
 )
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
-from .watchdog import Verdict, Watchdog, flight_recorder_env, startup_hang, stop_workers
+from .watchdog import Verdict, Watchdog, startup_hang, stop_workers
 
 POLL_S = 0.2
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
@@ -223,56 +217,17 @@ class NodeAgent:
 
     def _may_run(self) -> str | None:
         """None, or why this attempt does not run (recorded; the run is left untouched)."""
-        events = self.ledger.events()
-        withdraw = decide_start(History.from_events(events))
-        if withdraw is not None:
-            done = self.scheduler.withdraw(self.paths, self.ctx)
-            self._record(withdraw, note=done)
-            return withdraw.reason
-        holder = self.lock.read()
-        # "" is a submission that has not learned its job id yet: this job, just started.
-        ours = holder is None or holder.job_id in ("", self.ctx.job_id)
-        live = liveness(holder, is_active=self._active) if holder is not None and not ours else None
-        if holder is not None and live is not None and live.alive:
-            reason = f"the run directory is held by {holder.describe()} ({live.why}); this attempt does not touch it"
-            self.ledger.append(REFUSED, reason=reason, holder=holder.job_id)
-            print(f"hpclaunch: {reason}", file=sys.stderr, flush=True)
-            return reason
-        if holder is None or holder.job_id != self.ctx.job_id or holder.role not in ("controller", "train"):
-            # (else the local controller / the foreground command holds it for this job)
-            self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
-        return self._settle_unended(events)
-
-    def _settle_unended(self, events: list[dict[str, Any]]) -> str | None:
-        """The attempt before this one may have no decision: its agents were killed first (the
-        scheduler's SIGKILL after its kill wait, a dead node 0). It is decided now, once, as the
-        preemption it was, so its requeue is counted; when that spends more than the budget the run
-        fails and this attempt is withdrawn (None: this attempt runs)."""
-        previous = unended_attempt(events, self.attempt)
-        if previous is None:
-            return None
-        decision = decide_unended(previous, History.from_events(events), Budgets.from_plan(self.plan))
-        continued = decision.action is Action.CONTINUE
-        self._record(
-            decision,
-            job_id=self.ctx.job_id if continued else None,
-            by="scheduler",
-            ledger=Ledger(self.paths, role="agent", attempt=previous, node=self.ctx.node_rank),
+        admission = admit(
+            paths=self.paths,
+            plan=self.plan,
+            ctx=self.ctx,
+            scheduler=self.scheduler,
+            ledger=self.ledger,
+            lock=self.lock,
+            record=self._record,
         )
-        if continued:
-            return None
-        withdraw = decide_start(History(ended=decision.event))  # the run has just ended: failed
-        assert withdraw is not None
-        self._record(withdraw, note=self.scheduler.withdraw(self.paths, self.ctx))
-        self._release_lock(None)
-        self.holder = None
-        return withdraw.reason  # (agent_main tells the runs chained after this one)
-
-    def _active(self, holder: LockHolder) -> bool | None:
-        try:
-            return get_scheduler(holder.scheduler).status(self.paths, holder.job_id).active
-        except (HpclaunchError, ValueError):
-            return None  # cannot ask: the lock assumes the other writer is alive
+        self.holder = admission.holder
+        return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------
 
@@ -305,66 +260,12 @@ class NodeAgent:
     def _start_host(self) -> RankHost:
         quiet = os.environ.get(FOREGROUND_VAR) == "1"
         return RankHost(
-            self.plan.python, self._environment(), self.paths.root, self.sink, echo_stderr=not quiet
+            self.plan.python,
+            rank_host_environment(self.plan, self.cfg, self.ctx, self.scheduler, self.paths, self.ledger),
+            self.paths.root,
+            self.sink,
+            echo_stderr=not quiet,
         )
-
-    def _environment(self) -> dict[str, str]:
-        """The rank host's environment, the same for every attempt of this allocation."""
-        env = dict(os.environ)
-        # The batch script exports these too, but launchers such as pbsdsh start agents with a
-        # minimal environment: the plan is the source of truth.
-        env.update(self.plan.env)
-        env.update(self._nccl_env())
-        if self.ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
-            # gloo advertises the address its hostname resolves to, which may be loopback or a
-            # network the other nodes cannot reach; pin it to the interface of our own address.
-            iface = interface_of(self.scheduler.node_address(self.ctx.hostname))
-            if iface:
-                env["GLOO_SOCKET_IFNAME"] = iface
-        env[RUN_DIR_VAR] = str(self.paths.root)
-        env[JOIN_STDERR_VAR] = "1"
-        env[NODE_NAME_VAR] = self.ctx.hostname  # ranks report their node as the scheduler names it
-        env.pop("SUBMITIT_EXECUTOR", None)
-        return env
-
-    def _attempt_env(self) -> dict[str, str]:
-        """What only this attempt's ranks see: its key, its clock, where its flight record goes."""
-        env = {ATTEMPT_VAR: self.attempt}
-        if self.ctx.clock is not None:
-            env.update(self.ctx.clock.to_env())
-        if self.plan.backend == "nccl" and self.cfg.nccl.preset != "none":
-            env.update(flight_recorder_env(self.paths, self.attempt))
-        return env
-
-    def _nccl_env(self) -> dict[str, str]:
-        if self.plan.backend != "nccl":
-            return {}
-        from ..nccl import nccl_environment
-
-        resolved = nccl_environment(self.cfg.nccl)
-        self.ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=dict(resolved.env))
-        return dict(resolved.env)
-
-    def _request(self) -> dict[str, Any]:
-        """This node's part of the attempt, for its rank host (torch's elastic launcher)."""
-        nodes = len(self.roster.training)
-        request: dict[str, Any] = {
-            "run_id": self.attempt,
-            "nnodes": nodes,
-            "nproc": self.plan.torchrun.nproc_per_node,
-            "run_dir": str(self.paths.root),
-            "log_dir": str(self.paths.attempt_logs(self.attempt) / f"elastic-node{self.ctx.node_rank}"),
-            "env": self._attempt_env(),
-        }
-        if nodes > 1:
-            head = self.roster.training[0]
-            port = rdzv_port_for(self.attempt, self.plan.torchrun.rdzv_port)
-            request["rdzv_endpoint"] = f"{rendezvous_address(self.ctx, self.scheduler, head)}:{port}"
-            # Who hosts the c10d store is decided here, not by hostname matching, which fails when
-            # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).
-            request["rdzv_configs"] = {"is_host": self.ctx.hostname == head, "join_timeout": 600}
-            request["local_addr"] = self.scheduler.node_address(self.ctx.hostname)
-        return request
 
     def _run_attempt(self) -> dict[str, Any]:
         """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
@@ -375,7 +276,15 @@ class NodeAgent:
             self.host = self._start_host()
             if not self.host.wait_ready(HOST_READY_S):
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
-        request = self._request()
+        request = rank_request(
+            self.attempt,
+            plan=self.plan,
+            cfg=self.cfg,
+            ctx=self.ctx,
+            scheduler=self.scheduler,
+            paths=self.paths,
+            roster=self.roster,
+        )
         self.sink.switch(
             self.paths.node_log(self.attempt, self.ctx.node_rank),
             f"# hpclaunch attempt {self.attempt} node {self.ctx.node_rank} ({self.ctx.hostname}): "
@@ -595,53 +504,23 @@ class NodeAgent:
         self._record_started(previous=record["attempt"])
 
     def _record_started(self, previous: str | None = None) -> None:
-        fields: dict[str, Any] = {
-            "scheduler": self.ctx.scheduler,
-            "job_id": self.ctx.job_id,
-            "restart_count": self.ctx.restart_count,
-            "nodes": self.ctx.num_nodes,
-            "hosts": list(self.ctx.hosts),
-            "world_size": self.plan.world_size,
-            "end_time": self.ctx.end_time,
-            "clock": self.ctx.clock.to_json() if self.ctx.clock is not None else None,
-        }
-        if previous is not None:
-            fields.update(in_place=True, previous=previous, roster=self.roster.to_json())
-        self.ledger.append(STARTED, **fields)
+        self.ledger.append(
+            STARTED, **started_fields(self.ctx, self.plan, roster=self.roster, previous=previous)
+        )
 
     def _carry_out(self, decision: Decision) -> int:
         """Do what ``decision`` says through the scheduler; record it; the agent's exit code."""
-        decision = self._unless_cancelled_meanwhile(decision)
-        code = 0
-        job_id = None
-        by = "agent"
-        try:
-            if decision.action is Action.CONTINUE:
-                cont = self.scheduler.continue_job(self.plan, self.paths, self.ctx)
-                code, job_id, by = cont.exit_code, cont.job_id, cont.by
-            elif decision.action is Action.EXCLUDE:
-                self.ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
-                cont = self.scheduler.exclude_nodes(self.plan, self.paths, self.ctx, list(decision.exclude))
-                code, job_id = cont.exit_code, cont.job_id
-            elif decision.action is Action.FAIL:
-                code = 1
-        except HpclaunchError as e:
-            # A scancel that lands while the requeue is asked for makes the requeue fail: it was a
-            # cancellation, not a failure to continue.
-            late = self._unless_cancelled_meanwhile(decision)
-            if late is not decision:
-                self._record(late)
-                self._release_lock(None)
-                return 0
-            failed = Decision(
-                Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
-            )
-            self._record(failed)
-            self._release_lock(None)
-            return 1
-        self._record(decision, job_id=job_id, by=by)
-        self._release_lock(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
-        return code
+        return carry_out(
+            decision,
+            scheduler=self.scheduler,
+            plan=self.plan,
+            paths=self.paths,
+            ctx=self.ctx,
+            ledger=self.ledger,
+            recheck=self._unless_cancelled_meanwhile,
+            record=self._record,
+            release=self._release_lock,
+        )
 
     def _record(
         self,
@@ -655,39 +534,16 @@ class NodeAgent:
     ) -> None:
         """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
         for an attempt that could not) and say it on stderr."""
-        fields = decision.ledger_fields()
-        if self.outcome is not None and self.outcome.step is not None:
-            fields["step"] = self.outcome.step  # the step the attempt reached (finished: the last)
-        if job_id is not None:
-            fields["job_id"] = job_id
-        if decision.action in (Action.CONTINUE, Action.EXCLUDE):
-            fields["by"] = by
-            fields["in_place"] = decision.in_place
-            if decision.counts_as:
-                fields["counts_as"] = decision.counts_as
-        if decision.replace:
-            fields["replaced"] = dict(decision.replace)
-        if decision.suspect:
-            fields["suspect"] = decision.suspect
-        if decision.action in (Action.CONTINUE, Action.EXCLUDE) and self.newest_checkpoint is not None:
-            fields["checkpoint"] = self.newest_checkpoint  # what the continuation resumes from
-        if note:
-            fields["note"] = note
-        if (
-            self.ctx.scheduler != "slurm"
-            and decision.cause is Cause.NODE_FAILURE
-            and decision.action is Action.FAIL
-        ):
-            fields["note"] = f"{self.ctx.scheduler} cannot keep a continuation off a node"
-        if (
-            decision.cause is Cause.HANG
-            and decision.action is Action.CONTINUE
-            and not decision.in_place
-            and not self.scheduler.can_exclude_nodes
-        ):
-            fields["note"] = (
-                f"{self.ctx.scheduler} cannot keep a continuation off a node: it may run where it hung"
-            )
+        fields = decision_fields(
+            decision,
+            scheduler=self.ctx.scheduler,
+            can_exclude_nodes=self.scheduler.can_exclude_nodes,
+            step=self.outcome.step if self.outcome is not None else None,
+            newest_checkpoint=self.newest_checkpoint,
+            job_id=job_id,
+            by=by,
+            note=note,
+        )
         fields.update(extra)
         (ledger or self.ledger).append(decision.event, **fields)
         print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
@@ -703,23 +559,17 @@ class NodeAgent:
                 self.lock.release(self.holder)
 
     def _unless_cancelled_meanwhile(self, decision: Decision) -> Decision:
-        """A cancellation (scancel, qdel) that arrives after the attempt ended but before its
-        continuation is asked for is still a cancellation: the SIGTERM that says so is read again
-        here, and so is the ledger (``hpclaunch cancel``), right before the scheduler is asked."""
+        """The decision again right before the scheduler is asked: the SIGTERM of a cancellation
+        (scancel, qdel) is read again here, and so is the ledger (``hpclaunch cancel``)."""
         if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
             return decision
         if self.cfg.testing.pause_before_continue_s:
             time.sleep(self.cfg.testing.pause_before_continue_s)
         self.relay.handle_signals()
         events = self.ledger.events()
-        started = self._started_at(events)
-        if self.relay.cancelled or any(
-            e.get("event") == CANCELLED and (e.get("ts") or 0) >= started for e in events
-        ):
-            return Decision(
-                Action.END, Cause.CANCELLED, "cancelled before it could continue; never continued"
-            )
-        return decision
+        return cancelled_meanwhile(
+            decision, signalled=self.relay.cancelled, events=events, started_at=self._started_at(events)
+        )
 
 
 def agent_main(run_dir: str) -> int:

@@ -1,0 +1,79 @@
+"""What a node agent records about an attempt: its start, and the decision on it (one place for the
+fields every reader of the ledger relies on: status, accounting, report, the next decision).
+
+Pure: the fields are computed here, appended by the agent (``NodeAgent._record``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..rundir import JobPlan
+from ..rundir.cause import Cause
+from ..schedulers.base import NodeContext
+from .allocation import Roster
+from .decide import Action, Decision
+
+
+def started_fields(
+    ctx: NodeContext, plan: JobPlan, *, roster: Roster | None = None, previous: str | None = None
+) -> dict[str, Any]:
+    """The ``started`` event of an attempt (``previous``: the attempt it restarts in place, on
+    ``roster``)."""
+    fields: dict[str, Any] = {
+        "scheduler": ctx.scheduler,
+        "job_id": ctx.job_id,
+        "restart_count": ctx.restart_count,
+        "nodes": ctx.num_nodes,
+        "hosts": list(ctx.hosts),
+        "world_size": plan.world_size,
+        "end_time": ctx.end_time,
+        "clock": ctx.clock.to_json() if ctx.clock is not None else None,
+    }
+    if previous is not None:
+        fields.update(in_place=True, previous=previous, roster=roster.to_json() if roster else None)
+    return fields
+
+
+def decision_fields(
+    decision: Decision,
+    *,
+    scheduler: str,
+    can_exclude_nodes: bool,
+    step: int | None = None,
+    newest_checkpoint: int | None = None,
+    job_id: str | None = None,
+    by: str = "agent",
+    note: str = "",
+) -> dict[str, Any]:
+    """The fields of the event that records ``decision`` (``step``: the step the attempt reached;
+    ``newest_checkpoint``: what a continuation resumes from)."""
+    fields = decision.ledger_fields()
+    continues = decision.action in (Action.CONTINUE, Action.EXCLUDE)
+    if step is not None:
+        fields["step"] = step
+    if job_id is not None:
+        fields["job_id"] = job_id
+    if continues:
+        fields["by"] = by
+        fields["in_place"] = decision.in_place
+        if decision.counts_as:
+            fields["counts_as"] = decision.counts_as
+    if decision.replace:
+        fields["replaced"] = dict(decision.replace)
+    if decision.suspect:
+        fields["suspect"] = decision.suspect
+    if continues and newest_checkpoint is not None:
+        fields["checkpoint"] = newest_checkpoint
+    if note:
+        fields["note"] = note
+    if scheduler != "slurm" and decision.cause is Cause.NODE_FAILURE and decision.action is Action.FAIL:
+        fields["note"] = f"{scheduler} cannot keep a continuation off a node"
+    if (
+        decision.cause is Cause.HANG
+        and decision.action is Action.CONTINUE
+        and not decision.in_place
+        and not can_exclude_nodes
+    ):
+        fields["note"] = f"{scheduler} cannot keep a continuation off a node: it may run where it hung"
+    return fields

@@ -1,0 +1,94 @@
+"""What a node agent hands its rank host: the environment (the same for every attempt of the
+allocation) and each attempt's request (how many nodes, the rendezvous, what only that attempt's
+ranks see)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..config import RunConfig
+from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
+from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
+from ..rundir.plan import rdzv_port_for
+from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.nodes import interface_of, rendezvous_address
+from .allocation import Roster
+from .watchdog import flight_recorder_env
+
+
+def rank_host_environment(
+    plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler, paths: RunPaths, ledger: Ledger
+) -> dict[str, str]:
+    """The rank host's environment, the same for every attempt of this allocation (the NCCL preset
+    it resolves is recorded)."""
+    env = dict(os.environ)
+    # The batch script exports these too, but launchers such as pbsdsh start agents with a
+    # minimal environment: the plan is the source of truth.
+    env.update(plan.env)
+    env.update(_nccl_env(plan, cfg, ledger))
+    if ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
+        # gloo advertises the address its hostname resolves to, which may be loopback or a
+        # network the other nodes cannot reach; pin it to the interface of our own address.
+        iface = interface_of(scheduler.node_address(ctx.hostname))
+        if iface:
+            env["GLOO_SOCKET_IFNAME"] = iface
+    env[RUN_DIR_VAR] = str(paths.root)
+    env[JOIN_STDERR_VAR] = "1"
+    env[NODE_NAME_VAR] = ctx.hostname  # ranks report their node as the scheduler names it
+    env.pop("SUBMITIT_EXECUTOR", None)
+    return env
+
+
+def _nccl_env(plan: JobPlan, cfg: RunConfig, ledger: Ledger) -> dict[str, str]:
+    if plan.backend != "nccl":
+        return {}
+    from ..nccl import nccl_environment
+
+    resolved = nccl_environment(cfg.nccl)
+    ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=dict(resolved.env))
+    return dict(resolved.env)
+
+
+def attempt_env(
+    attempt: str, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, paths: RunPaths
+) -> dict[str, str]:
+    """What only this attempt's ranks see: its key, its clock, where its flight record goes."""
+    env = {ATTEMPT_VAR: attempt}
+    if ctx.clock is not None:
+        env.update(ctx.clock.to_env())
+    if plan.backend == "nccl" and cfg.nccl.preset != "none":
+        env.update(flight_recorder_env(paths, attempt))
+    return env
+
+
+def rank_request(
+    attempt: str,
+    *,
+    plan: JobPlan,
+    cfg: RunConfig,
+    ctx: NodeContext,
+    scheduler: Scheduler,
+    paths: RunPaths,
+    roster: Roster,
+) -> dict[str, Any]:
+    """This node's part of the attempt, for its rank host (torch's elastic launcher): the roster's
+    first training node hosts the rendezvous."""
+    nodes = len(roster.training)
+    request: dict[str, Any] = {
+        "run_id": attempt,
+        "nnodes": nodes,
+        "nproc": plan.torchrun.nproc_per_node,
+        "run_dir": str(paths.root),
+        "log_dir": str(paths.attempt_logs(attempt) / f"elastic-node{ctx.node_rank}"),
+        "env": attempt_env(attempt, plan, cfg, ctx, paths),
+    }
+    if nodes > 1:
+        head = roster.training[0]
+        port = rdzv_port_for(attempt, plan.torchrun.rdzv_port)
+        request["rdzv_endpoint"] = f"{rendezvous_address(ctx, scheduler, head)}:{port}"
+        # Who hosts the c10d store is decided here, not by hostname matching, which fails when
+        # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).
+        request["rdzv_configs"] = {"is_host": ctx.hostname == head, "join_timeout": 600}
+        request["local_addr"] = scheduler.node_address(ctx.hostname)
+    return request

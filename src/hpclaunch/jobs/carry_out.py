@@ -1,0 +1,83 @@
+"""Carrying a decision out through the scheduler: requeue or continuation job, a job without the
+excluded nodes, or nothing (the run ends); and the cancellation that lands meanwhile.
+
+``carry_out`` is the node agent's last act in an allocation whose attempt is continued through the
+scheduler (the rescue job has its own, ``jobs.rescue``). It records what was done and hands the
+run lock to the job that continues the run, or releases it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+from ..errors import HpclaunchError
+from ..rundir import CANCELLED, NODE_EXCLUDED, JobPlan, Ledger, RunPaths
+from ..rundir.cause import Cause
+from ..schedulers.base import NodeContext, Scheduler
+from .decide import Action, Decision
+
+
+class Recorder(Protocol):
+    def __call__(self, decision: Decision, *, job_id: str | None = None, by: str = "agent") -> None: ...
+
+
+def cancelled_meanwhile(
+    decision: Decision, *, signalled: bool, events: Iterable[Mapping[str, Any]], started_at: float
+) -> Decision:
+    """A cancellation (scancel, qdel: ``signalled``; ``hpclaunch cancel``: a ``cancelled`` event
+    since the attempt started) that arrives after the attempt ended but before its continuation
+    is asked for is still a cancellation: the decision to continue becomes an end."""
+    if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
+        return decision
+    if signalled or any(e.get("event") == CANCELLED and (e.get("ts") or 0) >= started_at for e in events):
+        return Decision(Action.END, Cause.CANCELLED, "cancelled before it could continue; never continued")
+    return decision
+
+
+def carry_out(
+    decision: Decision,
+    *,
+    scheduler: Scheduler,
+    plan: JobPlan,
+    paths: RunPaths,
+    ctx: NodeContext,
+    ledger: Ledger,
+    recheck: Callable[[Decision], Decision],
+    record: Recorder,
+    release: Callable[[str | None], None],
+) -> int:
+    """Do what ``decision`` says through ``scheduler``; record it; the agent's exit code.
+    ``recheck``: the decision again right before the scheduler is asked (a cancellation meanwhile);
+    ``release``: hand the run lock to the next job (its id) or release it (None)."""
+    decision = recheck(decision)
+    code = 0
+    job_id = None
+    by = "agent"
+    try:
+        if decision.action is Action.CONTINUE:
+            cont = scheduler.continue_job(plan, paths, ctx)
+            code, job_id, by = cont.exit_code, cont.job_id, cont.by
+        elif decision.action is Action.EXCLUDE:
+            ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
+            cont = scheduler.exclude_nodes(plan, paths, ctx, list(decision.exclude))
+            code, job_id = cont.exit_code, cont.job_id
+        elif decision.action is Action.FAIL:
+            code = 1
+    except HpclaunchError as e:
+        # A scancel that lands while the requeue is asked for makes the requeue fail: it was a
+        # cancellation, not a failure to continue.
+        late = recheck(decision)
+        if late is not decision:
+            record(late)
+            release(None)
+            return 0
+        failed = Decision(
+            Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
+        )
+        record(failed)
+        release(None)
+        return 1
+    record(decision, job_id=job_id, by=by)
+    release(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
+    return code

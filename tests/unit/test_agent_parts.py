@@ -1,0 +1,243 @@
+"""The node agent's parts that left ``jobs/agent.py`` (issue 27): admission, the records of a
+decision, carrying it out, and what the rank host is handed. Each is driven here without an agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hpclaunch.config import RunConfig, load_config
+from hpclaunch.errors import HpclaunchError
+from hpclaunch.jobs.admission import admit
+from hpclaunch.jobs.agent_records import decision_fields, started_fields
+from hpclaunch.jobs.allocation import Roster
+from hpclaunch.jobs.attempt_env import attempt_env, rank_request
+from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
+from hpclaunch.jobs.decide import Action, Decision
+from hpclaunch.orchestrator.plan import build
+from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
+from hpclaunch.rundir.cause import Budget, Cause
+from hpclaunch.rundir.env import ATTEMPT_VAR
+from hpclaunch.schedulers.base import NodeContext
+
+pytestmark = pytest.mark.fast
+
+HOSTS = ("n1", "n2", "n3")
+CONTINUE = Decision(Action.CONTINUE, Cause.TIMEOUT, "the time limit", counts_as=Budget.REQUEUE)
+
+
+def ctx(scheduler: str = "local", job: str = "7", rank: int = 0) -> NodeContext:
+    return NodeContext(scheduler, job, rank, len(HOSTS), HOSTS[rank], HOSTS)
+
+
+# ---- records --------------------------------------------------------------------------------------
+
+
+def test_a_continuation_records_who_continued_what_it_spent_and_what_it_resumes_from() -> None:
+    fields = decision_fields(
+        CONTINUE,
+        scheduler="slurm",
+        can_exclude_nodes=True,
+        step=40,
+        newest_checkpoint=30,
+        job_id="8",
+        by="scheduler",
+    )
+    assert (fields["step"], fields["job_id"], fields["by"], fields["checkpoint"]) == (
+        40,
+        "8",
+        "scheduler",
+        30,
+    )
+    assert fields["counts_as"] == "requeue" and fields["in_place"] is False
+
+
+def test_an_end_records_no_continuation_fields_and_says_what_the_scheduler_cannot_do() -> None:
+    fail = Decision(Action.FAIL, Cause.NODE_FAILURE, "n2 died")
+    fields = decision_fields(fail, scheduler="pbs", can_exclude_nodes=False, newest_checkpoint=30)
+    assert "by" not in fields and "checkpoint" not in fields and fields["error"] == "n2 died"
+    assert fields["note"] == "pbs cannot keep a continuation off a node"
+    hang = Decision(Action.CONTINUE, Cause.HANG, "rank 3 hung", counts_as=Budget.HANG)
+    assert (
+        "may run where it hung" in decision_fields(hang, scheduler="local", can_exclude_nodes=False)["note"]
+    )
+    assert "note" not in decision_fields(hang, scheduler="slurm", can_exclude_nodes=True)
+
+
+def test_an_in_place_start_records_its_roster_and_the_attempt_it_follows() -> None:
+    plan = build(RunConfig(), python="python3")
+    first = started_fields(ctx(), plan)
+    assert first["hosts"] == list(HOSTS) and "in_place" not in first
+    later = started_fields(ctx(), plan, roster=Roster(("n3", "n2"), ()), previous="7.0")
+    assert (
+        later["in_place"] is True
+        and later["previous"] == "7.0"
+        and later["roster"]["training"] == ["n3", "n2"]
+    )
+
+
+# ---- carrying a decision out ----------------------------------------------------------------------
+
+
+class Continuations:
+    """A scheduler's continuation calls (what the local scheduler would do, counted or refused)."""
+
+    can_exclude_nodes = True
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.asked: list[str] = []
+
+    def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Any:
+        self.asked.append("continue")
+        if self.fail:
+            raise HpclaunchError("sbatch: error: Batch job submission failed")
+        return type("Cont", (), {"exit_code": 0, "job_id": "8", "by": "scheduler"})()
+
+    def exclude_nodes(self, plan: Any, paths: Any, ctx: Any, nodes: list[str]) -> Any:
+        self.asked.append(f"exclude {nodes}")
+        return type("Cont", (), {"exit_code": 0, "job_id": "9"})()
+
+
+def _carry(
+    tmp_path: Path, decision: Decision, scheduler: Continuations, recheck: Any = None
+) -> tuple[int, list, list]:
+    recorded: list[tuple[Decision, dict[str, Any]]] = []
+    released: list[str | None] = []
+    code = carry_out(
+        decision,
+        scheduler=scheduler,  # type: ignore[arg-type]
+        plan=build(RunConfig(), python="python3"),
+        paths=RunPaths(tmp_path),
+        ctx=ctx(),
+        ledger=Ledger(RunPaths(tmp_path), role="agent", attempt="7.0", node=0),
+        recheck=recheck or (lambda d: d),
+        record=lambda d, **kw: recorded.append((d, kw)),
+        release=released.append,
+    )
+    return code, recorded, released
+
+
+def test_a_continuation_hands_the_lock_to_the_job_that_continues(tmp_path: Path) -> None:
+    code, recorded, released = _carry(tmp_path, CONTINUE, Continuations())
+    assert code == 0 and released == ["8"] and recorded == [(CONTINUE, {"job_id": "8", "by": "scheduler"})]
+    exclude = Decision(Action.EXCLUDE, Cause.NODE_FAILURE, "n2 died", exclude=("n2",))
+    scheduler = Continuations()
+    assert _carry(tmp_path, exclude, scheduler)[2] == ["9"] and scheduler.asked == ["exclude ['n2']"]
+    assert [e["nodes"] for e in read_events(RunPaths(tmp_path)).events if e["event"] == "node_excluded"] == [
+        ["n2"]
+    ]
+
+
+def test_a_continuation_the_scheduler_refuses_fails_the_run_and_releases_the_lock(tmp_path: Path) -> None:
+    code, recorded, released = _carry(tmp_path, CONTINUE, Continuations(fail=True))
+    assert code == 1 and released == [None]
+    ((failed, _),) = recorded
+    assert failed.action is Action.FAIL and "continuing failed: sbatch: error" in failed.reason
+
+
+def test_a_cancellation_while_the_continuation_was_asked_for_is_a_cancellation(tmp_path: Path) -> None:
+    calls = iter([False, True])  # not cancelled before the call; cancelled when it failed
+
+    def recheck(d: Decision) -> Decision:
+        return cancelled_meanwhile(d, signalled=next(calls), events=[], started_at=0.0)
+
+    code, recorded, released = _carry(tmp_path, CONTINUE, Continuations(fail=True), recheck)
+    assert code == 0 and released == [None] and recorded[0][0].cause is Cause.CANCELLED
+
+
+def test_a_cancel_recorded_since_the_attempt_started_turns_a_continuation_into_an_end() -> None:
+    old = [{"event": "cancelled", "ts": 5.0}]
+    assert cancelled_meanwhile(CONTINUE, signalled=False, events=old, started_at=10.0) is CONTINUE
+    new = [{"event": "cancelled", "ts": 12.0}]
+    ended = cancelled_meanwhile(CONTINUE, signalled=False, events=new, started_at=10.0)
+    assert (ended.action, ended.cause) == (Action.END, Cause.CANCELLED)
+    fail = Decision(Action.FAIL, Cause.CRASH, "boom")
+    assert cancelled_meanwhile(fail, signalled=True, events=new, started_at=0.0) is fail
+
+
+# ---- admission (node 0) ------------------------------------------------------------------------------------
+
+
+class Withdrawals:
+    can_exclude_nodes = True
+
+    def withdraw(self, paths: Any, ctx: Any) -> str:
+        return "job 7 withdrawn"
+
+
+def _admit(tmp_path: Path, job: str = "7") -> tuple[Any, list[tuple[Decision, dict[str, Any]]]]:
+    paths = RunPaths(tmp_path)
+    recorded: list[tuple[Decision, dict[str, Any]]] = []
+    admission = admit(
+        paths=paths,
+        plan=build(RunConfig(), python="python3"),
+        ctx=ctx(job=job),
+        scheduler=Withdrawals(),  # type: ignore[arg-type]
+        ledger=Ledger(paths, role="agent", attempt=f"{job}.0", node=0),
+        lock=RunLock(paths),
+        record=lambda d, **kw: recorded.append((d, kw)),
+    )
+    return admission, recorded
+
+
+def test_a_free_run_is_admitted_and_its_lock_taken_by_this_job(tmp_path: Path) -> None:
+    admission, recorded = _admit(tmp_path)
+    assert admission.refusal is None and admission.holder is not None and admission.holder.job_id == "7"
+    assert RunLock(RunPaths(tmp_path)).read().job_id == "7" and recorded == []
+
+
+def test_an_ended_run_is_withdrawn_untouched(tmp_path: Path) -> None:
+    Ledger(RunPaths(tmp_path), role="agent").append("finished", step=100)
+    admission, recorded = _admit(tmp_path)
+    assert admission.refusal is not None and admission.holder is None
+    assert recorded[0][1] == {"note": "job 7 withdrawn"} and RunLock(RunPaths(tmp_path)).read() is None
+
+
+def test_an_attempt_nobody_decided_is_decided_once_as_the_preemption_it_was(tmp_path: Path) -> None:
+    ledger = Ledger(RunPaths(tmp_path), role="agent", attempt="6.0", node=0)
+    ledger.append("started", job_id="6", restart_count=0)  # its agents were killed before deciding
+    admission, recorded = _admit(tmp_path)
+    assert admission.refusal is None
+    ((decision, fields),) = recorded
+    assert (
+        decision.action is Action.CONTINUE
+        and fields["by"] == "scheduler"
+        and fields["ledger"].attempt == "6.0"
+    )
+
+
+def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tmp_path: Path) -> None:
+    cfg = load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2"])
+    plan = build(cfg, python="python3")
+    paths = RunPaths(tmp_path)
+
+    class Nodes:
+        def node_address(self, host: str) -> str:
+            return {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}[host]
+
+    request = rank_request(
+        "7.1",
+        plan=plan,
+        cfg=cfg,
+        ctx=ctx(rank=1),
+        scheduler=Nodes(),
+        paths=paths,
+        roster=Roster(("n3", "n2"), ()),  # type: ignore[arg-type]
+    )
+    assert request["nnodes"] == 2 and request["env"][ATTEMPT_VAR] == "7.1"
+    assert request["rdzv_configs"]["is_host"] is False and request["local_addr"] == "10.0.0.2"
+    assert request["rdzv_endpoint"].startswith("10.0.0.3:")  # the roster's first node hosts it, not node 0
+    host = rank_request(
+        "7.1",
+        plan=plan,
+        cfg=cfg,
+        ctx=ctx(rank=2),
+        scheduler=Nodes(),
+        paths=paths,
+        roster=Roster(("n3", "n2"), ()),  # type: ignore[arg-type]
+    )
+    assert host["rdzv_configs"]["is_host"] is True
+    assert attempt_env("7.1", plan, cfg, ctx(), paths) == {ATTEMPT_VAR: "7.1"}  # no clock, gloo
