@@ -45,8 +45,15 @@ def preflight(
     from .train_checks import refuse_bad_init_from
 
     refuse_bad_init_from(cfg, cfg.run_path(), pending_ok=True)
-    report = run_login_checks(cfg, only=names)
-    estimated = None if no_estimate or only is not None else _estimate(cfg)
+    # The estimate's steps run in the probe, started before the checks and timing them beside
+    # the checks, after its own answer (one torch import for both); closed here whatever happens.
+    probe = None if no_estimate or only is not None else _start_probe(cfg)
+    try:
+        report = run_login_checks(cfg, only=names, probe=probe)
+        estimated = None if probe is None else _estimate(cfg, probe)
+    finally:
+        if probe is not None:
+            probe.close()
     if as_json:
         print_json({**report.to_json(), **({"estimate": estimated} if estimated is not None else {})})
     else:
@@ -63,10 +70,28 @@ def preflight(
         )
 
 
-def _estimate(cfg: Any) -> dict[str, Any]:
-    from ..preflight.estimate import preflight_estimate
+def _start_probe(cfg: Any) -> Any:
+    """The checks' probe, asked to time the estimate's steps once it has answered them."""
+    from ..preflight.estimate import step_env, step_request
+    from ..preflight.probe import Probe, job_python
+    from ..preflight.runner import PROBE_TIMEOUT_S
 
-    return preflight_estimate(cfg)
+    return Probe(
+        job_python(cfg.launch.python),
+        model=cfg.model.model_dump(mode="json"),
+        timeout_s=PROBE_TIMEOUT_S,
+        estimate=step_request(cfg),
+        env=step_env(cfg),
+    )
+
+
+def _estimate(cfg: Any, probe: Any) -> dict[str, Any]:
+    from ..preflight.estimate import TIMEOUT_S, preflight_estimate
+
+    step = probe.step_estimate(TIMEOUT_S)
+    if probe.python is None:
+        step = {"error": f"the job's Python ({cfg.launch.python}) is not on this machine"}
+    return preflight_estimate(cfg, step=step)
 
 
 def _print_estimate(est: dict[str, Any]) -> None:

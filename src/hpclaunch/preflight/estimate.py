@@ -1,8 +1,10 @@
 """``preflight``'s estimate of what a run will take and cost, before it is submitted.
 
-It runs a few training steps of one rank in the job's Python (``trainer/step_probe.py``, by path:
-this package never imports torch) and hands the measured step to ``estimate``, as ``status`` does
-with a run's own attempts. What it cannot measure here it says: a GPU run on a machine without GPUs
+It runs a few training steps of one rank in the job's Python (``trainer/step_probe.py``: this
+package never imports torch) and hands the measured step to ``estimate``, as ``status`` does with a
+run's own attempts. ``hpclaunch preflight`` asks its probe for them (``step_request``): the probe,
+started before the checks, times the steps right after its own answer, with the torch it has
+imported already, while the checks run; ``measure_step`` is the same in a process of its own. What it cannot measure here it says: a GPU run on a machine without GPUs
 gets no estimate at all; the gradient all-reduce between ranks, the node checks, the rendezvous,
 the checkpoint saves and the queue wait are not in it (the start-up it counts is the imports and
 the model build it saw).
@@ -26,17 +28,30 @@ TIMEOUT_S = 180.0
 STEPS = 3
 
 
+def step_request(cfg: RunConfig) -> dict[str, Any]:
+    """What the step probe reads: the run's config and how many steps to time after a warm-up."""
+    return {"config": cfg.to_dict(), "steps": STEPS}
+
+
+def step_env(cfg: RunConfig) -> dict[str, str]:
+    """The environment the steps are timed in beyond this one: one rank's CPU threads, as the job
+    sets them (``orchestrator/plan.py``: the task's CPUs shared by its ranks, or ``launch.env``'s).
+
+    It was the whole task's CPUs: two threads for one rank of the tiny example, whose ranks get one
+    each; on two busy cores those two threads made the measured step 10 to 20 times slower.
+    """
+    s = cfg.scheduler
+    threads = str(max(1, s.cpus_per_task // max(1, s.nprocs)))
+    return {"OMP_NUM_THREADS": str(cfg.launch.env.get("OMP_NUM_THREADS", threads))}
+
+
 def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
-    """The step probe's answer, or ``{"error": why}``."""
+    """The step probe's answer from a process of its own, or ``{"error": why}``."""
     python = job_python(cfg.launch.python)
     if python is None:
         return {"error": f"the job's Python ({cfg.launch.python}) is not on this machine"}
-    env = {
-        **os.environ,
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": str(max(1, cfg.scheduler.cpus_per_task)),
-    }
-    request = json.dumps({"config": cfg.to_dict(), "steps": STEPS})
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **step_env(cfg)}
+    request = json.dumps(step_request(cfg))
     try:
         # -c, not the path: the script's directory would go first on sys.path (see probe.py).
         out = subprocess.run(
@@ -59,9 +74,15 @@ def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> dict[str, A
     return result
 
 
-def preflight_estimate(cfg: RunConfig, *, now: float | None = None) -> dict[str, Any]:
-    """``estimate``'s figures from one rank's measured step, or ``{"state": "cannot", "reason"}``."""
-    step = measure_step(cfg)
+def preflight_estimate(
+    cfg: RunConfig, *, step: dict[str, Any] | None = None, now: float | None = None
+) -> dict[str, Any]:
+    """``estimate``'s figures from one rank's measured step, or ``{"state": "cannot", "reason"}``.
+
+    ``step``: the step probe's answer when the caller has it (preflight's probe); else measured here.
+    """
+    if step is None:
+        step = measure_step(cfg)
     if step.get("error"):
         return {"state": "cannot", "reason": f"cannot measure a step here: {step['error']}"}
     s = cfg.scheduler

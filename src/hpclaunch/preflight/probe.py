@@ -55,22 +55,44 @@ def send_request(proc: subprocess.Popen[str], text: str) -> None:
 
 
 class Probe:
-    """One running probe; ``result()`` waits (bounded) and caches the answer for every check."""
+    """One running probe; ``result()`` waits (bounded) and caches the answer for every check.
 
-    def __init__(self, python: str | None, *, model: dict[str, Any] | None, timeout_s: float):
+    With ``estimate`` (preflight's request for a few measured training steps, see
+    ``preflight/estimate.py``) the same process goes on, after its answer, to time those steps, so
+    that the estimate pays no second torch import and runs while the checks do: the answer is then
+    the first JSON line (the checks need not wait for the steps), the steps' result the line
+    ``{"step_estimate": {...}}`` after it, read by ``step_estimate()``. Without it the answer is
+    the last JSON line of a process that exited 0, as it always was.
+    """
+
+    def __init__(
+        self,
+        python: str | None,
+        *,
+        model: dict[str, Any] | None,
+        timeout_s: float,
+        estimate: dict[str, Any] | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.python = python
         self.timeout_s = timeout_s
+        self.estimating = estimate is not None
         self._lock = threading.Lock()
         self._result: dict[str, Any] | None = None
         self._error: str | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._started = time.monotonic()
+        self._lines: list[dict[str, Any]] = []  # the JSON lines printed so far, in order
+        self._stderr: list[str] = []
+        self._eof = False
+        self._changed = threading.Condition()
         if python is None:
             self._error = "not found on this machine"
             return
-        env = dict(os.environ)
-        env.pop("PYTHONPROFILEIMPORTTIME", None)
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        penv = dict(os.environ)
+        penv.pop("PYTHONPROFILEIMPORTTIME", None)
+        penv["PYTHONDONTWRITEBYTECODE"] = "1"
+        penv.update(env or {})
         try:
             # -c, not the file path: a script's directory goes first on sys.path, and this one
             # holds modules (env, data, network, ...) that would shadow real ones in the probe.
@@ -80,13 +102,65 @@ class Probe:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=env,
+                env=penv,
                 start_new_session=True,
             )
         except OSError as e:
             self._error = f"cannot start {python}: {e.strerror}"
             return
-        send_request(self._proc, json.dumps({"model": model}))
+        self._err_reader = threading.Thread(target=self._read_stderr, name="probe-err", daemon=True)
+        self._err_reader.start()
+        threading.Thread(target=self._read_stdout, name="probe-out", daemon=True).start()
+        request: dict[str, Any] = {"model": model}
+        if estimate is not None:
+            request["estimate"] = estimate
+        send_request(self._proc, json.dumps(request))
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def _read_stdout(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._proc.stdout:
+                if not line.startswith("{"):
+                    continue
+                try:
+                    parsed = json.loads(line)
+                except ValueError:
+                    parsed = {"__unparsed__": line[:300]}
+                with self._changed:
+                    self._lines.append(parsed if isinstance(parsed, dict) else {})
+                    self._changed.notify_all()
+        self._proc.wait()
+        self._err_reader.join(5)  # its last lines say why a failed probe failed
+        with self._changed:
+            self._eof = True
+            self._changed.notify_all()
+
+    def _read_stderr(self) -> None:
+        assert self._proc is not None and self._proc.stderr is not None
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._proc.stderr:
+                self._stderr.append(line)
+                del self._stderr[:-20]
+
+    def _wait_for(self, ready: Any, deadline: float) -> bool:
+        """Wait until ``ready()`` or the process's end (True), or the deadline (False)."""
+        with self._changed:
+            while not (ready() or self._eof):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._changed.wait(left)
+            return True
+
+    def _why_failed(self) -> str:
+        proc = self._proc
+        assert proc is not None
+        tail = "".join(self._stderr).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        return f"failed: {tail[0][:300]}"
 
     def result(self, timeout: float | None = None) -> dict[str, Any]:
         """The probe's JSON; raises ProbeError (why) when it failed or took longer than allowed."""
@@ -99,29 +173,57 @@ class Probe:
             return self._result
 
     def _wait(self, timeout: float | None) -> None:
-        proc = self._proc
-        assert proc is not None
-        budget = self.timeout_s - (time.monotonic() - self._started)
+        deadline = self._started + self.timeout_s
         if timeout is not None:
-            budget = min(budget, timeout)
-        try:
-            out, err = proc.communicate(timeout=max(budget, 0.01))
-        except subprocess.TimeoutExpired:
+            deadline = min(deadline, time.monotonic() + timeout)
+
+        def answered() -> bool:
+            return self.estimating and any("step_estimate" not in ln for ln in self._lines)
+
+        if not self._wait_for(answered, deadline):
             if time.monotonic() - self._started < self.timeout_s:
                 # only this caller's patience ran out: leave the probe running for the next one
-                raise ProbeError(f"no answer within {timeout:g} s") from None
+                raise ProbeError(f"no answer within {timeout:g} s")
             self.close()
             self._error = f"no answer within {self.timeout_s:g} s"
             return
-        line = next((ln for ln in reversed(out.splitlines()) if ln.startswith("{")), None)
-        if proc.returncode != 0 or line is None:
-            tail = (err or out).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-            self._error = f"failed: {tail[0][:300]}"
-            return
-        try:
-            self._result = json.loads(line)
-        except ValueError:
+        with self._changed:
+            lines = [ln for ln in self._lines if "step_estimate" not in ln]
+            ended = self._eof
+        if self.estimating and lines:
+            line = lines[0]  # printed before the steps began; the process goes on with them
+        else:
+            assert ended and self._proc is not None
+            if self._proc.returncode != 0 or not lines:
+                self._error = self._why_failed()
+                return
+            line = lines[-1]
+        if "__unparsed__" in line:
             self._error = "printed no JSON"
+            return
+        self._result = line
+
+    def step_estimate(self, timeout_s: float) -> dict[str, Any]:
+        """The measured steps (``trainer/step_probe.py``'s answer) or ``{"error": why}``.
+
+        Waits until ``timeout_s`` after the probe started; past it the probe is killed.
+        """
+        if not self.estimating:
+            return {"error": "not requested"}
+        if self._proc is None:
+            return {"error": f"the job's Python: {self._error}"}
+
+        def measured() -> bool:
+            return any("step_estimate" in ln for ln in self._lines)
+
+        if not self._wait_for(measured, self._started + timeout_s):
+            self.close()
+            return {"error": f"the measured steps took longer than {timeout_s:.0f} s"}
+        with self._changed:
+            found = next((ln["step_estimate"] for ln in self._lines if "step_estimate" in ln), None)
+        if isinstance(found, dict):
+            return found
+        return {"error": self._why_failed().removeprefix("failed: ")}
 
     def close(self) -> None:
         """Kill the probe if it is still running (a check that timed out must not leave it behind)."""

@@ -83,8 +83,12 @@ def select(names: Iterable[str], only: Iterable[str] | None, *, where: str) -> l
     return [CHECKS[n] for n in names if n in wanted]
 
 
-def run_checks(checks: list[Check], ctx: CheckContext, *, where: str) -> Report:
-    """Run ``checks`` concurrently on ``ctx``; the report keeps their order."""
+def run_checks(checks: list[Check], ctx: CheckContext, *, where: str, close_probe: bool = True) -> Report:
+    """Run ``checks`` concurrently on ``ctx``; the report keeps their order.
+
+    The probe is killed at the end unless ``close_probe`` is False: its caller started it, and
+    closes it (preflight's probe goes on timing the estimate's steps).
+    """
     start = time.monotonic()
     slots: list[dict[str, CheckResult]] = [{} for _ in checks]
     threads = []
@@ -109,7 +113,8 @@ def run_checks(checks: list[Check], ctx: CheckContext, *, where: str) -> Report:
                 )
             results.append(result)
     finally:
-        ctx.probe.close()
+        if close_probe:
+            ctx.probe.close()
     return Report(results, time.monotonic() - start, where=where)
 
 
@@ -171,12 +176,13 @@ def run_login_checks(
     """The login-node / workstation preflight (``hpclaunch preflight``; ``submit`` refuses on a fail).
 
     ``sysfs_root``, ``environ``, ``run``, ``which`` and ``probe`` replace the outside world in tests.
+    A probe passed in is its caller's to close; one started here is closed here.
     """
     checks = select(LOGIN_CHECKS, only, where="login")
     ctx = _context(
         cfg, None, checks, sysfs_root=sysfs_root, environ=environ, run=run, which=which, probe=probe
     )
-    return run_checks(checks, ctx, where="login")
+    return run_checks(checks, ctx, where="login", close_probe=probe is None)
 
 
 def run_node_checks(

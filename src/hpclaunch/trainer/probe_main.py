@@ -5,6 +5,9 @@ it then reports). Reads ``{"model": {...}}`` on stdin, prints one JSON object as
 line: python, torch (version, CUDA build, devices, NCCL/gloo), mmdit, hpclaunch, and the model's
 parameter count built on the meta device (no memory, no init cost). Every part reports its own
 error instead of failing the whole probe. Preflight (torch-free) runs it by path, never imports it.
+With ``"estimate": {"config": {...}, "steps": N}`` in the request it then times N training steps
+(``step_probe.measure``) in the same process, torch already imported, and prints
+``{"step_estimate": {...}}`` as a second line.
 """
 
 from __future__ import annotations
@@ -106,7 +109,21 @@ def main() -> None:
         out["model"] = _guard(_model, request["model"])
     out["seconds"] = round(time.monotonic() - start, 3)
     sys.stdout.write("\n" + json.dumps(out) + "\n")
-    sys.stdout.flush()
+    sys.stdout.flush()  # the checks go on with this answer while the steps below are timed
+    if request.get("estimate") is not None:
+        if "error" in out["torch"]:
+            step: dict[str, Any] = {"error": f"torch: {out['torch']['error']}"}
+        else:
+            step = _guard(_steps, request["estimate"], start)
+        sys.stdout.write(json.dumps({"step_estimate": step}) + "\n")
+        sys.stdout.flush()
+
+
+def _steps(request: dict[str, Any], start: float) -> dict[str, Any]:
+    """Preflight's estimate: a few timed training steps (``step_probe``), torch already imported."""
+    from hpclaunch.trainer.step_probe import measure
+
+    return measure(request, started=start)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ stdout line: the seconds of one optimizer step of one rank (its share of the glo
 accumulation included; the first step is warm-up and not counted), the device, and how long the
 imports and the model build took. One rank on this machine: no gradient all-reduce, no other
 ranks' load, and this machine's device, which the caller says. Synthetic data of the model's
-shapes; nothing is written.
+shapes; nothing is written. Preflight runs ``measure`` inside its probe (``probe_main.py``), whose
+torch import it shares; the script form is for a run without the probe.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any
 START = time.monotonic()
 
 
-def measure(request: dict[str, Any]) -> dict[str, Any]:
+def measure(request: dict[str, Any], *, started: float = START) -> dict[str, Any]:
+    """``started``: when this process began (``imports_s`` counts from it)."""
     import torch
 
     from hpclaunch.config import RunConfig
@@ -27,7 +29,7 @@ def measure(request: dict[str, Any]) -> dict[str, Any]:
     from hpclaunch.trainer.model import build_model
     from hpclaunch.trainer.objective import compute_losses, draw
 
-    imported = time.monotonic() - START
+    imported = time.monotonic() - started
     cfg = RunConfig.model_validate(request["config"])
     m, t = cfg.model, cfg.train
     device = torch.device("cuda" if cfg.scheduler.gpus_per_node and torch.cuda.is_available() else "cpu")
