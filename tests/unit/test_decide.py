@@ -84,7 +84,7 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         "preemption",
         "3 requeues used of 3",
     ),
-    ("user stop", Facts(stopped("user")), History(), True, Action.END, "user", "resume with submit --resume"),
+    ("user stop", Facts(stopped("user")), History(), True, Action.END, "user", "it can be resumed"),
     (
         "user stop with continue",
         Facts(stopped("user"), continue_requested=True),
@@ -274,7 +274,7 @@ ROWS: list[tuple[str, Facts, History, bool, Action, str | None, str]] = [
         True,
         Action.END,
         "user",
-        "rank 1 hung in data at step 3; stopped by the user: resume with submit --resume",
+        "rank 1 hung in data at step 3; stopped by the user: it can be resumed from its last checkpoint",
     ),
     (
         # Issue 16: `hpclaunch stop` and the scheduler's warning in one attempt. The ranks saved for

@@ -304,9 +304,7 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
         )
     cause = out.cause or Cause.USER
     if cause is Cause.USER and not facts.continue_requested:
-        return Decision(
-            Action.END, Cause.USER, f"stopped by the user after step {out.step}; resume with submit --resume"
-        )
+        return Decision(Action.END, Cause.USER, f"stopped by the user after step {out.step}; {RESUMABLE}")
     return _within(
         cause,
         f"stopped after step {out.step} ({cause})",
@@ -398,7 +396,7 @@ def _user_end(facts: Facts) -> Decision:
         return Decision(
             Action.END,
             Cause.USER,
-            f"stopped by the user after step {out.step}{why}; resume with submit --resume",
+            f"stopped by the user after step {out.step}{why}; {RESUMABLE}",
         )
     ended = facts.hang or (out.error if out is not None and out.error else None)
     ended = ended or (f"the {facts.interrupted} came before the save" if facts.interrupted else None)
@@ -406,8 +404,13 @@ def _user_end(facts: Facts) -> Decision:
     return Decision(
         Action.END,
         Cause.USER,
-        f"{ended}; stopped by the user: resume with submit --resume (from the last checkpoint)",
+        f"{ended}; stopped by the user: {RESUMABLE}",
     )
+
+
+# No command named: a submitted run continues with `submit --resume` (status says so), a foreground
+# one with `train ... --resume` (the command says so); this reason is printed by both.
+RESUMABLE = "it can be resumed from its last checkpoint"
 
 
 def _within(
