@@ -18,6 +18,33 @@ from collections.abc import Iterator
 import pytest
 from tests.spawnguard import refusing_processes
 
+# ---- parallel workers (`make test`: pytest-xdist, --dist loadgroup) --------------------------------
+
+
+def _group_of(item: pytest.Item) -> str:
+    """The worker group a test runs in: every test of one real cluster in one group, one after the
+    other (they share its daemons and switch its layout); every other module's tests together
+    (its module fixtures are built once)."""
+    path = item.nodeid.split("::", 1)[0]
+    if path.startswith("tests/cluster/"):
+        return "slurm"
+    if path.startswith("tests/pbs/"):
+        return "pbs"
+    return path
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under xdist: the groups (above), and the two clusters' groups first in the queue, so that
+    the longest ones start at once and the modules share the other workers meanwhile. Runs after
+    the cluster conftests' own ordering by layout (kept within each group) and before xdist's."""
+    if getattr(config.option, "dist", "no") == "no":
+        return
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group_of(item)))
+    rank = {"slurm": 0, "pbs": 1}
+    items.sort(key=lambda it: rank.get(_group_of(it), 2))
+
 
 @pytest.fixture(autouse=True)
 def _fast_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
