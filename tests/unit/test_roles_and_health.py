@@ -88,7 +88,6 @@ def test_a_heartbeat_that_stops_changing_is_dead_after_the_window_even_with_a_fu
     assert observer.alive("n1")
 
 
-
 def test_a_host_not_beating_yet_is_starting_for_the_start_grace_then_gone(tmp_path: Path) -> None:
     """CI (PBS, mpiexec): pbsn2's agent started 0.4 s after pbsn1's, and pbsn1 called it gone at
     the first look (no heartbeat file yet): the run failed before its first step."""
