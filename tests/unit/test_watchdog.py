@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.config import WatchdogConfig
+from hpclaunch.jobs.allocation import LOOK_S
 from hpclaunch.jobs.watchdog import (
     RankState,
     Verdict,
@@ -250,7 +251,9 @@ def test_other_nodes_follow_node_0s_verdict(tmp_path: Path) -> None:
     hang_file(paths, "j.0").write_text(json.dumps(verdict.to_json()))
     (paths.attempt_dir("j.0") / "hang.node0.json").write_text("{}")  # node 0 has dumped its ranks
     began = time.time()
-    assert other.check(lambda: [], now=now + 2) == verdict
+    assert other.check(lambda: [], now=now + 1) is None  # a follower reads the verdict per follow_s
+    assert other.follow_s == max(CFG.poll_s, LOOK_S)
+    assert other.check(lambda: [], now=now + other.follow_s) == verdict
     assert time.time() - began < 5  # it did not wait for node 0 longer than needed
     assert (paths.attempt_dir("j.0") / "hang.node1.json").exists()  # node 0 waits for this
     assert not read_events(paths).named("hang")  # only node 0 records

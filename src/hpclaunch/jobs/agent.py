@@ -64,7 +64,7 @@ from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_records import decision_fields, started_fields
-from .allocation import BEAT_S, REPORT_GRACE_S, Allocation, Roster, await_reports
+from .allocation import BEAT_S, LOOK_S, REPORT_GRACE_S, Allocation, Roster, await_reports
 from .attempt_env import rank_host_environment, rank_request
 from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out
@@ -111,6 +111,7 @@ class NodeAgent:
         self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_roster``)
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
+        self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
 
     @property
@@ -194,13 +195,14 @@ class NodeAgent:
 
     # ---- the decider's role ----------------------------------------------------------------------
 
-    def _decider_gone(self) -> bool:
+    def _decider_gone(self, every_s: float = BEAT_S) -> bool:
         """The deciding agent stopped beating and this agent is next in roster order (looked at once
-        per heartbeat interval: one small read of the decider's file)."""
+        per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
+        where the decider's death also breaks the ranks' collectives, once per beat otherwise)."""
         now = time.monotonic()
         if now < self._next_look:
             return False
-        self._next_look = now + BEAT_S
+        self._next_look = now + every_s
         return self.alloc.decider(self.roster) == self.ctx.hostname
 
     def _follow_roster(self) -> None:
@@ -297,7 +299,7 @@ class NodeAgent:
         self.stopped_by_agent = False
         while (result := self.host.result()) is None:
             self._watch(watchdog, self.host.rank_pids)
-            if not self.stopped_by_agent and self.alloc.ended(self.attempt):
+            if not self.stopped_by_agent and self._ended():
                 # Another node's ranks failed: this node's cannot finish the attempt without them.
                 self.stopped_by_agent = True
                 stop_workers(self.host.rank_pids())
@@ -308,11 +310,21 @@ class NodeAgent:
             self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
         return {**result, "stopped_by_agent": self.stopped_by_agent}
 
+    def _ended(self) -> bool:
+        """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
+        ``LOOK_S``: a peer's failure usually reaches this node's ranks first, through their
+        collectives; this is the backstop for ranks that would wait in one."""
+        now = time.monotonic()
+        if now < self._next_end_look:
+            return False
+        self._next_end_look = now + LOOK_S
+        return self.alloc.ended(self.attempt)
+
     def _watch(self, watchdog: Watchdog | None, pids: Callable[[], list[int]]) -> None:
         """One poll while an attempt runs: signals, the decider's liveness, and (the decider's
         role) the watchdog's verdict and the stop-save cut-off, which ends the attempt everywhere."""
         self.relay.handle_signals()
-        if not self.decider and self._decider_gone():
+        if not self.decider and self._decider_gone(LOOK_S):
             self._take_over()
         if watchdog is not None:
             watchdog.lead = self.decider

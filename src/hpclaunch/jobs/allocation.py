@@ -5,22 +5,34 @@ agent waits (its rank host warm). After each attempt one decision says what happ
 an in-place continuation which nodes train (the roster: a spare takes a failed node's place, at the
 same position, so the world size and the ranks' order stay those of the run).
 
-The files, and what each costs on a shared filesystem (N nodes):
+The files, and what each costs on a shared filesystem (N nodes; counted by
+``bench/recovery.py --scenario agree``, which wraps every filesystem call: a call that names a path
+is one metadata operation, a write or flush on an open descriptor a data operation):
 
 - ``RUN/agents/<job>/<host>``: each agent rewrites its own file every ``BEAT_S`` with a counter (its
-  pid and the beat's number, in place, fixed width: one small data write per node per beat, no
-  rename, no truncation). Read only when someone needs to know who is alive. Liveness is by
+  pid and the beat's number, in place, fixed width: no rename, no truncation). The file stays open:
+  a beat is one data write and its flush, no metadata operation. Read only when someone needs to
+  know who is alive. Liveness is by
   observation: an observer notes when it last saw the counter change, on its own monotonic clock,
   and calls a host gone only after ``DEAD_AFTER_S`` without a change. Nothing compares a remote
   file's mtime with the local clock: NFS caches attributes for 3-60 s and clocks skew, so an mtime
   makes a live node look dead (or a dead one alive). Reading the content is safe under NFS's
   close-to-open consistency: every read opens the file.
 - ``attempts/<attempt>/end``: created by the first agent whose attempt ended (its ranks failed or
-  finished): every other agent stops its ranks when it sees it. One ``stat`` per agent per poll.
+  finished): every other agent stops its ranks when it sees it. One ``stat`` per agent per
+  ``LOOK_S`` (a peer's failure reaches the ranks through their collectives first; this is the
+  backstop).
 - ``attempts/<attempt>/node<r>.done.json``: each agent's report (its rank host's answer). Read by the
-  decider once, at decision time.
+  decider until found (each once), at decision time.
 - ``attempts/<attempt>/decision.json``: the one decision. Created with ``link()`` of a written file,
-  so two agents can never both decide (atomic on NFS too); the others ``stat`` it per poll.
+  so two agents can never both decide (atomic on NFS too); the others read it per ``POLL_S`` while
+  they wait for it (seconds, after an attempt).
+
+While the ranks train, an agent that does not decide makes three metadata operations per
+``LOOK_S`` (4 s): the ``end`` file, the decider's heartbeat, the watchdog's verdict file
+(``watchdog.Watchdog.follow_s``): 0.75 per second, the same at any N. The decider leads the
+watchdog: it reads every rank's progress (and step-time) file per ``watchdog.poll_s``, the one cost
+that grows with N (one node's, per job: about 2 x ranks / ``poll_s`` operations per second).
 
 Who decides (a role, not a host): the first live agent among the nodes the run is using, in
 roster order (the training nodes, then the spares): node 0's at the start; after a replacement or a
@@ -53,6 +65,11 @@ _NEVER = "\0never"  # the token of a host not seen beating yet
 BEAT_WIDTH = 32  # "<pid> <count>" padded: rewritten in place, never shorter than before
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides
 POLL_S = 0.2
+# How often an agent whose ranks train looks at the allocation's files (the ``end`` file, the
+# decider's heartbeat, a hang verdict): each look is one metadata operation on the shared
+# filesystem per node, so not every poll. A peer's failure reaches this node's ranks through their
+# own collectives first (a broken connection fails them); these looks are the backstop.
+LOOK_S = float(os.environ.get("HPCLAUNCH_AGENT_LOOK_S") or 4.0)
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,7 @@ class Allocation:
         self.beats = paths.root / "agents" / job.replace("/", "_")
         self.clock = clock
         self._count = 0
+        self._fd: int | None = None  # this agent's heartbeat file, kept open between beats
         self._seen: dict[str, tuple[str, float]] = {}  # host -> (its last token, when it changed here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,17 +145,29 @@ class Allocation:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        self._close()
 
     def beat(self) -> None:
         """One beat: the counter changes (written in place at a fixed width, so a reader never sees
-        an empty or half-written file where the old content was)."""
+        an empty or half-written file where the old content was). The file stays open between
+        beats: a beat is a data write and its flush to the server (``fdatasync``: readers on other
+        nodes see it at their next open), no lookup or open on the metadata server."""
         self._count += 1
         line = f"{os.getpid()} {self._count}".ljust(BEAT_WIDTH - 1) + "\n"
-        fd = os.open(self.beats / self.host, os.O_WRONLY | os.O_CREAT, 0o644)
+        if self._fd is None:
+            self._fd = os.open(self.beats / self.host, os.O_WRONLY | os.O_CREAT, 0o644)
         try:
-            os.pwrite(fd, line.encode(), 0)
-        finally:
-            os.close(fd)
+            os.pwrite(self._fd, line.encode(), 0)
+            os.fdatasync(self._fd)
+        except OSError:
+            self._close()  # (a stale handle after a server restart: the next beat opens it again)
+            raise
+
+    def _close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def _beat_loop(self) -> None:
         while not self._stop.wait(BEAT_S):
@@ -238,16 +268,18 @@ def await_reports(
     ended, it waits as long as the attempt runs (``poll`` runs the watchdog meanwhile)."""
     over_since: float | None = None
     dead: list[str] = []
+    reports: dict[int, dict[str, Any]] = {}  # a report is written once: read until found, not after
     next_look = clock()
     while True:
-        reports = alloc.reports(attempt, expect)
+        reports.update(alloc.reports(attempt, [r for r in expect if r not in reports]))
         silent = [h for r, h in expect.items() if r not in reports]
         if not silent:
             return (), ()
         now = clock()
-        if over_since is None and (reports or alloc.ended(attempt)):
+        look = now >= next_look
+        if over_since is None and (reports or (look and alloc.ended(attempt))):
             over_since = now
-        if now >= next_look:  # one read per silent node per beat, not per poll
+        if look:  # one read per silent node per beat, not per poll
             next_look = now + BEAT_S
             dead = [h for h in silent if not alloc.alive(h, now)]
             if len(dead) == len(silent):

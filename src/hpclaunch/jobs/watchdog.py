@@ -63,6 +63,7 @@ from ..rundir.progress import (
     steptimes_file,
 )
 from ..schedulers.base import NodeContext
+from .allocation import LOOK_S
 from .stragglers import StragglerTracker
 
 LONG_PHASES = ("load", "save", "eval", "done")
@@ -328,6 +329,12 @@ class Watchdog:
                     self._offsets[rank] = steptimes_file(self.paths, rank).stat().st_size
         self._lead = value
 
+    @property
+    def follow_s(self) -> float:
+        """How often a node that does not lead reads the verdict file: one metadata operation per
+        look on the shared filesystem, so no more often than the agent's other looks (``LOOK_S``)."""
+        return max(self.cfg.poll_s, LOOK_S)
+
     def check(self, worker_pids: Callable[[], list[int]], now: float | None = None) -> Verdict | None:
         """Poll when due; on a hang, gather the evidence, stop this node's workers, return the verdict."""
         if self.verdict is not None:
@@ -335,7 +342,7 @@ class Watchdog:
         now = time.time() if now is None else now
         if now < self._next_poll:
             return None
-        self._next_poll = now + self.cfg.poll_s
+        self._next_poll = now + (self.cfg.poll_s if self.lead else self.follow_s)
         if self.lead:
             self._note_stragglers()
             verdict = find_hang(self.observe(now), attempt=self.attempt, now=now)
@@ -398,7 +405,8 @@ class Watchdog:
             else []
         )
         atomic_write_json(self._ack(self.ctx.node_rank), {"stacks": dumped, "flight_recorder": traces})
-        self._wait_for_nodes(deadline=began + self.cfg.dump_wait_s + 2 * self.cfg.poll_s + 5)
+        # (the others read the verdict once per ``follow_s``, then dump as long as this node did)
+        self._wait_for_nodes(deadline=began + self.cfg.dump_wait_s + self.cfg.poll_s + self.follow_s + 5)
         if self.lead:
             logs = self.paths.attempt_logs(self.attempt)
             stacks = sorted(

@@ -1,0 +1,170 @@
+"""The control plane's filesystem cost, counted: N node agents (threads) of one allocation against
+one run directory, each driven through the agent's own methods (``NodeAgent._watch``, ``_ended``,
+``_agree``; ``await_reports``, ``Allocation.publish``) at their real intervals, with every
+filesystem call under the run directory counted per agent (``fsops.Counter``).
+
+Steady training: every agent polls as ``NodeAgent._run_attempt`` does while its ranks train (its
+heartbeat, the ``end`` file, the decider's heartbeat, the watchdog: the decider leads it and reads
+every rank's progress; the others read the verdict file). No ranks run: their progress files are
+written once, before, and are not counted (the ranks' own writes are the trainer's, not the agents').
+
+One recovery: the last node's ranks fail; its agent creates ``end`` and reports; every other agent
+sees ``end`` at its next look (the backstop path: ranks that would wait in a collective), reports
+and waits for the decision (``_agree``); the decider waits for the reports and publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fsops import Counter
+
+
+def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int) -> Any:
+    """A NodeAgent with what its poll loop touches (no plan, rank host or scheduler)."""
+    from hpclaunch.jobs.agent import NodeAgent
+    from hpclaunch.jobs.allocation import Allocation, Roster
+    from hpclaunch.jobs.stop_relay import StopRelay
+    from hpclaunch.jobs.watchdog import Watchdog
+    from hpclaunch.rundir import Ledger
+    from hpclaunch.schedulers.base import NodeContext
+
+    ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
+    agent = NodeAgent.__new__(NodeAgent)
+    agent.paths, agent.ctx, agent.cfg = paths, ctx, None
+    agent.ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=i)
+    agent.relay = StopRelay(paths, None, ctx, None, agent.ledger)  # type: ignore[arg-type]
+    agent.alloc = Allocation(paths, ctx.allocation, ctx.hostname, hosts)
+    agent.roster = Roster(hosts)
+    agent.decider = ctx.is_head
+    agent.hang = None
+    agent._next_look = agent._next_end_look = 0.0
+    agent.watchdog = Watchdog(
+        cfg, paths, ctx, world_size=world, nccl=False, ledger=agent.ledger, lead=agent.decider
+    )
+    return agent
+
+
+def simulate(
+    n: int, root: Path, *, ranks_per_node: int = 8, steady_s: float = 8.0, seed: int = 0
+) -> dict[str, Any]:
+    """Counts for N agents: steady metadata ops/s per agent (mean and max over the non-deciding
+    agents, and the decider's), and for one recovery the ops per agent, the time from the fault to
+    the decision and from the publication to the last agent that saw it."""
+    from hpclaunch.config import WatchdogConfig
+    from hpclaunch.jobs.agent import POLL_S
+    from hpclaunch.jobs.allocation import BEAT_S, LOOK_S, await_reports
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.progress import progress_file
+
+    paths = RunPaths(root / f"agents-{n}")
+    hosts = tuple(f"n{i}" for i in range(n))
+    world = n * ranks_per_node
+    attempt = "9.0"
+    paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
+    now = time.time()
+    for rank in range(world):  # the ranks' heartbeats, as the trainer leaves them (not counted)
+        progress_file(paths, attempt, rank).write_text(
+            json.dumps(
+                {
+                    "rank": rank,
+                    "node": hosts[rank // ranks_per_node],
+                    "pid": None,
+                    "step": 10,
+                    "phase": "compute",
+                    "phase_since": now,
+                    "updated": now,
+                    "last_step_s": 1.0,
+                    "recent_max_step_s": 1.0,
+                }
+            )
+        )
+    cfg = WatchdogConfig()
+    agents = [_agent(paths, hosts, i, cfg, world) for i in range(n)]
+    counter = Counter(paths.root)
+    fault = threading.Event()
+    ended_at = [0.0] * n
+    seen_at = [0.0] * n
+    published_at = [0.0]
+    rng = random.Random(seed)
+    offsets = [rng.uniform(0, LOOK_S) for _ in range(n)]  # agents' polls are not in phase
+
+    def run(i: int) -> None:
+        agent = agents[i]
+        counter.tag(agent.ctx.hostname)
+        time.sleep(offsets[i])
+        next_beat = time.monotonic() + BEAT_S
+        # steady training: NodeAgent._run_attempt's loop (its heartbeat thread's beats done here, so
+        # that they are counted for this agent), until this node's ranks fail or it sees ``end``
+        while True:
+            if time.monotonic() >= next_beat:
+                next_beat += BEAT_S
+                agent.alloc.beat()
+            agent._watch(agent.watchdog, list)
+            if fault.is_set() and i == n - 1:
+                agent.alloc.signal_end(attempt, f"node {agent.ctx.hostname}: failed")
+                break
+            if agent._ended():
+                break
+            time.sleep(POLL_S)
+        ended_at[i] = time.time()
+        agent.alloc.report(attempt, i, {"state": "failed", "returncode": 1})
+        if agent.decider:
+            expect = dict(enumerate(hosts))
+            await_reports(agent.alloc, attempt, expect, poll=lambda: agent._watch(None, list))
+            agent.alloc.publish(attempt, {"attempt": attempt, "in_place": True, "next": "9.0.1"})
+            published_at[0] = seen_at[i] = time.time()
+        else:
+            agent._agree({"returncode": 1})
+            seen_at[i] = time.time()
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]
+    with counter.active():
+        for a in agents:  # (inside: the counter follows each agent's kept-open heartbeat file)
+            a.alloc.beats.mkdir(parents=True, exist_ok=True)
+            a.alloc.beat()
+        for t in threads:
+            t.start()
+        time.sleep(LOOK_S + 1.0)  # every agent started and past its first looks
+        meta0, data0 = counter.snapshot()
+        t0 = time.monotonic()
+        time.sleep(steady_s)
+        meta1, data1 = counter.snapshot()
+        window = time.monotonic() - t0
+        faulted = time.time()
+        fault.set()
+        for t in threads:
+            t.join(timeout=120)
+        meta2, _ = counter.snapshot()
+    rates = {h: (meta1.get(h, 0) - meta0.get(h, 0)) / window for h in hosts}
+    followers = [rates[h] for h in hosts[1:]] or [0.0]
+    recovery = {h: meta2.get(h, 0) - meta1.get(h, 0) for h in hosts}
+    calls: dict[str, int] = {}
+    for (tag, call), count in counter.calls.items():
+        if tag != hosts[0]:
+            calls[call] = calls.get(call, 0) + count
+    return {
+        "agents": n,
+        "world": world,
+        "window_s": window,
+        "steady_per_agent": sum(followers) / len(followers),
+        "steady_max_agent": max(followers),
+        "steady_data_per_agent": sum(data1.get(h, 0) - data0.get(h, 0) for h in hosts[1:])
+        / max(1, n - 1)
+        / window,
+        "steady_decider": rates[hosts[0]],
+        "steady_per_node": sum(rates.values()) / n,  # the decider's share spread over the nodes
+        "recovery_per_agent": sum(recovery[h] for h in hosts[1:]) / max(1, n - 1),
+        "recovery_max_agent": max((recovery[h] for h in hosts[1:]), default=0),
+        "recovery_decider": recovery[hosts[0]],
+        "fault_to_decision_s": published_at[0] - faulted,
+        "last_end_seen_s": max(ended_at) - faulted,
+        "publish_to_last_s": max(seen_at) - published_at[0],
+        "follower_calls": calls,
+        "hung": sum(t.is_alive() for t in threads),
+    }
