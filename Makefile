@@ -33,11 +33,12 @@ check: lint typecheck
 # Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
 # and OpenPBS; skipped with a reason when they cannot start, an error when
 # HPCLAUNCH_REQUIRE_SLURM=1 / HPCLAUNCH_REQUIRE_PBS=1 as in CI).
-# Parallel workers (pytest-xdist): each real cluster's tests run in one worker, in order (they share
-# its daemons and its layout), each other module's tests together; the clusters' groups start first.
+# Parallel workers (pytest-xdist; the groups are tests/conftest.py's scheduler): each real cluster's
+# tests run in one worker, in order (they share its daemons and its layout), each other module's
+# tests together; the clusters' groups start first.
 TEST_WORKERS ?= 3
 test: lint typecheck
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15
 
 unit: venv
 	$(BIN)/pytest -q -m "not slow and not slurm and not pbs"

@@ -18,14 +18,14 @@ from collections.abc import Iterator
 import pytest
 from tests.spawnguard import refusing_processes
 
-# ---- parallel workers (`make test`: pytest-xdist, --dist loadgroup) --------------------------------
+# ---- parallel workers (`make test`: pytest-xdist) ---------------------------------------------------
 
 
-def _group_of(item: pytest.Item) -> str:
+def _group_of(nodeid: str) -> str:
     """The worker group a test runs in: every test of one real cluster in one group, one after the
     other (they share its daemons and switch its layout); every other module's tests together
     (its module fixtures are built once)."""
-    path = item.nodeid.split("::", 1)[0]
+    path = nodeid.split("::", 1)[0]
     if path.startswith("tests/cluster/"):
         return "slurm"
     if path.startswith("tests/pbs/"):
@@ -33,17 +33,28 @@ def _group_of(item: pytest.Item) -> str:
     return path
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Work units of whole groups (above), in collection order. Not `--dist loadgroup`: with
+    pytest 9 its `xdist_group` marks no longer reach the scheduler (every test went alone)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group_of(nodeid)
+
+    return ByGroup(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under xdist: the groups (above), and the two clusters' groups first in the queue, so that
-    the longest ones start at once and the modules share the other workers meanwhile. Runs after
-    the cluster conftests' own ordering by layout (kept within each group) and before xdist's."""
-    if getattr(config.option, "dist", "no") == "no":
+    """In a parallel run's workers (xdist sets `workerinput`), the two clusters' groups first in
+    the queue, so that the longest ones start at once and the modules share the other workers
+    meanwhile. Runs after the cluster conftests' own ordering by layout, kept within each group."""
+    if not hasattr(config, "workerinput"):
         return
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group_of(item)))
     rank = {"slurm": 0, "pbs": 1}
-    items.sort(key=lambda it: rank.get(_group_of(it), 2))
+    items.sort(key=lambda it: rank.get(_group_of(it.nodeid), 2))
 
 
 @pytest.fixture(autouse=True)
