@@ -36,7 +36,7 @@ check: lint typecheck
 # Parallel workers (pytest-xdist; the groups are tests/conftest.py's scheduler): each real cluster's
 # tests run in one worker, in order (they share its daemons and its layout), each other module's
 # tests together; the clusters' groups start first.
-TEST_WORKERS ?= 3
+TEST_WORKERS ?= 4
 test: lint typecheck
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15
 
