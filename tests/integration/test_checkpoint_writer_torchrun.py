@@ -25,7 +25,7 @@ import pytest
 from hpclaunch.rundir import CHECKPOINT_FAILED, CHECKPOINT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.rundir.ledger import CHECKPOINT_INTERVAL
-from hpclaunch.trainer.checkpoint import ENV_KILL
+from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_KILL
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h
@@ -289,3 +289,44 @@ def test_a_settled_background_save_is_the_measured_save_the_stop_lead_keeps_room
     assert first_blocking == stopped["step"]  # no blocking save before the stop's own
     assert stopped["save_s"] is not None and stopped["save_s"] > 0, stopped
     assert stopped["lead_s"] is None  # no scheduler clock here: no deadline
+
+
+def test_a_stop_drops_a_background_save_still_writing_and_saves_its_newer_step_at_once(
+    root: Path, data: Path
+) -> None:
+    """Issue 25 (6): the stop's save waited for the background save of step 50, whose writer (idle
+    priority, two busy cores) was starved and started again: 15 s past the deadline, after PBS's
+    walltime. A stop saves a newer step: the save still writing is dropped (every writer stopped,
+    its directory removed) and the stop's own save is written at once."""
+    run = h.make_run(
+        root,
+        "superseded",
+        data,
+        [
+            "checkpoint.every_steps=100",  # the next is 100 steps away: it would wait for the first
+            "train.steps=100000",
+            "train.log_every=1",
+            "testing.step_sleep_s=0.05",
+        ],
+    )
+    # Only the writer processes sleep (background saves): the stop's blocking save does not.
+    proc = h.start(run, env={ENV_DELAY_WRITE: "600:writer"})
+    try:
+        wait_until(
+            lambda: bool(writers_of(run / "checkpoints")) or proc.poll() is not None,
+            what="the first background save's writers",
+            timeout=600,
+        )
+        h.wait_for_step(run, 102, proc, timeout=600)  # the save of step 100 was handed to them
+    finally:
+        write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
+        _, err = proc.communicate(timeout=300)  # far less than the writers' 600 s sleep
+    assert proc.returncode == 0, err[-3000:]
+    (superseded,) = events(run, "checkpoint_superseded")
+    (stopped,) = events(run, "stopped")
+    assert superseded["step"] == 100 and 100 < stopped["step"] < 200
+    (saved,) = events(run, CHECKPOINT_SAVED)
+    assert saved["blocking"] and saved["step"] == stopped["step"]
+    kept = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert kept == [Path(saved["path"]).name], kept  # nothing half-written left behind
+    wait_until(lambda: not writers_of(run / "checkpoints"), what="the writers gone", timeout=60)

@@ -242,12 +242,15 @@ class Trainer:
                 startup_s=self.startup.seconds(),
             )
 
-    def save(self, *, blocking: bool) -> None:
-        """Checkpoint the state after step ``counters.step`` (collective)."""
+    def save(self, *, blocking: bool, supersede: bool = False) -> None:
+        """Checkpoint the state after step ``counters.step`` (collective). ``supersede``: a stop's
+        save; a background save still writing is dropped rather than waited for (this step is
+        newer, and the deadline keeps no room for a writer starved of CPU or still starting)."""
         if self.checkpointer is None:
             return
         try:
-            self.checkpointer.wait()  # the previous background save, should it have failed unseen
+            # the previous background save, should it have failed unseen
+            self.checkpointer.wait(supersede=supersede)
         except CheckpointError as error:
             return self._save_again_after(error)
         if not params_finite(self.model, sharded=self.sharded):
@@ -508,7 +511,7 @@ class Trainer:
                         saves.started(self.checkpointer, c.step)
             batches = None  # stops the loader's workers before the final save
             lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
-            self.save(blocking=True)
+            self.save(blocking=True, supersede=cause is not None)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
             if cause is not None and c.step < t.steps:

@@ -100,10 +100,12 @@ def hpclaunch_cli(args: list[str], timeout: float = 300) -> subprocess.Completed
     )
 
 
-def start(run: Path, *, nproc: int = 2, attempt: str = "a1") -> subprocess.Popen[str]:
+def start(
+    run: Path, *, nproc: int = 2, attempt: str = "a1", env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         command(run, nproc),
-        env=env_for(attempt),
+        env=env_for(attempt, env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

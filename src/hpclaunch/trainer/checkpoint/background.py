@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
-from ...rundir import CHECKPOINT_WRITER_STARVED
+from ...rundir import CHECKPOINT_SUPERSEDED, CHECKPOINT_WRITER_STARVED
 from .priority import set_thread_nice
 from .starvation import StarvationWatch
 from .writing import Published, SaveJob, SaveWriter
@@ -120,6 +120,10 @@ class ThreadBackground:
         except Exception as e:
             return Settled(job, error=CheckpointError(f"background save failed: {type(e).__name__}: {e}"))
         return Settled(job, published, seconds)
+
+    def supersede(self) -> Settled:
+        """A thread cannot be stopped (it may hold DCP's collectives): the save is waited for."""
+        return self.wait()
 
     def abort(self, *, writer_died: bool = False) -> Settled:
         """All ranks agreed that the save failed; here it has ended too (DCP failed it everywhere)."""
@@ -309,6 +313,37 @@ class ProcessBackground:
             [*self._take_notes(), *((name, fields) for name, fields in answer.get("events", []))],
             cpu_s=answer.get("cpu_s"),
         )
+
+    def supersede(self) -> Settled:
+        """A stop saves a newer step now: a save still writing on any rank is dropped instead of
+        waited for (its writer may be starved of CPU at idle priority, or still starting: seconds
+        the stop does not have before the deadline). Every rank stops its writer; the coordinator
+        keeps a save published meanwhile, else removes its half-written directory. A save finished
+        (or failed) on every rank settles as ``wait`` would."""
+        assert self._proc is not None and self._job is not None
+        running, failed = _flags(self._answer(0.0))
+        if self._pg is not None:
+            agreed = _agree_max([int(running), failed], self._pg)
+            running, failed = bool(agreed[0]), agreed[1]
+        if failed:
+            return self.abort(writer_died=failed == WRITER_DIED)
+        if not running:
+            return self._settle()
+        old = self._job
+        answer = self._proc.poll(0.0)
+        self._proc.kill()
+        self._proc = None
+        coordinator = int(self._spec["rank"]) == 0
+        published = coordinator and old.final.is_dir()
+        if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
+            published = bool(_agree_max([published], self._pg)[0])
+        if published:
+            return self._settle_published_meanwhile(old, answer if coordinator else None)
+        if coordinator:
+            shutil.rmtree(old.tmp, ignore_errors=True)
+        self._notes.append((CHECKPOINT_SUPERSEDED, {"step": old.step, "writer": "process"}))
+        self._job = self._staged = None
+        return Settled(old, None, None, self._take_notes())
 
     def abort(self, *, writer_died: bool = False) -> Settled:
         """Every rank agreed that the save failed: say why (ours, or another rank's), stop our writer

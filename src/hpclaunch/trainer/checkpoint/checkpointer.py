@@ -302,12 +302,13 @@ class Checkpointer:
 
     # ---- wait / close -------------------------------------------------------------------------
 
-    def wait(self) -> None:
+    def wait(self, *, supersede: bool = False) -> None:
         """Finish (publish) a pending background save; raise its error. Every rank calls it at the
-        same point (with the process writer it is collective: ranks wait for each other's writers)."""
+        same point (with the process writer it is collective: ranks wait for each other's writers).
+        ``supersede``: drop it instead where it is still writing (``ProcessBackground.supersede``)."""
         if self.pending:
             assert self._background is not None
-            self._settle(self._background.wait())
+            self._settle(self._background.supersede() if supersede else self._background.wait())
 
     def _settle(self, settled: Settled) -> None:
         self.settled_saves += 1
@@ -317,8 +318,9 @@ class Checkpointer:
         if settled.error is not None:
             self._plans.forget()
             raise settled.error
-        self.last_save_seconds = settled.seconds
-        self.last_writer_cpu_seconds = settled.cpu_s
+        if settled.seconds is not None:  # (None: superseded, nothing was measured)
+            self.last_save_seconds = settled.seconds
+            self.last_writer_cpu_seconds = settled.cpu_s
         self._report_saved(settled.job, settled.published)
 
     def poll_background(self, group: dist.ProcessGroup | None) -> CheckpointError | None:

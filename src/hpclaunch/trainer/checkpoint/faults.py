@@ -8,8 +8,9 @@ CheckpointException from DCP, so every rank raises the same message, whatever th
 
 Test hooks (environment variables, read at call time; never set them in production):
 
-``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>``
-    the writer sleeps this long before writing a save (proves that staging copied the state).
+``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>[:writer]``
+    the writer sleeps this long before writing a save (proves that staging copied the state);
+    with ``:writer``, only a writer process does (background saves; a blocking save does not).
 ``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>[:writer]``
     rank ``<rank>`` is SIGKILLed while saving ``<step>``; phase ``data``: after its own data
     files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
@@ -169,9 +170,10 @@ def estimated_bytes(state: Any, world_size: int, rank_local_key: str) -> int:
 # ---- test hooks -----------------------------------------------------------------------------------
 
 
-def delay_write_hook() -> None:
-    seconds = os.environ.get(ENV_DELAY_WRITE)
-    if seconds:
+def delay_write_hook(*, in_writer_process: bool = False) -> None:
+    value = os.environ.get(ENV_DELAY_WRITE, "")
+    seconds, writer_only = value.removesuffix(":writer"), value.endswith(":writer")
+    if seconds and (in_writer_process or not writer_only):
         time.sleep(float(seconds))
 
 

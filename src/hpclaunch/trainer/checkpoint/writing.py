@@ -123,7 +123,7 @@ class SaveWriter:
         begun = time.monotonic()
         if self.before_write is not None:
             self.before_write()
-        delay_write_hook()
+        delay_write_hook(in_writer_process=self.in_writer_process)
         self._dcp_save(job, state, planner_attrs)
         kill_hook(job.step, self.rank, "publish", in_writer_process=self.in_writer_process)
         reports = all_gather_json(self._own_digests(job.tmp), self.pg)
