@@ -561,3 +561,30 @@ def test_a_bad_token_in_a_batch_is_named_by_the_batch(tmp_path: Path) -> None:
     with pytest.raises(RankDataError, match=r"id 999 at sample \d+, position 3 is outside 0..255") as caught:
         raise_data_problem(item)
     assert caught.value.where == str(token_file)
+
+
+def test_a_save_that_failed_because_a_peer_died_in_it_is_that_peers_crash_not_the_runs_verdict() -> None:
+    """Seen under load (local scheduler): rank 0 SIGKILLed during the last save; rank 1's save
+    failed with gloo's "Connection closed by peer", a CheckpointError, so cause `training`: the run
+    failed instead of restarting in place within the crash budget."""
+    import torch.distributed as dist
+
+    from hpclaunch.errors import CheckpointError
+    from hpclaunch.trainer.entry import failure_cause
+
+    gloo = (
+        "/runs/crash/checkpoints: writing step 60 failed: RuntimeError: [/__w/pytorch/pytorch/third_party/"
+        "gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:27539"
+    )
+    assert failure_cause(CheckpointError(gloo)) is Cause.CRASH
+    try:
+        try:
+            raise dist.DistNetworkError("recv: the socket is gone")
+        except dist.DistNetworkError as e:
+            raise CheckpointError("writing step 60 failed") from e
+    except CheckpointError as chained:
+        assert failure_cause(chained) is Cause.CRASH
+    full = CheckpointError(
+        "no space left on /runs/x/checkpoints: 12.0 MiB free, the checkpoint needs 230.0 MiB"
+    )
+    assert failure_cause(full) is Cause.TRAINING  # the run's own: a retry would fail the same way

@@ -143,9 +143,33 @@ def failure_cause(err: BaseException) -> Cause:
         return Cause.FILESYSTEM
     if isinstance(err, PreflightFailed):
         return Cause.CRASH
-    if isinstance(err, HpclaunchError):
+    if isinstance(err, HpclaunchError) and not peer_lost(err):
         return Cause.TRAINING
     return Cause.CRASH
+
+
+# What gloo and NCCL say when another rank's process or node is gone (its socket closed, the
+# communicator aborted). A survivor's error that says it (a save that failed because a peer died
+# in it, wrapped as a CheckpointError) is that peer's crash, retried, not this run's own verdict.
+_PEER_LOST = re.compile(
+    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
+    r"NCCL communicator was aborted|NCCL error.*remote process exited|ProcessGroupGloo.*(?:closed|reset)",
+    re.IGNORECASE,
+)
+
+
+def peer_lost(err: BaseException) -> bool:
+    """``err``, or an error it was raised from, is a lost peer's (see ``_PEER_LOST``)."""
+    seen: set[int] = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, dist.DistError):  # torch's own: backend, network, store
+            return True
+        if _PEER_LOST.search(str(e)):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
 
 
 def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
