@@ -5,7 +5,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv check test lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
+.PHONY: venv check test test-parallel lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
 
 # torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
 $(STAMP): pyproject.toml
@@ -33,11 +33,15 @@ check: lint typecheck
 # Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
 # and OpenPBS; skipped with a reason when they cannot start, an error when
 # HPCLAUNCH_REQUIRE_SLURM=1 / HPCLAUNCH_REQUIRE_PBS=1 as in CI).
-# Parallel workers (pytest-xdist; the groups are tests/conftest.py's scheduler): each real cluster's
-# tests run in one worker, in order (they share its daemons and its layout), each other module's
-# tests together; the clusters' groups start first.
-TEST_WORKERS ?= 4
+# One process, what CI runs. `make test-parallel` spreads it over TEST_WORKERS pytest-xdist workers
+# (tests/conftest.py: each real cluster's tests in one worker, in order; each other module's tests
+# together; the clusters first): on this 2-core machine, three workers brought the load to 12-20 and
+# failed tests with 10-20 s windows (hang detection, walltime), so it is not CI's default yet.
 test: lint typecheck
+	$(BIN)/pytest -q --durations=15
+
+TEST_WORKERS ?= 3
+test-parallel: lint typecheck
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15
 
 unit: venv
