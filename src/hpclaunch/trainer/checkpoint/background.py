@@ -230,17 +230,9 @@ class ProcessBackground:
         settled as published instead (the Settled)."""
         assert self._proc is not None and self._job is not None
         old, nice = self._job, int(self._spec.get("nice", 0))
-        answer = self._proc.poll(0.0)  # this rank's writer may have finished its part meanwhile
-        self._proc.kill()
-        self._proc = None
-        coordinator = int(self._spec["rank"]) == 0
-        published = coordinator and old.final.is_dir()
-        if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
-            published = bool(_agree_max([published], self._pg)[0])
-        if published:
-            return self._settle_published_meanwhile(old, answer if coordinator else None)
-        if coordinator:
-            shutil.rmtree(old.tmp, ignore_errors=True)
+        kept = self._stop_writers(old)
+        if kept is not None:
+            return kept
         share = watch.starved_share if watch is not None else None  # None: another rank's writer
         log.warning(
             "checkpoint writer: the save of step %d was starved of CPU at idle priority (%s: other "
@@ -258,6 +250,24 @@ class ProcessBackground:
         self._sent = False
         self._proc = self._new_writer(self._job)
         self._dispatch(block=True)
+        return None
+
+    def _stop_writers(self, old: SaveJob) -> Settled | None:
+        """Every rank stops its writer in the middle of ``old`` (collective). A save the writers
+        published after all (stopped between the rename and their answer) is settled as published
+        (the Settled); else the coordinator removes its half-written directory (None)."""
+        assert self._proc is not None
+        answer = self._proc.poll(0.0)  # this rank's writer may have finished its part meanwhile
+        self._proc.kill()
+        self._proc = None
+        coordinator = int(self._spec["rank"]) == 0
+        published = coordinator and old.final.is_dir()
+        if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
+            published = bool(_agree_max([published], self._pg)[0])
+        if published:
+            return self._settle_published_meanwhile(old, answer if coordinator else None)
+        if coordinator:
+            shutil.rmtree(old.tmp, ignore_errors=True)
         return None
 
     def _settle_published_meanwhile(self, job: SaveJob, answer: dict[str, Any] | None) -> Settled:
@@ -330,17 +340,9 @@ class ProcessBackground:
         if not running:
             return self._settle()
         old = self._job
-        answer = self._proc.poll(0.0)
-        self._proc.kill()
-        self._proc = None
-        coordinator = int(self._spec["rank"]) == 0
-        published = coordinator and old.final.is_dir()
-        if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
-            published = bool(_agree_max([published], self._pg)[0])
-        if published:
-            return self._settle_published_meanwhile(old, answer if coordinator else None)
-        if coordinator:
-            shutil.rmtree(old.tmp, ignore_errors=True)
+        kept = self._stop_writers(old)
+        if kept is not None:
+            return kept
         self._notes.append((CHECKPOINT_SUPERSEDED, {"step": old.step, "writer": "process"}))
         self._job = self._staged = None
         return Settled(old, None, None, self._take_notes())
