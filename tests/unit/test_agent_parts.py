@@ -218,26 +218,16 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
         def node_address(self, host: str) -> str:
             return {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}[host]
 
-    request = rank_request(
-        "7.1",
-        plan=plan,
-        cfg=cfg,
-        ctx=ctx(rank=1),
-        scheduler=Nodes(),
-        paths=paths,
-        roster=Roster(("n3", "n2"), ()),  # type: ignore[arg-type]
-    )
+    def request_of(rank: int) -> dict[str, Any]:
+        roster = Roster(("n3", "n2"), ())
+        return rank_request(
+            "7.1", plan=plan, cfg=cfg, ctx=ctx(rank=rank), scheduler=Nodes(), paths=paths, roster=roster
+        )  # type: ignore[arg-type]
+
+    request = request_of(1)
     assert request["nnodes"] == 2 and request["env"][ATTEMPT_VAR] == "7.1"
     assert request["rdzv_configs"]["is_host"] is False and request["local_addr"] == "10.0.0.2"
     assert request["rdzv_endpoint"].startswith("10.0.0.3:")  # the roster's first node hosts it, not node 0
-    host = rank_request(
-        "7.1",
-        plan=plan,
-        cfg=cfg,
-        ctx=ctx(rank=2),
-        scheduler=Nodes(),
-        paths=paths,
-        roster=Roster(("n3", "n2"), ()),  # type: ignore[arg-type]
-    )
+    host = request_of(2)
     assert host["rdzv_configs"]["is_host"] is True
     assert attempt_env("7.1", plan, cfg, ctx(), paths) == {ATTEMPT_VAR: "7.1"}  # no clock, gloo

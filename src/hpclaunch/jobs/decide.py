@@ -55,6 +55,11 @@ if TYPE_CHECKING:
     from ..rundir import JobPlan
 
 
+# No command named: a submitted run continues with `submit --resume` (status says so), a foreground
+# one with `train ... --resume` (the command says so); this reason is printed by both.
+RESUMABLE = "it can be resumed from its last checkpoint"
+
+
 class Action(str, Enum):
     FINISH = "finish"  # every step done
     CONTINUE = "continue"  # come back from the last checkpoint (requeue, continuation, restart)
@@ -406,11 +411,6 @@ def _user_end(facts: Facts) -> Decision:
         Cause.USER,
         f"{ended}; stopped by the user: {RESUMABLE}",
     )
-
-
-# No command named: a submitted run continues with `submit --resume` (status says so), a foreground
-# one with `train ... --resume` (the command says so); this reason is printed by both.
-RESUMABLE = "it can be resumed from its last checkpoint"
 
 
 def _within(
