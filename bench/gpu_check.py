@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -127,6 +128,8 @@ class Runner:
         if proc.returncode != 0:
             raise SystemExit(f"trainer failed in {run} (exit {proc.returncode}):\n{out[-4000:]}")
         result: dict[str, Any] = json.loads(RunPaths(run).outcome_file(attempt).read_text())
+        if stop_at is None:  # read what it needs: a big model's checkpoints would fill the disk
+            shutil.rmtree(RunPaths(run).checkpoints, ignore_errors=True)
         return result
 
 
@@ -169,6 +172,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             f"data.latent_dir={root / 'data' / 'latents'}",
         ]
         report: dict[str, Any] = {"devices": devices, "nproc": nproc, "cpu": args.cpu, "steps": steps}
+        report["config"] = list(runner.base)
 
         cfg, run = runner.config("throughput")
         first = runner.train(run)
@@ -187,17 +191,21 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             "mfu": (flops / step_s / nproc / (peak * 1e12)) if peak else None,
         }
         estimate = estimate_memory(cfg, params)
+        save_partial(args, report)
         report["memory"] = {
             "peak_gb_rank0": max(line["max_memory_gb"] for line in lines),
             "estimate_gb": estimate.total / 1e9,
         }
         writers = {"process": checkpoint_figures(run)}
-        _, thread_run = runner.config("checkpoint-thread", ["checkpoint.writer=thread"])
-        runner.train(thread_run)
-        writers["thread"] = checkpoint_figures(thread_run)
+        if "thread-writer" in args.parts:
+            _, thread_run = runner.config("checkpoint-thread", ["checkpoint.writer=thread"])
+            runner.train(thread_run)
+            writers["thread"] = checkpoint_figures(thread_run)
         report["checkpoint"] = {**writers["process"], "writers": writers}
+        save_partial(args, report)
         report["determinism"] = {}
-        for flash in ("false", "true") if args.flash == "both" else (args.flash,):
+        variants = ("false", "true") if args.flash == "both" else (args.flash,)
+        for flash in variants if "determinism" in args.parts else ():
             sets = [f"model.flash_attn={flash}"]
             _, again = runner.config(f"again-flash-{flash}", sets)
             _, ref = runner.config(f"ref-flash-{flash}", sets)
@@ -212,7 +220,14 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
                 "stopped_at": stopped["step"],
                 "resume_bitwise": [r["state_sha256"] for r in final["ranks"]] == ref_states,
             }
+            save_partial(args, report)
         return report
+
+
+def save_partial(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """What is measured so far, to ``--out`` (a lease that ends early keeps it)."""
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=2))
 
 
 def checkpoint_figures(run: Path) -> dict[str, Any]:
@@ -277,6 +292,13 @@ def main() -> None:
         choices=("both", "false", "true"),
         default="both",
         help="model.flash_attn variants of the determinism check",
+    )
+    ap.add_argument(
+        "--parts",
+        type=lambda v: set(v.split(",")),
+        default={"thread-writer", "determinism"},
+        help="what to run beside the throughput run (itself with the process writer's saves), "
+        "comma-separated: thread-writer, determinism (default both); '' for the throughput run alone",
     )
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--tmp", default=None, help="where the run directories go (default: the system's tmp)")

@@ -47,11 +47,8 @@ def test_a_hang_on_an_nccl_rank_dumps_its_flight_record(tmp_path: Path) -> None:
     run = tmp_path / "runs" / "gpuhang"
     s = wait_run_done(run, tmp_path, timeout=400)
     assert s["state"] == "failed" and s["attempts"][0]["cause"] == "hang", json.dumps(s, indent=1)[-2000:]
-    preset = next(e for e in events(run) if e["event"] == "nccl_preset")
-    assert (
-        preset["env"]["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-        and "nccl/" in preset["env"]["TORCH_FR_DUMP_TEMP_FILE"]
-    )
+    # (the flight recorder's variables are the attempt's, not the preset's: jobs/attempt_env.py)
+    assert any(e["event"] == "nccl_preset" for e in events(run))
     hang = next(e for e in events(run) if e["event"] == "hang")
     assert hang["flight_recorder"] == [f"logs/attempt-{hang['attempt']}/nccl/nccl_trace_rank_0"], hang
     assert (run / hang["flight_recorder"][0]).stat().st_size > 0

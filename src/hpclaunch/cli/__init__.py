@@ -50,9 +50,9 @@ def _plain_help_types() -> None:
     from typer.core import TyperArgument, TyperOption
 
     for cls in (TyperOption, TyperArgument):
-        original = cls.display_type_rich
-        if getattr(original, "_hpclaunch", False):
-            continue
+        original = getattr(cls, "display_type_rich", None)
+        if original is None or getattr(original, "_hpclaunch", False):
+            continue  # (typer releases without rich help types label nothing to fix)
 
         def display(self: Any, ctx: Any, _original: Any = original) -> str | None:
             if getattr(self, "is_flag", False):

@@ -90,24 +90,24 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
     else:
         device = torch.device("cpu")
     ctx = DistContext(rank=rank, world_size=world, local_rank=local, device=device)
+    backend = cfg.backend
+    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        backend = cfg.backend
-        kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
         if not dist.is_initialized():  # (a caller such as a benchmark may have joined it already)
             dist.init_process_group(backend=backend, **kwargs)
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
-        if backend == "nccl":
-            ctx.cpu_group = dist.new_group(backend="gloo")
     elif world != 1:
         raise TrainingError(
             f"WORLD_SIZE={world} but MASTER_ADDR is not set", hint="start ranks with torchrun"
         )
-    elif cfg.train.parallel == "fsdp":
-        backend = cfg.backend
-        kwargs = {"device_id": device} if backend == "nccl" else {}
+    elif cfg.train.parallel == "fsdp":  # FSDP2 needs a group, even of one rank
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
         ctx.initialized = ctx.own_group = True
+    if ctx.initialized and backend == "nccl":
+        # NCCL reduces CUDA tensors only: the stop flag, the save agreements and other host-side
+        # collectives go through a gloo group over the same ranks.
+        ctx.cpu_group = dist.new_group(backend="gloo")
     # The global batch is what the math depends on; the rank count may differ from the config's
     # (a resume on fewer nodes) as long as it divides the global batch.
     if cfg.train.global_batch % ctx.world_size:

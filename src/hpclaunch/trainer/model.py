@@ -118,7 +118,10 @@ class MMDiTDiffusion(nn.Module):
         side's head takes no part in the graph and gets no gradient."""
         text = self.token_emb(tokens) + self.text_pos
         lat = self.latent_in(latents) + self.latent_pos
-        cond = self.time_mlp(torch.cat([self.time_text(t_text), self.time_latent(t_latent)], dim=-1))
+        # The sinusoidal features are computed in fp32 (precise phases) and enter the MLP in its own
+        # dtype: bf16 under FSDP's mixed precision, which casts parameters and inputs but not these.
+        times = torch.cat([self.time_text(t_text), self.time_latent(t_latent)], dim=-1)
+        cond = self.time_mlp(times.to(next(self.time_mlp.parameters()).dtype))
         masks = None if text_mask is None else (text_mask, None)
         text, lat = self.trunk(modality_tokens=(text, lat), modality_masks=masks, time_cond=cond)
         logits = self.text_head(text) if want_text else None

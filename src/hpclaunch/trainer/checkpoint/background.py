@@ -84,6 +84,7 @@ class ThreadBackground:
         from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         if self._stager is None:
+            _stager_copies_classes()
             cuda = torch.cuda.is_available()
             # Staging happens in the caller's thread so it is complete when save() returns.
             options = StagingOptions(
@@ -411,3 +412,35 @@ def _agree_max(values: list[int], pg: dist.ProcessGroup) -> list[int]:
     flags = torch.tensor([int(v) for v in values], dtype=torch.int64)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=pg)
     return [int(v) for v in flags]
+
+
+def _stager_copies_classes() -> None:
+    """Give DCP's state-dict stager a copier for classes where it lacks one.
+
+    The stager deep-copies a DTensor's spec (its mesh, placements, ...) and, on meeting a class
+    there, looks up ``type`` in its copy table: torch 2.11 (seen on an H200 with FSDP2 and the
+    thread writer) has no entry and fails every background save with ``KeyError: <class 'type'>``;
+    2.13 has one (a class is copied as itself). Adding the same entry to each new stager is all
+    this does; a torch without the private module, or with the entry, is left alone.
+    """
+    try:
+        from torch.distributed.checkpoint import _state_dict_stager as module
+    except ImportError:
+        return
+    cls = getattr(module, "StateDictStager", None)
+    if cls is None or getattr(cls, "_hpclaunch_copies_classes", False):
+        return
+    init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        table = getattr(self, "_deepcopy_dispatch", None)
+        if isinstance(table, dict) and type not in table:
+
+            def _deepcopy_atomic(x: Any, memo: Any, non_blocking: bool = False) -> Any:
+                return x  # (the name is how the stager tells an atomic copier)
+
+            table[type] = _deepcopy_atomic
+
+    cls.__init__ = __init__
+    cls._hpclaunch_copies_classes = True
