@@ -4,8 +4,8 @@
 #
 #   bash bench/gpu_lease.sh            # from the repository root, with python3 holding CUDA torch
 #
-# Where the machine lacks this project's pure-Python dependencies, put their wheels in .whl/ (the
-# device notes in README's figures say how); they are installed to /tmp/site. Logs and JSON go to
+# Where the machine lacks this project's pure-Python dependencies, put their wheels in .whl/
+# (docs/figures.md, "How to measure", says which); they are installed to /tmp/site. Logs and JSON go to
 # $OUT (default /tmp/gpu-lease): lease.log (everything), gpu-check-mid.json, gpu-check-1b.json,
 # preflight.json.
 set -u
