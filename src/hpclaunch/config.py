@@ -570,12 +570,28 @@ class CheckpointConfig(_Section):
         description="Niceness added to the background writer (Linux): where every core trains, "
         "its CPU work (copies, hashing) yields to the training step; 0 = same priority as training.",
     )
+    write_threads: int | Literal["auto"] = Field(
+        "auto",
+        description="Threads each rank writes and hashes its checkpoint files with (one file per "
+        "thread): auto = the node's cores over its ranks, at most 8; 1 = one file per rank. On an "
+        "H200 one thread wrote 18.6 GB at 0.39 GB/s.",
+    )
     writer_idle: bool = Field(
         True,
         description="The writer process runs only on CPU time nothing else wants (Linux SCHED_IDLE; "
         "a save then waits for idle time where every core trains; a writer a rank must wait for and "
         "finds starved of CPU is replaced by one at writer_nice); false = at writer_nice.",
     )
+
+    @field_validator("write_threads", mode="before")
+    @classmethod
+    def _threads_or_auto(cls, v: Any) -> int | str:
+        if v == "auto":
+            return "auto"
+        text = str(v).strip()
+        if isinstance(v, bool) or not (isinstance(v, int) or text.isdigit()) or not 1 <= int(text) <= 64:
+            raise ValueError(f"{v!r} is not a thread count: use a whole number from 1 to 64, or auto")
+        return int(text)
 
     @field_validator("every_steps", mode="before")
     @classmethod

@@ -141,3 +141,11 @@ def test_a_bad_interval_dies_at_load_with_the_key(value: str, message: str) -> N
     with pytest.raises(ConfigError, match=r"checkpoint\.mtbf_hours"):
         load_config(None, ["checkpoint.mtbf_hours=0"])
     assert load_config(None, ["checkpoint.every_steps=auto"]).checkpoint.every_steps == "auto"
+
+
+@pytest.mark.parametrize("value", ["0", "65", "many", "1.5"])
+def test_a_bad_write_thread_count_dies_at_load_with_the_key(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"checkpoint\.write_threads: .* is not a thread count"):
+        load_config(None, [f"checkpoint.write_threads={value}"])
+    assert load_config(None, []).checkpoint.write_threads == "auto"
+    assert load_config(None, ["checkpoint.write_threads=4"]).checkpoint.write_threads == 4

@@ -340,3 +340,34 @@ def test_a_background_save_runs_below_training_priority_and_a_blocking_one_does_
     assert seen[1] == (threading.main_thread().name, base), seen
     assert os.getpriority(os.PRIO_PROCESS, os.getpid()) == base  # training's own thread untouched
     assert [e["step"] for e in events(tmp_path, CHECKPOINT_SAVED)] == [1, 2]
+
+
+def test_several_write_threads_write_several_files_all_in_the_manifest_and_load_back(tmp_path: Path) -> None:
+    ck = make(tmp_path, write_threads=3)
+    saved = state_at(7)
+    ck.save(7, saved, blocking=True)
+    path = tmp_path / "ckpt" / "step_000007"
+    data = sorted(p.name for p in path.glob("*.distcp"))
+    assert len(data) == 3  # one file per thread
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    for name in data:
+        assert file_digest(path / name) == (
+            manifest["files"][name]["bytes"],
+            manifest["files"][name]["sha256"],
+        )
+    into = blank()
+    result = make(tmp_path).load_latest(into)  # read with the default, one thread
+    assert result is not None and result.info.step == 7
+    assert torch.equal(into["model"]["w"], saved["model"]["w"]) and into["sched"] == saved["sched"]
+    (path / data[1]).write_bytes(b"not what was hashed")
+    assert make(tmp_path).load_latest(blank()) is None  # a damaged thread's file fails the checkpoint
+
+
+def test_auto_write_threads_give_each_rank_its_share_of_the_cores() -> None:
+    from hpclaunch.trainer.checkpoint.writing import MAX_AUTO_WRITE_THREADS, resolve_write_threads
+
+    assert resolve_write_threads("auto", 8, cores=96) == MAX_AUTO_WRITE_THREADS
+    assert resolve_write_threads("auto", 8, cores=32) == 4
+    assert resolve_write_threads("auto", 2, cores=2) == 1  # this development box: as before
+    assert resolve_write_threads("auto", 4, cores=2) == 1
+    assert resolve_write_threads(3, 8, cores=2) == 3  # a number is kept

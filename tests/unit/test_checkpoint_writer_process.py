@@ -261,3 +261,15 @@ def test_a_writer_sent_a_stop_signal_survives_and_finishes_its_save(
     assert alive(pid) and ck.writer_pid == pid
     ck.close()
     assert [i.step for i in make(tmp_path).list_valid()] == [3]
+
+
+def test_the_writer_process_writes_with_the_threads_it_was_given(tmp_path: Path) -> None:
+    ck = make(tmp_path, write_threads=2)
+    ck.save(4, state_at(4), blocking=False)
+    ck.wait()
+    ck.close()
+    assert len(list((tmp_path / "ckpt" / "step_000004").glob("*.distcp"))) == 2
+    into = blank()
+    result = make(tmp_path).load_latest(into)
+    assert result is not None and result.info.step == 4
+    assert torch.equal(into["model"]["w"], state_at(4)["model"]["w"])

@@ -8,6 +8,7 @@ token-range check reads only shards no check record vouches for (``shards.checke
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from ..rundir import Ledger, RunPaths
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
 from .checkpoint import Checkpointer
+from .checkpoint.writing import resolve_write_threads
 from .data import SampleOrder, ShardedDataset, holdout_split
 from .dist import DistContext, broadcast_json, wants_bf16, wrap_model
 from .ema import EMA
@@ -139,6 +141,12 @@ def build_optimizer(params: list[torch.nn.Parameter], t: TrainConfig, lr: float)
     )
 
 
+def _ranks_on_node(cfg: RunConfig) -> int:
+    """This node's ranks: torchrun's count where it started us, else the config's."""
+    local = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(local) if local.isdigit() else max(1, cfg.scheduler.nprocs)
+
+
 def make_checkpointer(
     cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
 ) -> Checkpointer:
@@ -154,6 +162,7 @@ def make_checkpointer(
         async_save=c.async_save,
         writer=c.writer,
         writer_nice=c.writer_nice,
+        write_threads=resolve_write_threads(c.write_threads, _ranks_on_node(cfg)),
         writer_idle=c.writer_idle,
         ledger=ledger,
     )

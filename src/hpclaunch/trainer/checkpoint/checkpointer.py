@@ -74,6 +74,7 @@ class Checkpointer:
         writer: Writer = "process",
         writer_nice: int = 0,
         writer_idle: bool = True,
+        write_threads: int = 1,
         ledger: Ledger | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
@@ -94,6 +95,7 @@ class Checkpointer:
         self.writer = writer
         self.writer_nice = writer_nice
         self.writer_idle = writer_idle
+        self.write_threads = write_threads
         self.ledger = ledger
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
@@ -124,6 +126,7 @@ class Checkpointer:
             checkpoints=self._dir,
             plans=self._plans,
             pg=self._pg,
+            write_threads=write_threads,
         )
         self._background: ThreadBackground | ProcessBackground | None = None
         self._closed = False
@@ -184,6 +187,7 @@ class Checkpointer:
             "keep_every": self.keep_every,
             "nice": self.writer_nice,
             "idle": self.writer_idle,
+            "write_threads": self.write_threads,
             "store": store_address(self.world_size),
         }
         return ProcessBackground(spec, self._pg)

@@ -79,6 +79,7 @@ def main(argv: list[str]) -> int:
         plans=SavePlans(staged_planner_class()),
         pg=_join_group(spec),
         in_writer_process=True,
+        write_threads=int(spec.get("write_threads", 1)),
     )
     return serve(sock, writer, events)
 

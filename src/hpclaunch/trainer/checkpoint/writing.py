@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -82,6 +83,19 @@ def quiet_dcp_logger() -> None:
         quiet.setLevel(logging.WARNING)
 
 
+MAX_AUTO_WRITE_THREADS = 8
+
+
+def resolve_write_threads(setting: int | str, ranks_on_node: int, cores: int | None = None) -> int:
+    """``checkpoint.write_threads`` as a number: ``auto`` gives each rank its share of the node's
+    cores (at least 1, at most ``MAX_AUTO_WRITE_THREADS``); a number is kept."""
+    if setting != "auto":
+        return max(1, int(setting))
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(MAX_AUTO_WRITE_THREADS, cores // max(1, ranks_on_node)))
+
+
 class SaveWriter:
     """Writes and publishes saves of one checkpoint directory from one rank (collective over ``pg``)."""
 
@@ -98,8 +112,10 @@ class SaveWriter:
         pg: dist.ProcessGroup | None,
         in_writer_process: bool = False,
         before_write: Callable[[], None] | None = None,
+        write_threads: int = 1,
     ) -> None:
         self.directory = directory
+        self.write_threads = max(1, write_threads)
         self.rank = rank
         self.world_size = world_size
         self.config_hash = config_hash
@@ -167,7 +183,9 @@ class SaveWriter:
                 fail,
                 lambda: kill_hook(job.step, self.rank, "data", in_writer_process=self.in_writer_process),
             )
-        return direct_writer_class()(job.tmp, sync_files=True, overwrite=False)
+        return direct_writer_class()(
+            job.tmp, sync_files=True, overwrite=False, thread_count=self.write_threads
+        )
 
     def _own_digests(self, tmp: Path) -> dict[str, Any]:
         """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel)."""
@@ -176,7 +194,12 @@ class SaveWriter:
         group_rank = dist.get_rank(self.pg) if self.pg is not None else 0
         try:
             mine = sorted(tmp.glob(f"__{group_rank}_*.distcp"))
-            return {"files": {p.name: list(file_digest(p)) for p in mine}}
+            if len(mine) < 2 or self.write_threads < 2:
+                return {"files": {p.name: list(file_digest(p)) for p in mine}}
+            # one file per write thread, hashed as many at a time (hashlib lets go of the GIL)
+            with ThreadPoolExecutor(min(self.write_threads, len(mine))) as pool:
+                digests = list(pool.map(file_digest, mine))
+            return {"files": {p.name: list(d) for p, d in zip(mine, digests, strict=True)}}
         except OSError as e:
             return {"error": f"rank {self.rank} cannot hash its files: {e}"}
 
