@@ -530,6 +530,17 @@ class TrainConfig(_Section):
         return self
 
 
+def _whole_or_auto(v: Any, most: int | None, what: str) -> int | str:
+    """``auto``, or a whole number from 1 to ``most`` (no bound: None); else "V is not WHAT"."""
+    if v == "auto":
+        return "auto"
+    text = str(v).strip()
+    whole = not isinstance(v, bool) and (isinstance(v, int) or text.isdigit())
+    if not whole or int(text) < 1 or (most is not None and int(text) > most):
+        raise ValueError(f"{v!r} is not {what}")
+    return int(text)
+
+
 class CheckpointConfig(_Section):
     every_steps: int | Literal["auto"] = Field(
         50,
@@ -586,22 +597,12 @@ class CheckpointConfig(_Section):
     @field_validator("write_threads", mode="before")
     @classmethod
     def _threads_or_auto(cls, v: Any) -> int | str:
-        if v == "auto":
-            return "auto"
-        text = str(v).strip()
-        if isinstance(v, bool) or not (isinstance(v, int) or text.isdigit()) or not 1 <= int(text) <= 64:
-            raise ValueError(f"{v!r} is not a thread count: use a whole number from 1 to 64, or auto")
-        return int(text)
+        return _whole_or_auto(v, 64, "a thread count: use a whole number from 1 to 64, or auto")
 
     @field_validator("every_steps", mode="before")
     @classmethod
     def _steps_or_auto(cls, v: Any) -> int | str:
-        if v == "auto":
-            return "auto"
-        text = str(v).strip()
-        if isinstance(v, bool) or not (isinstance(v, int) or text.isdigit()) or int(text) < 1:
-            raise ValueError(f"{v!r} is not a step count: use a whole number >= 1, or auto")
-        return int(text)
+        return _whole_or_auto(v, None, "a step count: use a whole number >= 1, or auto")
 
 
 class PreflightConfig(_Section):
