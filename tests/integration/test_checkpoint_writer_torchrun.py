@@ -59,7 +59,7 @@ def wait_until(done: Callable[[], bool], *, what: str, timeout: float) -> None:
 
 
 def events(run: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in [e.record for e in read_events(RunPaths(run)).events] if e["event"] == name]
+    return [e.record for e in read_events(RunPaths(run)).events if e.event == name]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

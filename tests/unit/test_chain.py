@@ -200,7 +200,7 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     Ledger(stage1, role="agent").append(SUBMITTED, job_id="1")
     Ledger(stage1, role="agent").append(FINISHED)
     settle_followers(stage1, by="agent")
-    (blocked,) = [e for e in [e.record for e in read_events(stage2).events] if e["event"] == "chain_blocked"]
+    (blocked,) = [e for e in (e.record for e in read_events(stage2).events) if e["event"] == "chain_blocked"]
     assert blocked["retry"] is True and blocked["tries"] == 1 and "timed out" in blocked["error"]
     view = chain_view(stage2)
     assert view is not None and view["after"]["outcome"] == "retrying"
@@ -212,7 +212,7 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     assert fake.released == 0 and fake.failures == 0
     schain.settle_around(stage1, by="hpclaunch status")  # ... the status of stage 1 releases it
     assert fake.released == 1
-    blocked = [e for e in [e.record for e in read_events(stage2).events] if e["event"] == "chain_blocked"]
+    blocked = [e for e in (e.record for e in read_events(stage2).events) if e["event"] == "chain_blocked"]
     assert [e["tries"] for e in blocked] == [1, 2]
     kinds = [
         e["event"] for e in [e.record for e in read_events(stage2).events] if e["event"].startswith("chain")

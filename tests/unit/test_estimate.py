@@ -32,7 +32,7 @@ LIMIT = 25.0
 
 
 def cut_ledger(until: float) -> tuple[list[dict], list[dict]]:
-    events = [e for e in [e.record for e in read_events(RunPaths(RECORDED)).events] if e["ts"] <= until]
+    events = [e for e in (e.record for e in read_events(RunPaths(RECORDED)).events) if e["ts"] <= until]
     metrics = [m for m in read_jsonl(RECORDED / "metrics.jsonl") if m["ts"] <= until]
     return events, metrics
 

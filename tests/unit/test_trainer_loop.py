@@ -223,7 +223,7 @@ def test_entry_point_stops_on_the_control_file_and_resumes(
     assert main([str(run)]) == 0
     second = json.loads(RunPaths(run).outcome_file("second").read_text())
     assert (second["status"], second["step"], second["samples_consumed"]) == ("finished", 6, 96)
-    resumed = [e for e in [e.record for e in read_events(RunPaths(run)).events] if e["event"] == "resumed"]
+    resumed = [e for e in (e.record for e in read_events(RunPaths(run)).events) if e["event"] == "resumed"]
     assert [(e["attempt"], e["step"], e["samples_consumed"]) for e in resumed] == [
         ("first", 0, 0),
         ("second", 1, 16),

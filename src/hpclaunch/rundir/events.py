@@ -10,7 +10,7 @@ wants it. Values are kept as written (an integral ``ts`` stays an int), so what 
 does not change.
 
 The writers still append keyword fields (``Ledger.append``); the names here are the names they
-write, and ``tests/unit/test_events.py`` holds the two together.
+write, and ``tests/unit/test_rundir.py`` holds the two together.
 """
 
 from __future__ import annotations
