@@ -64,10 +64,10 @@ def status(run: Path, cwd: Path) -> dict[str, Any]:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    """The run's merged ledger (every writer's file under RUN/events/)."""
+    """The run's merged ledger (every writer's file under RUN/events/), as the lines on disk."""
     from hpclaunch.rundir import RunPaths, read_events
 
-    return read_events(RunPaths(run)).events
+    return [e.record for e in read_events(RunPaths(run)).events]
 
 
 def wait_for(predicate: Any, *, timeout: float, poll: float = 0.5, what: str = "condition") -> Any:

@@ -56,7 +56,7 @@ def ok(proc: subprocess.CompletedProcess[str]) -> None:
 
 
 def events(run_dir: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in read_events(RunPaths(run_dir)).events if e["event"] == name]
+    return [e.record for e in read_events(RunPaths(run_dir)).events if e.event == name]
 
 
 def test_resume_on_two_ranks_is_bitwise_identical_to_an_uninterrupted_run(tmp_path: Path) -> None:

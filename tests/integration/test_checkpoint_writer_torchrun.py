@@ -24,7 +24,7 @@ import pytest
 
 from hpclaunch.rundir import CHECKPOINT_FAILED, CHECKPOINT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
-from hpclaunch.rundir.ledger import CHECKPOINT_INTERVAL
+from hpclaunch.rundir.kinds import CHECKPOINT_INTERVAL
 from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_KILL
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -59,7 +59,7 @@ def wait_until(done: Callable[[], bool], *, what: str, timeout: float) -> None:
 
 
 def events(run: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in read_events(RunPaths(run)).events if e["event"] == name]
+    return [e.record for e in read_events(RunPaths(run)).events if e.event == name]
 
 
 @pytest.mark.parametrize("rank", [0, 1])

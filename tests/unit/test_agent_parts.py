@@ -126,9 +126,11 @@ def test_a_continuation_hands_the_lock_to_the_job_that_continues(tmp_path: Path)
     exclude = Decision(Action.EXCLUDE, Cause.NODE_FAILURE, "n2 died", exclude=("n2",))
     scheduler = Continuations()
     assert _carry(tmp_path, exclude, scheduler)[2] == ["9"] and scheduler.asked == ["exclude ['n2']"]
-    assert [e["nodes"] for e in read_events(RunPaths(tmp_path)).events if e["event"] == "node_excluded"] == [
-        ["n2"]
-    ]
+    assert [
+        e["nodes"]
+        for e in [e.record for e in read_events(RunPaths(tmp_path)).events]
+        if e["event"] == "node_excluded"
+    ] == [["n2"]]
 
 
 def test_a_continuation_the_scheduler_refuses_fails_the_run_and_releases_the_lock(tmp_path: Path) -> None:

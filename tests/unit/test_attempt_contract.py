@@ -20,6 +20,7 @@ from hpclaunch.preflight.base import CheckContext, StaticProbe
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from hpclaunch.rundir.clock import AttemptClock, allocation_start, attempt_end, stop_lead_s
+from hpclaunch.rundir.events import Started, parse_event
 from hpclaunch.templates.lint import lint_slurm
 
 pytestmark = pytest.mark.fast
@@ -193,10 +194,16 @@ def test_the_clock_is_recorded_whole_and_read_back() -> None:
     assert AttemptClock.from_env(clock.to_env()) == clock
     assert AttemptClock.from_json(json.loads(json.dumps(clock.to_json()))) == clock
     assert clock.deadline() == 1110.0 - (1.5 * 2.5 + 10)
-    assert allocation_start({"event": "started", "clock": clock.to_json()}, limit_s=999) == 1000.0
+
+    def started(fields: dict[str, object]) -> Started:
+        event = parse_event({"event": "started", **fields})
+        assert isinstance(event, Started)
+        return event
+
+    assert allocation_start(started({"clock": clock.to_json()}), limit_s=999) == 1000.0
     # A run written before the clock was recorded: its end minus the limit the scheduler applied.
-    assert allocation_start({"event": "started", "end_time": 1110.0}, limit_s=120) == 990.0
-    assert allocation_start({"event": "started"}, limit_s=120) is None
+    assert allocation_start(started({"end_time": 1110.0}), limit_s=120) == 990.0
+    assert allocation_start(started({}), limit_s=120) is None
 
 
 # ---- old run directories still read -------------------------------------------------------------

@@ -24,6 +24,7 @@ from hpclaunch.rundir import (
     read_events,
 )
 from hpclaunch.rundir.chain import Follower, claim, followers, register, verdict
+from hpclaunch.rundir.events import as_events
 from hpclaunch.schedulers.chain import settle_followers
 from hpclaunch.schedulers.local import LocalScheduler, read_state
 
@@ -59,18 +60,21 @@ def ev(*kinds: str, **fields: object) -> list[dict[str, object]]:
 def test_verdict_from_the_earlier_runs_ledger(
     events: list[dict[str, object]], action: str, state: str
 ) -> None:
-    v = verdict(events, RUN)  # type: ignore[arg-type]
+    v = verdict(as_events(events), RUN)  # type: ignore[arg-type]
     assert (v.action, v.state) == (action, state)
 
 
 def test_a_failure_says_why() -> None:
-    v = verdict([*ev(SUBMITTED), {"event": FAILED, "cause": "training", "error": "3 non-finite steps"}], RUN)
+    v = verdict(
+        as_events([*ev(SUBMITTED), {"event": FAILED, "cause": "training", "error": "3 non-finite steps"}]),
+        RUN,
+    )
     assert v.reason == "/runs/stage1 failed (training: 3 non-finite steps)"
 
 
 def test_the_claim_is_won_exactly_once(tmp_path: Path) -> None:
     follower = Follower(tmp_path / "stage2", "slurm", "42")
-    v = verdict(ev(SUBMITTED, FINISHED), RUN)
+    v = verdict(as_events(ev(SUBMITTED, FINISHED)), RUN)
     won: list[bool] = []
     start = threading.Barrier(8)
 
@@ -130,11 +134,11 @@ def test_a_finished_run_releases_its_held_local_follower_once(tmp_path: Path) ->
     assert settle_followers(stage1, by="hpclaunch submit") == []  # settled already
     wait(lambda: (paths.root / "ran").exists())
     wait(lambda: read_state(paths.scheduler_dir).get("state") == "completed")
-    kinds = [e["event"] for e in read_events(paths).events]
+    kinds = [e["event"] for e in [e.record for e in read_events(paths).events]]
     assert kinds.count("chain_released") == 1 and CANCELLED not in kinds
-    assert [e["event"] for e in read_events(stage1).events if e["event"].startswith("chain")] == [
-        "chain_released"
-    ]
+    assert [
+        e["event"] for e in [e.record for e in read_events(stage1).events] if e["event"].startswith("chain")
+    ] == ["chain_released"]
     assert [f.run for f in followers(stage1)] == [paths.root]
 
 
@@ -147,7 +151,7 @@ def test_a_failed_run_cancels_its_held_local_follower_and_says_why(tmp_path: Pat
     settle_followers(stage1, by="agent")
     wait(lambda: read_state(paths.scheduler_dir).get("state") == "cancelled")
     assert not (paths.root / "ran").exists()
-    events = read_events(paths).events
+    events = [e.record for e in read_events(paths).events]
     cancelled = [e for e in events if e["event"] == CANCELLED]
     assert (
         len(cancelled) == 1
@@ -196,7 +200,7 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     Ledger(stage1, role="agent").append(SUBMITTED, job_id="1")
     Ledger(stage1, role="agent").append(FINISHED)
     settle_followers(stage1, by="agent")
-    (blocked,) = [e for e in read_events(stage2).events if e["event"] == "chain_blocked"]
+    (blocked,) = [e for e in (e.record for e in read_events(stage2).events) if e["event"] == "chain_blocked"]
     assert blocked["retry"] is True and blocked["tries"] == 1 and "timed out" in blocked["error"]
     view = chain_view(stage2)
     assert view is not None and view["after"]["outcome"] == "retrying"
@@ -208,9 +212,11 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     assert fake.released == 0 and fake.failures == 0
     schain.settle_around(stage1, by="hpclaunch status")  # ... the status of stage 1 releases it
     assert fake.released == 1
-    blocked = [e for e in read_events(stage2).events if e["event"] == "chain_blocked"]
+    blocked = [e for e in (e.record for e in read_events(stage2).events) if e["event"] == "chain_blocked"]
     assert [e["tries"] for e in blocked] == [1, 2]
-    kinds = [e["event"] for e in read_events(stage2).events if e["event"].startswith("chain")]
+    kinds = [
+        e["event"] for e in [e.record for e in read_events(stage2).events] if e["event"].startswith("chain")
+    ]
     assert kinds == ["chain_blocked", "chain_blocked", "chain_released"]
     view = chain_view(stage2)
     assert view is not None and view["after"]["outcome"] == "released"

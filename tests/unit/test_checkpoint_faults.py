@@ -54,7 +54,7 @@ def state(step: int, mib: float = 0.25) -> dict[str, Any]:
 
 
 def events(run: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in read_events(RunPaths(run)).events if e["event"] == name]
+    return [e.record for e in read_events(RunPaths(run)).events if e.event == name]
 
 
 def corrupt(path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
+from hpclaunch.rundir.events import as_events
 from hpclaunch.trainer.checkpoint.interval import (
     CALIBRATION_STEPS,
     Policy,
@@ -60,7 +61,7 @@ def test_failures_are_attempts_that_resumed_and_ended_without_a_clean_stop() -> 
         {"event": "requeued", "attempt": "j.2", "ts": 650.0},  # died at 650 (no stop): a failure
         {"event": "resumed", "attempt": "j.3", "ts": 700.0},  # the attempt asking: left out
     ]
-    failures, trained = ledger_failures(events, current_attempt="j.3")
+    failures, trained = ledger_failures(as_events(events), current_attempt="j.3")
     assert failures == 2
     assert trained == (160 - 100) + (500 - 200) + (650 - 600)
 

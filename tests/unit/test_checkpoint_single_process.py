@@ -61,7 +61,7 @@ def blank() -> dict[str, Any]:
 
 
 def events(tmp_path: Path, name: str) -> list[dict[str, Any]]:
-    return [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == name]
+    return [e.record for e in read_events(RunPaths(tmp_path)).events if e.event == name]
 
 
 def test_blocking_save_publishes_a_complete_directory_and_loads_back_exactly(tmp_path: Path) -> None:

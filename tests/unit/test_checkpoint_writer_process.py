@@ -100,7 +100,11 @@ def test_the_save_is_written_by_another_process_from_what_was_staged(
     assert into["sched"]["betas"] == (0.9, 0.99) and into["sched"]["lrs"] == [0.1, 0.2]
     assert into["sched"]["none"] is None and into["sched"]["empty"].numel() == 0
     assert into[RANK_LOCAL]["rank0"]["py"] == expected[RANK_LOCAL]["rank0"]["py"]  # a tuple again
-    saved = [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == CHECKPOINT_SAVED]
+    saved = [
+        e
+        for e in [e.record for e in read_events(RunPaths(tmp_path)).events]
+        if e["event"] == CHECKPOINT_SAVED
+    ]
     assert [(e["step"], e["blocking"], e["writer"]) for e in saved] == [
         (5, False, "process"),
         (6, False, "process"),
@@ -228,7 +232,11 @@ def test_retention_in_the_writer_keeps_the_last_valid_ones_and_sets_a_corrupt_on
     # The last two valid ones are 1 and 3: the corrupt 2 is set aside, never counted.
     assert [i.step for i in make(tmp_path).list_valid()] == [1, 3]
     assert (tmp_path / "ckpt" / "step_000002.corrupt").is_dir()
-    (invalid,) = [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == CHECKPOINT_INVALID]
+    (invalid,) = [
+        e
+        for e in [e.record for e in read_events(RunPaths(tmp_path)).events]
+        if e["event"] == CHECKPOINT_INVALID
+    ]
     assert invalid["reason"].startswith("sha256 mismatch")  # found by the writer, in the run's ledger
     assert invalid["writer"] == "trainer"
     for step in (4, 5):

@@ -22,6 +22,7 @@ from hpclaunch.orchestrator.accounting import account
 from hpclaunch.orchestrator.cost import measured
 from hpclaunch.orchestrator.status import summarize
 from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.rundir.events import as_events
 
 pytestmark = pytest.mark.fast
 
@@ -31,14 +32,14 @@ LIMIT = 25.0
 
 
 def cut_ledger(until: float) -> tuple[list[dict], list[dict]]:
-    events = [e for e in read_events(RunPaths(RECORDED)).events if e["ts"] <= until]
+    events = [e for e in (e.record for e in read_events(RunPaths(RECORDED)).events) if e["ts"] <= until]
     metrics = [m for m in read_jsonl(RECORDED / "metrics.jsonl") if m["ts"] <= until]
     return events, metrics
 
 
 def test_measured_inputs_come_from_the_attempts() -> None:
     events, metrics = cut_ledger(AFTER_SECOND_REQUEUE)
-    spent = account(events, metrics, time_limit_s=LIMIT)
+    spent = account(as_events(events), metrics, time_limit_s=LIMIT)
     a1, a2 = spent.attempts
     assert (a1.first_step, a1.kept_step, a2.first_step, a2.kept_step) == (0, 54, 54, 107)
     m = measured(spent)
@@ -53,7 +54,7 @@ def test_measured_inputs_come_from_the_attempts() -> None:
 
 def test_eta_gpu_hours_and_cost_between_attempts() -> None:
     events, metrics = cut_ledger(AFTER_SECOND_REQUEUE)
-    spent = account(events, metrics, time_limit_s=LIMIT)
+    spent = account(as_events(events), metrics, time_limit_s=LIMIT)
     m = measured(spent)
     # As if the same run had held 2 nodes of 8 GPUs each at 2.5 a GPU-hour.
     e = estimate(
@@ -77,7 +78,9 @@ def test_eta_gpu_hours_and_cost_between_attempts() -> None:
     assert e.gpu_hours_to_go == pytest.approx(16 * e.allocated_left_s / 3600)
     assert e.cost_total == pytest.approx(2.5 * (e.gpu_hours_spent + e.gpu_hours_to_go))
     # The third attempt really took about that long (the recorded run's own end).
-    finished = next(x for x in read_events(RunPaths(RECORDED)).events if x["event"] == "finished")
+    finished = next(
+        x for x in [e.record for e in read_events(RunPaths(RECORDED)).events] if x["event"] == "finished"
+    )
     last_end = max(x["ts"] for x in events)
     assert finished["ts"] - last_end == pytest.approx(e.eta_s, rel=0.5)
 

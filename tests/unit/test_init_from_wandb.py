@@ -97,7 +97,9 @@ def test_a_new_run_starts_from_the_ema_weights_with_a_fresh_optimizer(
     assert tr.counters.step == 0 and tr.counters.samples_consumed == 0
     assert all(float(s["step"]) == 0 for s in tr.opt.state.values())  # fresh AdamW
     initialized = [
-        e for e in read_events(RunPaths(tmp_path / "stage2")).events if e["event"] == "initialized"
+        e
+        for e in [e.record for e in read_events(RunPaths(tmp_path / "stage2")).events]
+        if e["event"] == "initialized"
     ]
     assert [(e["run"], e["step"], e["ema"], e["ema_from"]) for e in initialized] == [
         (str(stage1), 6, True, "model")
@@ -124,7 +126,7 @@ def test_once_it_has_a_checkpoint_the_run_resumes_from_it_and_never_reinitialize
         assert main([str(run.root)]) == 0
     finally:
         (stage1.parent / "moved" / "stage1").rename(stage1)
-    events = read_events(run).events
+    events = [e.record for e in read_events(run).events]
     assert [e["attempt"] for e in events if e["event"] == "initialized"] == ["first"]
     resumed = [(e["attempt"], e["step"]) for e in events if e["event"] == "resumed"]
     assert resumed == [("first", 0), ("second", 1)]
@@ -255,7 +257,7 @@ def test_wandb_online_with_an_unreachable_server_trains_on_offline_with_one_warn
     warnings = [line for line in (out.out + out.err).splitlines() if "W&B unreachable" in line]
     assert len(warnings) == 1, out
     assert "logging offline to RUN/wandb/" in warnings[0]
-    events = read_events(run).events
+    events = [e.record for e in read_events(run).events]
     (failed,) = [e for e in events if e["event"] == "experiment_log_failed"]
     assert failed["log"] == "wandb" and "CommError" in failed["error"]
     assert list((run.root / "wandb").glob("offline-run-*/run-*.wandb"))  # kept for wandb sync

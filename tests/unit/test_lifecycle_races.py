@@ -27,6 +27,7 @@ from hpclaunch.orchestrator.status import attempts_from_events
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.control import take_user_stop, user_stop, write_user_stop
+from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.lock import STALE_AFTER_S, LockHolder, liveness
 from hpclaunch.rundir.plan import rdzv_port_for
 from hpclaunch.schedulers import slurm
@@ -423,7 +424,7 @@ def test_the_submission_is_recorded_before_the_scheduler_is_asked(
             return SchedulerStatus(JobState.COMPLETED, "completed")
 
         def submit(self, plan: Any, rendered: Any) -> str:
-            seen.append([e["event"] for e in read_events(plan.paths()).events])
+            seen.append([e["event"] for e in [e.record for e in read_events(plan.paths()).events]])
             return "local1"
 
     monkeypatch.setattr(launch, "get_scheduler", lambda kind: Recording())
@@ -434,7 +435,7 @@ def test_the_submission_is_recorded_before_the_scheduler_is_asked(
     assert seen[1][-1] == "submitting"  # the resume is in the ledger when the scheduler is asked
     story = [
         (e["event"], e["resume"], e.get("job_id"))
-        for e in read_events(prepared.plan.paths()).events
+        for e in [e.record for e in read_events(prepared.plan.paths()).events]
         if e["event"].startswith("submit")
     ]
     assert story == [
@@ -443,7 +444,9 @@ def test_the_submission_is_recorded_before_the_scheduler_is_asked(
         ("submitting", True, None),
         ("submitted", True, "local1"),
     ]
-    between = read_events(prepared.plan.paths()).events[:-1]  # what an attempt starting then saw
+    between = [e.record for e in read_events(prepared.plan.paths()).events][
+        :-1
+    ]  # what an attempt starting then saw
     assert decide_start(History.from_events(between)) is None
 
 
@@ -469,7 +472,9 @@ def test_a_stop_left_from_before_is_dropped_by_a_resume(
     RunLock(prepared.plan.paths()).release()  # the job ended
     launch.submit(prepared, run_preflight=True, resume=True)
     assert user_stop(prepared.plan.paths()) is None
-    assert any(e["event"] == "stop_dropped" for e in read_events(prepared.plan.paths()).events)
+    assert any(
+        e["event"] == "stop_dropped" for e in [e.record for e in read_events(prepared.plan.paths()).events]
+    )
 
 
 # ---- 7. bad input that reaches a script; names and ports that collide ----------------------------
@@ -523,7 +528,7 @@ def test_a_retried_crash_shows_its_reason() -> None:
             "reason": "stopped after step 9 (timeout)",
         },
     ]
-    first, second = attempts_from_events(events)
+    first, second = attempts_from_events(as_events(events))
     assert (first.cause, first.error) == ("crash", "RuntimeError: gloo connection reset")
     assert (second.cause, second.error) == ("timeout", None)  # a stop has nothing to explain
 

@@ -16,6 +16,7 @@ from hpclaunch.jobs.rescue import Rescue, find, gone_hosts
 from hpclaunch.orchestrator.status import rescue_view
 from hpclaunch.rundir import Ledger, LockHolder, RunLock, RunPaths
 from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.events import as_events
 from hpclaunch.schedulers.rescue import run_has_ended, waiting_rescues
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
@@ -40,7 +41,7 @@ BEATS_TOGETHER = {"n1": 100.0, "n2": 100.6, "n3": 100.9}  # SLURM ended every ag
 
 
 def test_an_undecided_attempt_is_a_node_failure_of_the_batch_host() -> None:
-    found = find(running(), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    found = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="FAILED")
     assert found.attempt == "21.0" and found.gone == ("n1",)
     d = found.decision
     assert d is not None and (d.action, d.cause, d.exclude, d.counts_as) == (
@@ -62,7 +63,7 @@ def test_a_host_whose_agent_fell_silent_first_is_left_out_too() -> None:
 
 def test_a_decided_attempt_is_left_alone() -> None:
     events = [*running(), ev("requeued", 50, attempt="21.0", cause="crash", in_place=True)]
-    found = find(events, "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
     assert found.decision is None and "was decided; nothing to do" in found.reason
 
 
@@ -74,27 +75,29 @@ def test_a_requeued_job_whose_new_attempt_was_decided_is_left_alone() -> None:
         ev("started", 50, attempt="21.1", node=0, job_id="21", hosts=HOSTS),
         ev("finished", 60, attempt="21.1"),
     ]
-    found = find(events, "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
     assert found.decision is None and found.attempt == "21.1"
 
 
 def test_a_job_that_never_started_an_agent_is_left_alone() -> None:
-    found = find(running()[:3], "21", budgets=BUDGETS, beats={})
+    found = find(as_events(running()[:3]), "21", budgets=BUDGETS, beats={})
     assert found.decision is None and "before any of its agents started" in found.reason
 
 
 def test_a_cancellation_ends_the_run_instead() -> None:
     """scancel of the job (the agents killed before they could record it) ends the run as cancelled;
     after `hpclaunch cancel` the run has ended already (it says so in the ledger)."""
-    d = find(running(), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="CANCELLED").decision
+    d = find(
+        as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="CANCELLED"
+    ).decision
     assert d is not None and (d.action, d.cause) == (Action.END, Cause.CANCELLED)
     by_ledger = [*running(), ev("cancelled", 30, by="hpclaunch cancel")]
-    found = find(by_ledger, "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(by_ledger), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
     assert found.decision is None and "already ended (cancelled)" in found.reason
 
 
 def test_a_pending_user_stop_ends_the_run_as_the_user_asked() -> None:
-    d = find(running(), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, user_stop=True).decision
+    d = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, user_stop=True).decision
     assert d is not None and (d.action, d.cause) == (Action.END, Cause.USER)
 
 
@@ -104,18 +107,18 @@ def test_the_node_budget_is_kept() -> None:
         ev("node_excluded", 20, nodes=["n7"]),
         ev("node_replaced", 21, nodes=["n8"], spare="n3"),
     ]
-    d = find(spent, "21", budgets=BUDGETS, beats=BEATS_TOGETHER).decision
+    d = find(as_events(spent), "21", budgets=BUDGETS, beats=BEATS_TOGETHER).decision
     assert d is not None and (d.action, d.cause) == (Action.FAIL, Cause.NODE_FAILURE)
     assert "2 node exclusions used of 2" in d.reason
 
 
 def test_rescues_wait_until_withdrawn_and_the_run_ends_for_good() -> None:
     events = running()
-    assert waiting_rescues(events) == ["99"] and not run_has_ended(events)
-    assert waiting_rescues(events, own="99") == []
+    assert waiting_rescues(as_events(events)) == ["99"] and not run_has_ended(as_events(events))
+    assert waiting_rescues(as_events(events), own="99") == []
     ended = [*events, ev("failed", 30, attempt="21.0"), ev("rescue_cancelled", 31, rescue_jobs=["99"])]
-    assert run_has_ended(ended) and waiting_rescues(ended) == []
-    assert not run_has_ended([*ended, ev("submitting", 40, resume=True)])
+    assert run_has_ended(as_events(ended)) and waiting_rescues(as_events(ended)) == []
+    assert not run_has_ended(as_events([*ended, ev("submitting", 40, resume=True)]))
 
 
 # ---- carried out against a fake scheduler -----------------------------------------------------------
@@ -203,7 +206,7 @@ def test_the_rescue_takes_the_run_over_and_continues_it_without_the_batch_host(
     assert [e["rescue_job"] for e in events if e["event"] == "rescue_submitted"] == ["99", "23"]
     holder = RunLock(paths).read()
     assert holder is not None and (holder.job_id, holder.role) == ("22", "job")
-    view = rescue_view(events)
+    view = rescue_view(as_events(events))
     assert view["job_id"] == "23"
     assert view["notes"] == [
         "job 21 FAILED: its batch host died with its attempt undecided; the rescue (job 99) continued "
@@ -286,7 +289,7 @@ def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None
         ev("rescue_submitted", 41, job_id="22", rescue_job="23"),
         ev("rescue", 50, attempt="21.0", job_id="21", action="nothing", reason="...", job_ended="FAILED"),
     ]
-    view = rescue_view(events)
+    view = rescue_view(as_events(events))
     assert view["job_id"] == "23"
     assert view["notes"] == [
         "job 21 FAILED: its batch host died after its attempt was decided (node_failure); the run "

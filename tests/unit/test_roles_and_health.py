@@ -247,7 +247,7 @@ def test_the_watchdog_is_led_by_the_decider_on_any_node(tmp_path: Path) -> None:
     verdict = dog.check(lambda: [], now=170.0)
     assert verdict is not None and verdict.culprit_node == "n2"
     assert read_verdict(paths, "j.0") == verdict
-    assert read_events(paths).named("hang")[0]["culprit_node"] == "n2"
+    assert read_events(paths).named("hang")[0].record["culprit_node"] == "n2"
 
 
 # ---- finding 1: health between attempts ---------------------------------------------------------

@@ -26,6 +26,7 @@ from hpclaunch.rundir import (
     read_outcome,
     write_outcome,
 )
+from hpclaunch.rundir.events import CheckpointSaved, Event, Started, as_events, parse_event
 from hpclaunch.rundir.lock import STALE_AFTER_S
 
 
@@ -47,10 +48,10 @@ def test_every_writer_has_its_own_file_and_readers_merge_them(tmp_path: Path) ->
     assert len(files) == 3  # one per process: no two processes ever append to one file
     log = read_events(paths)
     assert log.torn == [] and len(log.events) == 600
-    stamps = [(e["ts"]) for e in log.events]
+    stamps = [e.ts for e in log.events]
     assert stamps == sorted(stamps)
     for k in range(3):  # each writer's own order survives the merge
-        mine = [e["i"] for e in log.events if e["writer_role"] == f"w{k}"]
+        mine = [e.record["i"] for e in log.events if e.record["writer_role"] == f"w{k}"]
         assert mine == list(range(200))
 
 
@@ -61,7 +62,7 @@ def test_a_torn_line_is_reported_with_file_and_line_not_dropped(tmp_path: Path) 
     with open(ledger.path, "ab") as f:
         f.write(b'{"ts": 1.0, "event": "stopp')  # the writer died mid-line
     log = read_events(paths)
-    assert [e["event"] for e in log.events] == ["started"]
+    assert [e.event for e in log.events] == ["started"]
     assert len(log.torn) == 1
     assert log.torn[0].startswith(f"events/{ledger.path.name}:2: torn last line")
 
@@ -70,7 +71,10 @@ def test_a_run_made_before_the_split_ledger_is_still_read(tmp_path: Path) -> Non
     paths = RunPaths(tmp_path)
     paths.legacy_events.write_text('{"ts": 1, "event": "submitted", "job_id": "3"}\n')
     Ledger(paths, role="cli").append("stop_requested")
-    assert [e["event"] for e in read_events(paths).events] == ["submitted", "stop_requested"]
+    assert [e.event for e in read_events(paths).events] == [
+        "submitted",
+        "stop_requested",
+    ]
 
 
 def test_outcome_round_trip(tmp_path: Path) -> None:
@@ -195,3 +199,15 @@ def test_a_data_check_failing_on_one_node_is_that_node() -> None:
         [NodeVerdict(0, "n1", True), NodeVerdict(1, "n2", False, "data", "data.token_dir does not exist")]
     )
     assert v.data_error is None and list(v.failed_nodes) == ["n2"]
+
+
+def test_each_kind_reads_as_its_type_and_an_unknown_kind_as_a_plain_event() -> None:
+    started = parse_event({"event": "started", "ts": 5, "attempt": "7.0", "node": 0, "hosts": ["a", "b"]})
+    assert isinstance(started, Started) and started.hosts == ["a", "b"] and started.ts == 5
+    # a field of the wrong JSON type (a damaged line) is read as missing, not trusted
+    saved = parse_event({"event": "checkpoint_saved", "step": "12", "blocking": 1})
+    assert isinstance(saved, CheckpointSaved) and saved.step is None and saved.blocking is None
+    # a newer writer's kind and fields: readable, kept as written
+    newer = parse_event({"event": "from_the_future", "ts": 1.5, "attempt": "7.1", "extra": {"x": 1}})
+    assert type(newer) is Event and newer.attempt == "7.1" and newer.record["extra"] == {"x": 1}
+    assert as_events([{"event": "started"}, newer])[1] is newer

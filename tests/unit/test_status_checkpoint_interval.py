@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpclaunch.orchestrator.checkpoint_interval import checkpoint_interval_summary, describe
+from hpclaunch.rundir.events import as_events
 
 pytestmark = pytest.mark.fast
 
@@ -28,7 +29,7 @@ def decision(**kw: object) -> dict[str, object]:
 
 def test_the_last_decision_is_shown_with_its_figures() -> None:
     events = [decision(interval_steps=0, interval_s=None, save_cost_s=None), {"event": "other"}, decision()]
-    summary = checkpoint_interval_summary(events)
+    summary = checkpoint_interval_summary(as_events(events))
     assert summary is not None and summary["interval_steps"] == 246 and summary["attempt"] == "7.0"
     assert describe(summary) == (
         "checkpoints: every 246 steps (~2.0 min) [auto, Young/Daly; a save costs 1.050 s of training; "
@@ -43,7 +44,7 @@ def test_the_loss_per_failure_is_half_an_interval_even_from_an_old_ledger() -> N
     old = decision(
         interval_s=2.0, save_cost_s=0.05, mtbf_s=18_000_000.0, expected_loss_per_failure_s=450001.0
     )
-    summary = checkpoint_interval_summary([old])
+    summary = checkpoint_interval_summary(as_events([old]))
     assert summary is not None and summary["expected_loss_per_failure_s"] == 1.0
     assert summary["expected_waste_share"] == pytest.approx(0.05 / 2.0 + 2.0 / 36_000_000, rel=1e-4)
     line = describe(summary)
@@ -55,10 +56,14 @@ def test_the_loss_per_failure_is_half_an_interval_even_from_an_old_ledger() -> N
 
 
 def test_before_anything_is_measured_and_for_runs_without_decisions() -> None:
-    first = checkpoint_interval_summary([decision(interval_steps=0, interval_s=None, save_cost_s=None)])
+    first = checkpoint_interval_summary(
+        as_events([decision(interval_steps=0, interval_s=None, save_cost_s=None)])
+    )
     assert describe(first) == "checkpoints: saving once to measure what a save costs (auto, Young/Daly)"
-    assert checkpoint_interval_summary([]) is None and describe(None) is None
-    fixed = describe(checkpoint_interval_summary([decision(mode="steps", interval_steps=50, interval_s=5.0)]))
+    assert checkpoint_interval_summary(as_events([])) is None and describe(None) is None
+    fixed = describe(
+        checkpoint_interval_summary(as_events([decision(mode="steps", interval_steps=50, interval_s=5.0)]))
+    )
     assert fixed is not None and fixed.startswith(
         "checkpoints: every 50 steps (~5.0 s) [checkpoint.every_steps;"
     )
@@ -76,6 +81,6 @@ def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
         s.save_started(8, stall_s=cost)
         s.save_settled()
         recorded = {"event": "checkpoint_interval", **s.propose(9)}
-        shown = checkpoint_interval_summary([recorded])
+        shown = checkpoint_interval_summary(as_events([recorded]))
         assert shown is not None and recorded["expected_loss_per_failure_s"] is not None
         assert shown["expected_loss_per_failure_s"] == recorded["expected_loss_per_failure_s"], cost

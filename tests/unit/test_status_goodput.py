@@ -18,6 +18,7 @@ from hpclaunch.orchestrator.status import (
     step_counts,
     summarize,
 )
+from hpclaunch.rundir.events import as_events
 
 pytestmark = pytest.mark.fast
 
@@ -51,7 +52,7 @@ LEDGER = [
 
 
 def test_attempts_keep_their_causes() -> None:
-    attempts = attempts_from_events(LEDGER)
+    attempts = attempts_from_events(as_events(LEDGER))
     assert [(a.attempt, a.end, a.cause) for a in attempts] == [
         ("7.0", "requeued", "timeout"),
         ("7.1", "requeued", "preemption"),
@@ -62,7 +63,7 @@ def test_attempts_keep_their_causes() -> None:
 
 
 def test_exact_resume_has_full_goodput() -> None:
-    gp = step_counts(attempts_from_events(LEDGER))
+    gp = step_counts(attempts_from_events(as_events(LEDGER)))
     assert (gp.useful_steps, gp.computed_steps, gp.repeated_steps, gp.lost_steps, gp.kept_ratio) == (
         200,
         200,
@@ -84,42 +85,42 @@ def test_resume_from_an_older_checkpoint_repeats_steps() -> None:
     ]
     # The crashed attempt is only known to have reached its checkpoint; a stop at 63 would show 13 repeated.
     events.insert(3, ev("stopped", "1.0", step=63, cause="user"))
-    gp = step_counts(attempts_from_events(events))
+    gp = step_counts(attempts_from_events(as_events(events)))
     assert gp.repeated_steps == 13 and gp.computed_steps == 113 and gp.lost_steps == 0
     assert gp.kept_ratio == round(100 / 113, 4)
 
 
 def test_run_state_and_current_job() -> None:
-    attempts = attempts_from_events(LEDGER)
-    assert run_state(attempts, LEDGER, "completed") == "finished"
-    assert run_state(attempts[:1], LEDGER, "running") == "requeued"
+    attempts = attempts_from_events(as_events(LEDGER))
+    assert run_state(attempts, as_events(LEDGER), "completed") == "finished"
+    assert run_state(attempts[:1], as_events(LEDGER), "running") == "requeued"
     pbs = [ev("submitted", job_id="10"), ev("requeued", "10.0", job_id="11", cause="timeout")]
-    assert current_job_id(pbs) == "11"
-    assert run_state([], [ev("submitted", job_id="1")], "pending") == "pending"
+    assert current_job_id(as_events(pbs)) == "11"
+    assert run_state([], as_events([ev("submitted", job_id="1")]), "pending") == "pending"
 
 
 def test_a_continuation_that_never_comes_is_lost_after_a_grace_period() -> None:
     ledger = [*LEDGER[:8]]
     ledger[7] = {**ledger[7], "ts": 1000.0, "job_id": "8.pbshead"}
-    attempts = attempts_from_events(ledger)
+    attempts = attempts_from_events(as_events(ledger))
     # the scheduler still shows it pending: requeued
-    assert run_state(attempts, ledger, "pending", now=5000.0) == "requeued"
+    assert run_state(attempts, as_events(ledger), "pending", now=5000.0) == "requeued"
     # the scheduler shows nothing active, but only for a moment: still requeued
-    assert run_state(attempts, ledger, "completed", now=1030.0) == "requeued"
+    assert run_state(attempts, as_events(ledger), "completed", now=1030.0) == "requeued"
     # ... for longer than the grace period: lost (and `submit --wait` stops waiting)
-    assert run_state(attempts, ledger, "unknown", now=1000.0 + LOST_AFTER_S + 1) == "lost"
+    assert run_state(attempts, as_events(ledger), "unknown", now=1000.0 + LOST_AFTER_S + 1) == "lost"
     # the continuation was cancelled while it waited in the queue: cancelled, as the user said
-    assert run_state(attempts, ledger, "cancelled", now=1000.0 + LOST_AFTER_S + 1) == "cancelled"
-    assert current_job_id(ledger) == "8.pbshead"
+    assert run_state(attempts, as_events(ledger), "cancelled", now=1000.0 + LOST_AFTER_S + 1) == "cancelled"
+    assert current_job_id(as_events(ledger)) == "8.pbshead"
 
 
 def test_a_submission_that_never_starts_is_lost_too() -> None:
     ledger = [{"event": "submitted", "ts": 100.0, "job_id": "5"}]
-    assert run_state([], ledger, "pending", now=9999.0) == "pending"
-    assert run_state([], ledger, "failed", now=100.0 + LOST_AFTER_S + 1) == "lost"
+    assert run_state([], as_events(ledger), "pending", now=9999.0) == "pending"
+    assert run_state([], as_events(ledger), "failed", now=100.0 + LOST_AFTER_S + 1) == "lost"
     # a pending job the user cancelled (scancel, qdel): the run ended as they said, not lost
-    assert run_state([], ledger, "cancelled", now=100.0 + LOST_AFTER_S + 1) == "cancelled"
-    assert run_state([], ledger, "cancelled", now=101.0) == "pending"  # the grace period first
+    assert run_state([], as_events(ledger), "cancelled", now=100.0 + LOST_AFTER_S + 1) == "cancelled"
+    assert run_state([], as_events(ledger), "cancelled", now=101.0) == "pending"  # the grace period first
 
 
 def test_withdrawn_and_user_ended_attempts() -> None:
@@ -131,7 +132,7 @@ def test_withdrawn_and_user_ended_attempts() -> None:
         ev("started", "7.1", job_id="7", node=0),
         ev("held", "7.1", reason="the run had already ended (ended)"),
     ]
-    attempts = attempts_from_events(ledger)
+    attempts = attempts_from_events(as_events(ledger))
     assert [(a.end, a.cause) for a in attempts] == [("stopped", "user"), ("withdrawn", None)]
 
 
@@ -146,16 +147,16 @@ def test_a_failed_and_retried_save_is_shown_per_attempt_and_for_the_run() -> Non
         action="blocking retry",
     )
     ledger = [*LEDGER[:4], failed, *LEDGER[4:]]
-    attempts = attempts_from_events(ledger)
+    attempts = attempts_from_events(as_events(ledger))
     assert [a.failed_saves for a in attempts] == [1, 0, 0]
-    summary = failed_saves(ledger)
+    summary = failed_saves(as_events(ledger))
     assert summary is not None and summary["count"] == 1 and summary["last"]["step"] == 14
     line = describe_failed_saves(summary)
     assert line == (
         "checkpoint: 1 save failed; the last at step 14 (blocking retry): the checkpoint writer "
         "process of rank 0 (pid 9) died (killed by SIGUSR2)"
     )
-    assert failed_saves(LEDGER) is None and describe_failed_saves(None) is None
+    assert failed_saves(as_events(LEDGER)) is None and describe_failed_saves(None) is None
 
 
 def test_status_json_goodput_is_the_time_share_the_text_shows(tmp_path: Path) -> None:

@@ -202,7 +202,7 @@ def test_entry_point_reads_attempt_and_deadline_from_the_environment(
         "error": None,
         "world_size": 1,
     }
-    events = read_events(RunPaths(run)).events
+    events = [e.record for e in read_events(RunPaths(run)).events]
     assert [e["event"] for e in events if e["event"] != "checkpoint_saved"] == ["resumed", "stopped"]
     assert events[-1]["cause"] == "timeout" and events[-1]["attempt"] == "job7.1"
     assert (RunPaths(run).checkpoints / "step_000001").is_dir()
@@ -223,7 +223,7 @@ def test_entry_point_stops_on_the_control_file_and_resumes(
     assert main([str(run)]) == 0
     second = json.loads(RunPaths(run).outcome_file("second").read_text())
     assert (second["status"], second["step"], second["samples_consumed"]) == ("finished", 6, 96)
-    resumed = [e for e in read_events(RunPaths(run)).events if e["event"] == "resumed"]
+    resumed = [e for e in (e.record for e in read_events(RunPaths(run)).events) if e["event"] == "resumed"]
     assert [(e["attempt"], e["step"], e["samples_consumed"]) for e in resumed] == [
         ("first", 0, 0),
         ("second", 1, 16),
@@ -251,7 +251,9 @@ def test_a_signal_during_set_up_stops_after_the_first_step(tmp_path: Path, data:
     tr.close()
     assert (out.status, out.cause, out.step) == ("stopped", "preemption", 1)
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
-    assert "stopped" in [e["event"] for e in read_events(RunPaths(tmp_path / "run")).events]
+    assert "stopped" in [
+        e["event"] for e in [e.record for e in read_events(RunPaths(tmp_path / "run")).events]
+    ]
 
 
 def test_failure_causes_decide_what_is_retried() -> None:

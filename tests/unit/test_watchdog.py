@@ -196,7 +196,7 @@ def test_a_stalled_rank_becomes_a_hang_event_and_a_verdict_file(tmp_path: Path) 
     assert verdict is not None and verdict.ranks == (1,) and verdict.phase == "data" and verdict.step == 12
     assert verdict.stalled_s == pytest.approx(61.0) and verdict.window_s == 60
     assert read_verdict(paths, "j.0") == verdict  # what the other nodes act on
-    hang = read_events(paths).named("hang")
+    hang = [e.record for e in read_events(paths).named("hang")]
     assert len(hang) == 1 and hang[0]["culprit"] == "rank 1 on n1" and hang[0]["culprit_node"] == "n1"
     assert hang[0]["node"] == 0  # the ledger's writer field is kept
     assert dog.check(lambda: [], now=500.0) is verdict  # decided once
@@ -256,7 +256,7 @@ def test_other_nodes_follow_node_0s_verdict(tmp_path: Path) -> None:
     assert other.check(lambda: [], now=now + other.follow_s) == verdict
     assert time.time() - began < 5  # it did not wait for node 0 longer than needed
     assert (paths.attempt_dir("j.0") / "hang.node1.json").exists()  # node 0 waits for this
-    assert not read_events(paths).named("hang")  # only node 0 records
+    assert not [e.record for e in read_events(paths).named("hang")]  # only node 0 records
 
 
 WORKER = textwrap.dedent(

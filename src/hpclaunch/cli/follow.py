@@ -18,7 +18,7 @@ def attempt_log_dirs(paths: RunPaths) -> list[Path]:
     if not paths.logs.is_dir():
         return []
     found = {d.name: d for d in paths.logs.glob("attempt-*") if d.is_dir()}
-    order = [f"attempt-{e['attempt']}" for e in read_events(paths).events if e.get("event") == STARTED]
+    order = [f"attempt-{e.attempt}" for e in read_events(paths).named(STARTED)]
     ordered = [found.pop(name) for name in dict.fromkeys(order) if name in found]
     return ordered + sorted(found.values(), key=lambda d: d.stat().st_mtime)
 

@@ -39,8 +39,6 @@ from ..rundir import (
     FAILED,
     FINISHED,
     HELD,
-    NODE_EXCLUDED,
-    NODE_REPLACED,
     REFUSED,
     REQUEUED,
     RUN_ENDS,
@@ -50,6 +48,15 @@ from ..rundir import (
     AttemptOutcome,
 )
 from ..rundir.cause import Budget, Cause, UnknownCause
+from ..rundir.events import (
+    Event,
+    NodeExcluded,
+    NodeReplaced,
+    Requeued,
+    Submitted,
+    Submitting,
+    as_events,
+)
 
 if TYPE_CHECKING:
     from ..rundir import JobPlan
@@ -130,36 +137,37 @@ class History:
         return count
 
     @classmethod
-    def from_events(cls, events: Iterable[Mapping[str, Any]]) -> History:
+    def from_events(cls, events: Iterable[Event | Mapping[str, Any]]) -> History:
+        """(Raw records too: the node agent reads ``Ledger.events()`` until it reads typed ones.)"""
         spent = dict.fromkeys(Budget, 0)
         excludes = 0
         excluded: list[str] = []
         ended: str | None = None
         suspected: dict[str, int] = {}
         failures: list[int | None] = []  # the checkpoint of each failure continued in a row
-        for e in events:
-            kind = e.get("event")
+        for e in as_events(events):
+            kind = e.event
             # `submitting` is written before the scheduler is asked, `submitted` once it answered:
             # an attempt may start in between, and must already see the run started again.
-            if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+            if isinstance(e, (Submitting, Submitted)) and not e.resume:
                 spent = dict.fromkeys(Budget, 0)
                 excludes, excluded, ended, suspected, failures = 0, [], None, {}, []
             elif kind in (SUBMITTING, SUBMITTED):
                 ended = None  # `submit --resume` starts the run again; budgets carry on
-            elif kind == REQUEUED:
+            elif isinstance(e, Requeued):
                 budget = _budget_of(e)
                 if budget is not None and budget is not Budget.NODE:  # node: counted by exclusions
                     spent[budget] += 1
                 if budget is not None and budget.after_failure:
-                    step = e.get("checkpoint")
-                    failures.append(int(step) if isinstance(step, int) else None)
+                    failures.append(e.checkpoint)
                 else:
                     failures = []
-                if e.get("suspect"):
-                    suspected[str(e["suspect"])] = suspected.get(str(e["suspect"]), 0) + 1
-            elif kind in (NODE_EXCLUDED, NODE_REPLACED):
+                if e.suspect:
+                    suspected[e.suspect] = suspected.get(e.suspect, 0) + 1
+            elif isinstance(e, (NodeExcluded, NodeReplaced)):
                 excludes += 1
-                excluded += [str(n) for n in e.get("nodes") or [e.get("excluded")] if n]
+                older = [e.excluded] if isinstance(e, NodeExcluded) else []
+                excluded += [n for n in e.nodes or older if n]
             elif kind in RUN_ENDS:
                 ended = str(kind)
         return cls(
@@ -174,13 +182,13 @@ class History:
         )
 
 
-def _budget_of(event: Mapping[str, Any]) -> Budget | None:
+def _budget_of(event: Requeued) -> Budget | None:
     """The budget a recorded continuation spent (a cause or budget this version does not know
     spends none: it cannot be counted against a budget nobody defined)."""
-    if event.get("counts_as"):  # what the decision said it spent (a crash that evicted a node: node)
-        return Budget.parse_optional(event["counts_as"])
+    if event.counts_as:  # what the decision said it spent (a crash that evicted a node: node)
+        return Budget.parse_optional(event.counts_as)
     try:
-        cause = Cause.parse_optional(event.get("cause"))
+        cause = Cause.parse_optional(event.cause)
     except UnknownCause:
         return None
     return cause.budget if cause is not None else None
@@ -506,14 +514,14 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
 _ATTEMPT_ENDS = frozenset((*RUN_ENDS, REQUEUED, REFUSED))
 
 
-def unended_attempt(events: Iterable[Mapping[str, Any]], current: str) -> str | None:
+def unended_attempt(events: Iterable[Event | Mapping[str, Any]], current: str) -> str | None:
     """The attempt before ``current`` that started after the run's latest submission and has no
     decision: its agents were killed before they could write one (an ``scontrol requeue`` or a
     preemption whose SIGKILL came before the stop and save ended, a node that died with node 0's
     agent on it). None when there is none."""
     unended: list[str] = []
-    for e in events:
-        kind, key = e.get("event"), e.get("attempt")
+    for e in as_events(events):
+        kind, key = e.event, e.attempt
         if kind in (SUBMITTING, SUBMITTED):
             unended.clear()  # a submission starts the run's story again (budgets too)
         elif kind == STARTED and key and key != current and key not in unended:

@@ -22,17 +22,15 @@ import contextlib
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import HpclaunchError
 from ..rundir import (
-    CANCELLED,
     NODE_EXCLUDED,
     RESCUE,
-    STARTED,
     Ledger,
     LockHolder,
     RunLock,
@@ -41,6 +39,7 @@ from ..rundir import (
     read_plan,
 )
 from ..rundir.control import take_user_stop
+from ..rundir.events import Cancelled, Event, Started, of_kind
 from ..rundir.lock import liveness
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue import leave_rescue, withdraw_rescues
@@ -62,17 +61,17 @@ class Finding:
     gone: tuple[str, ...] = ()
 
 
-def job_attempts(events: list[dict[str, Any]], job_id: str) -> list[str]:
+def job_attempts(events: Sequence[Event], job_id: str) -> list[str]:
     """The attempts that ``job_id`` ran, in order (in-place restarts included)."""
-    keys = [str(e["attempt"]) for e in events if e.get("event") == STARTED and str(e.get("job_id")) == job_id]
+    keys = [e.attempt for e in of_kind(events, Started) if str(e.job_id) == job_id]
     return list(dict.fromkeys(k for k in keys if k))
 
 
-def hosts_of(events: list[dict[str, Any]], attempt: str) -> tuple[str, ...]:
+def hosts_of(events: Sequence[Event], attempt: str) -> tuple[str, ...]:
     """The allocation's hosts, batch host first, as the attempt's node 0 recorded them."""
-    for e in events:
-        if e.get("event") == STARTED and e.get("attempt") == attempt and e.get("hosts"):
-            return tuple(str(h) for h in e["hosts"])
+    for e in of_kind(events, Started):
+        if e.attempt == attempt and e.hosts:
+            return tuple(e.hosts)
     return ()
 
 
@@ -106,7 +105,7 @@ def reported_hosts(paths: RunPaths, attempt: str) -> set[str]:
 
 
 def find(
-    events: list[dict[str, Any]],
+    events: Sequence[Event],
     job_id: str,
     *,
     budgets: Budgets,
@@ -128,9 +127,9 @@ def find(
         return Finding(f"attempt {attempt} of job {job_id} was decided; nothing to do", attempt)
     if history.ended is not None:
         return Finding(f"the run has already ended ({history.ended}); nothing to do", attempt)
-    started = min((float(e.get("ts") or 0) for e in events if e.get("attempt") == attempt), default=0.0)
+    started = min((float(e.ts or 0) for e in events if e.attempt == attempt), default=0.0)
     cancelled = scheduler_word.upper().startswith("CANCEL") or any(
-        e.get("event") == CANCELLED and float(e.get("ts") or 0) >= started for e in events
+        float(e.ts or 0) >= started for e in of_kind(events, Cancelled)
     )
     gone = gone_hosts(hosts_of(events, attempt), beats, reported)
     ended = f" ({scheduler_word})" if scheduler_word else ""
@@ -207,7 +206,7 @@ class Rescue:
             return 0
         return self._carry_out(finding, held, ledger)
 
-    def _undecided(self, events: list[dict[str, Any]], attempt: str) -> bool:
+    def _undecided(self, events: Sequence[Event], attempt: str) -> bool:
         return unended_attempt(events, current="") == attempt
 
     def _scheduler_word(self) -> str:

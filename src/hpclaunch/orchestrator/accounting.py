@@ -25,31 +25,47 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..rundir import (
-    CANCELLED,
-    CHECKPOINT_SAVED,
-    ENDED,
-    FAILED,
-    FINISHED,
-    HELD,
-    NODE_PREFLIGHT,
-    REFUSED,
-    REQUEUED,
-    RESUMED,
-    STARTED,
-    STOPPED,
-    SUBMITTED,
-)
+from ..rundir import Event, of_kind
 from ..rundir.clock import allocation_start
+from ..rundir.events import (
+    Cancelled,
+    CheckpointSaved,
+    Ended,
+    Failed,
+    Finished,
+    Held,
+    NodePreflight,
+    Refused,
+    Requeued,
+    Resumed,
+    Started,
+    Stopped,
+    Submitted,
+)
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
 # Events with which node 0's agent (or the CLI) ends an attempt's allocation.
-_ATTEMPT_ENDS = (REQUEUED, FINISHED, FAILED, ENDED, CANCELLED, HELD, REFUSED)
+_ATTEMPT_ENDS = (Requeued, Finished, Failed, Ended, Cancelled, Held, Refused)
 # The trainer's own start-up parts, as rank 0's ``resumed`` event reports them (when it does).
 STARTUP_PARTS = ("imports", "distributed", "smoke", "data", "model", "load")
+
+
+@dataclass(frozen=True)
+class Stamped:
+    """An event of an attempt with its time known (events without ``ts`` are not accounted)."""
+
+    event: Event
+    ts: float
+
+
+def _step(s: Stamped) -> int:
+    """The step a ``resumed`` or ``checkpoint_saved`` event names (0 when it names none)."""
+    e = s.event
+    return (e.step or 0) if isinstance(e, (Resumed, CheckpointSaved)) else 0
 
 
 @dataclass
@@ -113,7 +129,7 @@ class RunTime:
 
 
 def account(
-    events: list[dict[str, Any]],
+    events: Sequence[Event],
     metrics: list[dict[str, Any]],
     *,
     time_limit_s: float | None = None,
@@ -131,7 +147,7 @@ def account(
     by_attempt = _group(events, keys)
     lines = _metrics_by_attempt(metrics, by_attempt, keys)
     resumed_at = [_resumed_step(by_attempt[k]) for k in keys]
-    submits = sorted(float(e["ts"]) for e in events if e.get("event") == SUBMITTED and e.get("ts"))
+    submits = sorted(float(e.ts) for e in of_kind(events, Submitted) if e.ts)
     out: list[AttemptTime] = []
     prev_end: float | None = None
     for i, key in enumerate(keys):
@@ -153,29 +169,28 @@ def account(
     return _totals(out)
 
 
-def attempt_keys(events: list[dict[str, Any]]) -> list[str]:
+def attempt_keys(events: Sequence[Event]) -> list[str]:
     keys: list[str] = []
-    for e in events:
-        key = e.get("attempt")
-        if key and e.get("event") == STARTED and key not in keys:
-            keys.append(str(key))
+    for e in of_kind(events, Started):
+        if e.attempt and e.attempt not in keys:
+            keys.append(e.attempt)
     return keys
 
 
-def _group(events: list[dict[str, Any]], keys: list[str]) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {k: [] for k in keys}
+def _group(events: Sequence[Event], keys: list[str]) -> dict[str, list[Stamped]]:
+    """Each attempt's events that carry a time (``Stamped``: its ``ts`` known)."""
+    out: dict[str, list[Stamped]] = {k: [] for k in keys}
     for e in events:
-        key = e.get("attempt")
-        if key in out and e.get("ts") is not None:
-            out[str(key)].append(e)
+        if e.attempt in out and e.ts is not None:
+            out[e.attempt].append(Stamped(e, float(e.ts)))
     return out
 
 
 def _metrics_by_attempt(
-    metrics: list[dict[str, Any]], by_attempt: dict[str, list[dict[str, Any]]], keys: list[str]
+    metrics: list[dict[str, Any]], by_attempt: dict[str, list[Stamped]], keys: list[str]
 ) -> dict[str, list[dict[str, Any]]]:
     """Lines per attempt: by their ``attempt`` key, else (older runs) by their ``ts``."""
-    starts = [(min(float(e["ts"]) for e in by_attempt[k]), k) for k in keys if by_attempt[k]]
+    starts = [(min(s.ts for s in by_attempt[k]), k) for k in keys if by_attempt[k]]
     out: dict[str, list[dict[str, Any]]] = {}
     for line in metrics:
         if line.get("step") is None:
@@ -188,16 +203,16 @@ def _metrics_by_attempt(
     return out
 
 
-def _resumed_step(events: list[dict[str, Any]]) -> int | None:
-    for e in events:
-        if e.get("event") == RESUMED:
-            return int(e.get("step") or 0)
+def _resumed_step(events: list[Stamped]) -> int | None:
+    for s in events:
+        if isinstance(s.event, Resumed):
+            return s.event.step or 0
     return None
 
 
-def _queue_from(submits: list[float], prev_end: float | None, events: list[dict[str, Any]]) -> float | None:
+def _queue_from(submits: list[float], prev_end: float | None, events: list[Stamped]) -> float | None:
     """When this attempt began to wait: the latest submission or previous attempt's end before it."""
-    started = _first(events, STARTED)
+    started = _first(events, Started)
     if started is None:
         return None
     candidates = [t for t in submits if t <= started] + ([prev_end] if prev_end is not None else [])
@@ -205,16 +220,16 @@ def _queue_from(submits: list[float], prev_end: float | None, events: list[dict[
     return max(candidates) if candidates else None
 
 
-def _first(events: list[dict[str, Any]], name: str, *, node0: bool = False) -> float | None:
-    for e in events:
-        if e.get("event") == name and (not node0 or int(e.get("node") or 0) == 0):
-            return float(e["ts"])
+def _first(events: list[Stamped], kind: type[Event], *, node0: bool = False) -> float | None:
+    for s in events:
+        if isinstance(s.event, kind) and (not node0 or (s.event.node or 0) == 0):
+            return s.ts
     return None
 
 
 def _attempt_time(
     key: str,
-    events: list[dict[str, Any]],
+    events: list[Stamped],
     lines: list[dict[str, Any]],
     *,
     time_limit_s: float | None,
@@ -226,26 +241,26 @@ def _attempt_time(
     prev_end: float | None,
 ) -> AttemptTime:
     a = AttemptTime(attempt=key, running=live)
-    started = _first(events, STARTED, node0=True)
-    started = started if started is not None else _first(events, STARTED)
+    started = _first(events, Started, node0=True)
+    started = started if started is not None else _first(events, Started)
     started = started if started is not None else now
     alloc_start = _allocation_start(events, started, time_limit_s, prev_end)
     if queue_from is not None:
         queue_from = min(queue_from, alloc_start)  # `submit` records the job id after it has started
     alloc_end = _allocation_end(events, lines, progress, live=live, now=now)
     alloc_end = max(alloc_end, alloc_start)
-    resumed = next((e for e in events if e.get("event") == RESUMED), None)
+    resumed = next((s for s in events if isinstance(s.event, Resumed)), None)
 
     if resumed is not None:
-        a.first_step = int(resumed.get("step") or 0)
+        a.first_step = _resumed_step([resumed])
     points, note = _step_ends(resumed, lines, progress, live=live, alloc_end=alloc_end)
     last_step, last_end = points[-1] if points else (None, None)
     if note:
         a.estimated.append(note)
     a.last_step = last_step
 
-    saves = [e for e in events if e.get("event") == CHECKPOINT_SAVED]
-    kept = max([int(e.get("step") or 0) for e in saves] + [a.first_step or 0])
+    saves = [s for s in events if isinstance(s.event, CheckpointSaved)]
+    kept = max([_step(s) for s in saves] + [a.first_step or 0])
     if next_resume is not None and (a.first_step or 0) <= next_resume < kept:
         kept = next_resume  # the next attempt did not resume from this attempt's newest checkpoint
     if last_step is not None:
@@ -253,7 +268,7 @@ def _attempt_time(
     a.kept_step = kept if resumed is not None else None
     a.lost_steps = max(0, (last_step or 0) - kept) if resumed is not None else 0
 
-    t_resumed = _clamp(float(resumed["ts"]) if resumed else alloc_end, alloc_start, alloc_end)
+    t_resumed = _clamp(resumed.ts if resumed else alloc_end, alloc_start, alloc_end)
     t_last = _clamp(last_end if last_end is not None else t_resumed, t_resumed, alloc_end)
     t_kept = _clamp(_time_of(points, kept) if points else t_resumed, t_resumed, t_last)
     # The saves' stalls that kept work; the one of the kept step itself comes right after it.
@@ -291,7 +306,7 @@ def _attempt_time(
 
 
 def _step_ends(
-    resumed: dict[str, Any] | None,
+    resumed: Stamped | None,
     lines: list[dict[str, Any]],
     progress: dict[str, Any] | None,
     *,
@@ -302,7 +317,7 @@ def _step_ends(
     line from rank 0's progress file, their time estimated (the note says so)."""
     points: list[tuple[int, float]] = []
     if resumed is not None:
-        points.append((int(resumed.get("step") or 0), float(resumed["ts"])))
+        points.append((_step(resumed), resumed.ts))
     for line in lines:
         if line.get("ts") is not None and (not points or int(line["step"]) > points[-1][0]):
             points.append((int(line["step"]), float(line["ts"])))
@@ -319,12 +334,14 @@ def _step_ends(
 
 
 def _allocation_start(
-    events: list[dict[str, Any]], started: float, time_limit_s: float | None, prev_end: float | None
+    events: list[Stamped], started: float, time_limit_s: float | None, prev_end: float | None
 ) -> float:
     """The scheduler's start of the allocation, as the attempt's clock recorded it (older runs: its
     end time minus the limit), when that is sane (after the previous attempt's end, before the
     agent started, within 10 minutes of it)."""
-    recorded = (allocation_start(e, limit_s=time_limit_s) for e in events if e.get("event") == STARTED)
+    recorded = (
+        allocation_start(s.event, limit_s=time_limit_s) for s in events if isinstance(s.event, Started)
+    )
     start = next((t for t in recorded if t is not None), None)
     if start is None:
         return started
@@ -333,20 +350,20 @@ def _allocation_start(
 
 
 def _allocation_end(
-    events: list[dict[str, Any]],
+    events: list[Stamped],
     lines: list[dict[str, Any]],
     progress: dict[str, Any] | None,
     *,
     live: bool,
     now: float,
 ) -> float:
-    ends = [float(e["ts"]) for e in events if e.get("event") in _ATTEMPT_ENDS]
+    ends = [s.ts for s in events if isinstance(s.event, _ATTEMPT_ENDS)]
     if ends:
         return max(ends)
     if live:
         return now
     # no end recorded (the agent itself was killed): the last sign of life
-    stamps = [float(e["ts"]) for e in events] + [float(x["ts"]) for x in lines if x.get("ts") is not None]
+    stamps = [s.ts for s in events] + [float(x["ts"]) for x in lines if x.get("ts") is not None]
     if progress and progress.get("updated"):
         stamps.append(float(progress["updated"]))
     return max(stamps) if stamps else now
@@ -377,19 +394,19 @@ def _time_of(points: list[tuple[int, float]], step: int) -> float:
     return points[0][1] if step <= points[0][0] else points[-1][1]
 
 
-def _end_save_time(events: list[dict[str, Any]], last_step: int | None) -> float | None:
+def _end_save_time(events: list[Stamped], last_step: int | None) -> float | None:
     """When the stop or final save was published (the trainer records ``stopped`` after it)."""
-    stamps = [float(e["ts"]) for e in events if e.get("event") == STOPPED]
+    stamps = [s.ts for s in events if isinstance(s.event, Stopped)]
     stamps += [
-        float(e["ts"])
-        for e in events
-        if e.get("event") == CHECKPOINT_SAVED and e.get("blocking") and e.get("step") == last_step
+        s.ts
+        for s in events
+        if isinstance(s.event, CheckpointSaved) and s.event.blocking and s.event.step == last_step
     ]
     return max(stamps) if stamps else None
 
 
 def _stalls(
-    saves: list[dict[str, Any]],
+    saves: list[Stamped],
     points: list[tuple[int, float]],
     last_step: int | None,
     kept: int,
@@ -400,40 +417,42 @@ def _stalls(
 ) -> list[Segment]:
     """The blocking time of the periodic saves of steps up to ``kept``, right after their step."""
     out: list[Segment] = []
-    for e in saves:
-        step = int(e.get("step") or 0)
-        final = bool(e.get("blocking")) and step == last_step and not live
+    for s in saves:
+        e = s.event
+        assert isinstance(e, CheckpointSaved)
+        step = e.step or 0
+        final = bool(e.blocking) and step == last_step and not live
         if final or step > kept or not points:
             continue
-        stall = e.get("stall_s")
+        stall = e.stall_s
         if stall is None:
-            stall = e.get("seconds") if e.get("blocking") else 0.0
+            stall = e.seconds if e.blocking else 0.0
         start = _clamp(_time_of(points, step), t_resumed, t_end)
         end = _clamp(start + float(stall or 0.0), start, t_end)
         if end > start:
             out.append(Segment("stall", start, end))
     out.sort(key=lambda s: s.start)
     merged: list[Segment] = []
-    for s in out:  # two saves' stalls never overlap in time; clamp if timestamps say otherwise
-        if merged and s.start < merged[-1].end:
-            s = Segment("stall", merged[-1].end, max(merged[-1].end, s.end))
-        if s.end > s.start:
-            merged.append(s)
+    for seg in out:  # two saves' stalls never overlap in time; clamp if timestamps say otherwise
+        if merged and seg.start < merged[-1].end:
+            seg = Segment("stall", merged[-1].end, max(merged[-1].end, seg.end))
+        if seg.end > seg.start:
+            merged.append(seg)
     return merged
 
 
 def _startup_parts(
-    events: list[dict[str, Any]],
+    events: list[Stamped],
     alloc_start: float,
     started: float,
     t_resumed: float,
-    resumed: dict[str, Any] | None,
+    resumed: Stamped | None,
 ) -> dict[str, float]:
     """Where start-up went, as far as the ledger tells (the trainer's own parts when it reports them)."""
     parts: dict[str, float] = {}
     if started > alloc_start:
         parts["scheduler"] = started - alloc_start  # job script, agent process start
-    checked = _first(events, NODE_PREFLIGHT, node0=True)
+    checked = _first(events, NodePreflight, node0=True)
     cursor = started
     if checked is not None and started <= checked <= t_resumed:
         parts["node_checks"] = checked - started
@@ -441,9 +460,10 @@ def _startup_parts(
     if resumed is None:
         parts["trainer"] = max(0.0, t_resumed - cursor)  # never got to train: what is known
         return parts
-    process_start = resumed.get("process_start")
-    reported = resumed.get("startup_s") if isinstance(resumed.get("startup_s"), dict) else None
-    if isinstance(process_start, (int, float)) and cursor <= float(process_start) <= t_resumed:
+    assert isinstance(resumed.event, Resumed)
+    process_start = resumed.event.process_start
+    reported = resumed.event.startup_s
+    if process_start is not None and cursor <= float(process_start) <= t_resumed:
         parts["launch"] = float(process_start) - cursor  # rank host, rendezvous of the agents, fork
         cursor = float(process_start)
     if reported:

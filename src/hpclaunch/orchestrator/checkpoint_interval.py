@@ -9,9 +9,10 @@ failures take together. Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from ..rundir.ledger import CHECKPOINT_INTERVAL
+from ..rundir.events import CheckpointInterval, Event, of_kind
 
 FIELDS = (
     "attempt",
@@ -28,15 +29,13 @@ FIELDS = (
 )
 
 
-def checkpoint_interval_summary(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def checkpoint_interval_summary(events: Sequence[Event]) -> dict[str, Any] | None:
     """The last decision, or None when the trainer has made none (older runs, short attempts)."""
-    last = None
-    for e in events:
-        if e.get("event") == CHECKPOINT_INTERVAL:
-            last = e
-    if last is None:
+    decisions = of_kind(events, CheckpointInterval)
+    if not decisions:
         return None
-    summary = {k: last.get(k) for k in FIELDS}
+    last = decisions[-1]
+    summary: dict[str, Any] = {k: getattr(last, k) for k in FIELDS}
     # Derived from the interval, not taken as recorded: ledgers before issue 26 recorded the whole
     # waste over one MTBF under "expected_loss_per_failure_s".
     interval, cost, mtbf = summary["interval_s"], summary["save_cost_s"], summary["mtbf_s"]

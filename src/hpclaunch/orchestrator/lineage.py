@@ -3,10 +3,12 @@ its first weights came from (``train.init_from``). Reads run directories only; n
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from ..rundir import INITIALIZED, RunPaths, read_events
+from ..rundir import Event, RunPaths, of_kind, read_events
 from ..rundir.chain import failures, followers, predecessor, settlement, verdict
+from ..rundir.events import Initialized
 
 
 def chain_view(paths: RunPaths) -> dict[str, Any] | None:
@@ -61,19 +63,19 @@ def _path(value: Any) -> Any:
     return Path(str(value))
 
 
-def weights_from(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def weights_from(events: Sequence[Event]) -> dict[str, Any] | None:
     """Where the run's first weights came from (the trainer's ``initialized`` event), else None."""
-    found = [e for e in events if e.get("event") == INITIALIZED]
+    found = of_kind(events, Initialized)
     if not found:
         return None
     e = found[-1]
     return {
-        "checkpoint": e.get("checkpoint"),
-        "run": e.get("run"),
-        "step": e.get("step"),
-        "ema": bool(e.get("ema")),
-        "source_world_size": e.get("source_world_size"),
-        "source_parallel": e.get("source_parallel"),
+        "checkpoint": e.checkpoint,
+        "run": e.run,
+        "step": e.step,
+        "ema": bool(e.ema),
+        "source_world_size": e.source_world_size,
+        "source_parallel": e.source_parallel,
     }
 
 

@@ -7,36 +7,36 @@ own view of the current job. Never imports torch.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..fsutil import read_jsonl
-from ..rundir import (
-    CANCELLED,
-    CHECKPOINT_FAILED,
-    CHECKPOINT_SAVED,
-    ENDED,
-    EXPERIMENT_LOG_FAILED,
-    FAILED,
-    FINISHED,
-    HELD,
-    REFUSED,
-    REQUEUED,
-    RESCUE,
-    RESCUE_CANCELLED,
-    RESCUE_SUBMITTED,
-    RESUMED,
-    STARTED,
-    STOP_REQUESTED,
-    STOPPED,
-    SUBMIT_FAILED,
-    SUBMITTED,
-    SUBMITTING,
-    RunPaths,
-    read_events,
-)
+from ..rundir import SUBMITTED, Event, RunPaths, of_kind, read_events
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
+from ..rundir.events import (
+    Cancelled,
+    CheckpointFailed,
+    CheckpointSaved,
+    Ended,
+    ExperimentLogFailed,
+    Failed,
+    Finished,
+    Held,
+    Refused,
+    Requeued,
+    Rescue,
+    RescueCancelled,
+    RescueSubmitted,
+    Resumed,
+    Started,
+    Stopped,
+    StopRequested,
+    SubmitFailed,
+    Submitted,
+    Submitting,
+)
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import metrics_steps_by_attempt
 from .checkpoint_interval import checkpoint_interval_summary
@@ -83,72 +83,82 @@ class StepCounts:
     kept_ratio: float  # useful / computed steps; not goodput (that is time: kept training / allocated)
 
 
-def attempts_from_events(events: list[dict[str, Any]]) -> list[Attempt]:
+def attempts_from_events(events: Sequence[Event]) -> list[Attempt]:
     by_key: dict[str, Attempt] = {}
     order: list[str] = []
     for e in events:
-        key = e.get("attempt")
+        key = e.attempt
         if not key:
             continue
         if key not in by_key:
             by_key[key] = Attempt(attempt=key)
             order.append(key)
-        a = by_key[key]
-        kind = e.get("event")
-        if kind == STARTED and (a.started is None or e.get("node", 0) == 0):
-            a.started = a.started or e.get("ts")
-            a.in_place = bool(e.get("in_place", a.in_place))
-            a.job_id = e.get("job_id", a.job_id)
-            a.restart_count = e.get("restart_count", a.restart_count)
-            a.nodes = e.get("nodes", a.nodes)
-            a.hosts = e.get("hosts", a.hosts)
-            a.world_size = e.get("world_size", a.world_size)
-        elif kind == RESUMED:
-            a.resumed_step = int(e.get("step", 0))
-            a.world_size = e.get("world_size", a.world_size)
-            a.last_step = max(a.last_step or 0, a.resumed_step)
-        elif kind == CHECKPOINT_SAVED:
-            step = int(e.get("step", 0))
-            a.checkpoint_step = max(a.checkpoint_step or 0, step)
-            a.last_step = max(a.last_step or 0, step)
-        elif kind == CHECKPOINT_FAILED:
-            a.failed_saves += 1
-        elif kind == STOPPED:
-            a.last_step = max(a.last_step or 0, int(e.get("step", 0)))
-            a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
-        elif kind == FINISHED:
-            if e.get("step") is not None:
-                a.last_step = max(a.last_step or 0, int(e["step"]))
-            # a warning that came after the last step does not make the attempt's end a stop
-            a.end, a.ended, a.cause = "finished", e.get("ts"), None
-        elif kind == REQUEUED:
-            cause = _cause(e)
-            a.end, a.cause, a.ended = "requeued", cause, e.get("ts")
-            if e.get("in_place"):  # the allocation's agents went on: no new job, no queue
-                a.end, a.replaced = "restarted in place", dict(e.get("replaced") or {})
-            # A failure that was retried says what failed (the decision's reason; older ledgers
-            # kept it in "error"); a stop that was continued has nothing to explain.
-            failed = cause is not None and cause not in STOP_CAUSES
-            a.error = (e.get("error") or e.get("reason")) if failed else None
-        elif kind == FAILED:
-            a.end, a.cause, a.ended, a.error = "failed", _cause(e), e.get("ts"), e.get("error")
-        elif kind == ENDED:
-            a.end, a.cause, a.ended = "stopped", _cause(e), e.get("ts")
-        elif kind == HELD:
-            a.end, a.ended, a.error = "withdrawn", e.get("ts"), e.get("reason")
-        elif kind == REFUSED:
-            a.end, a.ended, a.error = "refused", e.get("ts"), e.get("reason")
-        elif kind == CANCELLED:
-            a.end, a.cause, a.ended = "cancelled", Cause.CANCELLED.value, e.get("ts")
-        elif kind == STOP_REQUESTED and a.cause is None:
-            a.cause = _cause(e)
+        _apply(by_key[key], e)
     return [by_key[k] for k in order]
 
 
-def _cause(event: dict[str, Any]) -> str | None:
+def _apply(a: Attempt, e: Event) -> None:
+    """What one event of the attempt ``a`` says about it."""
+    if isinstance(e, Started) and (a.started is None or (e.node or 0) == 0):
+        a.started = a.started or e.ts
+        a.in_place = bool(_given(e, "in_place", e.in_place, a.in_place))
+        a.job_id = _given(e, "job_id", e.job_id, a.job_id)
+        a.restart_count = _given(e, "restart_count", e.restart_count, a.restart_count)
+        a.nodes = _given(e, "nodes", e.nodes, a.nodes)
+        a.hosts = e.hosts if e.hosts is not None else a.hosts
+        a.world_size = _given(e, "world_size", e.world_size, a.world_size)
+    elif isinstance(e, Resumed):
+        a.resumed_step = e.step or 0
+        a.world_size = _given(e, "world_size", e.world_size, a.world_size)
+        a.last_step = max(a.last_step or 0, a.resumed_step)
+    elif isinstance(e, CheckpointSaved):
+        step = e.step or 0
+        a.checkpoint_step = max(a.checkpoint_step or 0, step)
+        a.last_step = max(a.last_step or 0, step)
+    elif isinstance(e, CheckpointFailed):
+        a.failed_saves += 1
+    elif isinstance(e, Stopped):
+        a.last_step = max(a.last_step or 0, e.step or 0)
+        a.end, a.cause, a.ended = "stopped", _cause(e.cause), e.ts
+    elif isinstance(e, Finished):
+        if e.step is not None:
+            a.last_step = max(a.last_step or 0, e.step)
+        # a warning that came after the last step does not make the attempt's end a stop
+        a.end, a.ended, a.cause = "finished", e.ts, None
+    elif isinstance(e, Requeued):
+        cause = _cause(e.cause)
+        a.end, a.cause, a.ended = "requeued", cause, e.ts
+        if e.in_place:  # the allocation's agents went on: no new job, no queue
+            a.end, a.replaced = "restarted in place", dict(e.replaced)
+        # A failure that was retried says what failed (the decision's reason; older ledgers
+        # kept it in "error"); a stop that was continued has nothing to explain.
+        failed = cause is not None and cause not in STOP_CAUSES
+        a.error = (e.error or e.reason) if failed else None
+    elif isinstance(e, Failed):
+        a.end, a.cause, a.ended, a.error = "failed", _cause(e.cause), e.ts, e.error
+    elif isinstance(e, Ended):
+        a.end, a.cause, a.ended = "stopped", _cause(e.cause), e.ts
+    elif isinstance(e, Held):
+        a.end, a.ended, a.error = "withdrawn", e.ts, e.reason
+    elif isinstance(e, Refused):
+        a.end, a.ended, a.error = "refused", e.ts, e.reason
+    elif isinstance(e, Cancelled):
+        a.end, a.cause, a.ended = "cancelled", Cause.CANCELLED.value, e.ts
+    elif isinstance(e, StopRequested) and a.cause is None:
+        a.cause = _cause(e.cause)
+
+
+T = TypeVar("T")
+
+
+def _given(e: Event, name: str, value: T | None, before: T | None) -> T | None:
+    """``value`` where the line wrote the field (a null included), else what was known before."""
+    return value if name in e.record else before
+
+
+def _cause(value: str | None) -> str | None:
     """An event's cause as recorded; one this version does not know is shown as it was written
     (marked), never mistaken for another."""
-    value = event.get("cause")
     try:
         cause = Cause.parse_optional(value)
     except UnknownCause:
@@ -172,15 +182,15 @@ def step_counts(attempts: list[Attempt]) -> StepCounts:
     return StepCounts(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
 
 
-def failed_saves(events: list[dict[str, Any]]) -> dict[str, Any] | None:
+def failed_saves(events: Sequence[Event]) -> dict[str, Any] | None:
     """The saves that failed (None: none did): how many, and the newest with what was done."""
-    failed = [e for e in events if e.get("event") == CHECKPOINT_FAILED]
+    failed = of_kind(events, CheckpointFailed)
     if not failed:
         return None
     last = failed[-1]
     return {
         "count": len(failed),
-        "last": {k: last.get(k) for k in ("attempt", "step", "error", "action")},
+        "last": {"attempt": last.attempt, "step": last.step, "error": last.error, "action": last.action},
     }
 
 
@@ -194,12 +204,11 @@ def describe_failed_saves(summary: dict[str, Any] | None) -> str | None:
     return f"checkpoint: {what}; the last at step {last.get('step')}{action}: {last.get('error')}"
 
 
-def experiment_log_failures(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def experiment_log_failures(events: Sequence[Event]) -> list[dict[str, Any]]:
     """Every time W&B or TensorBoard failed and training went on without it (or W&B offline)."""
     return [
-        {k: e.get(k) for k in ("log", "attempt", "error", "action")}
-        for e in events
-        if e.get("event") == EXPERIMENT_LOG_FAILED
+        {"log": e.log, "attempt": e.attempt, "error": e.error, "action": e.action}
+        for e in of_kind(events, ExperimentLogFailed)
     ]
 
 
@@ -209,82 +218,79 @@ def describe_experiment_logs(failures: list[dict[str, Any]] | None) -> list[str]
     return [f"{log}: {f['error']} in attempt {f['attempt']}; {f['action']}" for log, f in newest.items()]
 
 
-def running_attempt(events: list[dict[str, Any]]) -> str | None:
+def running_attempt(events: Sequence[Event]) -> str | None:
     """The attempt that has started and not ended yet (None: none runs now)."""
     attempts = attempts_from_events(events)
     return attempts[-1].attempt if attempts and attempts[-1].end == "running" else None
 
 
-def current_job_id(events: list[dict[str, Any]]) -> str | None:
+def current_job_id(events: Sequence[Event]) -> str | None:
     """The job id to ask the scheduler about: the latest submission or continuation."""
     job_id = None
     for e in events:
-        if e.get("event") in (SUBMITTED, REQUEUED) and e.get("job_id"):
-            job_id = str(e["job_id"])
+        if isinstance(e, (Submitted, Requeued)) and e.job_id:
+            job_id = e.job_id
     return job_id
 
 
-def rescue_view(events: list[dict[str, Any]]) -> dict[str, Any]:
+def rescue_view(events: Sequence[Event]) -> dict[str, Any]:
     """The rescue job waiting behind the run's current job (``schedulers.rescue``), and one line per
     job the scheduler ended undecided that a rescue continued (why the scheduler calls it FAILED)."""
     waiting: dict[str, str] = {}  # watched job -> its rescue
     notes: list[str] = []
     for e in events:
-        kind = e.get("event")
-        if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+        if isinstance(e, (Submitting, Submitted)) and not e.resume:
             waiting.clear()
-        elif kind == RESCUE_SUBMITTED and e.get("rescue_job"):
-            waiting[str(e.get("job_id"))] = str(e["rescue_job"])
-        elif kind == RESCUE_CANCELLED:
-            gone = {str(j) for j in e.get("rescue_jobs") or ()}
+        elif isinstance(e, RescueSubmitted) and e.rescue_job:
+            waiting[str(e.job_id)] = e.rescue_job
+        elif isinstance(e, RescueCancelled):
+            gone = set(e.rescue_jobs)
             waiting = {k: v for k, v in waiting.items() if v not in gone}
-        elif kind == REQUEUED and e.get("by") == "rescue":
-            hosts = ", ".join(str(n) for n in e.get("exclude") or ()) or "?"
-            said = f" {e['job_ended']}" if e.get("job_ended") else ""
+        elif isinstance(e, Requeued) and e.by == "rescue":
+            hosts = ", ".join(e.exclude) or "?"
+            said = f" {e.job_ended}" if e.job_ended else ""
             notes.append(
-                f"job {e.get('for_job')}{said}: its batch host died with its attempt undecided; the rescue "
-                f"(job {e.get('rescue_job') or '?'}) continued the run as job {e.get('job_id')} without {hosts}"
+                f"job {e.for_job}{said}: its batch host died with its attempt undecided; the rescue "
+                f"(job {e.rescue_job or '?'}) continued the run as job {e.job_id} without {hosts}"
             )
     notes += _decided_before_the_rescue(events)
     job = current_job_id(events)
     return {"job_id": waiting.get(job) if job else None, "notes": notes}
 
 
-def _decided_before_the_rescue(events: list[dict[str, Any]]) -> list[str]:
+def _decided_before_the_rescue(events: Sequence[Event]) -> list[str]:
     """A job the scheduler ended in a failed state after an agent had decided its attempt and
     continued the run elsewhere (the agents left took over from the dead batch host in time)."""
-    continued = {
-        str(e.get("attempt")): e for e in events if e.get("event") == REQUEUED and not e.get("in_place")
-    }
+    continued = {str(e.attempt): e for e in of_kind(events, Requeued) if not e.in_place}
     notes = []
-    for e in events:
-        decided = continued.get(str(e.get("attempt")))
-        if e.get("event") != RESCUE or e.get("action") != "nothing" or not e.get("job_ended"):
+    for e in of_kind(events, Rescue):
+        decided = continued.get(str(e.attempt))
+        if e.action != "nothing" or not e.job_ended:
             continue
-        if decided is None or str(decided.get("job_id")) == str(e.get("job_id")):
+        if decided is None or str(decided.job_id) == str(e.job_id):
             continue
         notes.append(
-            f"job {e.get('job_id')} {e['job_ended']}: its batch host died after its attempt was decided "
-            f"({decided.get('cause')}); the run continued as job {decided.get('job_id')}"
+            f"job {e.job_id} {e.job_ended}: its batch host died after its attempt was decided "
+            f"({decided.cause}); the run continued as job {decided.job_id}"
         )
     return notes
 
 
 def run_state(
     attempts: list[Attempt],
-    events: list[dict[str, Any]],
+    events: Sequence[Event],
     scheduler_state: str | None,
     *,
     now: float | None = None,
 ) -> str:
     """The run's state: the ledger's story reconciled with what the scheduler says now."""
-    submissions = [e.get("event") for e in events if e.get("event") in (SUBMITTING, SUBMIT_FAILED)]
-    if submissions and submissions[-1] == SUBMIT_FAILED:
+    submissions = [e for e in events if isinstance(e, (Submitting, SubmitFailed))]
+    if submissions and isinstance(submissions[-1], SubmitFailed):
         return "not submitted (the scheduler refused it)"
     if not attempts:
-        if any(e.get("event") == CANCELLED for e in events):
+        if of_kind(events, Cancelled):
             return "cancelled"
-        if not any(e.get("event") == SUBMITTED for e in events):
+        if not of_kind(events, Submitted):
             return "unknown"
         return _lost_or(scheduler_state, "pending", since=_last_ts(events, SUBMITTED), now=now)
     # An attempt that was withdrawn or refused did not change the run: it keeps its state.
@@ -317,15 +323,15 @@ def _lost_or(scheduler_state: str | None, state: str, *, since: float | None, no
     return "cancelled" if scheduler_state == "cancelled" else "lost"
 
 
-def _last_ts(events: list[dict[str, Any]], name: str) -> float | None:
-    stamps = [e.get("ts") for e in events if e.get("event") == name]
+def _last_ts(events: Sequence[Event], name: str) -> float | None:
+    stamps = [e.ts for e in events if e.event == name]
     return float(stamps[-1]) if stamps and stamps[-1] is not None else None
 
 
-def _cancelled_after(events: list[dict[str, Any]], last: Attempt) -> bool:
+def _cancelled_after(events: Sequence[Event], last: Attempt) -> bool:
     """`hpclaunch cancel` writes an event outside any attempt: it ends the run."""
     start = last.started or 0
-    return any(e.get("event") == CANCELLED and (e.get("ts") or 0) >= start for e in events)
+    return any((e.ts or 0) >= start for e in of_kind(events, Cancelled))
 
 
 def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
@@ -369,7 +375,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
         "latent_loss": last_metric.get("latent_loss"),
         "samples_per_s": last_metric.get("samples_per_s"),
         "eta_s": eta,
-        "requeues": sum(1 for e in events if e.get("event") == REQUEUED),
+        "requeues": len(of_kind(events, Requeued)),
         "attempts": [asdict(a) for a in attempts],
         # One word, one number: goodput is the time share the text shows (kept training over
         # allocated time, as time.goodput); the step counts have their own name.

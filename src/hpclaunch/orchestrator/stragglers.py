@@ -13,19 +13,17 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import read_jsonl
-from ..rundir import STRAGGLER, RunPaths
+from ..rundir import Event, RunPaths, of_kind
+from ..rundir.events import Straggler
 from ..rundir.progress import steptimes_dir
 
 _TAIL_BYTES = 4096  # a few summaries: enough for each rank's latest
 
 
-def straggler_summary(paths: RunPaths, events: Iterable[dict[str, Any]]) -> dict[str, Any]:
+def straggler_summary(paths: RunPaths, events: Iterable[Event]) -> dict[str, Any]:
     """``{"slowest": {...} | None, "reported": [...]}`` for ``status --json``."""
-    reported = [
-        {k: e.get(k) for k in ("attempt", "rank", "rank_node", "step", "work_s", "fastest_s", "ratio")}
-        for e in events
-        if e.get("event") == STRAGGLER
-    ]
+    fields = ("attempt", "rank", "rank_node", "step", "work_s", "fastest_s", "ratio")
+    reported = [{k: getattr(e, k) for k in fields} for e in of_kind(events, Straggler)]
     return {"slowest": slowest_rank(paths), "reported": reported}
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..fsutil import read_jsonl
-from ..rundir import RunPaths, read_events
+from ..rundir import Event, RunPaths, read_events
 from .accounting import RunTime, account, attempt_keys
 
 
@@ -35,7 +35,7 @@ def time_limit_of(paths: RunPaths) -> float | None:
 def run_time(
     run: Path,
     *,
-    events: list[dict[str, Any]] | None = None,
+    events: list[Event] | None = None,
     metrics: list[dict[str, Any]] | None = None,
     live: bool = False,
     now: float | None = None,

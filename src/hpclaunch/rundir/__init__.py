@@ -2,10 +2,12 @@
 
 Every side reads and writes run files through this package: the CLI and the orchestrator (login
 side), the node agent and the local controller (allocation side) and the trainer (every rank).
-It imports none of them; only ``config``, ``errors`` and ``fsutil`` below it.
+The ledger's events are typed records, one per kind (``events``). It imports none of them; only
+``config``, ``errors`` and ``fsutil`` below it.
 """
 
-from .ledger import (
+from .events import Event, of_kind, parse_event
+from .kinds import (
     CANCELLED,
     CHAIN_BLOCKED,
     CHAIN_RELEASED,
@@ -44,10 +46,8 @@ from .ledger import (
     SUBMIT_FAILED,
     SUBMITTED,
     SUBMITTING,
-    EventLog,
-    Ledger,
-    read_events,
 )
+from .ledger import EventLog, Ledger, latest_submission, read_events
 from .lock import Heartbeat, LockHolder, RunLock, holder_alive
 from .outcome import AttemptOutcome, latest_outcome, read_outcome, write_outcome
 from .paths import RunPaths
@@ -94,6 +94,7 @@ __all__ = [
     "SUBMITTING",
     "SUBMIT_FAILED",
     "AttemptOutcome",
+    "Event",
     "EventLog",
     "Heartbeat",
     "JobPlan",
@@ -105,6 +106,9 @@ __all__ = [
     "TorchrunPlan",
     "holder_alive",
     "latest_outcome",
+    "latest_submission",
+    "of_kind",
+    "parse_event",
     "read_config",
     "read_events",
     "read_outcome",

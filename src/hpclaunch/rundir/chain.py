@@ -32,12 +32,14 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from ..fsutil import atomic_write_json
-from .ledger import CANCELLED, ENDED, FAILED, FINISHED, latest_submission
+from .events import Cancelled, Ended, Event, Failed, Finished
+from .ledger import latest_submission
 from .paths import RunPaths
 
 Action = Literal["wait", "release", "cancel"]
@@ -70,22 +72,21 @@ def chain_dir(paths: RunPaths) -> Path:
     return paths.root / "chain"
 
 
-def verdict(events: list[dict[str, Any]], run: Path) -> Verdict:
+def verdict(events: Sequence[Event], run: Path) -> Verdict:
     """The earlier run's verdict: the first end recorded since its latest submission (from its
     ``submitting``: ``ledger.latest_submission``) decides
     (a ``held`` attempt after it changes nothing). A user stop (``ended``) may be resumed later, so
     the next stage keeps waiting."""
     start = latest_submission(events)
     for e in events[start + 1 :]:
-        kind = e.get("event")
-        if kind == FINISHED:
+        if isinstance(e, Finished):
             return Verdict("release", f"{run} finished", "finished")
-        if kind == FAILED:
-            why = e.get("error") or e.get("reason") or "no reason recorded"
-            return Verdict("cancel", f"{run} failed ({e.get('cause') or 'failure'}: {why})", "failed")
-        if kind == CANCELLED:
+        if isinstance(e, Failed):
+            why = e.error or e.reason or "no reason recorded"
+            return Verdict("cancel", f"{run} failed ({e.cause or 'failure'}: {why})", "failed")
+        if isinstance(e, Cancelled):
             return Verdict("cancel", f"{run} was cancelled", "cancelled")
-        if kind == ENDED:
+        if isinstance(e, Ended):
             return Verdict("wait", f"{run} was stopped (resume it with hpclaunch submit --resume)", "stopped")
     return Verdict("wait", f"{run} has not finished", "running")
 

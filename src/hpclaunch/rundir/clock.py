@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from .env import CLOCK_VAR
+from .events import Started
 
 SAVE_SLACK = 1.5  # a save may run slower than the slowest one measured (a busier filesystem)
 
@@ -118,14 +119,14 @@ class AttemptClock:
         return cls.from_json(json.loads(text))
 
 
-def allocation_start(started: Mapping[str, Any], *, limit_s: float | None) -> float | None:
+def allocation_start(started: Started, *, limit_s: float | None) -> float | None:
     """When an attempt's allocation started, from its ``started`` event: the recorded clock; for
     runs written before the clock was recorded, their end time minus ``limit_s`` (the limit the
     scheduler applied). None when the event says neither."""
-    clock = started.get("clock")
-    if isinstance(clock, Mapping) and clock.get("start") is not None:
-        return float(clock["start"])
-    end = started.get("end_time")
+    clock = started.clock
+    if clock is not None and clock.get("start") is not None:
+        return float(clock["start"] or 0)
+    end = started.end_time
     if end is None or not limit_s:
         return None
     return float(end) - float(limit_s)

@@ -21,59 +21,17 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .events import Event, parse_event
+from .kinds import SUBMIT_FAILED, SUBMITTED, SUBMITTING
 from .paths import RunPaths
 
-# Event names, in one place so that writers and readers cannot drift apart.
-SUBMITTING = "submitting"  # `submit` is about to ask the scheduler (a job may start before it answers)
-SUBMITTED = "submitted"  # the scheduler answered: the job id
-SUBMIT_FAILED = "submit_failed"  # the scheduler refused the submission: nothing runs
-STOP_DROPPED = "stop_dropped"  # `submit --resume` dropped a stop request left from before
-PREFLIGHT_SKIPPED = "preflight_skipped"
-STARTED = "started"  # one per node per attempt
-NODE_PREFLIGHT = "node_preflight"
-NCCL_PRESET = "nccl_preset"
-RESUMED = "resumed"  # trainer rank 0: step it continues from (0 = fresh start)
-CHECKPOINT_SAVED = "checkpoint_saved"
-CHECKPOINT_INVALID = "checkpoint_invalid"
-CHECKPOINT_FAILED = "checkpoint_failed"  # trainer rank 0: a save failed (what, and what was done)
-# a background save still writing when a stop saved a newer step: dropped, not waited for
-CHECKPOINT_SUPERSEDED = "checkpoint_superseded"
-CHECKPOINT_WRITER_STARVED = "checkpoint_writer_starved"  # a save restarted at writer_nice (CPU starved)
-EXPERIMENT_LOG_FAILED = "experiment_log_failed"  # trainer rank 0: W&B/TensorBoard failed (what was done)
-CHECKPOINT_INTERVAL = "checkpoint_interval"  # trainer rank 0: the save interval chosen, and why
-STOP_REQUESTED = "stop_requested"
-STOP_OVERDUE = "stop_overdue"  # node 0's agent: the stop save overran the kill wait; workers ended
-STOPPED = "stopped"  # trainer rank 0: all ranks stopped after `step` and saved
-REQUEUED = "requeued"
-FINISHED = "finished"
-FAILED = "failed"
-CANCELLED = "cancelled"
-ENDED = "ended"  # node 0's agent: the run stops here by the user's wish (resumable)
-HELD = "held"  # an attempt the scheduler started after the run had ended (budget spent): withdrawn
-NODE_EXCLUDED = "node_excluded"
-NODE_REPLACED = "node_replaced"  # node 0's agent: a hot spare takes a failed node's place in place
-REFUSED = "refused"  # an attempt that found another live writer holding the run directory
-HANG = "hang"  # node 0's watchdog: a window passed without progress (phase, step, culprit, stacks)
-STRAGGLER = "straggler"  # node 0's watchdog: a rank slower than the fastest for several summaries
-INITIALIZED = "initialized"  # trainer rank 0: weights taken from another run (train.init_from)
-CHAIN_WAITING = "chain_waiting"  # CLI: this run is held until the run it is chained after finishes
-CHAIN_RELEASED = "chain_released"  # (both runs) the earlier run finished: the next one released
-CHAIN_BLOCKED = "chain_blocked"  # (both runs) the earlier run failed or was cancelled: the next never runs
-RESCUE_SUBMITTED = "rescue_submitted"  # a rescue job left behind a job of the run (jobs.rescue)
-RESCUE_NOT_SUBMITTED = "rescue_not_submitted"  # the scheduler refused the rescue job: nothing watches
-RESCUE = "rescue"  # the rescue job ran: what it found (an undecided attempt, or nothing to do)
-RESCUE_CANCELLED = "rescue_cancelled"  # the run ended for good: its waiting rescue jobs withdrawn
 
-# Events that end a run (until `submit --resume` starts it again).
-RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)
-
-
-def latest_submission(events: list[dict[str, Any]]) -> int:
+def latest_submission(events: Sequence[Event]) -> int:
     """Index of the event that opened the run's latest submission (-1: none). That is its
     ``submitting``, not ``submitted``: the job may start, and even end, before ``submit`` hears the
     scheduler's answer and records ``submitted``, and what it recorded meanwhile belongs to this
@@ -81,7 +39,7 @@ def latest_submission(events: list[dict[str, Any]]) -> int:
     ``submitting`` (a foreground ``train``, older runs) is opened by ``submitted``."""
     start, pending = -1, None
     for i, e in enumerate(events):
-        kind = e.get("event")
+        kind = e.event
         if kind == SUBMITTING:
             pending = i
         elif kind == SUBMITTED:
@@ -142,22 +100,23 @@ class Ledger:
         return record
 
     def events(self) -> list[dict[str, Any]]:
-        """The whole run's ledger (every writer's file, merged)."""
-        return read_events(self.paths).events
+        """The whole run's ledger (every writer's file, merged), as the records on disk: for the node
+        agent until it reads typed events (``read_events`` gives them)."""
+        return [e.record for e in read_events(self.paths).events]
 
 
 @dataclass
 class EventLog:
     """The merged ledger of a run, and the lines that could not be read (``file:line: why``)."""
 
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
     torn: list[str] = field(default_factory=list)
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Event]:
         return iter(self.events)
 
-    def named(self, *names: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e.get("event") in names]
+    def named(self, *names: str) -> list[Event]:
+        return [e for e in self.events if e.event in names]
 
 
 def ledger_files(paths: RunPaths) -> list[Path]:
@@ -170,16 +129,15 @@ def ledger_files(paths: RunPaths) -> list[Path]:
 def read_events(paths: RunPaths) -> EventLog:
     """Every writer's events, merged in timestamp order; torn lines reported, not dropped."""
     log = EventLog()
-    keyed: list[tuple[float, str, int, int, dict[str, Any]]] = []
+    keyed: list[tuple[float, str, int, int, Event]] = []
     for path in ledger_files(paths):
         for lineno, record, problem in _read_lines(path):
             if problem is not None:
                 log.torn.append(f"{path.relative_to(paths.root)}:{lineno}: {problem}")
                 continue
             assert record is not None
-            keyed.append(
-                (float(record.get("ts") or 0), path.name, int(record.get("seq") or 0), lineno, record)
-            )
+            event = parse_event(record)
+            keyed.append((float(event.ts or 0), path.name, event.seq or 0, lineno, event))
     keyed.sort(key=lambda k: k[:4])
     log.events = [k[4] for k in keyed]
     return log

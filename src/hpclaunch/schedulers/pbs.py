@@ -23,10 +23,10 @@ from pathlib import Path
 from ..config import format_hms
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
-from ..rundir import JobPlan, RunLock, RunPaths, read_events
+from ..rundir import JobPlan, RunLock, RunPaths, of_kind, read_events
 from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
-from ..rundir.ledger import STARTED
+from ..rundir.events import Started
 from ..templates import jinja, lint
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import pbs_json
@@ -242,9 +242,7 @@ class PbsScheduler:
         # PBS has no restart counter in the job's environment: attempts of earlier jobs of this run
         # come from the ledger, reruns of this very job (qrerun, preemption) from its run_count.
         earlier = {
-            e.get("attempt")
-            for e in read_events(plan.paths()).named(STARTED)
-            if e.get("job_id") != ctx.job_id
+            e.attempt for e in of_kind(read_events(plan.paths()).events, Started) if e.job_id != ctx.job_id
         }
         job = own_job(ctx.job_id)
         reruns = max(0, job.run_count - 1) if job is not None else 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import HpclaunchError
@@ -32,9 +33,11 @@ from ..rundir import (
     RUN_ENDS,
     SUBMITTED,
     SUBMITTING,
+    Event,
     Ledger,
     read_events,
 )
+from ..rundir.events import RescueCancelled, RescueSubmitted, Submitted, Submitting
 from ..templates.shell import Raw, join
 
 if TYPE_CHECKING:
@@ -75,27 +78,26 @@ def leave_rescue(scheduler: Any, plan: JobPlan, paths: RunPaths, job_id: str, *,
     return rescue
 
 
-def waiting_rescues(events: list[dict[str, Any]], *, own: str | None = None) -> list[str]:
+def waiting_rescues(events: Sequence[Event], *, own: str | None = None) -> list[str]:
     """Rescue jobs recorded since the run's latest submission (but ``own``), not yet withdrawn."""
     found: list[str] = []
     for e in events:
-        kind = e.get("event")
-        if kind in (SUBMITTING, SUBMITTED) and not e.get("resume"):
+        if isinstance(e, (Submitting, Submitted)) and not e.resume:
             found.clear()
-        elif kind == RESCUE_SUBMITTED and e.get("rescue_job"):
-            found.append(str(e["rescue_job"]))
-        elif kind == RESCUE_CANCELLED:
-            gone = {str(j) for j in e.get("rescue_jobs") or ()}
+        elif isinstance(e, RescueSubmitted) and e.rescue_job:
+            found.append(e.rescue_job)
+        elif isinstance(e, RescueCancelled):
+            gone = set(e.rescue_jobs)
             found = [j for j in found if j not in gone]
     return [j for j in dict.fromkeys(found) if j != own]
 
 
-def run_has_ended(events: list[dict[str, Any]]) -> bool:
+def run_has_ended(events: Sequence[Event]) -> bool:
     """The latest event that starts or ends the run is an end (finished, failed, cancelled...)."""
     last = None
     for e in events:
-        if e.get("event") in (*RUN_ENDS, SUBMITTING, SUBMITTED):
-            last = e.get("event")
+        if e.event in (*RUN_ENDS, SUBMITTING, SUBMITTED):
+            last = e.event
     return last in RUN_ENDS
 
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from ..config import RunConfig
 from ..rundir import Ledger, RunPaths, read_events
-from ..rundir.ledger import CHECKPOINT_INTERVAL
+from ..rundir.kinds import CHECKPOINT_INTERVAL
 from .checkpoint.interval import SaveSchedule, ledger_failures, policy_from_config
 from .dist import DistContext, broadcast_json
 

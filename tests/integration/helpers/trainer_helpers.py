@@ -122,7 +122,7 @@ def metrics(run: Path) -> list[dict[str, Any]]:
 
 
 def events(run: Path) -> list[dict[str, Any]]:
-    return read_events(RunPaths(run)).events
+    return [e.record for e in read_events(RunPaths(run)).events]
 
 
 def wait_for_step(run: Path, step: int, proc: subprocess.Popen[str], timeout: float = 120) -> int:

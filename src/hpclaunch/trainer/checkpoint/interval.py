@@ -22,8 +22,12 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
+
+from ...rundir.events import Event
+from ...rundir.kinds import FINISHED, RESUMED, STOPPED
 
 Mode = Literal["steps", "auto", "minutes"]
 CALIBRATION_STEPS = 5  # steps of an attempt measured before its first decision (the first is warm-up)
@@ -191,7 +195,7 @@ def policy_from_config(
     return Policy("steps", int(every_steps), None, mtbf)
 
 
-def ledger_failures(events: list[dict[str, Any]], *, current_attempt: str | None) -> tuple[int, float]:
+def ledger_failures(events: Sequence[Event], *, current_attempt: str | None) -> tuple[int, float]:
     """(failures, seconds trained) of this run's earlier attempts, from the ledger: an attempt whose
     trainer resumed and that ended without ``stopped`` or ``finished`` (a crash, a kill, a hang, a
     lost node) is a failure. Its training time runs from ``resumed`` to its last event. Reads event
@@ -200,12 +204,12 @@ def ledger_failures(events: list[dict[str, Any]], *, current_attempt: str | None
     last: dict[str, float] = {}
     stopped: set[str] = set()
     for e in events:
-        attempt, ts = e.get("attempt"), e.get("ts")
-        if not isinstance(attempt, str) or not isinstance(ts, (int, float)) or attempt == current_attempt:
+        attempt, ts = e.attempt, e.ts
+        if attempt is None or ts is None or attempt == current_attempt:
             continue
-        if e.get("event") == "resumed" and attempt not in first:
+        if e.event == RESUMED and attempt not in first:
             first[attempt] = float(ts)
-        if e.get("event") in ("stopped", "finished"):
+        if e.event in (STOPPED, FINISHED):
             stopped.add(attempt)
         last[attempt] = max(last.get(attempt, float(ts)), float(ts))
     failures = sum(1 for a in first if a not in stopped and a in last)

@@ -1,0 +1,544 @@
+"""The ledger's events as types: one frozen record per event kind, read from the lines on disk.
+
+A line is parsed into the record of its kind (``parse_event``); the common fields every writer
+stamps (``ts``, ``seq``, ``attempt``, ``node``, ``host``, ``pid``, ``writer``) are on ``Event``
+itself. Parsing is forgiving, because the ledger outlives the code that wrote it: a field missing
+from an older line is None (or empty), a field of the wrong JSON type (a damaged or foreign line) is
+treated as missing, and a kind this version does not know (a newer writer) is a plain ``Event``.
+The line itself is kept as ``record``, so nothing a newer writer added is lost to a reader that
+wants it. Values are kept as written (an integral ``ts`` stays an int), so what is shown from them
+does not change.
+
+The writers still append keyword fields (``Ledger.append``); the names here are the names they
+write, and ``tests/unit/test_rundir.py`` holds the two together.
+"""
+
+from __future__ import annotations
+
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
+
+from .kinds import (
+    CANCELLED,
+    CHAIN_BLOCKED,
+    CHAIN_RELEASED,
+    CHAIN_WAITING,
+    CHECKPOINT_FAILED,
+    CHECKPOINT_INTERVAL,
+    CHECKPOINT_INVALID,
+    CHECKPOINT_SAVED,
+    CHECKPOINT_SUPERSEDED,
+    CHECKPOINT_WRITER_STARVED,
+    ENDED,
+    EXPERIMENT_LOG_FAILED,
+    FAILED,
+    FINISHED,
+    HANG,
+    HELD,
+    INITIALIZED,
+    NCCL_PRESET,
+    NODE_EXCLUDED,
+    NODE_PREFLIGHT,
+    NODE_REPLACED,
+    PREFLIGHT_SKIPPED,
+    REFUSED,
+    REQUEUED,
+    RESCUE,
+    RESCUE_CANCELLED,
+    RESCUE_NOT_SUBMITTED,
+    RESCUE_SUBMITTED,
+    RESUMED,
+    STARTED,
+    STOP_DROPPED,
+    STOP_OVERDUE,
+    STOP_REQUESTED,
+    STOPPED,
+    STRAGGLER,
+    SUBMIT_FAILED,
+    SUBMITTED,
+    SUBMITTING,
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """One ledger line: what every writer stamps on it. A kind this version does not know is read
+    as this (its fields are in ``record``)."""
+
+    KIND: ClassVar[str] = ""
+
+    event: str
+    ts: float | None = None
+    seq: int | None = None
+    attempt: str | None = None
+    node: int | None = None  # the writer's node (an agent's); None for the CLI and the trainer
+    host: str | None = None
+    pid: int | None = None
+    writer: str | None = None  # the writer's role: cli, agent, trainer, controller, ...
+    # the line as read: a free-form JSON object (every field, a newer writer's included)
+    record: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+# ---- the CLI: submission, stop, cancel, chain ---------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Submission(Event):
+    job_id: str | None = None
+    scheduler: str | None = None
+    script: str | None = None
+    resume: bool | None = None
+    world_size: int | None = None
+    preflight: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitting(_Submission):
+    KIND = SUBMITTING
+
+
+@dataclass(frozen=True, kw_only=True)
+class Submitted(_Submission):
+    KIND = SUBMITTED
+
+
+@dataclass(frozen=True, kw_only=True)
+class SubmitFailed(Event):
+    KIND = SUBMIT_FAILED
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopDropped(Event):
+    KIND = STOP_DROPPED
+    by: str | None = None
+    requested_at: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightSkipped(Event):
+    KIND = PREFLIGHT_SKIPPED
+    by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopRequested(Event):
+    KIND = STOP_REQUESTED
+    cause: str | None = None
+    source: str | None = None
+    by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ChainStep(Event):
+    after: str | None = None  # (the later run's ledger) the run it waits for
+    next: str | None = None  # (the earlier run's ledger) the run waiting for it
+    job_id: str | None = None
+    reason: str | None = None
+    by: str | None = None
+    error: str | None = None
+    retry: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainWaiting(_ChainStep):
+    KIND = CHAIN_WAITING
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainReleased(_ChainStep):
+    KIND = CHAIN_RELEASED
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChainBlocked(_ChainStep):
+    KIND = CHAIN_BLOCKED
+
+
+@dataclass(frozen=True, kw_only=True)
+class RescueSubmitted(Event):
+    KIND = RESCUE_SUBMITTED
+    job_id: str | None = None  # the job it watches
+    rescue_job: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RescueNotSubmitted(Event):
+    KIND = RESCUE_NOT_SUBMITTED
+    job_id: str | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RescueCancelled(Event):
+    KIND = RESCUE_CANCELLED
+    rescue_jobs: list[str] = field(default_factory=list)
+    reason: str | None = None
+
+
+# ---- the node agents: an attempt's start, checks and decision -----------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Started(Event):
+    """One per node per attempt (``jobs.agent_records.started_fields``)."""
+
+    KIND = STARTED
+    scheduler: str | None = None
+    job_id: str | None = None
+    restart_count: int | None = None
+    nodes: int | None = None
+    hosts: list[str] | None = None
+    world_size: int | None = None
+    end_time: float | None = None  # the scheduler's end of the allocation (older runs' clock)
+    clock: dict[str, float | None] | None = None  # rundir.clock.AttemptClock.to_json()
+    in_place: bool | None = None
+    previous: str | None = None  # in place: the attempt it restarts
+    roster: dict[str, Any] | None = None  # in place: jobs.allocation.Roster.to_json()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodePreflight(Event):
+    KIND = NODE_PREFLIGHT
+    ok: bool | None = None
+    checks: list[dict[str, Any]] = field(default_factory=list)  # one row per check, as it reported
+
+
+@dataclass(frozen=True, kw_only=True)
+class NcclPreset(Event):
+    KIND = NCCL_PRESET
+    preset: str | None = None
+    reason: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Refused(Event):
+    KIND = REFUSED
+    reason: str | None = None
+    holder: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeExcluded(Event):
+    KIND = NODE_EXCLUDED
+    nodes: list[str] = field(default_factory=list)
+    excluded: str | None = None  # older ledgers: one node
+    reason: str | None = None
+    by: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReplaced(Event):
+    KIND = NODE_REPLACED
+    nodes: list[str] = field(default_factory=list)
+    spare: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class StopOverdue(Event):
+    KIND = STOP_OVERDUE
+    cause: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hang(Event):
+    """``jobs.watchdog.Verdict.ledger_fields()``: the culprits and a sample of the ranks' states."""
+
+    KIND = HANG
+    phase: str | None = None
+    step: int | None = None
+    culprit: str | None = None
+    ranks: list[int] = field(default_factory=list)
+    culprit_node: str | None = None
+    reason: str | None = None
+    window_s: float | None = None
+    stalled_s: float | None = None
+    source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Straggler(Event):
+    """``jobs.stragglers.Straggler``: ``rank_node`` is where the rank runs (``node`` is the writer's)."""
+
+    KIND = STRAGGLER
+    rank: int | None = None
+    rank_node: str | None = None
+    step: int | None = None
+    work_s: float | None = None
+    fastest_s: float | None = None
+    fastest_rank: int | None = None
+    ratio: float | None = None
+    windows: int | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Decision(Event):
+    """The decision on an attempt (``jobs.agent_records.decision_fields``; the rescue's adds which
+    job it continued and how the scheduler ended it)."""
+
+    cause: str | None = None
+    reason: str | None = None
+    action: str | None = None
+    error: str | None = None
+    exclude: list[str] = field(default_factory=list)
+    step: int | None = None  # the step the attempt reached
+    job_id: str | None = None
+    by: str | None = None  # agent | rescue | chain | the CLI's cancel
+    in_place: bool | None = None
+    counts_as: str | None = None  # the budget a continuation spent, when not its cause's
+    replaced: dict[str, str] = field(default_factory=dict)  # node -> the spare in its place
+    suspect: str | None = None
+    checkpoint: int | None = None  # what a continuation resumes from
+    note: str | None = None
+    for_job: str | None = None  # (rescue) the job whose attempt it decided
+    rescue_job: str | None = None
+    job_ended: str | None = None  # (rescue) how the scheduler ended that job
+
+
+@dataclass(frozen=True, kw_only=True)
+class Requeued(_Decision):
+    KIND = REQUEUED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finished(_Decision):
+    KIND = FINISHED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Failed(_Decision):
+    KIND = FAILED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cancelled(_Decision):
+    KIND = CANCELLED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Ended(_Decision):
+    KIND = ENDED
+
+
+@dataclass(frozen=True, kw_only=True)
+class Held(_Decision):
+    KIND = HELD
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rescue(Event):
+    KIND = RESCUE
+    job_id: str | None = None
+    action: str | None = None
+    reason: str | None = None
+    job_ended: str | None = None
+
+
+# ---- the trainer's rank 0 -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resumed(Event):
+    KIND = RESUMED
+    step: int | None = None  # 0: a fresh start
+    checkpoint: str | None = None
+    world_size: int | None = None
+    samples_consumed: int | None = None
+    parallel: str | None = None
+    process_start: float | None = None
+    startup_s: dict[str, float] | None = None  # the trainer's own start-up parts, when it reports them
+
+
+@dataclass(frozen=True, kw_only=True)
+class Initialized(Event):
+    KIND = INITIALIZED
+    init_from: str | None = None
+    checkpoint: str | None = None
+    run: str | None = None
+    step: int | None = None
+    ema: bool | None = None
+    source_world_size: int | None = None
+    source_parallel: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSaved(Event):
+    KIND = CHECKPOINT_SAVED
+    step: int | None = None
+    path: str | None = None
+    seconds: float | None = None
+    bytes: int | None = None
+    blocking: bool | None = None
+    stall_s: float | None = None  # the part that blocked training (an asynchronous save's)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointInvalid(Event):
+    KIND = CHECKPOINT_INVALID
+    path: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointFailed(Event):
+    KIND = CHECKPOINT_FAILED
+    step: int | None = None
+    error: str | None = None
+    action: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointSuperseded(Event):
+    # (its writer writes "writer": "process" over the common field: which writer it dropped)
+    KIND = CHECKPOINT_SUPERSEDED
+    step: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointWriterStarved(Event):
+    KIND = CHECKPOINT_WRITER_STARVED
+    step: int | None = None
+    run_queue_share: float | None = None
+    nice: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointInterval(Event):
+    """``trainer.checkpoint.interval``'s decision (``orchestrator.checkpoint_interval``)."""
+
+    KIND = CHECKPOINT_INTERVAL
+    step: int | None = None
+    mode: str | None = None
+    interval_steps: int | None = None
+    interval_s: float | None = None
+    next_step: int | None = None
+    save_cost_s: float | None = None
+    step_time_s: float | None = None
+    mtbf_s: float | None = None
+    expected_loss_per_failure_s: float | None = None
+    expected_waste_share: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperimentLogFailed(Event):
+    KIND = EXPERIMENT_LOG_FAILED
+    step: int | None = None
+    log: str | None = None
+    error: str | None = None
+    action: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stopped(Event):
+    KIND = STOPPED
+    cause: str | None = None
+    step: int | None = None
+
+
+KINDS: dict[str, type[Event]] = {
+    cls.KIND: cls
+    for cls in (
+        Submitting,
+        Submitted,
+        SubmitFailed,
+        StopDropped,
+        PreflightSkipped,
+        StopRequested,
+        ChainWaiting,
+        ChainReleased,
+        ChainBlocked,
+        RescueSubmitted,
+        RescueNotSubmitted,
+        RescueCancelled,
+        Started,
+        NodePreflight,
+        NcclPreset,
+        Refused,
+        NodeExcluded,
+        NodeReplaced,
+        StopOverdue,
+        Hang,
+        Straggler,
+        Requeued,
+        Finished,
+        Failed,
+        Cancelled,
+        Ended,
+        Held,
+        Rescue,
+        Resumed,
+        Initialized,
+        CheckpointSaved,
+        CheckpointInvalid,
+        CheckpointFailed,
+        CheckpointSuperseded,
+        CheckpointWriterStarved,
+        CheckpointInterval,
+        ExperimentLogFailed,
+        Stopped,
+    )
+}
+
+# The events that decide an attempt (``status``, ``accounting``: how it ended).
+Decided = Requeued | Finished | Failed | Cancelled | Ended | Held
+
+
+def parse_event(record: Mapping[str, Any]) -> Event:
+    """The typed record of one ledger line (a kind this version does not know: a plain ``Event``)."""
+    cls = KINDS.get(str(record.get("event")), Event)
+    hints = _HINTS[cls]
+    values = {
+        name: record[name]
+        for name, hint in hints.items()
+        if name in record and name != "record" and _fits(record[name], hint)
+    }
+    values["event"] = str(record.get("event"))
+    return cls(**values, record=dict(record))
+
+
+def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:
+    """Typed events from typed ones or raw records (``Ledger.events()``, until its last user reads
+    typed events)."""
+    return [e if isinstance(e, Event) else parse_event(e) for e in events]
+
+
+E = TypeVar("E", bound=Event)
+
+
+def of_kind(events: Iterable[Event], kind: type[E]) -> list[E]:
+    return [e for e in events if isinstance(e, kind)]
+
+
+def _hints(cls: type[Event]) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
+
+
+_HINTS: dict[type[Event], dict[str, Any]] = {Event: _hints(Event)} | {c: _hints(c) for c in KINDS.values()}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a JSON value is of the type a field declares (lists and dicts: their own type only)."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return isinstance(value, origin or hint)
