@@ -4,21 +4,21 @@ staying for the whole allocation.
 It owns everything between the scheduler and the ranks:
 1. reads the plan and its NodeContext (from the scheduler module), records ``started``; starts its
    rank host (``rank_host``: the process that forks this node's ranks, warming up meanwhile);
-2. node 0 first asks whether this attempt may run at all (``decide_start``: a run that had already
+2. node 0 first asks whether this attempt may run at all (``admission``: a run that had already
    ended is withdrawn) and takes the run-directory lock (a second writer is refused);
 3. runs the node checks before every attempt (the first and each one restarted in place); on
    several nodes the decider gathers every node's verdict before anyone starts
    (``node_checks.StartBarrier``) and names the roster: the training nodes, a healthy spare in the
    place of a node that failed its checks, the other spares waiting;
 4. runs one attempt: its rank host rendezvouses and forks the ranks (torch's elastic launcher,
-   c10d), the agent relays the scheduler's warning / SIGTERM / Ctrl-C to them (``stop_relay``) and
-   its watchdog (``watchdog``) stops a hung attempt;
+   c10d), the agent watches it (``watching``): it relays the scheduler's warning / SIGTERM / Ctrl-C
+   to them (``stop_relay``) and its watchdog (``watchdog``) stops a hung attempt;
 5. after each attempt one decision (``decide``), made by the decider and published to every agent:
    in place, the agents of this allocation start the next attempt at once (a spare in a failed or
    suspect node's place: ``attribution``); through the scheduler, the decider carries it out
    (requeue, continuation job, exclusion) and every agent exits.
 
-The decider is a role, not a host (``allocation``): the first live agent in roster order, node 0's
+The decider is a role, not a host (``allocation``, ``decider``): the first live agent in roster order, node 0's
 at first. It gathers the checks, leads the watchdog, cuts an overrunning stop save off and decides,
 whether its node trains or not; when its node leaves the roster or dies the next agent takes the
 role over (and the run lock), during the checks, an attempt or a decision alike.
@@ -33,7 +33,6 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,6 @@ from ..rundir import (
     Heartbeat,
     JobPlan,
     Ledger,
-    RunLock,
     RunPaths,
     read_config,
     read_plan,
@@ -57,14 +55,15 @@ from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_records import started_fields
-from .allocation import LOOK_S, Allocation, Roster, await_reports, node_ranks
+from .allocation import Allocation, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
-from .watchdog import Verdict, Watchdog, stop_workers
+from .watchdog import Verdict, stop_workers
+from .watching import AttemptWatch
 
 POLL_S = 0.2
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
@@ -86,22 +85,13 @@ class NodeAgent:
         self.relay = StopRelay(paths, plan, ctx, scheduler, self.ledger)
         self.alloc = Allocation(paths, ctx.allocation, ctx.hostname, ctx.hosts)
         self.decider = Decider(
-            paths,
-            plan,
-            cfg,
-            ctx,
-            scheduler,
-            alloc=self.alloc,
-            relay=self.relay,
-            ledger=self.ledger,
-            lock=RunLock(paths),
+            paths, plan, cfg, ctx, scheduler, alloc=self.alloc, relay=self.relay, ledger=self.ledger
         )
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.sink = LogSink()
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
-        self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
 
     @property
     def attempt(self) -> str:
@@ -253,62 +243,38 @@ class NodeAgent:
         )
         self.relay.ranks = self.host.rank_pids
         self.relay.escalate = lambda: stop_workers(self.host.rank_pids()) if self.host else None
-        watchdog = self._watchdog()
+        watch = self._watch()
         self.host.begin(request)
         self.stopped_by_agent = False
         while (result := self.host.result()) is None:
-            self._watch(watchdog, self.host.rank_pids)
-            if not self.stopped_by_agent and self._ended():
+            watch.poll(self.host.rank_pids)
+            if not self.stopped_by_agent and watch.ended():
                 # Another node's ranks failed: this node's cannot finish the attempt without them.
                 self.stopped_by_agent = True
                 stop_workers(self.host.rank_pids())
             time.sleep(POLL_S)
+        self.hang = watch.hang
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
             self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
         return {**result, "stopped_by_agent": self.stopped_by_agent}
 
-    def _ended(self) -> bool:
-        """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
-        ``LOOK_S``: a peer's failure usually reaches this node's ranks first, through their
-        collectives; this is the backstop for ranks that would wait in one."""
-        now = time.monotonic()
-        if now < self._next_end_look:
-            return False
-        self._next_end_look = now + LOOK_S
-        return self.alloc.ended(self.attempt)
-
-    def _watch(self, watchdog: Watchdog | None, pids: Callable[[], list[int]]) -> None:
-        """One poll while an attempt runs: signals, the decider's liveness, and (the decider's
-        role) the watchdog's verdict and the stop-save cut-off, which ends the attempt everywhere."""
-        self.relay.handle_signals()
-        if not self.decider.leads and self.decider.gone(self.roster, LOOK_S):
-            self.decider.take_over()
-        if watchdog is not None:
-            watchdog.lead = self.decider.leads
-            if self.hang is None:
-                self.hang = watchdog.check(pids)
-        overdue = self.relay.interrupted is None
-        self.relay.cut_off_if_due(time.time())
-        if overdue and self.relay.interrupted is not None:
-            self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: the stop save overran")
-
-    def _watchdog(self) -> Watchdog | None:
-        if not self.cfg.watchdog.enabled:
-            return None
-        watchdog = Watchdog(
-            self.cfg.watchdog,
+    def _watch(self, *, watchdog: bool = True) -> AttemptWatch:
+        """This attempt's watch (``watching``), with this node's watchdog unless ``watchdog`` is False."""
+        return AttemptWatch(
             self.paths,
+            self.plan,
+            self.cfg,
             self.ctx,
-            world_size=self.plan.world_size,
-            nccl=self.plan.backend == "nccl",
             ledger=self.ledger,
-            smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
-            lead=self.decider.leads,
+            alloc=self.alloc,
+            relay=self.relay,
+            decider=self.decider,
+            roster=self.roster,
+            watchdog=watchdog,
+            hang=self.hang,
         )
-        watchdog.ack_nodes = list(node_ranks(self.ctx.hosts, self.roster.training))
-        return watchdog
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
 
@@ -329,13 +295,11 @@ class NodeAgent:
         """The training nodes' reports: (dead, stuck) nodes (``allocation.await_reports``). While
         the attempt still runs (this decider does not train) this agent leads the watchdog and
         relays the scheduler's signals meanwhile."""
-        watchdog = self._watchdog() if self.ctx.hostname not in self.roster.training else None
-
-        def poll() -> None:
-            self._watch(watchdog, list)
-
+        watch = self._watch(watchdog=self.ctx.hostname not in self.roster.training)
         expect = node_ranks(self.ctx.hosts, self.roster.training)
-        return await_reports(self.alloc, self.attempt, expect, poll=poll)
+        reports = await_reports(self.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
+        self.hang = watch.hang
+        return reports
 
     def _next_in_place(self, record: dict[str, Any]) -> None:
         """The next attempt of this allocation, on the roster the decision named."""

@@ -71,7 +71,6 @@ class Decider:
         alloc: Allocation,
         relay: StopRelay,
         ledger: Ledger,
-        lock: RunLock,
     ) -> None:
         self.paths = paths
         self.plan = plan
@@ -81,7 +80,7 @@ class Decider:
         self.alloc = alloc
         self.relay = relay
         self.ledger = ledger
-        self.lock = lock
+        self.lock = RunLock(paths)
         self.holder: LockHolder | None = None  # the run lock, once admitted or taken over
         self.leads = ctx.is_head  # node 0 decides at first; the role moves (``follow``)
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
