@@ -1,6 +1,6 @@
 """The control plane's filesystem cost, counted: N node agents (threads) of one allocation against
-one run directory, each driven through the agent's own methods (``NodeAgent._watch``, ``_ended``,
-``_agree``; ``await_reports``, ``Allocation.publish``) at their real intervals, with every
+one run directory, each driven through the agent's own parts (``AttemptWatch.poll``, ``ended``,
+``Decider.await_decision``; ``await_reports``, ``Allocation.publish``) at their real intervals, with every
 filesystem call under the run directory counted per agent (``fsops.Counter``).
 
 Steady training: every agent polls as ``NodeAgent._run_attempt`` does while its ranks train (its
@@ -10,7 +10,7 @@ written once, before, and are not counted (the ranks' own writes are the trainer
 
 One recovery: the last node's ranks fail; its agent creates ``end`` and reports; every other agent
 sees ``end`` at its next look (the backstop path: ranks that would wait in a collective), reports
-and waits for the decision (``_agree``); the decider waits for the reports and publishes.
+and waits for the decision (``Decider.await_decision``); the decider waits for the reports and publishes.
 """
 
 from __future__ import annotations
@@ -26,28 +26,32 @@ from fsops import Counter
 
 
 def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int) -> Any:
-    """A NodeAgent with what its poll loop touches (no plan, rank host or scheduler)."""
-    from hpclaunch.jobs.agent import NodeAgent
+    """What a NodeAgent's poll loop touches (no plan, rank host or scheduler): its decider's part,
+    its watch over the attempt (with the watchdog) and the one the decider polls while it waits for
+    the reports (without)."""
+    from types import SimpleNamespace
+
     from hpclaunch.jobs.allocation import Allocation, Roster
+    from hpclaunch.jobs.decider import Decider
     from hpclaunch.jobs.stop_relay import StopRelay
     from hpclaunch.jobs.watchdog import Watchdog
+    from hpclaunch.jobs.watching import AttemptWatch
     from hpclaunch.rundir import Ledger
     from hpclaunch.schedulers.base import NodeContext
 
     ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
-    agent = NodeAgent.__new__(NodeAgent)
-    agent.paths, agent.ctx, agent.cfg = paths, ctx, None
-    agent.ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=i)
-    agent.relay = StopRelay(paths, None, ctx, None, agent.ledger)  # type: ignore[arg-type]
-    agent.alloc = Allocation(paths, ctx.allocation, ctx.hostname, hosts)
-    agent.roster = Roster(hosts)
-    agent.decider = ctx.is_head
-    agent.hang = None
-    agent._next_look = agent._next_end_look = 0.0
-    agent.watchdog = Watchdog(
-        cfg, paths, ctx, world_size=world, nccl=False, ledger=agent.ledger, lead=agent.decider
+    ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=i)
+    relay = StopRelay(paths, None, ctx, None, ledger)  # type: ignore[arg-type]
+    alloc = Allocation(paths, ctx.allocation, ctx.hostname, hosts)
+    roster = Roster(hosts)
+    decider = Decider(paths, None, None, ctx, None, alloc=alloc, relay=relay, ledger=ledger)  # type: ignore[arg-type]
+    parts = {"ledger": ledger, "alloc": alloc, "relay": relay, "decider": decider, "roster": roster}
+    watch = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
+    watch.watchdog = Watchdog(
+        cfg, paths, ctx, world_size=world, nccl=False, ledger=ledger, lead=decider.leads
     )
-    return agent
+    waiting = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
+    return SimpleNamespace(ctx=ctx, watch=watch, waiting=waiting, **parts)
 
 
 def simulate(
@@ -105,22 +109,22 @@ def simulate(
             if time.monotonic() >= next_beat:
                 next_beat += BEAT_S
                 agent.alloc.beat()
-            agent._watch(agent.watchdog, list)
+            agent.watch.poll(list)
             if fault.is_set() and i == n - 1:
                 agent.alloc.signal_end(attempt, f"node {agent.ctx.hostname}: failed")
                 break
-            if agent._ended():
+            if agent.watch.ended():
                 break
             time.sleep(POLL_S)
         ended_at[i] = time.time()
         agent.alloc.report(attempt, i, {"state": "failed", "returncode": 1})
-        if agent.decider:
+        if agent.decider.leads:
             expect = dict(enumerate(hosts))
-            await_reports(agent.alloc, attempt, expect, poll=lambda: agent._watch(None, list))
+            await_reports(agent.alloc, attempt, expect, poll=lambda: agent.waiting.poll(list))
             agent.alloc.publish(attempt, {"attempt": attempt, "in_place": True, "next": "9.0.1"})
             published_at[0] = seen_at[i] = time.time()
         else:
-            agent._agree({"returncode": 1})
+            agent.decider.await_decision(agent.roster)
             seen_at[i] = time.time()
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]

@@ -1,8 +1,10 @@
 """The node agent's parts that left ``jobs/agent.py`` (issue 27): admission, the records of a
-decision, carrying it out, and what the rank host is handed. Each is driven here without an agent."""
+decision, carrying it out, what the rank host is handed, the decider's role and the watch over an
+attempt. Each is driven here without an agent."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +14,12 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobs.admission import admit
 from hpclaunch.jobs.agent_records import decision_fields, started_fields
-from hpclaunch.jobs.allocation import Roster
+from hpclaunch.jobs.allocation import Allocation, Roster, node_ranks
 from hpclaunch.jobs.attempt_env import attempt_env, rank_request
 from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
 from hpclaunch.jobs.decide import Action, Decision
+from hpclaunch.jobs.decider import Decider, in_place_ok, started_at
+from hpclaunch.jobs.watching import AttemptWatch
 from hpclaunch.orchestrator.plan import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
@@ -233,3 +237,126 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
     host = request_of(2)
     assert host["rdzv_configs"]["is_host"] is True
     assert attempt_env("7.1", plan, cfg, ctx(), paths) == {ATTEMPT_VAR: "7.1"}  # no clock, gloo
+
+
+# ---- the decider's role ---------------------------------------------------------------------------
+
+
+class Relay:
+    """What the decider reads of the stop relay: no stop, no cancel (unless told)."""
+
+    def __init__(self, cancelled: bool = False) -> None:
+        self.cancelled = cancelled
+        self.stop_cause = None
+        self.interrupted = None
+        self.lead = False
+        self.polls = 0
+
+    def handle_signals(self) -> None:
+        self.polls += 1
+
+    def cut_off_if_due(self, now: float) -> None: ...
+
+
+def _decider(tmp_path: Path, rank: int = 0, relay: Relay | None = None) -> Decider:
+    paths = RunPaths(tmp_path)
+    c = ctx(rank=rank)
+    return Decider(
+        paths,
+        build(RunConfig(), python="python3"),
+        RunConfig(),
+        c,
+        Continuations(),  # type: ignore[arg-type]
+        alloc=Allocation(paths, c.allocation, c.hostname, HOSTS),
+        relay=relay or Relay(),  # type: ignore[arg-type]
+        ledger=Ledger(paths, role="agent", attempt=c.attempt, node=rank),
+    )
+
+
+def test_another_attempt_in_place_needs_no_stop_under_way_and_time_for_a_start_and_a_save() -> None:
+    plan = build(RunConfig(), python="python3")  # restart_in_place, a stop lead of about 13 s
+    assert in_place_ok(plan, stopping=False, end_time=None, now=0.0)
+    assert not in_place_ok(plan, stopping=True, end_time=None, now=0.0)
+    assert in_place_ok(plan, stopping=False, end_time=1000.0, now=900.0)
+    assert not in_place_ok(plan, stopping=False, end_time=1000.0, now=950.0)  # under a minute left
+
+
+def test_an_attempt_started_when_its_started_event_says_and_node_ranks_follow_the_allocation() -> None:
+    events = [
+        {"event": "started", "attempt": "7.0", "ts": 3.0},
+        {"event": "started", "attempt": "7.1", "ts": 9.0},
+    ]
+    assert started_at(events, "7.1") == 9.0 and started_at(events, "8.0") == 0.0
+    assert node_ranks(HOSTS, ("n3", "n1", "elsewhere")) == {2: "n3", 0: "n1"}
+
+
+def test_one_decision_per_attempt_a_second_decider_follows_the_first(tmp_path: Path) -> None:
+    first, second = _decider(tmp_path, 0), _decider(tmp_path, 1)
+    in_place = Decision(Action.CONTINUE, Cause.CRASH, "n2 crashed", in_place=True, replace=(("n2", "n3"),))
+    record = first.publish(in_place, Roster(("n1", "n2"), ("n3",)))
+    assert record["next"] == "7.0.1" and record["roster"]["training"] == ["n1", "n3"] and record["by"] == "n1"
+    assert second.publish(Decision(Action.FAIL, Cause.CRASH, "boom"), Roster(("n1", "n2"))) == record
+    assert [e["spare"] for e in read_events(RunPaths(tmp_path)).events if e["event"] == "node_replaced"] == [
+        "n3"
+    ]
+    follower = _decider(tmp_path, 2)
+    assert follower.await_decision(Roster(("n1", "n3"))) == record
+
+
+def test_taking_the_role_over_takes_the_run_lock_and_the_relays_lead(tmp_path: Path) -> None:
+    relay = Relay()
+    decider = _decider(tmp_path, 1, relay)
+    assert not decider.leads
+    decider.take_over()
+    assert decider.leads and relay.lead and decider.holder is not None and decider.holder.job_id == "7"
+    decider.alloc.beats.mkdir(parents=True)
+    decider.alloc.beat()  # n2 beats; a roster whose first live agent is n2 keeps the role here
+    decider.follow(Roster(("n2",)))
+    decider.alloc.stop_beating()
+    assert decider.leads
+    assert decider.await_decision(Roster(("n2",))) is None  # it decides: nothing to wait for
+
+
+def test_a_cancel_since_the_attempt_started_and_a_stuck_node_are_the_decisions_facts(tmp_path: Path) -> None:
+    decider = _decider(tmp_path)
+    decider.ledger.append("started", job_id="7")
+    decider.ledger.append("cancelled")
+    decision = decider.after_attempt(1, Roster(("n1", "n2")), stuck=("n2",))
+    assert decision.cause is Cause.CANCELLED and decision.action is not Action.CONTINUE
+    (hang,) = [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == "hang"]
+    assert "n2" in json.dumps(hang)
+
+
+# ---- the watch over an attempt ----------------------------------------------------------------------
+
+
+def test_the_watch_looks_for_the_end_file_once_per_look_and_takes_over_from_a_gone_decider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    relay = Relay()
+    decider = _decider(tmp_path, 1, relay)
+    watch = AttemptWatch(
+        decider.paths,
+        decider.plan,
+        decider.cfg,
+        decider.ctx,
+        ledger=decider.ledger,
+        alloc=decider.alloc,
+        relay=relay,  # type: ignore[arg-type]
+        decider=decider,
+        roster=Roster(("n2", "n1")),  # n2 first in roster order: the role is n2's once it beats
+        watchdog=False,
+    )
+    now = [100.0]
+    monkeypatch.setattr("hpclaunch.jobs.watching.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("hpclaunch.jobs.decider.time.monotonic", lambda: now[0])
+    assert not watch.ended()
+    decider.alloc.signal_end("7.0", "node n3: failed")
+    assert not watch.ended()  # not looked at again before LOOK_S
+    now[0] += 5.0
+    assert watch.ended()
+    decider.alloc.beats.mkdir(parents=True)
+    decider.alloc.beat()  # the deciding agent (node 0's) is not n2: n2 is the first live one, it takes over
+    watch.poll(list)
+    decider.alloc.stop_beating()
+    assert relay.polls == 1 and decider.leads and relay.lead and watch.hang is None

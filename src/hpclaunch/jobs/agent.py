@@ -4,21 +4,21 @@ staying for the whole allocation.
 It owns everything between the scheduler and the ranks:
 1. reads the plan and its NodeContext (from the scheduler module), records ``started``; starts its
    rank host (``rank_host``: the process that forks this node's ranks, warming up meanwhile);
-2. node 0 first asks whether this attempt may run at all (``decide_start``: a run that had already
+2. node 0 first asks whether this attempt may run at all (``admission``: a run that had already
    ended is withdrawn) and takes the run-directory lock (a second writer is refused);
 3. runs the node checks before every attempt (the first and each one restarted in place); on
    several nodes the decider gathers every node's verdict before anyone starts
    (``node_checks.StartBarrier``) and names the roster: the training nodes, a healthy spare in the
    place of a node that failed its checks, the other spares waiting;
 4. runs one attempt: its rank host rendezvouses and forks the ranks (torch's elastic launcher,
-   c10d), the agent relays the scheduler's warning / SIGTERM / Ctrl-C to them (``stop_relay``) and
-   its watchdog (``watchdog``) stops a hung attempt;
+   c10d), the agent watches it (``watching``): it relays the scheduler's warning / SIGTERM / Ctrl-C
+   to them (``stop_relay``) and its watchdog (``watchdog``) stops a hung attempt;
 5. after each attempt one decision (``decide``), made by the decider and published to every agent:
    in place, the agents of this allocation start the next attempt at once (a spare in a failed or
    suspect node's place: ``attribution``); through the scheduler, the decider carries it out
    (requeue, continuation job, exclusion) and every agent exits.
 
-The decider is a role, not a host (``allocation``): the first live agent in roster order, node 0's
+The decider is a role, not a host (``allocation``, ``decider``): the first live agent in roster order, node 0's
 at first. It gathers the checks, leads the watchdog, cuts an overrunning stop save off and decides,
 whether its node trains or not; when its node leaves the roster or dies the next agent takes the
 role over (and the run lock), during the checks, an attempt or a decision alike.
@@ -33,54 +33,37 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..config import RunConfig
 from ..errors import HpclaunchError
-from ..fsutil import retry_transient
 from ..rundir import (
-    CANCELLED,
     FAILED,
-    HANG,
     NODE_PREFLIGHT,
     NODE_REPLACED,
     STARTED,
     Heartbeat,
     JobPlan,
     Ledger,
-    LockHolder,
-    RunLock,
     RunPaths,
     read_config,
     read_plan,
 )
 from ..rundir.cause import Cause
-from ..rundir.control import take_user_stop
-from ..rundir.outcome import AttemptOutcome, attempt_outcome
-from ..rundir.paths import newest_checkpoint_step
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
-from .agent_records import decision_fields, started_fields
-from .allocation import BEAT_S, LOOK_S, REPORT_GRACE_S, Allocation, Roster, await_reports
+from .agent_records import started_fields
+from .allocation import Allocation, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_environment, rank_request
-from .attribution import Suspicion, suspect
-from .carry_out import cancelled_meanwhile, carry_out
 from .chain import after_attempt
-from .decide import (
-    Action,
-    Budgets,
-    Decision,
-    Facts,
-    History,
-    decide,
-)
+from .decider import Decider
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
-from .watchdog import Verdict, Watchdog, startup_hang, stop_workers
+from .watchdog import Verdict, stop_workers
+from .watching import AttemptWatch
 
 POLL_S = 0.2
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
@@ -99,20 +82,16 @@ class NodeAgent:
         self.ctx = ctx
         self.scheduler = scheduler
         self.ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=ctx.node_rank)
-        self.lock = RunLock(paths)
-        self.holder: LockHolder | None = None
         self.relay = StopRelay(paths, plan, ctx, scheduler, self.ledger)
         self.alloc = Allocation(paths, ctx.allocation, ctx.hostname, ctx.hosts)
+        self.decider = Decider(
+            paths, plan, cfg, ctx, scheduler, alloc=self.alloc, relay=self.relay, ledger=self.ledger
+        )
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.sink = LogSink()
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
-        self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is over
-        self.decider = ctx.is_head  # node 0 decides at first; the role moves (``_follow_roster``)
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
-        self._next_look = 0.0  # when this agent next looks whether the decider still beats
-        self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
-        self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
 
     @property
     def attempt(self) -> str:
@@ -133,8 +112,8 @@ class NodeAgent:
                     if self.ctx.num_nodes > 1:
                         barrier.announce(go=False, reason=refusal)
                     return 0
-                if self.holder is not None:
-                    beat = Heartbeat(self.lock, self.holder)
+                if self.decider.holder is not None:
+                    beat = Heartbeat(self.decider.lock, self.decider.holder)
             with beat:
                 self.host = self._start_host()
                 started = self._start(barrier)
@@ -152,10 +131,12 @@ class NodeAgent:
         the attempt, else the agent's exit code (the attempt does not run)."""
         verdict = self._node_checks()
         if self.ctx.num_nodes == 1:
-            return None if verdict.ok else self._carry_out(self._decide_after_checks(Verdicts([verdict])))
+            return (
+                None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
+            )
         barrier.report(verdict)
-        if not self.decider:
-            word = barrier.wait_go(timeout_s=3600, take_over=self._decider_gone)
+        if not self.decider.leads:
+            word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
             if not word.take_over:
                 if not word.go:
                     print(
@@ -163,20 +144,22 @@ class NodeAgent:
                     )
                     return 0
                 self.roster = Roster.from_json(word.roster) if word.roster else self.roster
-                self._follow_roster()
+                self.decider.follow(self.roster)
                 return None
-            self._take_over()  # the decider died during the checks: this agent gathers and announces
-        verdicts = barrier.gather(self._node_ranks(self.roster.nodes), gone=lambda h: not self.alloc.alive(h))
+            self.decider.take_over()  # the decider died during the checks: this agent gathers and announces
+        verdicts = barrier.gather(
+            node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
+        )
         roster = self.roster.without(verdicts.failed_nodes)
         covered = not (set(roster.training) & set(verdicts.failed_nodes))
         if verdicts.data_error is None and covered:
             self._record_replacements(self.roster, roster, verdicts)
             self.roster = roster
             barrier.announce(go=True, roster=roster.to_json())
-            self._follow_roster()
+            self.decider.follow(self.roster)
             return None
         barrier.announce(go=False, reason="a node failed its checks")
-        return self._carry_out(self._decide_after_checks(verdicts))
+        return self.decider.carry_out(self.decider.after_checks(verdicts))
 
     def _attempts(self) -> int:
         """Attempts in this allocation until a decision sends the run through the scheduler; each
@@ -186,34 +169,12 @@ class NodeAgent:
             self.alloc.report(self.attempt, self.ctx.node_rank, result)
             decision = self._agree(result)
             if not decision.get("in_place"):
-                return int(decision.get("exit_code", 0)) if self.decider else 0
+                return int(decision.get("exit_code", 0)) if self.decider.leads else 0
             self._next_in_place(decision)
             if self.ctx.hostname in self.roster.nodes:
                 started = self._start(StartBarrier(self.paths, self.attempt))
                 if started is not None:
                     return started
-
-    # ---- the decider's role ----------------------------------------------------------------------
-
-    def _decider_gone(self, every_s: float = BEAT_S) -> bool:
-        """The deciding agent stopped beating and this agent is next in roster order (looked at once
-        per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
-        where the decider's death also breaks the ranks' collectives, once per beat otherwise)."""
-        now = time.monotonic()
-        if now < self._next_look:
-            return False
-        self._next_look = now + every_s
-        return self.alloc.decider(self.roster) == self.ctx.hostname
-
-    def _follow_roster(self) -> None:
-        """The roster changed: the role goes to its first live agent (a node the roster left, or a
-        dead one, hands it on; the next takes it, with the run lock)."""
-        mine = self.alloc.decider(self.roster) == self.ctx.hostname
-        if mine and not self.decider:
-            self._take_over()
-        elif not mine and self.decider:
-            self.decider = False
-        self.relay.lead = self.decider
 
     # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
@@ -225,10 +186,10 @@ class NodeAgent:
             ctx=self.ctx,
             scheduler=self.scheduler,
             ledger=self.ledger,
-            lock=self.lock,
-            record=self._record,
+            lock=self.decider.lock,
+            record=self.decider.record,
         )
-        self.holder = admission.holder
+        self.decider.holder = admission.holder
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------
@@ -238,18 +199,6 @@ class NodeAgent:
         if rows:
             self.ledger.append(NODE_PREFLIGHT, ok=verdict.ok, checks=rows)
         return verdict
-
-    def _decide_after_checks(self, verdicts: Verdicts) -> Decision:
-        user = take_user_stop(self.paths, self.attempt)
-        facts = Facts(
-            outcome=None,
-            failed_nodes=tuple(verdicts.failed_nodes),
-            node_problems=verdicts.failed_nodes,
-            data_error=verdicts.data_error,
-            user_stop=user is not None,
-            continue_requested=user is not None and user.continue_,
-        )
-        return self._decision(facts)
 
     def _record_replacements(self, planned: Roster, roster: Roster, verdicts: Verdicts) -> None:
         for bad, spare in zip(planned.training, roster.training, strict=True):
@@ -294,211 +243,63 @@ class NodeAgent:
         )
         self.relay.ranks = self.host.rank_pids
         self.relay.escalate = lambda: stop_workers(self.host.rank_pids()) if self.host else None
-        watchdog = self._watchdog()
+        watch = self._watch()
         self.host.begin(request)
         self.stopped_by_agent = False
         while (result := self.host.result()) is None:
-            self._watch(watchdog, self.host.rank_pids)
-            if not self.stopped_by_agent and self._ended():
+            watch.poll(self.host.rank_pids)
+            if not self.stopped_by_agent and watch.ended():
                 # Another node's ranks failed: this node's cannot finish the attempt without them.
                 self.stopped_by_agent = True
                 stop_workers(self.host.rank_pids())
             time.sleep(POLL_S)
+        self.hang = watch.hang
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
             self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
         return {**result, "stopped_by_agent": self.stopped_by_agent}
 
-    def _ended(self) -> bool:
-        """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
-        ``LOOK_S``: a peer's failure usually reaches this node's ranks first, through their
-        collectives; this is the backstop for ranks that would wait in one."""
-        now = time.monotonic()
-        if now < self._next_end_look:
-            return False
-        self._next_end_look = now + LOOK_S
-        return self.alloc.ended(self.attempt)
-
-    def _watch(self, watchdog: Watchdog | None, pids: Callable[[], list[int]]) -> None:
-        """One poll while an attempt runs: signals, the decider's liveness, and (the decider's
-        role) the watchdog's verdict and the stop-save cut-off, which ends the attempt everywhere."""
-        self.relay.handle_signals()
-        if not self.decider and self._decider_gone(LOOK_S):
-            self._take_over()
-        if watchdog is not None:
-            watchdog.lead = self.decider
-            if self.hang is None:
-                self.hang = watchdog.check(pids)
-        overdue = self.relay.interrupted is None
-        self.relay.cut_off_if_due(time.time())
-        if overdue and self.relay.interrupted is not None:
-            self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: the stop save overran")
-
-    def _watchdog(self) -> Watchdog | None:
-        if not self.cfg.watchdog.enabled:
-            return None
-        watchdog = Watchdog(
-            self.cfg.watchdog,
+    def _watch(self, *, watchdog: bool = True) -> AttemptWatch:
+        """This attempt's watch (``watching``), with this node's watchdog unless ``watchdog`` is False."""
+        return AttemptWatch(
             self.paths,
+            self.plan,
+            self.cfg,
             self.ctx,
-            world_size=self.plan.world_size,
-            nccl=self.plan.backend == "nccl",
             ledger=self.ledger,
-            smoke_timeout_s=float(self.cfg.preflight.smoke_timeout_s),
-            lead=self.decider,
+            alloc=self.alloc,
+            relay=self.relay,
+            decider=self.decider,
+            roster=self.roster,
+            watchdog=watchdog,
+            hang=self.hang,
         )
-        watchdog.ack_nodes = list(self._node_ranks(self.roster.training))
-        return watchdog
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
 
     def _agree(self, result: dict[str, Any]) -> dict[str, Any]:
         """The decision on this attempt, as published: made here when this agent decides, else
         waited for (and made here after all if the decider's agent is gone)."""
-        while not self.decider:
-            published = self.alloc.decision(self.attempt)
-            if published is not None:
-                return published
-            self.relay.handle_signals()
-            if self._decider_gone():
-                self._take_over()
-                break
-            time.sleep(POLL_S)
-        decision = self._decide(int(result.get("returncode", 1)))
-        return self._publish(decision)
-
-    def _take_over(self) -> None:
-        """The deciding agent is gone (or its node left the roster): this one decides from now on
-        (and holds the run's lock)."""
-        self.decider = True
-        self.relay.lead = True
-        print(
-            f"hpclaunch: node {self.ctx.hostname} decides from now on (the deciding agent is gone or "
-            "its node left the roster)",
-            file=sys.stderr,
-            flush=True,
+        published = self.decider.await_decision(self.roster)
+        if published is not None:
+            return published
+        alone = tuple(self.roster.training) == (self.ctx.hostname,)
+        dead, stuck = self._await_reports() if not alone else ((), ())
+        decision = self.decider.after_attempt(
+            int(result.get("returncode", 1)), self.roster, dead=dead, stuck=stuck, hang=self.hang
         )
-        with contextlib.suppress(OSError):
-            self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
+        return self.decider.publish(decision, self.roster)
 
     def _await_reports(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
         """The training nodes' reports: (dead, stuck) nodes (``allocation.await_reports``). While
         the attempt still runs (this decider does not train) this agent leads the watchdog and
         relays the scheduler's signals meanwhile."""
-        watchdog = self._watchdog() if self.ctx.hostname not in self.roster.training else None
-
-        def poll() -> None:
-            self._watch(watchdog, list)
-
-        return await_reports(self.alloc, self.attempt, self._node_ranks(self.roster.training), poll=poll)
-
-    def _decide(self, returncode: int) -> Decision:
-        alone = tuple(self.roster.training) == (self.ctx.hostname,)
-        dead, stuck = self._await_reports() if not alone else ((), ())
-        events = self.ledger.events()
-        cancelled = self.relay.cancelled or any(
-            e.get("event") == CANCELLED and (e.get("ts") or 0) >= self._started_at(events) for e in events
-        )
-        outcome, read_error = self._read_outcome()
-        self.outcome = outcome
-        if self.hang is None:  # the smoke test may have named ranks that never reached it
-            self.hang = startup_hang(
-                self.paths, self.attempt, outcome, window_s=self.cfg.preflight.smoke_timeout_s
-            )
-            if self.hang is not None:
-                self.ledger.append(HANG, **self.hang.ledger_fields())
-        if self.hang is None and stuck:
-            self.hang = Verdict.stuck(self.attempt, stuck, REPORT_GRACE_S)
-            self.ledger.append(HANG, **self.hang.ledger_fields())
-        blamed = self._suspect() if outcome is None or outcome.status == "failed" else None
-        self.newest_checkpoint = newest_checkpoint_step(self.paths)
-        # Taken now (atomically): a request written after this moment is the next attempt's.
-        user = take_user_stop(self.paths, self.attempt)
-        facts = Facts(
-            outcome=outcome,
-            returncode=returncode,
-            cancelled=cancelled,
-            user_stop=user is not None,
-            continue_requested=user is not None and user.continue_,
-            hang=self.hang.reason if self.hang is not None else None,
-            hang_node=self.hang.culprit_node if self.hang is not None else None,
-            interrupted=self.relay.interrupted,
-            read_error=read_error,
-            dead_nodes=dead,
-            suspect=blamed.node if blamed is not None else None,
-            suspect_evidence=blamed.evidence if blamed is not None else "",
-            suspect_certain=blamed is not None and blamed.certain,
-            newest_checkpoint=self.newest_checkpoint,
-            spares=tuple(h for h in self.roster.spares if self.alloc.alive(h)),
-            in_place_ok=self._in_place_ok(),
-        )
-        return self._decision(facts, events)
-
-    def _suspect(self) -> Suspicion | None:
-        """The node this attempt's crash is pinned on, if the evidence names one (``attribution``)."""
-        expect = self._node_ranks(self.roster.training)
-        reports = self.alloc.reports(self.attempt, expect)
-        logs = {h: self.paths.node_log(self.attempt, r) for r, h in expect.items()}
-        return suspect(reports, logs)
-
-    def _node_ranks(self, hosts: tuple[str, ...]) -> dict[int, str]:
-        """Node rank (the host's place in the allocation) -> host, for ``hosts``."""
-        ranks = {h: r for r, h in enumerate(self.ctx.hosts)}
-        return {ranks[h]: h for h in hosts if h in ranks}
-
-    def _in_place_ok(self) -> bool:
-        """The allocation can carry another attempt: no stop under way, and time for a start-up and
-        a stop save before the end (else the next attempt goes through the scheduler)."""
-        if not self.plan.restart_in_place or self.relay.stop_cause is not None or self.relay.cancelled:
-            return False
-        if self.ctx.end_time is None:
-            return True
-        return self.ctx.end_time - time.time() > max(60.0, 2 * self.plan.planned_stop_lead_s)
-
-    def _read_outcome(self) -> tuple[AttemptOutcome | None, str | None]:
-        """The trainer's outcome, read again while the filesystem says "not now" (EIO, ESTALE): a
-        shared filesystem's hiccup must not make a finished run look like a crash."""
-        try:
-            return retry_transient(lambda: attempt_outcome(self.paths, self.attempt)), None
-        except OSError as e:
-            return None, f"{self.paths.outcome_file(self.attempt)}: {e.strerror or e}"
-
-    def _started_at(self, events: list[dict[str, Any]]) -> float:
-        for e in events:
-            if e.get("event") == STARTED and e.get("attempt") == self.attempt:
-                return float(e.get("ts") or 0)
-        return 0.0
-
-    def _decision(self, facts: Facts, events: list[dict[str, Any]] | None = None) -> Decision:
-        history = History.from_events(events if events is not None else self.ledger.events())
-        return decide(
-            facts, history, Budgets.from_plan(self.plan), can_exclude_nodes=self.scheduler.can_exclude_nodes
-        )
-
-    def _publish(self, decision: Decision) -> dict[str, Any]:
-        """Record the decision and tell every agent of the allocation (exactly one decision per
-        attempt: a second decider's ``publish`` fails and it follows the first)."""
-        record: dict[str, Any] = {
-            "attempt": self.attempt,
-            "action": decision.action.value,
-            "cause": decision.cause.value if decision.cause else None,
-            "in_place": decision.in_place,
-            "by": self.ctx.hostname,
-        }
-        if decision.in_place:
-            record["next"] = f"{self.ctx.allocation}.{self.ctx.in_place + 1}"
-            record["roster"] = self.roster.replaced(decision.replace).to_json()
-        if not self.alloc.publish(self.attempt, record):
-            other = self.alloc.decision(self.attempt)
-            if other is not None:
-                return other
-        if decision.in_place:
-            for bad, spare in decision.replace:
-                self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=decision.reason)
-            self._record(decision, next_attempt=record["next"], roster=record["roster"])
-            return record
-        return {**record, "exit_code": self._carry_out(decision)}
+        watch = self._watch(watchdog=self.ctx.hostname not in self.roster.training)
+        expect = node_ranks(self.ctx.hosts, self.roster.training)
+        reports = await_reports(self.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
+        self.hang = watch.hang
+        return reports
 
     def _next_in_place(self, record: dict[str, Any]) -> None:
         """The next attempt of this allocation, on the roster the decision named."""
@@ -511,76 +312,14 @@ class NodeAgent:
         self.relay.ledger = self.ledger
         self.relay.next_attempt(self.attempt)
         self.relay.ctx = self.ctx
-        self.hang = self.outcome = None
-        self._follow_roster()
+        self.decider.next_attempt(self.ctx, self.ledger)
+        self.hang = None
+        self.decider.follow(self.roster)
         self._record_started(previous=record["attempt"])
 
     def _record_started(self, previous: str | None = None) -> None:
         self.ledger.append(
             STARTED, **started_fields(self.ctx, self.plan, roster=self.roster, previous=previous)
-        )
-
-    def _carry_out(self, decision: Decision) -> int:
-        """Do what ``decision`` says through the scheduler; record it; the agent's exit code."""
-        return carry_out(
-            decision,
-            scheduler=self.scheduler,
-            plan=self.plan,
-            paths=self.paths,
-            ctx=self.ctx,
-            ledger=self.ledger,
-            recheck=self._unless_cancelled_meanwhile,
-            record=self._record,
-            release=self._release_lock,
-        )
-
-    def _record(
-        self,
-        decision: Decision,
-        *,
-        job_id: str | None = None,
-        by: str = "agent",
-        note: str = "",
-        ledger: Ledger | None = None,
-        **extra: Any,
-    ) -> None:
-        """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
-        for an attempt that could not) and say it on stderr."""
-        fields = decision_fields(
-            decision,
-            scheduler=self.ctx.scheduler,
-            can_exclude_nodes=self.scheduler.can_exclude_nodes,
-            step=self.outcome.step if self.outcome is not None else None,
-            newest_checkpoint=self.newest_checkpoint,
-            job_id=job_id,
-            by=by,
-            note=note,
-        )
-        fields.update(extra)
-        (ledger or self.ledger).append(decision.event, **fields)
-        print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
-
-    def _release_lock(self, next_job: str | None) -> None:
-        """Hand the lock to the job that continues the run, or release it when the run stops here."""
-        if self.holder is None:
-            return
-        with contextlib.suppress(OSError):
-            if next_job is not None and next_job != "":
-                self.lock.hand_over(self.holder, next_job)
-            else:
-                self.lock.release(self.holder)
-
-    def _unless_cancelled_meanwhile(self, decision: Decision) -> Decision:
-        """The decision again right before the scheduler is asked: the SIGTERM of a cancellation
-        (scancel, qdel) is read again here, and so is the ledger (``hpclaunch cancel``)."""
-        if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
-            return decision
-        if self.cfg.testing.pause_before_continue_s:
-            time.sleep(self.cfg.testing.pause_before_continue_s)
-        self.relay.handle_signals()
-        events = self.ledger.events()
-        return cancelled_meanwhile(
-            decision, signalled=self.relay.cancelled, events=events, started_at=self._started_at(events)
         )
 
 
@@ -602,7 +341,7 @@ def agent_main(run_dir: str) -> int:
         cfg = read_config(paths)
         agent = NodeAgent(paths, plan, cfg, ctx, scheduler)
         code = agent.run()
-        if agent.decider:  # a run that ended here releases or cancels the runs chained after it
+        if agent.decider.leads:  # a run that ended here releases or cancels the runs chained after it
             after_attempt(paths)
         return code
     except HpclaunchError as e:

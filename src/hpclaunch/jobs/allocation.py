@@ -72,6 +72,12 @@ POLL_S = 0.2
 LOOK_S = float(os.environ.get("HPCLAUNCH_AGENT_LOOK_S") or 4.0)
 
 
+def node_ranks(hosts: tuple[str, ...], of: tuple[str, ...]) -> dict[int, str]:
+    """Node rank (the host's place in the allocation's ``hosts``) -> host, for the hosts ``of``."""
+    ranks = {h: r for r, h in enumerate(hosts)}
+    return {ranks[h]: h for h in of if h in ranks}
+
+
 @dataclass(frozen=True)
 class Roster:
     """The training nodes of one attempt, in rank order, and the spares waiting beside them."""

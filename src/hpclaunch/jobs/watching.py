@@ -1,0 +1,87 @@
+"""Watching one attempt from one node, one poll at a time: while its ranks run, and while the decider
+waits for the other nodes' reports.
+
+Each poll passes the scheduler's signals on (``stop_relay``), looks whether the deciding agent still
+beats (this agent takes the role over when it is next: ``decider``), asks the watchdog for a hang
+verdict (the decider leads it, the others follow its verdict file) and cuts an overrunning stop save
+off before the scheduler's kill, which ends the attempt on every node. ``ended`` is the backstop
+for ranks that would wait in a collective after another node's failed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from ..config import RunConfig
+from ..rundir import JobPlan, Ledger, RunPaths
+from ..schedulers.base import NodeContext
+from .allocation import LOOK_S, Allocation, Roster, node_ranks
+from .decider import Decider
+from .stop_relay import StopRelay
+from .watchdog import Verdict, Watchdog
+
+
+class AttemptWatch:
+    """One attempt watched from this node; ``hang`` is the watchdog's verdict once it has one."""
+
+    def __init__(
+        self,
+        paths: RunPaths,
+        plan: JobPlan,
+        cfg: RunConfig,
+        ctx: NodeContext,
+        *,
+        ledger: Ledger,
+        alloc: Allocation,
+        relay: StopRelay,
+        decider: Decider,
+        roster: Roster,
+        watchdog: bool = True,
+        hang: Verdict | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.alloc = alloc
+        self.relay = relay
+        self.decider = decider
+        self.roster = roster
+        self.hang = hang
+        self.watchdog: Watchdog | None = None
+        if watchdog and cfg.watchdog.enabled:
+            self.watchdog = Watchdog(
+                cfg.watchdog,
+                paths,
+                ctx,
+                world_size=plan.world_size,
+                nccl=plan.backend == "nccl",
+                ledger=ledger,
+                smoke_timeout_s=float(cfg.preflight.smoke_timeout_s),
+                lead=decider.leads,
+            )
+            self.watchdog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
+        self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
+
+    def poll(self, pids: Callable[[], list[int]]) -> None:
+        """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
+        verdict and the stop-save cut-off, which ends the attempt everywhere."""
+        self.relay.handle_signals()
+        if not self.decider.leads and self.decider.gone(self.roster, LOOK_S):
+            self.decider.take_over()
+        if self.watchdog is not None:
+            self.watchdog.lead = self.decider.leads
+            if self.hang is None:
+                self.hang = self.watchdog.check(pids)
+        overdue = self.relay.interrupted is None
+        self.relay.cut_off_if_due(time.time())
+        if overdue and self.relay.interrupted is not None:
+            self.alloc.signal_end(self.ctx.attempt, f"node {self.ctx.hostname}: the stop save overran")
+
+    def ended(self) -> bool:
+        """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
+        ``LOOK_S``: a peer's failure usually reaches this node's ranks first, through their
+        collectives; this is the backstop for ranks that would wait in one."""
+        now = time.monotonic()
+        if now < self._next_end_look:
+            return False
+        self._next_end_look = now + LOOK_S
+        return self.alloc.ended(self.ctx.attempt)
