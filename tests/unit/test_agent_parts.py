@@ -296,9 +296,7 @@ def test_one_decision_per_attempt_a_second_decider_follows_the_first(tmp_path: P
     record = first.publish(in_place, Roster(("n1", "n2"), ("n3",)))
     assert record["next"] == "7.0.1" and record["roster"]["training"] == ["n1", "n3"] and record["by"] == "n1"
     assert second.publish(Decision(Action.FAIL, Cause.CRASH, "boom"), Roster(("n1", "n2"))) == record
-    assert [e["spare"] for e in read_events(RunPaths(tmp_path)).events if e["event"] == "node_replaced"] == [
-        "n3"
-    ]
+    assert [e.record["spare"] for e in read_events(RunPaths(tmp_path)).named("node_replaced")] == ["n3"]
     follower = _decider(tmp_path, 2)
     assert follower.await_decision(Roster(("n1", "n3"))) == record
 
@@ -323,7 +321,7 @@ def test_a_cancel_since_the_attempt_started_and_a_stuck_node_are_the_decisions_f
     decider.ledger.append("cancelled")
     decision = decider.after_attempt(1, Roster(("n1", "n2")), stuck=("n2",))
     assert decision.cause is Cause.CANCELLED and decision.action is not Action.CONTINUE
-    (hang,) = [e for e in read_events(RunPaths(tmp_path)).events if e["event"] == "hang"]
+    (hang,) = [e.record for e in read_events(RunPaths(tmp_path)).named("hang")]
     assert "n2" in json.dumps(hang)
 
 
