@@ -233,7 +233,7 @@ def save_partial(args: argparse.Namespace, report: dict[str, Any]) -> None:
 def checkpoint_figures(run: Path) -> dict[str, Any]:
     """A run's periodic saves from its ledger: the stall, the background write, the training each
     cost (the trainer's own measurement), the blocking save at the end."""
-    events = read_events(RunPaths(run)).events
+    events = [e.record for e in read_events(RunPaths(run)).events]
     saves = [e for e in events if e["event"] == "checkpoint_saved"]
     async_saves = [e for e in saves if not e["blocking"]]
     blocking = [e for e in saves if e["blocking"]]

@@ -63,7 +63,7 @@ def common(work: Path, data: Path, name: str) -> list[str]:
 def events(run: Path) -> list[dict[str, Any]]:
     from hpclaunch.rundir import RunPaths, read_events
 
-    return read_events(RunPaths(run)).events
+    return [e.record for e in read_events(RunPaths(run)).events]
 
 
 # ---- 1. cost -----------------------------------------------------------------------------------

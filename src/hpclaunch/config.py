@@ -541,6 +541,21 @@ def _whole_or_auto(v: Any, most: int | None, what: str) -> int | str:
     return int(text)
 
 
+class MemoryTierConfig(_Section):
+    every_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Snapshot the state into the node's shared memory every this many steps, between "
+        "disk checkpoints: a crash or hang restarted in place resumes from the newest complete snapshot "
+        "when it is newer than the newest checkpoint on disk; null = off. One node only for now.",
+    )
+    keep_last: int = Field(2, ge=1, description="Snapshots kept in memory, newest first.")
+    dir: str | None = Field(
+        None,
+        description="Where the snapshots go (a tmpfs on the node); null = /dev/shm/hpclaunch/<run id>.",
+    )
+
+
 class CheckpointConfig(_Section):
     every_steps: int | Literal["auto"] = Field(
         50,
@@ -593,6 +608,8 @@ class CheckpointConfig(_Section):
         "a save then waits for idle time where every core trains; a writer a rank must wait for and "
         "finds starved of CPU is replaced by one at writer_nice); false = at writer_nice.",
     )
+
+    memory: MemoryTierConfig = Field(default_factory=MemoryTierConfig)  # type: ignore[arg-type]
 
     @field_validator("write_threads", mode="before")
     @classmethod
@@ -782,6 +799,13 @@ class RunConfig(_Section):
             raise KeyedValueError(
                 "launch.backend",
                 "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
+            )
+        if self.checkpoint.memory.every_steps is not None and s.nodes > 1:
+            raise KeyedValueError(
+                "checkpoint.memory.every_steps",
+                f"the memory tier needs scheduler.nodes: 1 for now (this run has {s.nodes}): "
+                "snapshots are not yet replicated to a peer node; use null",
+                related=("scheduler.nodes",),
             )
         if self.train.precision == "bf16" and s.gpus_per_node == 0:
             raise KeyedValueError("train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)")

@@ -206,7 +206,7 @@ def test_user_stop_ends_the_run_and_resume_continues_it(work: Path, data: Path) 
     assert s["state"] == "finished" and s["step"] == 60
     assert s["attempts"][1]["resumed_step"] == s["attempts"][0]["last_step"]
     # the run's end carries its step (issue 16, finding 8: the old `finished` event had none)
-    (finished,) = [e for e in read_events(RunPaths(run)) if e["event"] == "finished"]
+    (finished,) = [e.record for e in read_events(RunPaths(run)).named("finished")]
     assert finished["step"] == 60
 
 

@@ -109,7 +109,7 @@ def test_a_starved_idle_writer_is_replaced_at_writer_nice_and_its_save_lands(
             os.kill(starved_pid, 0)
         assert os.sched_getscheduler(new_pid) == os.SCHED_OTHER
         assert os.getpriority(os.PRIO_PROCESS, new_pid) == os.getpriority(os.PRIO_PROCESS, 0) + 5
-        starved = [e for e in read_events(RunPaths(tmp_path)) if e["event"] == CHECKPOINT_WRITER_STARVED]
+        starved = [e.record for e in read_events(RunPaths(tmp_path)).named(CHECKPOINT_WRITER_STARVED)]
         assert len(starved) == 1 and starved[0]["step"] == 7 and starved[0]["nice"] == 5
         assert starved[0]["run_queue_share"] >= 0.5
         names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
@@ -153,7 +153,7 @@ def test_a_writer_found_starved_after_it_published_settles_the_save_as_published
         assert settled.published.bytes > 0
         assert not ck.pending and ck.writer_pid is None  # stopped, and no second write started
         ck._settle(settled)
-        saved = [e for e in read_events(RunPaths(tmp_path)) if e["event"] == CHECKPOINT_SAVED]
+        saved = [e.record for e in read_events(RunPaths(tmp_path)).named(CHECKPOINT_SAVED)]
         assert [e["step"] for e in saved] == [5]
         assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step_000005"]
     finally:

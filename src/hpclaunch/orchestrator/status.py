@@ -70,6 +70,8 @@ class Attempt:
     cause: str | None = None
     error: str | None = None
     failed_saves: int = 0  # saves that failed in this attempt (each then saved again, blocking)
+    resumed_from: str | None = None  # "memory" or "disk" with the memory tier on (else None)
+    memory_saved_steps: int | None = None  # resumed from memory: steps past the newest disk checkpoint
 
 
 @dataclass
@@ -111,6 +113,9 @@ def _apply(a: Attempt, e: Event) -> None:
         a.resumed_step = e.step or 0
         a.world_size = _given(e, "world_size", e.world_size, a.world_size)
         a.last_step = max(a.last_step or 0, a.resumed_step)
+        a.resumed_from = e.tier
+        if e.tier == "memory":
+            a.memory_saved_steps = a.resumed_step - (e.disk_step or 0)
     elif isinstance(e, CheckpointSaved):
         step = e.step or 0
         a.checkpoint_step = max(a.checkpoint_step or 0, step)

@@ -51,6 +51,8 @@ from .kinds import (
     RESCUE_NOT_SUBMITTED,
     RESCUE_SUBMITTED,
     RESUMED,
+    SNAPSHOT_FAILED,
+    SNAPSHOT_SAVED,
     STARTED,
     STOP_DROPPED,
     STOP_OVERDUE,
@@ -354,6 +356,8 @@ class Resumed(Event):
     parallel: str | None = None
     process_start: float | None = None
     startup_s: dict[str, float] | None = None  # the trainer's own start-up parts, when it reports them
+    tier: str | None = None  # "memory" or "disk" (None: before the memory tier, or a fresh start)
+    disk_step: int | None = None  # the newest checkpoint on disk then (the memory tier's gain over it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,6 +406,22 @@ class CheckpointSuperseded(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SnapshotSaved(Event):
+    KIND = SNAPSHOT_SAVED
+    step: int | None = None
+    seconds: float | None = None  # staging to publish
+    stall_s: float | None = None  # what training waited for
+    bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotFailed(Event):
+    KIND = SNAPSHOT_FAILED
+    step: int | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class CheckpointWriterStarved(Event):
     KIND = CHECKPOINT_WRITER_STARVED
     step: int | None = None
@@ -445,6 +465,8 @@ class Stopped(Event):
 KINDS: dict[str, type[Event]] = {
     cls.KIND: cls
     for cls in (
+        SnapshotSaved,
+        SnapshotFailed,
         Submitting,
         Submitted,
         SubmitFailed,

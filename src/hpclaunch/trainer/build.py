@@ -27,6 +27,7 @@ from .checkpoint.writing import resolve_write_threads
 from .data import SampleOrder, ShardedDataset, holdout_split
 from .dist import DistContext, broadcast_json, wants_bf16, wrap_model
 from .ema import EMA
+from .memory_tier import MemoryTier
 from .model import build_model
 from .state import init_adamw_state
 
@@ -145,6 +146,15 @@ def _ranks_on_node(cfg: RunConfig) -> int:
     """This node's ranks: torchrun's count where it started us, else the config's."""
     local = os.environ.get("LOCAL_WORLD_SIZE", "")
     return int(local) if local.isdigit() else max(1, cfg.scheduler.nprocs)
+
+
+def make_memory_tier(
+    cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
+) -> MemoryTier | None:
+    """The memory tier's snapshots (``checkpoint.memory``), or None when it is off."""
+    if cfg.checkpoint.memory.every_steps is None:
+        return None
+    return MemoryTier(cfg, ctx, paths, ledger, ranks_on_node=_ranks_on_node(cfg))
 
 
 def make_checkpointer(

@@ -61,12 +61,13 @@ from ..rundir import (
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
-from .build import build_model_parts, load_data, make_checkpointer
+from .build import build_model_parts, load_data, make_checkpointer, make_memory_tier
 from .checkpoint import RANK_LOCAL, rank_local_key
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
+from .memory_tier import disk_step
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
 from .periodic_saves import PeriodicSaves
@@ -175,6 +176,7 @@ class Trainer:
                 batch=self.micro, device=ctx.device,
             )  # fmt: skip
         self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
+        self.memory = make_memory_tier(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self.window = MetricsWindow(ctx.device)
         self.startup.mark("model")
 
@@ -206,11 +208,16 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest valid checkpoint (if any) before the first step; log ``resumed``."""
         checkpoint_path: str | None = None
+        tier: dict[str, Any] = {}  # with the memory tier: which one, and the disk's step beside it
         if self.checkpointer is not None:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             state = self.app_state()
-            result = self.checkpointer.load_latest(state)
+            result = None
+            if self.memory is not None:
+                result, tier = self._load_from_memory(state)
+            if result is None:
+                result = self.checkpointer.load_latest(state)
             if result is not None:
                 set_state_dict(
                     self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
@@ -223,6 +230,8 @@ class Trainer:
                 if self.ctx.rank not in result.ranks_without_rank_local:
                     restore_rng_state(state[RANK_LOCAL][rank_local_key(self.ctx.rank)], self.ctx.device)
                 checkpoint_path = str(result.info.path)
+                if self.memory is not None:
+                    tier.setdefault("tier", "disk")
             elif self.cfg.train.init_from:  # no checkpoint of its own yet: another run's weights
                 from .init_from import init_weights
 
@@ -240,7 +249,22 @@ class Trainer:
                 token_shards_checked=self.data.checked_shards,
                 process_start=round(self.startup.process_start, 3),
                 startup_s=self.startup.seconds(),
+                **tier,
             )
+
+    def _load_from_memory(self, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        """Collective: load the newest complete memory snapshot into ``state`` when it is newer than
+        the newest checkpoint on disk; (its LoadResult or None, what the ledger says of the tiers)."""
+        assert self.memory is not None and self.checkpointer is not None
+        group = self.ctx.host_group()
+        on_disk = disk_step(self.checkpointer, self.ctx, group)
+        tier: dict[str, Any] = {"disk_step": on_disk}
+        if self.memory.newer_than(on_disk, group) is None:
+            return None, tier
+        result = self.memory.checkpointer.load_latest(state)
+        if result is None or (on_disk is not None and result.info.step <= on_disk):
+            return None, tier  # (the newest snapshot was damaged: an older one is no better than disk)
+        return result, {**tier, "tier": "memory"}
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:
         """Checkpoint the state after step ``counters.step`` (collective). ``supersede``: a stop's
@@ -260,22 +284,22 @@ class Trainer:
         t0 = time.perf_counter()
         c = self.counters
         self.progress.phase("save")
-        self.checkpointer.save(
-            c.step,
-            self.app_state(),
-            blocking=blocking,
-            extra={
-                "samples_consumed": c.samples_consumed,
-                "skipped_total": c.skipped_total,
-                "parallel": self.cfg.train.parallel,
-                "ema": self.ema is not None,
-                "model": self.cfg.model.model_dump(mode="json"),  # names what differs on a refusal
-            },
-        )
+        self.checkpointer.save(c.step, self.app_state(), blocking=blocking, extra=self.save_extra())
         if blocking:
             self.stop.note_checkpoint_seconds(time.perf_counter() - t0)
         elif self.checkpointer.last_save_seconds is not None:
             self.stop.note_checkpoint_seconds(self.checkpointer.last_save_seconds)
+
+    def save_extra(self) -> dict[str, Any]:
+        """What a checkpoint's manifest says beside the state."""
+        c = self.counters
+        return {
+            "samples_consumed": c.samples_consumed,
+            "skipped_total": c.skipped_total,
+            "parallel": self.cfg.train.parallel,
+            "ema": self.ema is not None,
+            "model": self.cfg.model.model_dump(mode="json"),  # names what differs on a refusal
+        }
 
     def act_on_failed_background_save(self) -> None:
         """A background save that failed is saved again now, blocking; if that fails too, the run
@@ -506,14 +530,26 @@ class Trainer:
                         if self.window.steps:
                             self.log_window(None)
                         break
-                    if saves.due(c.step):
+                    disk_save_now = saves.due(c.step)
+                    if disk_save_now:
                         self.save(blocking=False)
                         saves.started(self.checkpointer, c.step)
+                    if self.memory is not None:
+                        self.progress.phase("save")
+                        self.memory.after_step(
+                            c.step, self.app_state, self.save_extra(), self.ctx.host_group(),
+                            disk_save_now=disk_save_now,
+                        )  # fmt: skip
             batches = None  # stops the loader's workers before the final save
             lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
+            if self.memory is not None:
+                self.memory.drop_pending()
             self.save(blocking=True, supersede=cause is not None)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
+            if self.memory is not None:  # the last save is on disk: the node's memory is freed
+                self.memory.close(remove=True)
+                self.memory = None
             if cause is not None and c.step < t.steps:
                 if self.ledger is not None:
                     # the lead the deadline kept and the save it kept room for (None: planned)
@@ -594,6 +630,8 @@ class Trainer:
             self.tb.close()
             self.tb = None
         try:
+            if self.memory is not None:  # (left for an in-place restart after a failure)
+                self.memory.close(remove=False)
             if self.checkpointer is not None:
                 self.checkpointer.close()
         finally:

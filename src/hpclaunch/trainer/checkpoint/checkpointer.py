@@ -192,6 +192,18 @@ class Checkpointer:
         }
         return ProcessBackground(spec, self._pg)
 
+    def prestart_writer(self) -> None:
+        """Collective: start every rank's writer process now rather than at the first background
+        save (``ProcessBackground.prestart``); nothing to do for the thread writer."""
+        if self.writer != "process" or not self.async_save or self._background is not None:
+            return
+        nonce = uuid.uuid4().hex[:12] if self._is_coordinator else None
+        nonce = broadcast_json(nonce, self._pg, is_source=self._is_coordinator)
+        background = self._make_background()
+        assert isinstance(background, ProcessBackground)
+        background.prestart(f"pre-{nonce}")
+        self._background = background
+
     # ---- save ---------------------------------------------------------------------------------
 
     def save(

@@ -1,0 +1,140 @@
+"""The memory tier's cost and gain, in one run: snapshot stall against a step, and the steps lost per
+failure with the memory tier and without it.
+
+One run of the tiny model (torchrun, 2 gloo ranks, each with its writers) with checkpoints on disk
+every ``--disk`` steps and snapshots in memory every ``--memory`` steps. Rank 0 is SIGKILLed at a
+random moment ``--kills`` times; after each kill the next attempt resumes. Each resume's ledger line
+says both what it resumed from (the newest complete snapshot, when newer than the disk) and the
+newest checkpoint on disk at that moment: so the steps lost *without* the memory tier are measured in
+the same run, at the same kill (the last step the killed attempt logged, minus the disk's step),
+beside the steps lost with it (minus the step resumed from). The stall is the ledger's
+``snapshot_saved.stall_s`` (what training waited for: the staging copy), against the median step.
+
+    .venv/bin/python bench/memory_tier.py --kills 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hpclaunch.config import load_config
+from hpclaunch.fsutil import read_jsonl
+from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.shards import synth_dataset
+
+
+def start(run: Path, attempt: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "HPCLAUNCH_ATTEMPT": attempt, "OMP_NUM_THREADS": "1"}
+    env.pop("HPCLAUNCH_ATTEMPT_CLOCK", None)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    cmd += ["-m", "hpclaunch.trainer", str(run)]
+    return subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def resumes_so_far(run: Path) -> dict[str, int]:
+    """Each attempt's resumed step, once it has logged it (waits for none)."""
+    return {e.attempt or "": int(e.record["step"]) for e in read_events(RunPaths(run)).named("resumed")}
+
+
+def rank_pid(run: Path, attempt: str, rank: int) -> int:
+    """The pid rank ``rank`` of ``attempt`` names in its progress heartbeat."""
+    record = json.loads((RunPaths(run).root / "attempts" / attempt / f"rank{rank}.progress.json").read_text())
+    return int(record["pid"])
+
+
+def last_step(run: Path, attempt: str) -> int:
+    """The last step rank 0 of ``attempt`` finished, by its progress heartbeat (metrics are buffered)."""
+    try:
+        record = json.loads((RunPaths(run).root / "attempts" / attempt / "rank0.progress.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return int(record.get("step") or 0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kills", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=240)
+    ap.add_argument("--disk", type=int, default=40, help="checkpoint.every_steps")
+    ap.add_argument("--memory", type=int, default=5, help="checkpoint.memory.every_steps")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="testing.step_sleep_s (the math unchanged)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--keep", default=None, help="work here and keep it (the attempts' logs)")
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(args.keep) if args.keep else Path(tmp)
+        data = root / "data"
+        synth_dataset(data, samples=512, seed=0, model_cfg=load_config(None).model, shard_size=128)
+        run = root / "run"
+        sets = [
+            "scheduler.gpus_per_node=0", "scheduler.procs_per_node=2", f"train.steps={args.steps}",
+            "train.global_batch=16", "train.micro_batch=8", "train.log_every=1",
+            "preflight.distributed_smoke=false", f"checkpoint.every_steps={args.disk}",
+            f"checkpoint.memory.every_steps={args.memory}", f"checkpoint.memory.dir={root / 'shm'}",
+            f"testing.step_sleep_s={args.step_sleep}", f"data.token_dir={data / 'tokens'}",
+            f"data.latent_dir={data / 'latents'}", f"run_dir={run}",
+        ]  # fmt: skip
+        cfg = load_config(None, sets, base=root)
+        RunPaths(run).ensure()
+        (run / "config.yaml").write_text(cfg.to_yaml())
+        killed_at: dict[str, int] = {}
+        for i in range(1, args.kills + 2):
+            attempt = f"a{i}"
+            proc = start(run, attempt)
+            if i <= args.kills:
+                # a random moment at least two disk intervals past this attempt's start
+                begun = int(resumes_so_far(run).get(attempt, 0))
+                target = min(args.steps - 5, begun + rng.randint(args.disk + 1, 2 * args.disk))
+                while last_step(run, attempt) < target and proc.poll() is None:
+                    time.sleep(0.01)
+                killed_at[attempt] = last_step(run, attempt)
+                # rank 0 itself, as an OOM kill would (torchrun then ends its peer): the ranks are
+                # not in torchrun's process group, so killing that group would leave them training
+                pid = rank_pid(run, attempt, 0)
+                os.kill(pid, signal.SIGKILL)
+            proc.wait()
+        events = read_events(RunPaths(run)).events
+        resumes = {e.attempt: e.record for e in events if e.event == "resumed"}
+        with_tier, without = [], []
+        for i in range(1, args.kills + 1):
+            r = resumes[f"a{i + 1}"]
+            died = killed_at[f"a{i}"]
+            with_tier.append(died - int(r["step"]))
+            without.append(died - int(r.get("disk_step") or 0))
+        stalls = [
+            e.record["stall_s"] for e in events if e.event == "snapshot_saved" and e.record.get("stall_s")
+        ]
+        # the step's own time: without the test sleep, if one was asked for (never flattered by it)
+        steps = [
+            m["step_time_s"] - args.step_sleep
+            for m in read_jsonl(RunPaths(run).metrics)
+            if m.get("step_time_s")
+        ]
+        finished = (run / "attempts" / f"a{args.kills + 1}.json").exists()
+    step = statistics.median(steps)
+    stall = statistics.median(stalls) if stalls else float("nan")
+    print(
+        f"{args.kills} kills, disk every {args.disk} steps, memory every {args.memory}, load {os.getloadavg()[0]:.1f}"
+    )
+    print(f"  steps lost per failure: with the memory tier {statistics.mean(with_tier):.1f} {with_tier}")
+    print(f"                          without it (disk only) {statistics.mean(without):.1f} {without}")
+    print(f"  snapshot stall {stall * 1000:.2f} ms (median of {len(stalls)}), median step {step * 1000:.1f} ms: "
+          f"{stall / step:.1%} of a step")  # fmt: skip
+    assert finished
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""The memory tier (``checkpoint.memory``) across real processes: torchrun with 2 gloo ranks, each
+with a writer process per tier, snapshots in shared memory between the checkpoints on disk.
+
+A rank killed while training resumes from the newest complete snapshot, not from the older disk
+checkpoint; a rank killed while its writer writes a snapshot leaves a half-made one that is never
+read (the previous complete snapshot is); both runs end bitwise equal to a run without faults, the
+ledger says which tier each resume came from, and the node's memory is freed when the run ends.
+The same through the node agent and the local scheduler: an in-place restart after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    rank_process,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+from hpclaunch.config import load_config
+from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
+from hpclaunch.trainer.checkpoint import ENV_KILL
+from hpclaunch.trainer.memory_tier import snapshot_dir
+
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import trainer_helpers as h
+
+pytestmark = pytest.mark.slow
+
+# Disk every 20 steps, memory every 5: what the issue asks for.
+TIERS = ["checkpoint.every_steps=20", "checkpoint.memory.every_steps=5"]
+# The disk saves blocking in the tests that kill at a snapshot: which tier is newer is then known;
+# and the steps leave the writers some CPU (on two cores the tiny model's ranks take both, and a
+# snapshot's first writer imports torch: it would finish after the 60 steps do).
+DISK_AT_ONCE = ["checkpoint.async_save=false", "testing.step_sleep_s=0.05"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("memory")
+
+
+@pytest.fixture(scope="module")
+def data(root: Path) -> Path:
+    return h.make_data(root)
+
+
+@pytest.fixture(scope="module")
+def reference(root: Path, data: Path) -> str:
+    run = h.make_run(root, "reference", data)
+    proc = h.train(run)
+    assert proc.returncode == 0, h.describe(proc)
+    return str(h.outcome(run)["params_sha256"])
+
+
+def resumed(run: Path, attempt: str) -> dict[str, Any]:
+    (event,) = [e.record for e in read_events(RunPaths(run)).named("resumed") if e.attempt == attempt]
+    return event
+
+
+def shm_of(run: Path) -> Path:
+    return Path(str(run) + "-shm")
+
+
+def test_a_snapshot_half_written_when_its_rank_died_is_never_restored(
+    reference: str, root: Path, data: Path
+) -> None:
+    run = h.make_run(
+        root,
+        "half-written",
+        data,
+        [*TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm_of(root / 'half-written')}"],
+    )
+    # Rank 0 is SIGKILLed while its writer writes the snapshot of step 35 (its writer dies with it).
+    crashed = subprocess.run(
+        h.command(run),
+        env=h.env_for("a1", {ENV_KILL: "35:0:data"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert crashed.returncode != 0, h.describe(crashed)
+    shm = shm_of(run)
+    assert (shm / "step_000030").is_dir() and not (shm / "step_000035").exists()
+    assert list(shm.glob(".step_000035.tmp-*"))  # the half-made snapshot, left as it was
+    assert [int(e["step"]) for e in h.events(run) if e["event"] == SNAPSHOT_SAVED][-1] == 30
+    proc = h.train(run, attempt="a2")
+    assert proc.returncode == 0, h.describe(proc)
+    r = resumed(run, "a2")
+    assert (r["step"], r["tier"], r["disk_step"]) == (30, "memory", 20), r
+    assert h.outcome(run, "a2")["params_sha256"] == reference
+    assert not shm.exists()  # the run ended with its last save on disk: the memory is freed
+
+
+def test_without_a_snapshot_newer_than_the_disk_the_disk_tier_serves(
+    reference: str, root: Path, data: Path
+) -> None:
+    run = h.make_run(
+        root,
+        "disk-newer",
+        data,
+        [*TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm_of(root / 'disk-newer')}"],
+    )
+    # Killed while writing the snapshot of step 25: the complete ones (5..20) are no newer than disk.
+    crashed = subprocess.run(
+        h.command(run),
+        env=h.env_for("a1", {ENV_KILL: "25:1:data"}),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert crashed.returncode != 0, h.describe(crashed)
+    proc = h.train(run, attempt="a2")
+    assert proc.returncode == 0, h.describe(proc)
+    r = resumed(run, "a2")
+    assert (r["step"], r["tier"], r["disk_step"]) == (20, "disk", 20), r
+    assert h.outcome(run, "a2")["params_sha256"] == reference
+
+
+def test_a_crash_restarted_in_place_resumes_from_memory_not_the_disk(tmp_path: Path) -> None:
+    """Through the node agent on the local scheduler: SIGKILL of a rank after the snapshot of step
+    35 is complete; the in-place restart resumes from memory (35 or later), not from the disk's 20,
+    and the run ends bitwise equal to one that never crashed. The default place, /dev/shm."""
+    data = synth_data(tmp_path / "data")
+    slow = ["testing.step_sleep_s=0.1", "train.log_every=1", "launch.stop_margin_s=3"]
+    ref = tiny_overrides(tmp_path, data, "mem-ref", *slow, "train.steps=90", "testing.step_sleep_s=0")
+    hpclaunch("train", str(TINY), *ref, cwd=tmp_path, timeout=600)
+    run = tmp_path / "runs" / "mem"
+    overrides = tiny_overrides(
+        tmp_path, data, "mem", *slow, *TIERS, "train.steps=90", "scheduler.max_failure_retries=1"
+    )
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=tmp_path)
+    wait_for(
+        lambda: any(e["event"] == SNAPSHOT_SAVED and e.get("step", 0) >= 35 for e in events(run)),
+        timeout=240,
+        poll=0.1,
+        what="a snapshot at step 35 or later",
+    )
+    rank_process(run, 0).send_signal(signal.SIGKILL)
+    s = wait_run_done(run, tmp_path, timeout=300)
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    first, second = s["attempts"]
+    assert (first["end"], first["cause"]) == ("restarted in place", "crash") and second["in_place"]
+    r = [e for e in events(run) if e["event"] == "resumed"][-1]
+    assert r["tier"] == "memory" and r["step"] >= 35 and r["disk_step"] in (20, 40), r
+    assert second["resumed_step"] == r["step"] and second["resumed_from"] == "memory"
+    assert second["memory_saved_steps"] == r["step"] - r["disk_step"] > 0  # what status says it saved
+    assert final_params_sha(run) == final_params_sha(tmp_path / "runs" / "mem-ref")
+    cfg = load_config(TINY, [o for o in overrides if o != "--set"], base=tmp_path)
+    assert not snapshot_dir(cfg, RunPaths(run)).exists()  # freed at the end
