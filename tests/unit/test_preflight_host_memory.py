@@ -83,3 +83,18 @@ def test_hpclaunch_preflight_exits_1_with_the_finding(tmp_path: Path) -> None:
     (check,) = json.loads(proc.stdout)["checks"]
     assert "does not fit 476.8 MiB (scheduler.mem_gb)" in check["finding"]
     assert "staging copy" in check["finding"]
+
+
+def test_the_memory_tier_counts_its_staging_copy_and_the_snapshots_the_node_keeps() -> None:
+    whole = run_checkpoint_bytes(cfg(), PARAMS)
+    off = estimate_host_memory(cfg(), PARAMS)
+    on = estimate_host_memory(cfg("checkpoint.memory.every_steps=5", "checkpoint.memory.keep_last=2"), PARAMS)
+    assert off.parts["snapshots"] == 0
+    # DDP: each rank stages it all; the node's tmpfs holds 3 snapshots (2 kept, 1 being written)
+    assert on.parts["snapshots"] == whole + whole * 3 // 2
+    assert "memory tier" in on.describe() and on.total > off.total
+    mem_gb = (off.total + on.total) / 2 / 1e9  # fits only without the memory tier
+    assert outcome(cfg(f"scheduler.mem_gb={mem_gb}")).status.value == "pass"
+    refused = outcome(cfg(f"scheduler.mem_gb={mem_gb}", "checkpoint.memory.every_steps=5"))
+    assert refused.status.value == "fail" and "memory tier" in refused.finding
+    assert refused.hint is not None and "checkpoint.memory.keep_last" in refused.hint

@@ -159,6 +159,8 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
 
 def _host_memory_hint(cfg: RunConfig) -> str:
     options = []
+    if cfg.checkpoint.memory.every_steps is not None:
+        options.append("fewer snapshots in memory (checkpoint.memory.keep_last) or none (every_steps: null)")
     if cfg.checkpoint.async_save:
         options.append("checkpoint.async_save: false (no staging copy; periodic saves then block training)")
     if cfg.train.parallel != "fsdp":

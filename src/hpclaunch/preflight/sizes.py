@@ -195,7 +195,7 @@ HOST_RUNTIME_BYTES = 1 << 30
 class HostMemoryEstimate:
     """Bytes of host memory per node: ``ranks`` x the parts of one rank (see ``estimate_host_memory``)."""
 
-    PARTS = ("staging", "training", "runtime")
+    PARTS = ("staging", "training", "snapshots", "runtime")
 
     def __init__(self, ranks: int, **parts: int):
         self.ranks = ranks
@@ -210,7 +210,12 @@ class HostMemoryEstimate:
         return self.ranks * self.per_rank
 
     def describe(self) -> str:
-        names = {"staging": "staging copy", "training": "training state", "runtime": "runtime (assumed)"}
+        names = {
+            "staging": "staging copy",
+            "training": "training state",
+            "snapshots": "memory tier",
+            "runtime": "runtime (assumed)",
+        }
         shown = " + ".join(f"{names[k]} {human_bytes(v)}" for k, v in self.parts.items() if v)
         return f"{human_bytes(self.total)} ({self.ranks} rank(s) x ({shown}))"
 
@@ -226,6 +231,18 @@ def staged_bytes_per_rank(cfg: RunConfig, params: int) -> int:
     return run_checkpoint_bytes(cfg, params) // shard
 
 
+def snapshot_bytes_per_rank(cfg: RunConfig, params: int) -> int:
+    """The memory tier on one rank (``checkpoint.memory``): its own staging copy, and its share of
+    the snapshots the node's tmpfs holds (``keep_last`` and one being written). None when off."""
+    m = cfg.checkpoint.memory
+    if m.every_steps is None:
+        return 0
+    whole = run_checkpoint_bytes(cfg, params)
+    t = cfg.train
+    shard = (t.fsdp_shard_size or cfg.scheduler.world_size) if t.parallel == "fsdp" else 1
+    return whole // shard + whole * (m.keep_last + 1) // max(1, cfg.scheduler.world_size)
+
+
 def estimate_host_memory(cfg: RunConfig, params: int) -> HostMemoryEstimate:
     """Host memory one node needs: per rank the staging copy of a background save (pinned on GPUs),
     on CPU ranks also the training state itself (``estimate_memory``), and the process's runtime."""
@@ -235,5 +252,6 @@ def estimate_host_memory(cfg: RunConfig, params: int) -> HostMemoryEstimate:
         s.nprocs,
         staging=staged_bytes_per_rank(cfg, params),
         training=training,
+        snapshots=snapshot_bytes_per_rank(cfg, params),
         runtime=HOST_RUNTIME_BYTES,
     )
