@@ -160,7 +160,7 @@ def test_a_failed_run_cancels_its_held_local_follower_and_says_why(tmp_path: Pat
     )
     from hpclaunch.orchestrator.status import summarize
 
-    view = summarize(paths.root)
+    view = summarize(paths.root).to_json()
     assert view["state"] == "cancelled"
     assert view["chain"]["after"]["outcome"] == "cancelled" and "boom" in view["chain"]["after"]["reason"]
 

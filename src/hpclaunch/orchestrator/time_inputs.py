@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import read_jsonl
 from ..rundir import Event, RunPaths, read_events
+from ..rundir.metrics import MetricsLine, read_metrics
 from .accounting import RunTime, account, attempt_keys
 
 
@@ -36,13 +36,13 @@ def run_time(
     run: Path,
     *,
     events: list[Event] | None = None,
-    metrics: list[dict[str, Any]] | None = None,
+    metrics: list[MetricsLine] | None = None,
     live: bool = False,
     now: float | None = None,
 ) -> RunTime:
     """``account()`` of the run directory ``run`` (events and metrics may be passed in when read)."""
     paths = RunPaths(run)
     events = read_events(paths).events if events is None else events
-    metrics = read_jsonl(paths.metrics) if metrics is None else metrics
+    metrics = read_metrics(paths.metrics) if metrics is None else metrics
     progress = {k: p for k in attempt_keys(events) if (p := read_progress(paths, k)) is not None}
     return account(events, metrics, time_limit_s=time_limit_of(paths), progress=progress, live=live, now=now)
