@@ -9,6 +9,7 @@ import pytest
 from hpclaunch.orchestrator.accounting import PHASES, RunTime, account, fmt_seconds
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.metrics import MetricsLine
+from hpclaunch.rundir.progress import ProgressRecord
 
 pytestmark = pytest.mark.fast
 
@@ -65,7 +66,11 @@ METRICS = [
     line(70, 215.0, "7.2"),
 ]
 # rank 0 was computing step 63 when the crash came: 62 is its last completed step
-PROGRESS = {"7.1": {"step": 63, "phase": "compute", "last_step_s": 1.0, "updated": 183.0}}
+PROGRESS = {
+    "7.1": ProgressRecord.from_json(
+        {"rank": 0, "step": 63, "phase": "compute", "last_step_s": 1.0, "updated": 183.0}
+    )
+}
 
 
 def as_lines(records: list[dict]) -> list[MetricsLine]:

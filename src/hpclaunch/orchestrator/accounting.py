@@ -48,6 +48,7 @@ from ..rundir.events import (
     Submitted,
 )
 from ..rundir.metrics import MetricsLine
+from ..rundir.progress import ProgressRecord
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
 # Events with which node 0's agent (or the CLI) ends an attempt's allocation.
@@ -161,7 +162,7 @@ def account(
     metrics: list[MetricsLine],
     *,
     time_limit_s: float | None = None,
-    progress: dict[str, dict[str, Any]] | None = None,
+    progress: dict[str, ProgressRecord] | None = None,
     live: bool = False,
     now: float | None = None,
 ) -> RunTime:
@@ -262,7 +263,7 @@ def _attempt_time(
     lines: list[MetricsLine],
     *,
     time_limit_s: float | None,
-    progress: dict[str, Any] | None,
+    progress: ProgressRecord | None,
     next_resume: int | None,
     live: bool,
     now: float,
@@ -337,7 +338,7 @@ def _attempt_time(
 def _step_ends(
     resumed: Stamped | None,
     lines: list[MetricsLine],
-    progress: dict[str, Any] | None,
+    progress: ProgressRecord | None,
     *,
     live: bool,
     alloc_end: float,
@@ -381,7 +382,7 @@ def _allocation_start(
 def _allocation_end(
     events: list[Stamped],
     lines: list[MetricsLine],
-    progress: dict[str, Any] | None,
+    progress: ProgressRecord | None,
     *,
     live: bool,
     now: float,
@@ -393,26 +394,25 @@ def _allocation_end(
         return now
     # no end recorded (the agent itself was killed): the last sign of life
     stamps = [s.ts for s in events] + [x.ts for x in lines if x.ts is not None]
-    if progress and progress.get("updated"):
-        stamps.append(float(progress["updated"]))
+    if progress and progress.updated:
+        stamps.append(progress.updated)
     return max(stamps) if stamps else now
 
 
-def _last_step_time(lines: list[MetricsLine], progress: dict[str, Any] | None) -> float | None:
-    if progress and progress.get("last_step_s"):
-        return float(progress["last_step_s"])
+def _last_step_time(lines: list[MetricsLine], progress: ProgressRecord | None) -> float | None:
+    if progress and progress.last_step_s:
+        return progress.last_step_s
     for line in reversed(lines):
         if line.step_time_s:
             return float(line.step_time_s)
     return None
 
 
-def _completed_step(progress: dict[str, Any] | None) -> int | None:
+def _completed_step(progress: ProgressRecord | None) -> int | None:
     """The last step rank 0 completed, from its progress record (a step in data/compute is not done)."""
-    if not progress or progress.get("step") is None:
+    if not progress:
         return None
-    step = int(progress["step"])
-    return step - 1 if progress.get("phase") in ("data", "compute") else step
+    return progress.step - 1 if progress.phase in ("data", "compute") else progress.step
 
 
 def _time_of(points: list[tuple[int, float]], step: int) -> float:

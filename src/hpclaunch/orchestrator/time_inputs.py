@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
 from ..rundir import Event, RunPaths, read_events
 from ..rundir.metrics import MetricsLine, read_metrics
+from ..rundir.progress import ProgressRecord, progress_file
 from .accounting import RunTime, account, attempt_keys
 
 
-def read_progress(paths: RunPaths, attempt: str) -> dict[str, Any] | None:
+def read_rank0_progress(paths: RunPaths, attempt: str) -> ProgressRecord | None:
     """Rank 0's last progress record of ``attempt`` (written about once a second by the trainer)."""
     try:
-        data = json.loads((paths.attempt_dir(attempt) / "rank0.progress.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(progress_file(paths, attempt, 0).read_text())
+        return ProgressRecord.from_json(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def time_limit_of(paths: RunPaths) -> float | None:
@@ -44,5 +44,5 @@ def run_time(
     paths = RunPaths(run)
     events = read_events(paths).events if events is None else events
     metrics = read_metrics(paths.metrics) if metrics is None else metrics
-    progress = {k: p for k in attempt_keys(events) if (p := read_progress(paths, k)) is not None}
+    progress = {k: p for k in attempt_keys(events) if (p := read_rank0_progress(paths, k)) is not None}
     return account(events, metrics, time_limit_s=time_limit_of(paths), progress=progress, live=live, now=now)
