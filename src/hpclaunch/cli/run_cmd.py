@@ -491,7 +491,7 @@ def _status_table(data: StatusView) -> Any:
     for line in describe_experiment_logs(data.experiment_logs):
         parts.append(Text(line, style="yellow"))
     if stragglers := describe_stragglers(data.stragglers):
-        parts.append(Text(stragglers, style="yellow" if data.stragglers["reported"] else ""))
+        parts.append(Text(stragglers, style="yellow" if data.stragglers.reported else ""))
     if data.hint:
         parts.append(Text(f"hint: {data.hint}", style="yellow"))
     for warning in data.ledger_warnings:

@@ -39,10 +39,10 @@ from ..rundir.events import (
 from ..rundir.metrics import MetricsLine, read_metrics
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import RunTime, metrics_steps_by_attempt
-from .checkpoint_interval import checkpoint_interval_summary
+from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost
 from .lineage import chain_view, weights_from
-from .stragglers import straggler_summary
+from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
 
 # A continuation the scheduler does not show as pending or running this long after the ledger
@@ -400,11 +400,11 @@ class StatusView:
     attempts: list[Attempt]
     step_counts: StepCounts
     time: RunTime
-    stragglers: Any
+    stragglers: StragglerSummary
     cost: Any
     chain: Any
     weights_from: Any
-    checkpoint_interval: Any
+    checkpoint_interval: IntervalSummary | None
     rescue: RescueView
     failed_saves: FailedSaves | None
     experiment_logs: list[ExperimentLogFailure]
@@ -444,11 +444,11 @@ class StatusView:
             "goodput": time_json["goodput"],
             "step_counts": asdict(self.step_counts),
             "time": time_json,
-            "stragglers": self.stragglers,
+            "stragglers": asdict(self.stragglers),
             "cost": self.cost,
             "chain": self.chain,
             "weights_from": self.weights_from,
-            "checkpoint_interval": self.checkpoint_interval,
+            "checkpoint_interval": asdict(self.checkpoint_interval) if self.checkpoint_interval else None,
             "rescue": asdict(self.rescue),
             "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
             "experiment_logs": [asdict(f) for f in self.experiment_logs],
