@@ -41,7 +41,7 @@ from ..schedulers.base import ACTIVE_STATES
 from .accounting import RunTime, metrics_steps_by_attempt
 from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost
-from .lineage import chain_view, weights_from
+from .lineage import ChainView, WeightsSource, chain_view, weights_from
 from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
 
@@ -401,9 +401,9 @@ class StatusView:
     step_counts: StepCounts
     time: RunTime
     stragglers: StragglerSummary
-    cost: Any
-    chain: Any
-    weights_from: Any
+    cost: Any  # estimate.Estimate.to_json(), shared with preflight's estimate
+    chain: ChainView | None
+    weights_from: WeightsSource | None
     checkpoint_interval: IntervalSummary | None
     rescue: RescueView
     failed_saves: FailedSaves | None
@@ -446,8 +446,8 @@ class StatusView:
             "time": time_json,
             "stragglers": asdict(self.stragglers),
             "cost": self.cost,
-            "chain": self.chain,
-            "weights_from": self.weights_from,
+            "chain": self.chain.to_json() if self.chain is not None else None,
+            "weights_from": asdict(self.weights_from) if self.weights_from is not None else None,
             "checkpoint_interval": asdict(self.checkpoint_interval) if self.checkpoint_interval else None,
             "rescue": asdict(self.rescue),
             "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
