@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 from ..rundir import Event, RunPaths, of_kind, read_events
-from ..rundir.chain import failures, followers, predecessor, settlement, verdict
+from ..rundir.chain import SettleFailures, Settlement, failures, followers, predecessor, settlement, verdict
 from ..rundir.events import Initialized
 
 
@@ -69,18 +70,16 @@ def chain_view(paths: RunPaths) -> ChainView | None:
     after_view = None
     before = predecessor(paths)
     if before is not None:
-        after = RunPaths(_path(before["run"]))
+        after = RunPaths(Path(before.run))
         v = verdict(read_events(after).events, after.root) if after.is_run() else None
-        done = settlement(paths, str(before.get("job_id")))
-        failed = failures(paths, str(before.get("job_id")))
+        done = settlement(paths, str(before.job_id))
+        failed = failures(paths, str(before.job_id))
         after_view = ChainPredecessor(
             run=str(after.root),
             state=v.state if v is not None else "missing",
-            job_id=before.get("job_id"),
+            job_id=before.job_id,
             outcome=_outcome(done, failed),
-            reason=(done or {}).get("reason")
-            or (failed or {}).get("error")
-            or (v.reason if v is not None else f"{after.root} is gone"),
+            reason=_reason(done, failed) or (v.reason if v is not None else f"{after.root} is gone"),
         )
     nxt = []
     for f in followers(paths):
@@ -91,7 +90,7 @@ def chain_view(paths: RunPaths) -> ChainView | None:
                 run=str(f.run),
                 job_id=f.job_id,
                 outcome=_outcome(done, failed),
-                reason=(done or {}).get("reason") or (failed or {}).get("error"),
+                reason=_reason(done, failed),
             )
         )
     if after_view is None and not nxt:
@@ -99,17 +98,16 @@ def chain_view(paths: RunPaths) -> ChainView | None:
     return ChainView(after_view, nxt)
 
 
-def _outcome(settled: dict[str, Any] | None, failed: dict[str, Any] | None = None) -> str:
+def _outcome(settled: Settlement | None, failed: SettleFailures | None = None) -> str:
     if settled is None:
         # A release or cancel that failed is retried by the next status of either run.
         return "retrying" if failed is not None else "waiting"
-    return "released" if settled.get("action") == "release" else "cancelled"
+    return "released" if settled.action == "release" else "cancelled"
 
 
-def _path(value: Any) -> Any:
-    from pathlib import Path
-
-    return Path(str(value))
+def _reason(settled: Settlement | None, failed: SettleFailures | None) -> str | None:
+    """Why it was released or cancelled, else the last error of a try that failed."""
+    return (settled.reason if settled else None) or (failed.error if failed else None)
 
 
 def weights_from(events: Sequence[Event]) -> WeightsSource | None:
