@@ -16,6 +16,7 @@ from ..orchestrator.status import StatusView, describe_experiment_logs, describe
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
+from ..rundir.outcome import AttemptOutcome
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .common import (
@@ -341,7 +342,7 @@ def train(
             highlight=False,
             soft_wrap=True,  # a command to copy: never broken across lines
         )
-    raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
+    raise typer.Exit(_train_exit_code(outcome, code))
 
 
 def _attempts_in_the_foreground(run_dir: str) -> int:
@@ -373,13 +374,13 @@ def _first_line(text: str, width: int = 90) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
+def _train_exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
     if outcome is None:
         return agent_code or 1
-    if outcome.get("status") == "finished":
+    if outcome.status == "finished":
         return 0
-    if outcome.get("status") == "stopped":
-        return _STOP_EXIT.get(Cause.parse(outcome.get("cause") or Cause.USER), 3)
+    if outcome.status == "stopped":
+        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
     return 1
 
 
