@@ -1,8 +1,8 @@
 """The report's figures, drawn with matplotlib's Agg backend (no display needed) into PNG bytes.
 
-Each function takes plain data (the status summary, its ``time`` accounting, metrics lines) and
-returns the PNG's bytes, or None when the run has nothing to draw for that figure. Never imports
-torch.
+Each function takes the status view (``status.StatusView``, its ``time`` accounting) and the metrics
+lines (``rundir.metrics.MetricsLine``) and returns the PNG's bytes, or None when the run has nothing
+to draw for that figure. Never imports torch.
 """
 
 from __future__ import annotations
