@@ -8,6 +8,8 @@ import pytest
 
 from hpclaunch.orchestrator.accounting import PHASES, RunTime, account, fmt_seconds
 from hpclaunch.rundir.events import as_events
+from hpclaunch.rundir.metrics import MetricsLine
+from hpclaunch.rundir.progress import ProgressRecord
 
 pytestmark = pytest.mark.fast
 
@@ -64,12 +66,20 @@ METRICS = [
     line(70, 215.0, "7.2"),
 ]
 # rank 0 was computing step 63 when the crash came: 62 is its last completed step
-PROGRESS = {"7.1": {"step": 63, "phase": "compute", "last_step_s": 1.0, "updated": 183.0}}
+PROGRESS = {
+    "7.1": ProgressRecord.from_json(
+        {"rank": 0, "step": 63, "phase": "compute", "last_step_s": 1.0, "updated": 183.0}
+    )
+}
+
+
+def as_lines(records: list[dict]) -> list[MetricsLine]:
+    return [MetricsLine.from_json(r) for r in records]
 
 
 @pytest.fixture
 def run() -> RunTime:
-    return account(as_events(EVENTS), METRICS, time_limit_s=LIMIT, progress=PROGRESS, now=1000.0)
+    return account(as_events(EVENTS), as_lines(METRICS), time_limit_s=LIMIT, progress=PROGRESS, now=1000.0)
 
 
 def test_a_stopped_attempt_splits_into_startup_training_stall_end_save_idle(run: RunTime) -> None:
@@ -140,14 +150,16 @@ def test_a_resume_from_an_older_checkpoint_loses_the_newer_one_too() -> None:
     events = [e for e in EVENTS if not (e.get("attempt") == "7.2" and e["event"] == "resumed")]
     events.insert(-2, ev("resumed", 195.0, "7.2", step=40))
     events.insert(12, ev("checkpoint_saved", 162.0, "7.1", step=40, blocking=False, stall_s=0.1))
-    a = account(as_events(events), METRICS, time_limit_s=LIMIT, progress=PROGRESS, now=1000.0).attempts[1]
+    a = account(
+        as_events(events), as_lines(METRICS), time_limit_s=LIMIT, progress=PROGRESS, now=1000.0
+    ).attempts[1]
     assert (a.kept_step, a.lost_steps) == (40, 22)
 
 
 def test_a_live_attempt_has_no_lost_steps_yet_and_ends_now() -> None:
     events = [e for e in EVENTS if float(e["ts"]) <= 175.0]
     metrics = [m for m in METRICS if float(m["ts"]) <= 175.0]
-    r = account(as_events(events), metrics, time_limit_s=LIMIT, live=True, now=175.0)
+    r = account(as_events(events), as_lines(metrics), time_limit_s=LIMIT, live=True, now=175.0)
     a = r.attempts[-1]
     assert a.running and a.lost_steps == 0 and a.last_step == 50
     assert a.allocated_s == pytest.approx(175.0 - 145.5)
@@ -156,14 +168,16 @@ def test_a_live_attempt_has_no_lost_steps_yet_and_ends_now() -> None:
 
 def test_an_attempt_whose_agent_died_ends_at_its_last_sign_of_life() -> None:
     events = [e for e in EVENTS if not (e.get("attempt") == "7.1" and e["event"] == "requeued")]
-    a = account(as_events(events), METRICS, time_limit_s=LIMIT, progress=PROGRESS, now=1000.0).attempts[1]
+    a = account(
+        as_events(events), as_lines(METRICS), time_limit_s=LIMIT, progress=PROGRESS, now=1000.0
+    ).attempts[1]
     assert a.allocated_s == pytest.approx(183.0 - 145.5)  # the progress file's last beat
 
 
 def test_metrics_without_an_attempt_key_are_placed_by_time_and_no_end_time_means_agent_start() -> None:
     metrics = [{k: v for k, v in m.items() if k != "attempt"} for m in METRICS]
     events = [{k: v for k, v in e.items() if k != "end_time"} for e in EVENTS]
-    r = account(as_events(events), metrics, time_limit_s=None, progress=PROGRESS, now=1000.0)
+    r = account(as_events(events), as_lines(metrics), time_limit_s=None, progress=PROGRESS, now=1000.0)
     assert [a.last_step for a in r.attempts] == [30, 62, 70]
     assert r.attempts[0].startup_s == pytest.approx(110.0 - 101.0)
     assert r.attempts[0].queue_s == pytest.approx(1.0)

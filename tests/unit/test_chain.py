@@ -160,7 +160,7 @@ def test_a_failed_run_cancels_its_held_local_follower_and_says_why(tmp_path: Pat
     )
     from hpclaunch.orchestrator.status import summarize
 
-    view = summarize(paths.root)
+    view = summarize(paths.root).to_json()
     assert view["state"] == "cancelled"
     assert view["chain"]["after"]["outcome"] == "cancelled" and "boom" in view["chain"]["after"]["reason"]
 
@@ -203,7 +203,7 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     (blocked,) = [e for e in (e.record for e in read_events(stage2).events) if e["event"] == "chain_blocked"]
     assert blocked["retry"] is True and blocked["tries"] == 1 and "timed out" in blocked["error"]
     view = chain_view(stage2)
-    assert view is not None and view["after"]["outcome"] == "retrying"
+    assert view is not None and view.after is not None and view.after.outcome == "retrying"
     assert "tried again at the next status" in describe_chain(view)[0]
     schain.settle_around(stage2, by="hpclaunch status")  # within the backoff: not tried yet
     assert fake.failures == 1
@@ -219,6 +219,6 @@ def test_a_release_that_fails_is_retried_at_the_next_status_after_a_backoff(
     ]
     assert kinds == ["chain_blocked", "chain_blocked", "chain_released"]
     view = chain_view(stage2)
-    assert view is not None and view["after"]["outcome"] == "released"
+    assert view is not None and view.after is not None and view.after.outcome == "released"
     schain.settle_around(stage1, by="hpclaunch status")  # settled: exactly once
     assert fake.released == 1

@@ -17,12 +17,12 @@ import pytest
 from tests.runlib import hpclaunch
 
 from hpclaunch.estimate import Measured, Progress, estimate
-from hpclaunch.fsutil import read_jsonl
 from hpclaunch.orchestrator.accounting import account
 from hpclaunch.orchestrator.cost import measured
 from hpclaunch.orchestrator.status import summarize
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.events import as_events
+from hpclaunch.rundir.metrics import MetricsLine, read_metrics
 
 pytestmark = pytest.mark.fast
 
@@ -31,9 +31,9 @@ AFTER_SECOND_REQUEUE = 1795545687.0  # attempt 2 requeued at step 107, attempt 3
 LIMIT = 25.0
 
 
-def cut_ledger(until: float) -> tuple[list[dict], list[dict]]:
+def cut_ledger(until: float) -> tuple[list[dict], list[MetricsLine]]:
     events = [e for e in (e.record for e in read_events(RunPaths(RECORDED)).events) if e["ts"] <= until]
-    metrics = [m for m in read_jsonl(RECORDED / "metrics.jsonl") if m["ts"] <= until]
+    metrics = [m for m in read_metrics(RECORDED / "metrics.jsonl") if (m.ts or 0.0) <= until]
     return events, metrics
 
 
@@ -132,7 +132,7 @@ def test_status_json_has_eta_gpu_hours_and_cost(tmp_path: Path) -> None:
     for f in [*(between / "events").glob("*.jsonl"), between / "metrics.jsonl"]:
         lines = [ln for ln in f.read_text().splitlines() if json.loads(ln)["ts"] <= AFTER_SECOND_REQUEUE]
         f.write_text("".join(ln + "\n" for ln in lines))
-    view = summarize(between, scheduler_status=None)
+    view = summarize(between, scheduler_status=None).to_json()
     assert view["state"] == "requeued"
     cost = view["cost"]
     assert cost["state"] == "estimated" and cost["attempts_left"] == 1 and view["eta_s"] == cost["eta_s"] > 0
@@ -155,7 +155,7 @@ def test_cost_counts_the_hot_spares_the_job_holds(tmp_path: Path) -> None:
     plan = json.loads((run / "plan.json").read_text())
     held = {**plan, "nodes": 2, "spare_nodes": 1, "gpus_per_node": 8, "run_dir": str(run)}
     (run / "plan.json").write_text(json.dumps(held))
-    view = summarize(run, scheduler_status=None)
+    view = summarize(run, scheduler_status=None).to_json()
     cost = view["cost"]
     allocated_h = view["time"]["allocated_s"] / 3600
     assert cost["gpus"] == 24 and cost["nodes"] == 3 and cost["spare_nodes"] == 1

@@ -263,7 +263,7 @@ def test_wandb_online_with_an_unreachable_server_trains_on_offline_with_one_warn
     assert list((run.root / "wandb").glob("offline-run-*/run-*.wandb"))  # kept for wandb sync
     from hpclaunch.orchestrator.status import summarize
 
-    summary = summarize(run.root)
+    summary = summarize(run.root).to_json()
     assert summary["step"] == 6
     assert summary["experiment_logs"] == [
         {"log": "wandb", "attempt": "only", "error": failed["error"], "action": failed["action"]}

@@ -125,13 +125,14 @@ def test_the_sweep_figures_point_names_do_not_run_into_the_left_panel() -> None:
     """Issue 26: in sweep.png the right panel's labels ran into the left panel's legend."""
     import matplotlib.pyplot as plt
 
-    from hpclaunch.orchestrator.figures import sweep_axes
+    from hpclaunch.orchestrator.figures import SweepCurve, sweep_axes
+    from hpclaunch.rundir.metrics import MetricsLine
 
     names = [
         f"p{i}-lr{lr}-depth{d}-dim_text{w}" for i, (lr, d, w) in enumerate([("1e-3", 2, 64), ("3e-4", 4, 96)])
     ]
-    lines = [{"step": s, "loss": 1.0 / s} for s in range(1, 20)]
-    points = [(n, {"state": "finished", "time": {"goodput": 0.8}}, lines) for n in names]
+    lines = [MetricsLine(step=s, loss=1.0 / s) for s in range(1, 20)]
+    points = [SweepCurve(n, "finished", 0.8, lines) for n in names]
     fig = sweep_axes(points)
     fig.canvas.draw()
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]

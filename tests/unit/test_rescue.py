@@ -207,8 +207,8 @@ def test_the_rescue_takes_the_run_over_and_continues_it_without_the_batch_host(
     holder = RunLock(paths).read()
     assert holder is not None and (holder.job_id, holder.role) == ("22", "job")
     view = rescue_view(as_events(events))
-    assert view["job_id"] == "23"
-    assert view["notes"] == [
+    assert view.job_id == "23"
+    assert view.notes == [
         "job 21 FAILED: its batch host died with its attempt undecided; the rescue (job 99) continued "
         "the run as job 22 without n1"
     ]
@@ -290,8 +290,8 @@ def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None
         ev("rescue", 50, attempt="21.0", job_id="21", action="nothing", reason="...", job_ended="FAILED"),
     ]
     view = rescue_view(as_events(events))
-    assert view["job_id"] == "23"
-    assert view["notes"] == [
+    assert view.job_id == "23"
+    assert view.notes == [
         "job 21 FAILED: its batch host died after its attempt was decided (node_failure); the run "
         "continued as job 22"
     ]

@@ -30,7 +30,7 @@ def decision(**kw: object) -> dict[str, object]:
 def test_the_last_decision_is_shown_with_its_figures() -> None:
     events = [decision(interval_steps=0, interval_s=None, save_cost_s=None), {"event": "other"}, decision()]
     summary = checkpoint_interval_summary(as_events(events))
-    assert summary is not None and summary["interval_steps"] == 246 and summary["attempt"] == "7.0"
+    assert summary is not None and summary.interval_steps == 246 and summary.attempt == "7.0"
     assert describe(summary) == (
         "checkpoints: every 246 steps (~2.0 min) [auto, Young/Daly; a save costs 1.050 s of training; "
         "MTBF 2.0 h]; a failure is expected to lose ~61.5 s of training; saves and failures together "
@@ -45,8 +45,8 @@ def test_the_loss_per_failure_is_half_an_interval_even_from_an_old_ledger() -> N
         interval_s=2.0, save_cost_s=0.05, mtbf_s=18_000_000.0, expected_loss_per_failure_s=450001.0
     )
     summary = checkpoint_interval_summary(as_events([old]))
-    assert summary is not None and summary["expected_loss_per_failure_s"] == 1.0
-    assert summary["expected_waste_share"] == pytest.approx(0.05 / 2.0 + 2.0 / 36_000_000, rel=1e-4)
+    assert summary is not None and summary.expected_loss_per_failure_s == 1.0
+    assert summary.expected_waste_share == pytest.approx(0.05 / 2.0 + 2.0 / 36_000_000, rel=1e-4)
     line = describe(summary)
     assert (
         line is not None
@@ -83,4 +83,4 @@ def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
         recorded = {"event": "checkpoint_interval", **s.propose(9)}
         shown = checkpoint_interval_summary(as_events([recorded]))
         assert shown is not None and recorded["expected_loss_per_failure_s"] is not None
-        assert shown["expected_loss_per_failure_s"] == recorded["expected_loss_per_failure_s"], cost
+        assert shown.expected_loss_per_failure_s == recorded["expected_loss_per_failure_s"], cost

@@ -150,7 +150,7 @@ def test_a_failed_and_retried_save_is_shown_per_attempt_and_for_the_run() -> Non
     attempts = attempts_from_events(as_events(ledger))
     assert [a.failed_saves for a in attempts] == [1, 0, 0]
     summary = failed_saves(as_events(ledger))
-    assert summary is not None and summary["count"] == 1 and summary["last"]["step"] == 14
+    assert summary is not None and summary.count == 1 and summary.last.step == 14
     line = describe_failed_saves(summary)
     assert line == (
         "checkpoint: 1 save failed; the last at step 14 (blocking retry): the checkpoint writer "
@@ -164,11 +164,12 @@ def test_status_json_goodput_is_the_time_share_the_text_shows(tmp_path: Path) ->
     time share (66.4 %). Now goodput is the time share everywhere; the steps are step_counts."""
     run = tmp_path / "run"
     shutil.copytree(RECORDED, run)
-    view = summarize(run, scheduler_status=None)
+    status = summarize(run, scheduler_status=None)
+    view = status.to_json()
     assert isinstance(view["goodput"], float) and 0 < view["goodput"] < 1
     assert view["goodput"] == pytest.approx(view["time"]["goodput"], abs=1e-4)
     counts = view["step_counts"]
     assert counts["kept_ratio"] == 1.0 and counts["useful_steps"] == view["step"]
-    lines = [str(part) for part in time_parts(view)]
+    lines = [str(part) for part in time_parts(status)]
     assert any(f"goodput {view['goodput']:.1%}" in line for line in lines)
     assert any("steps: " in line and "(100.0%)" in line for line in lines)

@@ -69,20 +69,21 @@ def test_summaries_wait_for_every_rank_and_other_attempts_are_ignored() -> None:
 
 def test_status_names_the_slowest_rank_and_the_reported_stragglers(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path).ensure()
-    assert straggler_summary(paths, [])["slowest"] is None and describe(straggler_summary(paths, [])) is None
+    assert straggler_summary(paths, []).slowest is None and describe(straggler_summary(paths, [])) is None
     for rank, work in ((0, 0.030), (1, 0.081)):
         path = steptimes_file(paths, rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         old = line(rank, 10, 0.5, attempt="j.0")  # an earlier attempt's summary
         path.write_text("\n".join(json.dumps(x) for x in (old, line(rank, 40, work, attempt="j.1"))) + "\n")
     healthy = straggler_summary(paths, [])
-    assert healthy["slowest"]["rank"] == 1 and healthy["slowest"]["node"] == "n1"
-    assert healthy["slowest"]["ratio"] == 2.7 and healthy["reported"] == []
+    slowest = healthy.slowest
+    assert slowest is not None and slowest.rank == 1 and slowest.node == "n1"
+    assert slowest.ratio == 2.7 and healthy.reported == []
     assert describe(healthy) is not None and "no stragglers" in str(describe(healthy))
     tracked = StragglerTracker(world_size=2, threshold=0.5, windows=1, attempt="j.1")
     found = tracked.feed([line(0, 40, 0.030, "j.1"), line(1, 40, 0.081, "j.1")])
     Ledger(paths, role="agent", attempt="j.1", node=0).append("straggler", **found[0].fields())
     summary = straggler_summary(paths, read_events(paths).events)
-    assert [(r["rank"], r["rank_node"]) for r in summary["reported"]] == [(1, "n1")]
+    assert [(r.rank, r.rank_node) for r in summary.reported] == [(1, "n1")]
     text = describe(summary)
     assert text is not None and "slowest rank 1 on n1" in text and "stragglers: rank 1 on n1 (2.70x)" in text

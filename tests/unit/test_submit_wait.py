@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,9 +63,9 @@ def test_piped_it_prints_the_status_once_at_the_end(run: RunPaths, monkeypatch: 
 def test_a_sweep_table_on_a_narrow_pipe_keeps_every_point_name_whole(
     run: RunPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    view = run_cmd._status_dict(run)
+    view = run_cmd._status_view(run)
     names = ["p0-lr1e-3-depth2-dim_text64", "p1-lr1e-3-depth2-dim_text96"]
-    rows = [{**view, "run": f"/runs/sweep/{n}"} for n in names]
+    rows = [replace(view, run=f"/runs/sweep/{n}") for n in names]
     out = io.StringIO()
     monkeypatch.setattr(run_cmd, "console", Console(file=out, force_terminal=False, width=80))
     run_cmd._print_sweep(rows)

@@ -12,10 +12,11 @@ from ..errors import PreflightFailed, RunNotFoundError, RunStateError, Scheduler
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
-from ..orchestrator.status import describe_experiment_logs, describe_failed_saves
+from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
+from ..rundir.outcome import AttemptOutcome
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .common import (
@@ -157,13 +158,13 @@ def submit(
 
 def _refuse_resuming_a_finished_run(paths: RunPaths, steps: int) -> None:
     """A finished run has nothing to train: a job would start, load its last checkpoint and end."""
-    view = _status_dict(paths)
-    if view["state"] == "finished" and int(view["step"] or 0) >= steps:
+    view = _status_view(paths)
+    if view.state == "finished" and int(view.step or 0) >= steps:
         raise RunStateError(
-            f"{paths.root} has finished (step {view['step']}/{steps}): there is nothing to resume",
+            f"{paths.root} has finished (step {view.step}/{steps}): there is nothing to resume",
             where="--resume",
             hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N "
-            f"(N > {view['step']})",
+            f"(N > {view.step})",
         )
 
 
@@ -200,17 +201,17 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         _print_sweep(views)
     else:
         _print_status(views[0])
-    return 0 if all(v["state"] == "finished" for v in views) else 1
+    return 0 if all(v.state == "finished" for v in views) else 1
 
 
-def _wait_until_ended(roots: list[Path], poll_s: float) -> list[dict[str, Any]]:
+def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
     """The runs' status once none is busy; redrawn in place meanwhile when stdout is a terminal."""
     from contextlib import nullcontext
 
     from rich.live import Live
 
-    def view() -> tuple[list[dict[str, Any]], Any]:
-        views = [_status_dict(RunPaths(r)) for r in roots]
+    def view() -> tuple[list[StatusView], Any]:
+        views = [_status_view(RunPaths(r)) for r in roots]
         return views, (_sweep_table(views) if len(roots) > 1 else _status_table(views[0]))
 
     views, shown = view()
@@ -224,17 +225,18 @@ def _wait_until_ended(roots: list[Path], poll_s: float) -> list[dict[str, Any]]:
     return views
 
 
-def _busy(views: list[dict[str, Any]]) -> bool:
+def _busy(views: list[StatusView]) -> bool:
     """Some run is mid-flight by our ledger OR its scheduler still holds an active job (between a
     trainer's stop and the agent's requeue decision the ledger alone says "stopped")."""
     return any(
-        v["state"] in ACTIVE_STATES or (v.get("scheduler") or {}).get("state") in ACTIVE_STATES for v in views
+        v.state in ACTIVE_STATES or (v.scheduler is not None and v.scheduler.state in ACTIVE_STATES)
+        for v in views
     )
 
 
-def _ended_code(views: list[dict[str, Any]]) -> int:
+def _ended_code(views: list[StatusView]) -> int:
     """Once the run has ended: 1 when it (or a sweep point) failed or was lost, else 0."""
-    return 1 if any(v["state"] == "failed" or v["state"].startswith("lost") for v in views) else 0
+    return 1 if any(v.state == "failed" or v.state.startswith("lost") for v in views) else 0
 
 
 def _sweep_points(paths: RunPaths) -> list[Path]:
@@ -255,7 +257,7 @@ def _scheduler_status(paths: RunPaths) -> Any:
         return None
 
 
-def _status_dict(paths: RunPaths) -> dict[str, Any]:
+def _status_view(paths: RunPaths) -> StatusView:
     from ..orchestrator.status import summarize
     from ..schedulers.chain import settle_around
 
@@ -340,7 +342,7 @@ def train(
             highlight=False,
             soft_wrap=True,  # a command to copy: never broken across lines
         )
-    raise typer.Exit(_train_exit_code(outcome.to_json() if outcome else None, code))
+    raise typer.Exit(_train_exit_code(outcome, code))
 
 
 def _attempts_in_the_foreground(run_dir: str) -> int:
@@ -372,13 +374,13 @@ def _first_line(text: str, width: int = 90) -> str:
     return line if len(line) <= width else line[: width - 1] + "…"
 
 
-def _train_exit_code(outcome: dict[str, Any] | None, agent_code: int) -> int:
+def _train_exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
     if outcome is None:
         return agent_code or 1
-    if outcome.get("status") == "finished":
+    if outcome.status == "finished":
         return 0
-    if outcome.get("status") == "stopped":
-        return _STOP_EXIT.get(Cause.parse(outcome.get("cause") or Cause.USER), 3)
+    if outcome.status == "stopped":
+        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
     return 1
 
 
@@ -401,15 +403,15 @@ def status(
     if watch and not as_json:
         raise typer.Exit(_watch(paths, points))
     if points:
-        rows = [_status_dict(RunPaths(p)) for p in points]
+        rows = [_status_view(RunPaths(p)) for p in points]
         if as_json:
-            print_json({"sweep": str(paths.root), "points": rows})
+            print_json({"sweep": str(paths.root), "points": [r.to_json() for r in rows]})
         else:
             _print_sweep(rows)
         return
-    data = _status_dict(paths)
+    data = _status_view(paths)
     if as_json:
-        print_json(data)
+        print_json(data.to_json())
     else:
         _print_status(data)
 
@@ -418,11 +420,11 @@ def _watch(paths: RunPaths, points: list[Path], poll_s: float = 2.0) -> int:
     """Redraw the status in place until the run (every sweep point) has ended; its exit code."""
     from rich.live import Live
 
-    def view() -> tuple[list[dict[str, Any]], Any]:
+    def view() -> tuple[list[StatusView], Any]:
         if points:
-            rows = [_status_dict(RunPaths(p)) for p in points]
+            rows = [_status_view(RunPaths(p)) for p in points]
             return rows, _sweep_table(rows)
-        data = _status_dict(paths)
+        data = _status_view(paths)
         return [data], _status_table(data)
 
     views, shown = view()
@@ -434,7 +436,7 @@ def _watch(paths: RunPaths, points: list[Path], poll_s: float = 2.0) -> int:
     return _ended_code(views)
 
 
-def _print_status(data: dict[str, Any]) -> None:
+def _print_status(data: StatusView) -> None:
     console.print(_status_table(data))
 
 
@@ -442,65 +444,63 @@ def _fmt_time(ts: float | None) -> str:
     return time.strftime("%H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
-def _status_table(data: dict[str, Any]) -> Any:
+def _status_table(data: StatusView) -> Any:
     from rich.console import Group
     from rich.table import Table
     from rich.text import Text
 
     from .time_view import time_parts
 
-    sched = data.get("scheduler") or {}
-    rescue = data.get("rescue") or {}
+    sched, rescue = data.scheduler, data.rescue
     head = Text.assemble(
-        (f"{data['run']}", "bold"),
-        f"  state: {data['state']}",
-        f"  job: {data.get('job_id') or '-'}",
-        f" ({sched.get('raw') or sched.get('state') or 'n/a'})" if sched else "",
-        f"  rescue: job {rescue['job_id']}" if rescue.get("job_id") else "",
+        (f"{data.run}", "bold"),
+        f"  state: {data.state}",
+        f"  job: {data.job_id or '-'}",
+        f" ({sched.raw or sched.state or 'n/a'})" if sched else "",
+        f"  rescue: job {rescue.job_id}" if rescue.job_id else "",
     )
-    loss = data.get("loss")
+    loss = data.loss
     progress = Text(
-        f"step {data['step']}/{data.get('steps') or '?'}"
+        f"step {data.step}/{data.steps or '?'}"
         + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
-        + (f"  {data['samples_per_s']:.1f} samples/s" if data.get("samples_per_s") else "")
+        + (f"  {data.samples_per_s:.1f} samples/s" if data.samples_per_s else "")
     )
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):
         table.add_column(col)
-    for i, a in enumerate(data["attempts"], 1):
-        steps = f"{a['resumed_step']}→{a['last_step']}" if a.get("resumed_step") is not None else "-"
-        end = a["end"] + (f": {_first_line(a['error'])}" if a.get("error") else "")
-        if a.get("replaced"):
-            end += " (" + ", ".join(f"{s} for {n}" for n, s in a["replaced"].items()) + ")"
+    for i, a in enumerate(data.attempts, 1):
+        steps = f"{a.resumed_step}→{a.last_step}" if a.resumed_step is not None else "-"
+        end = a.end + (f": {_first_line(a.error)}" if a.error else "")
+        if a.replaced:
+            end += " (" + ", ".join(f"{s} for {n}" for n, s in a.replaced.items()) + ")"
         table.add_row(
             str(i),
-            str(a.get("job_id") or "-"),
-            str(a.get("nodes") or "-"),
-            _fmt_time(a.get("started")),
+            str(a.job_id or "-"),
+            str(a.nodes or "-"),
+            _fmt_time(a.started),
             steps,
-            str(a.get("checkpoint_step") or "-")
-            + (f" ({a['failed_saves']} failed)" if a.get("failed_saves") else ""),
+            str(a.checkpoint_step or "-") + (f" ({a.failed_saves} failed)" if a.failed_saves else ""),
             Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
-            Text(a.get("cause") or ""),
+            Text(a.cause or ""),
         )
     parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
-    parts += [Text(note) for note in rescue.get("notes") or []]
-    if interval := describe_interval(data.get("checkpoint_interval")):
+    parts += [Text(note) for note in rescue.notes]
+    if interval := describe_interval(data.checkpoint_interval):
         parts.append(Text(interval))
-    if failed := describe_failed_saves(data.get("failed_saves")):
+    if failed := describe_failed_saves(data.failed_saves):
         parts.append(Text(failed, style="yellow"))
-    for line in describe_experiment_logs(data.get("experiment_logs")):
+    for line in describe_experiment_logs(data.experiment_logs):
         parts.append(Text(line, style="yellow"))
-    if stragglers := describe_stragglers(data.get("stragglers")):
-        parts.append(Text(stragglers, style="yellow" if data["stragglers"]["reported"] else ""))
-    if data.get("hint"):
-        parts.append(Text(f"hint: {data['hint']}", style="yellow"))
-    for warning in data.get("ledger_warnings") or []:
+    if stragglers := describe_stragglers(data.stragglers):
+        parts.append(Text(stragglers, style="yellow" if data.stragglers.reported else ""))
+    if data.hint:
+        parts.append(Text(f"hint: {data.hint}", style="yellow"))
+    for warning in data.ledger_warnings:
         parts.append(Text(f"ledger: {warning}", style="yellow"))
     return Group(*parts)
 
 
-def lineage_parts(data: dict[str, Any]) -> list[Any]:
+def lineage_parts(data: StatusView) -> list[Any]:
     """Where the weights came from and the chain this run is part of (status lines)."""
     from rich.text import Text
 
@@ -508,18 +508,18 @@ def lineage_parts(data: dict[str, Any]) -> list[Any]:
     from ..orchestrator.lineage import describe_chain, describe_weights
 
     lines = [
-        describe_cost(data.get("cost")),
-        describe_weights(data.get("weights_from")),
-        *describe_chain(data.get("chain")),
+        describe_cost(data.cost),
+        describe_weights(data.weights_from),
+        *describe_chain(data.chain),
     ]
     return [Text(line, style="cyan") for line in lines if line]
 
 
-def _print_sweep(rows: list[dict[str, Any]]) -> None:
+def _print_sweep(rows: list[StatusView]) -> None:
     console.print(_sweep_table(rows))
 
 
-def _sweep_table(rows: list[dict[str, Any]]) -> Any:
+def _sweep_table(rows: list[StatusView]) -> Any:
     from rich.table import Table
 
     table = Table(title="sweep", title_justify="left")
@@ -529,15 +529,15 @@ def _sweep_table(rows: list[dict[str, Any]]) -> Any:
     for col in ("state", "job", "step", "loss", "attempts", "goodput"):
         table.add_column(col)
     for r in rows:
-        loss = r.get("loss")
-        ratio = (r.get("time") or {}).get("goodput")
+        loss = r.loss
+        ratio = r.time.goodput
         table.add_row(
-            Path(r["run"]).name,
-            r["state"],
-            str(r.get("job_id") or "-"),
-            f"{r['step']}/{r.get('steps') or '?'}",
+            r.run_name,
+            r.state,
+            str(r.job_id or "-"),
+            f"{r.step}/{r.steps or '?'}",
             f"{loss:.4f}" if isinstance(loss, (int, float)) else "-",
-            str(len(r["attempts"])),
+            str(len(r.attempts)),
             f"{ratio:.1%}" if ratio is not None else "-",
         )
     return table
@@ -564,10 +564,10 @@ def stop(
     paths = _run_paths(run)
     # A sweep's root runs nothing itself: the request goes to every point that still runs.
     points = sweep_roots(paths)
-    views = {p: _status_dict(p) for p in [RunPaths(p) for p in points] or [paths]}
+    views = {p: _status_view(p) for p in [RunPaths(p) for p in points] or [paths]}
     targets = [p for p, view in views.items() if _busy([view])]
     if not targets:
-        states = sorted({view["state"] for view in views.values()})
+        states = sorted({view.state for view in views.values()})
         raise RunStateError(
             f"nothing to stop: {'every point of the sweep' if points else 'the run'} has ended "
             f"({', '.join(states)}); nothing was written",
@@ -649,7 +649,7 @@ def logs(
     dirs = attempt_log_dirs(paths)
     if not dirs and follow:
         err_console.print("waiting for the job to start ...", highlight=False)
-        while not dirs and _busy([_status_dict(paths)]):
+        while not dirs and _busy([_status_view(paths)]):
             time.sleep(1.0)
             dirs = attempt_log_dirs(paths)
     if not dirs:
@@ -665,7 +665,7 @@ def logs(
         return
 
     def ended() -> int | None:
-        view = _status_dict(paths)
+        view = _status_view(paths)
         return None if _busy([view]) else _ended_code([view])
 
     raise typer.Exit(follow_logs(paths, dirs, index, node, pinned=attempt is not None, ended=ended))

@@ -3,7 +3,11 @@ the per-attempt table, the goodput lines (time first, steps beside) and the star
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..orchestrator.accounting import AttemptTime, RunTime
+    from ..orchestrator.status import StatusView
 
 _PHASE_COLUMNS = (
     ("queue", "queue"),
@@ -16,7 +20,7 @@ _PHASE_COLUMNS = (
 )
 
 
-def time_parts(data: dict[str, Any]) -> list[Any]:
+def time_parts(data: StatusView) -> list[Any]:
     """The time table (per attempt and the run) and the goodput lines: time first, steps beside."""
     from rich import box
     from rich.table import Table
@@ -24,7 +28,7 @@ def time_parts(data: dict[str, Any]) -> list[Any]:
 
     from ..orchestrator.accounting import fmt_seconds
 
-    spent = data.get("time") or {"attempts": []}
+    spent = data.time
     # Seconds without units and no vertical rules: ten columns fit an 80-column terminal.
     table = Table(
         title="time in seconds (wall clock)",
@@ -37,53 +41,53 @@ def time_parts(data: dict[str, Any]) -> list[Any]:
     for col in ("#", *(label for _, label in _PHASE_COLUMNS), "allocated", "goodput"):
         table.add_column(col, justify="left" if col == "#" else "right")
 
-    def row(label: str, t: dict[str, Any], *, style: str | None = None) -> None:
+    def row(label: str, t: AttemptTime | RunTime, *, style: str | None = None) -> None:
         cells = []
         for phase, _ in _PHASE_COLUMNS:
-            value = t.get(f"{phase}_s")
+            value = getattr(t, f"{phase}_s")
             cells.append(f"{value:.1f}" if value else "-")
-        ratio = t.get("goodput")
+        ratio = t.goodput
         table.add_row(
             label,
             *cells,
-            f"{t.get('allocated_s') or 0.0:.1f}",
+            f"{t.allocated_s or 0.0:.1f}",
             f"{ratio:.1%}" if ratio is not None else "-",
             style=style,
         )
 
-    for i, a in enumerate(spent["attempts"], 1):
-        row(f"{i}" + ("*" if a.get("running") else ""), a)
-    if len(spent["attempts"]) > 1:
+    for i, a in enumerate(spent.attempts, 1):
+        row(f"{i}" + ("*" if a.running else ""), a)
+    if len(spent.attempts) > 1:
         row("run", spent, style="bold")
-    gp = data["step_counts"]
-    ratio = spent.get("goodput")
-    lines: list[Any] = [table] if spent["attempts"] else []
+    gp = data.step_counts
+    ratio = spent.goodput
+    lines: list[Any] = [table] if spent.attempts else []
     if ratio is not None:
         lines.append(
             Text(
-                f"goodput {ratio:.1%} of {fmt_seconds(spent['allocated_s'])} allocated became kept training"
-                f" (queue {fmt_seconds(spent.get('queue_s') or 0.0)} apart)",
+                f"goodput {ratio:.1%} of {fmt_seconds(spent.allocated_s)} allocated became kept training"
+                f" (queue {fmt_seconds(spent.queue_s or 0.0)} apart)",
                 style="bold",
             )
         )
     lines.append(
         Text(
-            f"steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed ({gp['kept_ratio']:.1%}); "
-            f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped; "
-            f"requeues {data['requeues']}"
+            f"steps: {gp.useful_steps} kept of {gp.computed_steps} computed ({gp.kept_ratio:.1%}); "
+            f"{gp.repeated_steps} computed again after a crash, {gp.lost_steps} skipped; "
+            f"requeues {data.requeues}"
         )
     )
-    for i, a in enumerate(spent["attempts"], 1):
-        if a.get("lost_steps"):
+    for i, a in enumerate(spent.attempts, 1):
+        if a.lost_steps:
             lines.append(
                 Text(
-                    f"attempt {i} lost {a['lost_steps']} steps ({fmt_seconds(a['lost_s'])}): steps "
-                    f"{a['kept_step'] + 1}-{a['last_step']} were computed after its last checkpoint "
-                    f"(step {a['kept_step']}) and are computed again",
+                    f"attempt {i} lost {a.lost_steps} steps ({fmt_seconds(a.lost_s)}): steps "
+                    f"{(a.kept_step or 0) + 1}-{a.last_step} were computed after its last checkpoint "
+                    f"(step {a.kept_step}) and are computed again",
                     style="yellow",
                 )
             )
-    startup = _startup_summary(spent["attempts"])
+    startup = _startup_summary(spent.attempts)
     if startup:
         lines.append(Text(f"start-up, all attempts: {startup}"))
     return lines
@@ -97,11 +101,11 @@ _STARTUP_LABELS = {
 }
 
 
-def _startup_summary(attempts: list[dict[str, Any]]) -> str:
+def _startup_summary(attempts: list[AttemptTime]) -> str:
     from ..orchestrator.accounting import fmt_seconds
 
     total: dict[str, float] = {}
     for a in attempts:
-        for name, seconds in (a.get("startup_parts") or {}).items():
+        for name, seconds in a.startup_parts.items():
             total[name] = total.get(name, 0.0) + float(seconds)
     return ", ".join(f"{_STARTUP_LABELS.get(k, k)} {fmt_seconds(v)}" for k, v in total.items() if v >= 0.05)

@@ -23,11 +23,12 @@ Never imports torch.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, TypeVar
 
 from ..rundir import Event, of_kind
 from ..rundir.clock import allocation_start
@@ -46,6 +47,8 @@ from ..rundir.events import (
     Stopped,
     Submitted,
 )
+from ..rundir.metrics import MetricsLine
+from ..rundir.progress import ProgressRecord
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
 # Events with which node 0's agent (or the CLI) ends an attempt's allocation.
@@ -124,16 +127,42 @@ class RunTime:
     def phase_seconds(self) -> dict[str, float]:
         return {p: float(getattr(self, f"{p}_s") or 0.0) for p in PHASES}
 
+    def rounded(self) -> RunTime:
+        """The same figures as ``to_json()`` gives them (every float to the millisecond)."""
+        return replace(
+            _round_fields(self),
+            attempts=[
+                replace(
+                    _round_fields(a),
+                    startup_parts={k: round(v, 3) for k, v in a.startup_parts.items()},
+                    segments=[_round_fields(s) for s in a.segments],
+                )
+                for a in self.attempts
+            ],
+        )
+
+
+_D = TypeVar("_D", RunTime, AttemptTime, Segment)
+
+
+def _round_fields(obj: _D) -> _D:
+    """A copy of ``obj`` with its float fields rounded as ``_rounded`` rounds them in the JSON."""
+    out = copy.copy(obj)
+    for f in fields(out):
+        if isinstance(value := getattr(out, f.name), float):
+            setattr(out, f.name, round(value, 3))
+    return out
+
 
 # ---- the accounting (pure) ---------------------------------------------------------------------
 
 
 def account(
     events: Sequence[Event],
-    metrics: list[dict[str, Any]],
+    metrics: list[MetricsLine],
     *,
     time_limit_s: float | None = None,
-    progress: dict[str, dict[str, Any]] | None = None,
+    progress: dict[str, ProgressRecord] | None = None,
     live: bool = False,
     now: float | None = None,
 ) -> RunTime:
@@ -187,19 +216,20 @@ def _group(events: Sequence[Event], keys: list[str]) -> dict[str, list[Stamped]]
 
 
 def _metrics_by_attempt(
-    metrics: list[dict[str, Any]], by_attempt: dict[str, list[Stamped]], keys: list[str]
-) -> dict[str, list[dict[str, Any]]]:
+    metrics: list[MetricsLine], by_attempt: dict[str, list[Stamped]], keys: list[str]
+) -> dict[str, list[MetricsLine]]:
     """Lines per attempt: by their ``attempt`` key, else (older runs) by their ``ts``."""
     starts = [(min(s.ts for s in by_attempt[k]), k) for k in keys if by_attempt[k]]
-    out: dict[str, list[dict[str, Any]]] = {}
+    out: dict[str, list[MetricsLine]] = {}
     for line in metrics:
-        if line.get("step") is None:
+        if line.step is None:
             continue
-        key = line.get("attempt")
-        if key not in by_attempt and line.get("ts") is not None:
-            key = next((k for s, k in reversed(starts) if s <= float(line["ts"])), None)
-        if key in by_attempt:
-            out.setdefault(str(key), []).append(line)
+        key = line.attempt
+        if key not in by_attempt and line.ts is not None:
+            ts = line.ts
+            key = next((k for s, k in reversed(starts) if s <= ts), None)
+        if key is not None and key in by_attempt:
+            out.setdefault(key, []).append(line)
     return out
 
 
@@ -230,10 +260,10 @@ def _first(events: list[Stamped], kind: type[Event], *, node0: bool = False) -> 
 def _attempt_time(
     key: str,
     events: list[Stamped],
-    lines: list[dict[str, Any]],
+    lines: list[MetricsLine],
     *,
     time_limit_s: float | None,
-    progress: dict[str, Any] | None,
+    progress: ProgressRecord | None,
     next_resume: int | None,
     live: bool,
     now: float,
@@ -307,8 +337,8 @@ def _attempt_time(
 
 def _step_ends(
     resumed: Stamped | None,
-    lines: list[dict[str, Any]],
-    progress: dict[str, Any] | None,
+    lines: list[MetricsLine],
+    progress: ProgressRecord | None,
     *,
     live: bool,
     alloc_end: float,
@@ -319,8 +349,8 @@ def _step_ends(
     if resumed is not None:
         points.append((_step(resumed), resumed.ts))
     for line in lines:
-        if line.get("ts") is not None and (not points or int(line["step"]) > points[-1][0]):
-            points.append((int(line["step"]), float(line["ts"])))
+        if line.ts is not None and line.step is not None and (not points or line.step > points[-1][0]):
+            points.append((line.step, line.ts))
     unlogged = None if live else _completed_step(progress)
     if not points or unlogged is None or unlogged <= points[-1][0]:
         return points, None
@@ -351,8 +381,8 @@ def _allocation_start(
 
 def _allocation_end(
     events: list[Stamped],
-    lines: list[dict[str, Any]],
-    progress: dict[str, Any] | None,
+    lines: list[MetricsLine],
+    progress: ProgressRecord | None,
     *,
     live: bool,
     now: float,
@@ -363,27 +393,26 @@ def _allocation_end(
     if live:
         return now
     # no end recorded (the agent itself was killed): the last sign of life
-    stamps = [s.ts for s in events] + [float(x["ts"]) for x in lines if x.get("ts") is not None]
-    if progress and progress.get("updated"):
-        stamps.append(float(progress["updated"]))
+    stamps = [s.ts for s in events] + [x.ts for x in lines if x.ts is not None]
+    if progress and progress.updated:
+        stamps.append(progress.updated)
     return max(stamps) if stamps else now
 
 
-def _last_step_time(lines: list[dict[str, Any]], progress: dict[str, Any] | None) -> float | None:
-    if progress and progress.get("last_step_s"):
-        return float(progress["last_step_s"])
+def _last_step_time(lines: list[MetricsLine], progress: ProgressRecord | None) -> float | None:
+    if progress and progress.last_step_s:
+        return progress.last_step_s
     for line in reversed(lines):
-        if line.get("step_time_s"):
-            return float(line["step_time_s"])
+        if line.step_time_s:
+            return float(line.step_time_s)
     return None
 
 
-def _completed_step(progress: dict[str, Any] | None) -> int | None:
+def _completed_step(progress: ProgressRecord | None) -> int | None:
     """The last step rank 0 completed, from its progress record (a step in data/compute is not done)."""
-    if not progress or progress.get("step") is None:
+    if not progress:
         return None
-    step = int(progress["step"])
-    return step - 1 if progress.get("phase") in ("data", "compute") else step
+    return progress.step - 1 if progress.phase in ("data", "compute") else progress.step
 
 
 def _time_of(points: list[tuple[int, float]], step: int) -> float:
@@ -510,13 +539,13 @@ def _rounded(obj: Any) -> Any:
     return obj
 
 
-def metrics_steps_by_attempt(metrics: list[dict[str, Any]]) -> dict[str, int]:
+def metrics_steps_by_attempt(metrics: list[MetricsLine]) -> dict[str, int]:
     """The highest step each attempt logged (a crash's unsaved steps included)."""
     out: dict[str, int] = {}
     for line in metrics:
-        key, step = line.get("attempt"), line.get("step")
+        key, step = line.attempt, line.step
         if key and step is not None:
-            out[str(key)] = max(out.get(str(key), 0), int(step))
+            out[key] = max(out.get(key, 0), step)
     return out
 
 

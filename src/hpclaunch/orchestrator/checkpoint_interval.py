@@ -10,45 +10,57 @@ failures take together. Torch-free.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
 
 from ..rundir.events import CheckpointInterval, Event, of_kind
 
-FIELDS = (
-    "attempt",
-    "step",
-    "mode",
-    "interval_steps",
-    "interval_s",
-    "next_step",
-    "save_cost_s",
-    "step_time_s",
-    "mtbf_s",
-    "expected_loss_per_failure_s",
-    "expected_waste_share",
-)
+
+@dataclass(frozen=True)
+class IntervalSummary:
+    """The trainer's last decision, as ``status`` shows it (its ``--json`` is ``asdict``)."""
+
+    attempt: str | None
+    step: int | None
+    mode: str | None
+    interval_steps: int | None
+    interval_s: float | None
+    next_step: int | None
+    save_cost_s: float | None
+    step_time_s: float | None
+    mtbf_s: float | None
+    expected_loss_per_failure_s: float | None
+    expected_waste_share: float | None
 
 
-def checkpoint_interval_summary(events: Sequence[Event]) -> dict[str, Any] | None:
+def checkpoint_interval_summary(events: Sequence[Event]) -> IntervalSummary | None:
     """The last decision, or None when the trainer has made none (older runs, short attempts)."""
     decisions = of_kind(events, CheckpointInterval)
     if not decisions:
         return None
     last = decisions[-1]
-    summary: dict[str, Any] = {k: getattr(last, k) for k in FIELDS}
     # Derived from the interval, not taken as recorded: ledgers before issue 26 recorded the whole
     # waste over one MTBF under "expected_loss_per_failure_s".
-    interval, cost, mtbf = summary["interval_s"], summary["save_cost_s"], summary["mtbf_s"]
-    summary["expected_loss_per_failure_s"] = round(interval / 2.0, 3) if interval else None
-    summary["expected_waste_share"] = (
-        round(cost / interval + interval / (2.0 * mtbf), 6)
-        if interval and cost is not None and mtbf
-        else None
+    interval, cost, mtbf = last.interval_s, last.save_cost_s, last.mtbf_s
+    return IntervalSummary(
+        attempt=last.attempt,
+        step=last.step,
+        mode=last.mode,
+        interval_steps=last.interval_steps,
+        interval_s=interval,
+        next_step=last.next_step,
+        save_cost_s=cost,
+        step_time_s=last.step_time_s,
+        mtbf_s=mtbf,
+        expected_loss_per_failure_s=round(interval / 2.0, 3) if interval else None,
+        expected_waste_share=(
+            round(cost / interval + interval / (2.0 * mtbf), 6)
+            if interval and cost is not None and mtbf
+            else None
+        ),
     )
-    return summary
 
 
-def describe(summary: dict[str, Any] | None) -> str | None:
+def describe(summary: IntervalSummary | None) -> str | None:
     """One line for ``status``: the interval and what a failure is expected to cost at it."""
     if not summary:
         return None
@@ -57,22 +69,24 @@ def describe(summary: dict[str, Any] | None) -> str | None:
         "minutes": "checkpoint.every_minutes",
         "steps": "checkpoint.every_steps",
     }
-    mode = how.get(str(summary.get("mode")), str(summary.get("mode")))
-    if not summary.get("interval_steps"):
+    mode = how.get(str(summary.mode), str(summary.mode))
+    if not summary.interval_steps:
         return f"checkpoints: saving once to measure what a save costs ({mode})"
-    text = f"checkpoints: every {summary['interval_steps']} steps"
-    if summary.get("interval_s") is not None:
-        text += f" (~{_duration(summary['interval_s'])})"
+    text = f"checkpoints: every {summary.interval_steps} steps"
+    if summary.interval_s is not None:
+        text += f" (~{_duration(summary.interval_s)})"
     figures = [mode]
-    if summary.get("save_cost_s") is not None:
-        figures.append(f"a save costs {summary['save_cost_s']:.3f} s of training")
-    if summary.get("mtbf_s") is not None:
-        figures.append(f"MTBF {_duration(summary['mtbf_s'])}")
+    if summary.save_cost_s is not None:
+        figures.append(f"a save costs {summary.save_cost_s:.3f} s of training")
+    if summary.mtbf_s is not None:
+        figures.append(f"MTBF {_duration(summary.mtbf_s)}")
     text += f" [{'; '.join(figures)}]"
-    if summary.get("expected_loss_per_failure_s") is not None:
-        text += f"; a failure is expected to lose ~{_duration(summary['expected_loss_per_failure_s'])} of training"
-    if summary.get("expected_waste_share") is not None:
-        text += f"; saves and failures together ~{summary['expected_waste_share']:.2%} of training time"
+    if summary.expected_loss_per_failure_s is not None:
+        text += (
+            f"; a failure is expected to lose ~{_duration(summary.expected_loss_per_failure_s)} of training"
+        )
+    if summary.expected_waste_share is not None:
+        text += f"; saves and failures together ~{summary.expected_waste_share:.2%} of training time"
     return text
 
 

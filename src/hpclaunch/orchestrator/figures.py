@@ -1,14 +1,14 @@
 """The report's figures, drawn with matplotlib's Agg backend (no display needed) into PNG bytes.
 
-Each function takes plain data (the status summary, its ``time`` accounting, metrics lines) and
-returns the PNG's bytes, or None when the run has nothing to draw for that figure. Never imports
-torch.
+Each function takes the status view (``status.StatusView``, its ``time`` accounting) and the metrics
+lines (``rundir.metrics.MetricsLine``) and returns the PNG's bytes, or None when the run has nothing
+to draw for that figure. Never imports torch.
 """
 
 from __future__ import annotations
 
 import io
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import matplotlib
 
@@ -20,6 +20,11 @@ from matplotlib.patches import Patch
 from matplotlib.transforms import blended_transform_factory
 
 from ..rundir.cause import Cause, UnknownCause
+from ..rundir.metrics import MetricsLine
+
+if TYPE_CHECKING:
+    from .accounting import RunTime
+    from .status import Attempt, StatusView
 
 # One colour per phase, the same in every figure and in the HTML table.
 PHASE_STYLE: dict[str, tuple[str, str]] = {
@@ -48,14 +53,14 @@ def _png(fig: Figure) -> bytes:
     return buf.getvalue()
 
 
-def _clock(spent: dict[str, Any], origin: float) -> tuple[float, str]:
+def _clock(spent: RunTime, origin: float) -> tuple[float, str]:
     """Seconds or minutes on the time axis, whichever a person reads more easily for this run."""
-    last = max((s[2] for a in spent["attempts"] for s in a["segments"]), default=origin)
+    last = max((s.end for a in spent.attempts for s in a.segments), default=origin)
     return (60.0, "min") if last - origin > 300 else (1.0, "s")
 
 
-def origin_of(spent: dict[str, Any]) -> float | None:
-    starts = [s[1] for a in spent["attempts"] for s in a["segments"]]
+def origin_of(spent: RunTime) -> float | None:
+    starts = [s.start for a in spent.attempts for s in a.segments]
     return min(starts) if starts else None
 
 
@@ -68,9 +73,10 @@ def cause_words(cause: str | None) -> str:
     return known.words if known is not None else "stop"
 
 
-def end_label(attempt: dict[str, Any]) -> str:
+def end_label(attempt: Attempt | None) -> str:
     """How an attempt ended, in a few words: 'time limit -> requeued', 'crash -> requeued', 'finished'."""
-    end, cause = attempt.get("end") or "running", attempt.get("cause")
+    end = (attempt.end if attempt else None) or "running"
+    cause = attempt.cause if attempt else None
     if end in ("requeued", "restarted in place"):
         return f"{cause_words(cause)} → {end}"
     if end in ("stopped", "failed") and cause:
@@ -81,20 +87,21 @@ def end_label(attempt: dict[str, Any]) -> str:
 # ---- the loss against step, with every attempt's boundary and stop marked ---------------------
 
 
-def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes | None:
-    times = {a["attempt"]: a for a in summary["time"]["attempts"]}
-    by_attempt: dict[str, list[dict[str, Any]]] = {}
+def loss_figure(summary: StatusView, lines: list[MetricsLine]) -> bytes | None:
+    times = {a.attempt: a for a in summary.time.attempts}
+    by_attempt: dict[str, list[MetricsLine]] = {}
     for line in lines:
-        by_attempt.setdefault(str(line.get("attempt")), []).append(line)
-    if not any(line.get("loss") is not None for line in lines):
+        by_attempt.setdefault(str(line.attempt), []).append(line)
+    if not any(line.loss is not None for line in lines):
         return None
-    val_keys = sorted({k for line in lines for k in line if k.startswith("val") and "loss" in k})
+    val_keys = sorted({k for line in lines for k in line.record if k.startswith("val") and "loss" in k})
     fig, ax = plt.subplots(figsize=(10, 5.2))
     labelled: set[str] = set()
     for key, rows in by_attempt.items():
-        kept = (times.get(key) or {}).get("kept_step")
+        spent = times.get(key)
+        kept = spent.kept_step if spent else None
         for name, label, colour in LOSS_KEYS:
-            pts = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
+            pts = [(r.step, r.value(name)) for r in rows if r.step is not None and r.value(name) is not None]
             good = [p for p in pts if kept is None or p[0] <= kept]
             lost = [p for p in pts if kept is not None and p[0] >= kept]
             if good:
@@ -110,7 +117,7 @@ def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes |
             if len(lost) > 1:
                 ax.plot(*zip(*lost, strict=True), color=colour, lw=1.2, ls=":", alpha=0.6)
         for j, name in enumerate(val_keys):
-            pts = [(r["step"], r[name]) for r in rows if r.get(name) is not None]
+            pts = [(r.step, r.value(name)) for r in rows if r.step is not None and r.value(name) is not None]
             if pts:
                 core = name.removeprefix("val").removesuffix("loss").strip("_").replace("_", " ")
                 tag = f"validation {core}".strip()
@@ -127,10 +134,10 @@ def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes |
     _mark_attempts(ax, summary)
     ax.set_xlabel("step")
     ax.set_ylabel("loss (mean over each logging window)")
-    ax.set_title(f"loss of {summary['run_name']}: {_attempts_caption(summary)}", loc="left", fontsize=11)
+    ax.set_title(f"loss of {summary.run_name}: {_attempts_caption(summary)}", loc="left", fontsize=11)
     ax.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()
-    if any(a.get("lost_steps") for a in summary["time"]["attempts"]):
+    if any(a.lost_steps for a in summary.time.attempts):
         handles.append(Patch(color=PHASE_STYLE["lost"][0], alpha=0.15))
         labels.append("steps lost (dotted: computed, then discarded)")
     handles.append(plt.Line2D([], [], color="#555555", ls="--", lw=1))
@@ -142,49 +149,48 @@ def loss_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes |
     return _png(fig)
 
 
-def _attempts_caption(summary: dict[str, Any]) -> str:
-    n = len(summary["time"]["attempts"])
-    lost = sum(a.get("lost_steps") or 0 for a in summary["time"]["attempts"])
-    text = f"{n} attempt{'s' if n != 1 else ''}, {summary['requeues']} requeue{'s' if summary['requeues'] != 1 else ''}"
-    return text + (f", {lost} steps lost" if lost else "") + f"; {summary['state']}"
+def _attempts_caption(summary: StatusView) -> str:
+    n = len(summary.time.attempts)
+    lost = sum(a.lost_steps or 0 for a in summary.time.attempts)
+    text = f"{n} attempt{'s' if n != 1 else ''}, {summary.requeues} requeue{'s' if summary.requeues != 1 else ''}"
+    return text + (f", {lost} steps lost" if lost else "") + f"; {summary.state}"
 
 
-def _mark_attempts(ax: Any, summary: dict[str, Any]) -> None:
+def _mark_attempts(ax: Any, summary: StatusView) -> None:
     """A dashed line where each attempt resumed, labelled with why the previous one ended."""
-    times = summary["time"]["attempts"]
+    times = summary.time.attempts
     trans = blended_transform_factory(ax.transData, ax.transAxes)
     labels = len(times) <= MAX_LABELLED_ATTEMPTS
     for i, t in enumerate(times):
-        if t.get("lost_steps"):
-            ax.axvspan(t["kept_step"], t["last_step"], color=PHASE_STYLE["lost"][0], alpha=0.15, lw=0)
-        if i == 0 or t.get("first_step") is None:
+        if t.lost_steps:
+            ax.axvspan(t.kept_step, t.last_step, color=PHASE_STYLE["lost"][0], alpha=0.15, lw=0)
+        if i == 0 or t.first_step is None:
             continue
-        x = t["first_step"]
+        x = t.first_step
         ax.axvline(x, color="#555555", ls="--", lw=1)
         if labels:
-            prev = times[i - 1]
-            text = (
-                f"#{i + 1} after {cause_words(prev.get('cause')) if prev.get('cause') else prev.get('end')}"
-            )
+            prev = summary.attempt(times[i - 1].attempt)
+            prev_cause, prev_end = (prev.cause, prev.end) if prev else (None, None)
+            text = f"#{i + 1} after {cause_words(prev_cause) if prev_cause else prev_end}"
             ax.text(x, 0.02, text, transform=trans, rotation=90, ha="right", va="bottom", fontsize=8)
 
 
 # ---- where the wall-clock time went, attempt by attempt ------------------------------------------
 
 
-def timeline_figure(summary: dict[str, Any]) -> bytes | None:
-    spent = summary["time"]
+def timeline_figure(summary: StatusView) -> bytes | None:
+    spent = summary.time
     origin = origin_of(spent)
     if origin is None:
         return None
     scale, unit = _clock(spent, origin)
-    n = len(spent["attempts"])
+    n = len(spent.attempts)
     height = 1.6 + 0.55 * min(n, 30)
     fig, ax = plt.subplots(figsize=(10, height))
     seen: list[str] = []
     right = 0.0
-    for row, t in enumerate(spent["attempts"]):
-        for phase, start, end in t["segments"]:
+    for row, t in enumerate(spent.attempts):
+        for phase, start, end in ((s.phase, s.start, s.end) for s in t.segments):
             colour = PHASE_STYLE[phase][0]
             x0, width = (start - origin) / scale, (end - start) / scale
             ax.barh(
@@ -199,19 +205,19 @@ def timeline_figure(summary: dict[str, Any]) -> bytes | None:
             if phase not in seen:
                 seen.append(phase)
             right = max(right, x0 + width)
-        text = end_label(t)
-        if t.get("lost_steps"):
-            text += f", {t['lost_steps']} steps lost"
-        if t.get("goodput") is not None:
-            text += f"  [{t['goodput']:.0%}]"
-        end_x = max((s[2] for s in t["segments"]), default=origin)
+        text = end_label(summary.attempt(t.attempt))
+        if t.lost_steps:
+            text += f", {t.lost_steps} steps lost"
+        if t.goodput is not None:
+            text += f"  [{t.goodput:.0%}]"
+        end_x = max((s.end for s in t.segments), default=origin)
         ax.text((end_x - origin) / scale, row, "  " + text, va="center", fontsize=8)
     ax.set_yticks(range(n), [f"#{i + 1}" for i in range(n)])
     ax.invert_yaxis()
     ax.set_xlim(0, right * 1.3 if right else 1)
     ax.set_xlabel(f"wall clock since the first submission ({unit})")
-    ratio = spent.get("goodput")
-    title = f"where the time went: {summary['run_name']}"
+    ratio = spent.goodput
+    title = f"where the time went: {summary.run_name}"
     if ratio is not None:
         title += f", goodput {ratio:.0%} of the allocated time  [per attempt in brackets]"
     ax.set_title(title, loc="left", fontsize=11)
@@ -236,27 +242,27 @@ def timeline_figure(summary: dict[str, Any]) -> bytes | None:
 # ---- throughput over wall-clock time -----------------------------------------------------------
 
 
-def throughput_figure(summary: dict[str, Any], lines: list[dict[str, Any]]) -> bytes | None:
-    spent = summary["time"]
+def throughput_figure(summary: StatusView, lines: list[MetricsLine]) -> bytes | None:
+    spent = summary.time
     origin = origin_of(spent)
-    pts = [line for line in lines if line.get("samples_per_s") and line.get("ts")]
+    pts = [line for line in lines if line.samples_per_s and line.ts]
     if origin is None or not pts:
         return None
     scale, unit = _clock(spent, origin)
     fig, (ax, strip) = plt.subplots(
         2, 1, figsize=(10, 4.2), sharex=True, gridspec_kw={"height_ratios": [7, 1], "hspace": 0.08}
     )
-    keys = [a["attempt"] for a in spent["attempts"]]
-    for key in dict.fromkeys(str(p.get("attempt")) for p in pts):
-        rows = [p for p in pts if str(p.get("attempt")) == key]
+    keys = [a.attempt for a in spent.attempts]
+    for key in dict.fromkeys(str(p.attempt) for p in pts):
+        rows = [p for p in pts if str(p.attempt) == key]
         number = keys.index(key) + 1 if key in keys else "?"
-        xs = [(p["ts"] - origin) / scale for p in rows]
-        ax.plot(xs, [p["samples_per_s"] for p in rows], "o-", ms=3, lw=1.2, label=f"#{number}")
+        xs = [(float(p.ts or 0.0) - origin) / scale for p in rows]
+        ax.plot(xs, [p.samples_per_s for p in rows], "o-", ms=3, lw=1.2, label=f"#{number}")
     # the timeline's phases as one strip under the curve: why the curve has gaps
-    for t in spent["attempts"]:
-        for phase, start, end in t["segments"]:
-            width = (end - start) / scale
-            strip.barh(0, width, left=(start - origin) / scale, color=PHASE_STYLE[phase][0], height=1)
+    for t in spent.attempts:
+        for s in t.segments:
+            width = (s.end - s.start) / scale
+            strip.barh(0, width, left=(s.start - origin) / scale, color=PHASE_STYLE[s.phase][0], height=1)
     strip.set_yticks([0], ["phase"])
     strip.set_ylim(-0.5, 0.5)
     strip.set_xlabel(f"wall clock since the first submission ({unit})")
@@ -300,37 +306,46 @@ def ranks_figure(series: dict[int, list[tuple[int, float]]]) -> bytes | None:
 # ---- a sweep: its points side by side ----------------------------------------------------------
 
 
-def sweep_figure(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> bytes | None:
-    """(name, summary, metrics lines) per point: loss against step, and each point's goodput."""
-    if not any(lines for _, _, lines in points):
+class SweepCurve(NamedTuple):
+    """One point of a sweep as its figure shows it."""
+
+    name: str
+    state: str
+    goodput: float | None
+    lines: list[MetricsLine]
+
+
+def sweep_figure(points: list[SweepCurve]) -> bytes | None:
+    """Loss against step of every point, and each point's goodput."""
+    if not any(p.lines for p in points):
         return None
     return _png(sweep_axes(points))
 
 
-def sweep_axes(points: list[tuple[str, dict[str, Any], list[dict[str, Any]]]]) -> Figure:
+def sweep_axes(points: list[SweepCurve]) -> Figure:
     """The sweep figure, not yet rendered. Constrained layout: the right panel's point names get
     their own room instead of running into the left panel and its legend."""
     fig, (ax, bars) = plt.subplots(
         1, 2, figsize=(11, 4.4), gridspec_kw={"width_ratios": [2.2, 1]}, layout="constrained"
     )
-    for name, _, lines in points:
+    for point in points:
         latest: dict[int, float] = {}
-        for line in lines:  # a step computed twice (lost to a crash) shows its kept value
-            if line.get("loss") is not None:
-                latest[int(line["step"])] = float(line["loss"])
+        for line in point.lines:  # a step computed twice (lost to a crash) shows its kept value
+            if line.loss is not None and line.step is not None:
+                latest[line.step] = float(line.loss)
         if latest:
             steps = sorted(latest)
-            ax.plot(steps, [latest[s] for s in steps], lw=1.4, label=name)
+            ax.plot(steps, [latest[s] for s in steps], lw=1.4, label=point.name)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("loss of every point", loc="left", fontsize=11)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    names = [name for name, _, _ in points]
-    ratios = [float((s.get("time") or {}).get("goodput") or 0.0) for _, s, _ in points]
+    names = [p.name for p in points]
+    ratios = [float(p.goodput or 0.0) for p in points]
     bars.barh(range(len(names)), ratios, color=PHASE_STYLE["training"][0])
-    for i, (ratio, (_, s, _)) in enumerate(zip(ratios, points, strict=True)):
-        bars.text(ratio, i, f" {ratio:.0%} ({s['state']})", va="center", fontsize=8)
+    for i, (ratio, p) in enumerate(zip(ratios, points, strict=True)):
+        bars.text(ratio, i, f" {ratio:.0%} ({p.state})", va="center", fontsize=8)
     bars.set_yticks(range(len(names)), names, fontsize=8)
     bars.invert_yaxis()
     bars.set_xlim(0, 1.35)

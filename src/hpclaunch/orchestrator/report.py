@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import RunNotFoundError, UserInputError
-from ..fsutil import read_jsonl
 from ..rundir import RunPaths
+from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
-from .accounting import PHASES, fmt_seconds
-from .status import summarize
+from .accounting import PHASES, AttemptTime, RunTime, fmt_seconds
+from .status import StatusView, summarize
 from .stragglers import work_per_step
 
 FIGURE_TITLES = {
@@ -69,24 +69,18 @@ class _Files:
     subdirs: dict[str, _Files] = field(default_factory=dict)
 
 
-def _run_summary(root: Path, scheduler_status: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    summary = summarize(root, scheduler_status=scheduler_status)
-    summary["run_name"] = root.name
-    ends = {a["attempt"]: a for a in summary["attempts"]}
-    for t in summary["time"]["attempts"]:  # how each attempt ended, beside where its time went
-        a = ends.get(t["attempt"], {})
-        t.update(end=a.get("end"), cause=a.get("cause"), error=a.get("error"), job_id=a.get("job_id"))
-    return summary, read_jsonl(RunPaths(root).metrics)
+def _run_summary(root: Path, scheduler_status: Any) -> tuple[StatusView, list[MetricsLine]]:
+    return summarize(root, scheduler_status=scheduler_status), read_metrics(RunPaths(root).metrics)
 
 
 def _run_files(root: Path, scheduler_status: Any) -> _Files:
     return _files_of(root, *_run_summary(root, scheduler_status))
 
 
-def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) -> _Files:
+def _files_of(root: Path, summary: StatusView, lines: list[MetricsLine]) -> _Files:
     from . import figures
 
-    if not any(line.get("step") is not None for line in lines):
+    if not any(line.step is not None for line in lines):
         raise UserInputError(
             f"{root} has no metrics yet: the run has not logged a step",
             where="report",
@@ -100,7 +94,7 @@ def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) 
     }
     notes = []
     if drawn["ranks.png"] is None:
-        if summary["state"] in ACTIVE_STATES:
+        if summary.state in ACTIVE_STATES:
             notes.append("no rank has recorded its step times yet (steptimes/)")
         else:  # an ended run will not get them: say why it has none
             notes.append(
@@ -114,32 +108,32 @@ def _files_of(root: Path, summary: dict[str, Any], lines: list[dict[str, Any]]) 
     return _Files(items, notes)
 
 
-def _run_page(summary: dict[str, Any], pngs: dict[str, bytes], notes: list[str]) -> str:
-    spent = summary["time"]
-    ratio = spent.get("goodput")
-    steps = f"step {summary['step']}/{summary.get('steps') or '?'}"
-    loss = summary.get("loss")
+def _run_page(summary: StatusView, pngs: dict[str, bytes], notes: list[str]) -> str:
+    spent = summary.time
+    ratio = spent.goodput
+    steps = f"step {summary.step}/{summary.steps or '?'}"
+    loss = summary.loss
     head = [
-        f"<p><b>{_e(summary['state'])}</b> &middot; {_e(steps)}"
+        f"<p><b>{_e(summary.state)}</b> &middot; {_e(steps)}"
         + (f" &middot; loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
-        + f" &middot; {len(spent['attempts'])} attempts, {summary['requeues']} requeues</p>",
+        + f" &middot; {len(spent.attempts)} attempts, {summary.requeues} requeues</p>",
     ]
     if ratio is not None:
         head.append(
-            f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent['training_s'])} of kept training in "
-            f"{fmt_seconds(spent['allocated_s'])} allocated (queue {fmt_seconds(spent['queue_s'])} apart)</p>"
+            f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent.training_s)} of kept training in "
+            f"{fmt_seconds(spent.allocated_s)} allocated (queue {fmt_seconds(spent.queue_s)} apart)</p>"
         )
-    gp = summary["step_counts"]
+    gp = summary.step_counts
     head.append(
-        f"<p>steps: {gp['useful_steps']} kept of {gp['computed_steps']} computed; "
-        f"{gp['repeated_steps']} computed again after a crash, {gp['lost_steps']} skipped</p>"
+        f"<p>steps: {gp.useful_steps} kept of {gp.computed_steps} computed; "
+        f"{gp.repeated_steps} computed again after a crash, {gp.lost_steps} skipped</p>"
     )
     body = [_time_table(spent), *_figure_blocks(pngs), _attempts_table(summary)]
     body += [f"<p class='note'>{_e(n)}</p>" for n in notes]
-    return _page(f"hpclaunch report: {summary['run_name']}", summary["run"], head + body)
+    return _page(f"hpclaunch report: {summary.run_name}", summary.run, head + body)
 
 
-def _time_table(spent: dict[str, Any]) -> str:
+def _time_table(spent: RunTime) -> str:
     from .figures import PHASE_STYLE
 
     cols = "".join(
@@ -147,9 +141,9 @@ def _time_table(spent: dict[str, Any]) -> str:
         for p in PHASES
     )
     rows = []
-    for i, a in enumerate(spent["attempts"], 1):
-        rows.append(_time_row(f"#{i} {a['attempt']}", a))
-    if len(spent["attempts"]) > 1:
+    for i, a in enumerate(spent.attempts, 1):
+        rows.append(_time_row(f"#{i} {a.attempt}", a))
+    if len(spent.attempts) > 1:
         rows.append(_time_row("run", spent, bold=True))
     return (
         "<h2>Time by phase (seconds)</h2><table><tr><th>attempt</th>"
@@ -160,13 +154,13 @@ def _time_table(spent: dict[str, Any]) -> str:
     )
 
 
-def _time_row(label: str, t: dict[str, Any], *, bold: bool = False) -> str:
-    cells = "".join(f"<td>{float(t.get(f'{p}_s') or 0):.1f}</td>" for p in PHASES)
-    ratio = t.get("goodput")
+def _time_row(label: str, t: AttemptTime | RunTime, *, bold: bool = False) -> str:
+    cells = "".join(f"<td>{seconds:.1f}</td>" for seconds in t.phase_seconds().values())
+    ratio = t.goodput
     tag = " class='total'" if bold else ""
     return (
-        f"<tr{tag}><td>{_e(label)}</td>{cells}<td>{float(t.get('allocated_s') or 0):.1f}</td>"
-        f"<td>{f'{ratio:.1%}' if ratio is not None else '-'}</td><td>{t.get('lost_steps') or 0}</td></tr>"
+        f"<tr{tag}><td>{_e(label)}</td>{cells}<td>{float(t.allocated_s or 0):.1f}</td>"
+        f"<td>{f'{ratio:.1%}' if ratio is not None else '-'}</td><td>{t.lost_steps or 0}</td></tr>"
     )
 
 
@@ -179,17 +173,15 @@ def _figure_blocks(pngs: dict[str, bytes]) -> list[str]:
     return out
 
 
-def _attempts_table(summary: dict[str, Any]) -> str:
+def _attempts_table(summary: StatusView) -> str:
     rows = []
-    for i, a in enumerate(summary["attempts"], 1):
-        steps = f"{a['resumed_step']} → {a['last_step']}" if a.get("resumed_step") is not None else "-"
-        started = (
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a["started"])) if a.get("started") else "-"
-        )
+    for i, a in enumerate(summary.attempts, 1):
+        steps = f"{a.resumed_step} → {a.last_step}" if a.resumed_step is not None else "-"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started)) if a.started else "-"
         rows.append(
-            f"<tr><td>#{i}</td><td>{_e(a['attempt'])}</td><td>{_e(started)}</td><td>{_e(steps)}</td>"
-            f"<td>{_e(str(a.get('checkpoint_step') or '-'))}</td><td>{_e(a['end'])}</td>"
-            f"<td>{_e(a.get('cause') or '')}</td><td>{_e(a.get('error') or '')}</td></tr>"
+            f"<tr><td>#{i}</td><td>{_e(a.attempt)}</td><td>{_e(started)}</td><td>{_e(steps)}</td>"
+            f"<td>{_e(str(a.checkpoint_step or '-'))}</td><td>{_e(a.end)}</td>"
+            f"<td>{_e(a.cause or '')}</td><td>{_e(a.error or '')}</td></tr>"
         )
     return (
         "<h2>Attempts</h2><table><tr><th>#</th><th>attempt</th><th>started</th><th>steps</th>"
@@ -204,6 +196,7 @@ def _sweep_files(root: Path, points: list[Path]) -> _Files:
     from . import figures
 
     gathered = []
+    curves: list[figures.SweepCurve] = []
     subdirs: dict[str, _Files] = {}
     notes = []
     for point in points:
@@ -212,11 +205,12 @@ def _sweep_files(root: Path, points: list[Path]) -> _Files:
             continue
         summary, lines = _run_summary(point, None)
         gathered.append((point.name, summary, lines))
+        curves.append(figures.SweepCurve(point.name, summary.state, summary.time.goodput, lines))
         try:
             subdirs[point.name] = _files_of(point, summary, lines)
         except UserInputError as e:
             notes.append(f"point {point.name}: {e.one_line()}")
-    sweep_png = figures.sweep_figure(gathered)
+    sweep_png = figures.sweep_figure(curves)
     if sweep_png is None:
         raise UserInputError(
             f"{root} is a sweep whose points have no metrics yet",
@@ -225,9 +219,9 @@ def _sweep_files(root: Path, points: list[Path]) -> _Files:
         )
     items = {"sweep.png": sweep_png}
     links = "".join(
-        f"<tr><td><a href='{_e(name)}/index.html'>{_e(name)}</a></td><td>{_e(s['state'])}</td>"
-        f"<td>{s['step']}/{s.get('steps') or '?'}</td>"
-        f"<td>{_pct((s.get('time') or {}).get('goodput'))}</td></tr>"
+        f"<tr><td><a href='{_e(name)}/index.html'>{_e(name)}</a></td><td>{_e(s.state)}</td>"
+        f"<td>{s.step}/{s.steps or '?'}</td>"
+        f"<td>{_pct(s.time.goodput)}</td></tr>"
         for name, s, _ in gathered
         if name in subdirs
     )

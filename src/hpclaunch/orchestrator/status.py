@@ -12,7 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..fsutil import read_jsonl
 from ..rundir import SUBMITTED, Event, RunPaths, of_kind, read_events
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..rundir.events import (
@@ -37,12 +36,13 @@ from ..rundir.events import (
     Submitted,
     Submitting,
 )
+from ..rundir.metrics import MetricsLine, read_metrics
 from ..schedulers.base import ACTIVE_STATES
-from .accounting import metrics_steps_by_attempt
-from .checkpoint_interval import checkpoint_interval_summary
+from .accounting import RunTime, metrics_steps_by_attempt
+from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost
-from .lineage import chain_view, weights_from
-from .stragglers import straggler_summary
+from .lineage import ChainView, WeightsSource, chain_view, weights_from
+from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
 
 # A continuation the scheduler does not show as pending or running this long after the ledger
@@ -187,40 +187,80 @@ def step_counts(attempts: list[Attempt]) -> StepCounts:
     return StepCounts(useful, computed, repeated, lost, round(useful / computed, 4) if computed else 1.0)
 
 
-def failed_saves(events: Sequence[Event]) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class FailedSave:
+    """The newest save that failed, and what the trainer did about it."""
+
+    attempt: str | None
+    step: int | None
+    error: str | None
+    action: str | None
+
+
+@dataclass(frozen=True)
+class FailedSaves:
+    count: int
+    last: FailedSave
+
+
+@dataclass(frozen=True)
+class ExperimentLogFailure:
+    """W&B or TensorBoard failed (or W&B went offline) and training went on."""
+
+    log: str | None
+    attempt: str | None
+    error: str | None
+    action: str | None
+
+
+@dataclass(frozen=True)
+class SchedulerView:
+    """The scheduler's own word on the run's current job."""
+
+    state: str
+    raw: str | None
+    reason: str | None
+
+
+@dataclass(frozen=True)
+class RescueView:
+    """The rescue job waiting behind the current job, and what rescues did before."""
+
+    job_id: str | None
+    notes: list[str]
+
+
+def failed_saves(events: Sequence[Event]) -> FailedSaves | None:
     """The saves that failed (None: none did): how many, and the newest with what was done."""
     failed = of_kind(events, CheckpointFailed)
     if not failed:
         return None
     last = failed[-1]
-    return {
-        "count": len(failed),
-        "last": {"attempt": last.attempt, "step": last.step, "error": last.error, "action": last.action},
-    }
+    return FailedSaves(len(failed), FailedSave(last.attempt, last.step, last.error, last.action))
 
 
-def describe_failed_saves(summary: dict[str, Any] | None) -> str | None:
+def describe_failed_saves(summary: FailedSaves | None) -> str | None:
     """One status line, or None when no save failed."""
     if not summary:
         return None
-    last, n = summary["last"], summary["count"]
+    last, n = summary.last, summary.count
     what = "1 save failed" if n == 1 else f"{n} saves failed"
-    action = f" ({last['action']})" if last.get("action") else ""
-    return f"checkpoint: {what}; the last at step {last.get('step')}{action}: {last.get('error')}"
+    action = f" ({last.action})" if last.action else ""
+    return f"checkpoint: {what}; the last at step {last.step}{action}: {last.error}"
 
 
-def experiment_log_failures(events: Sequence[Event]) -> list[dict[str, Any]]:
+def experiment_log_failures(events: Sequence[Event]) -> list[ExperimentLogFailure]:
     """Every time W&B or TensorBoard failed and training went on without it (or W&B offline)."""
     return [
-        {"log": e.log, "attempt": e.attempt, "error": e.error, "action": e.action}
+        ExperimentLogFailure(e.log, e.attempt, e.error, e.action)
         for e in of_kind(events, ExperimentLogFailed)
     ]
 
 
-def describe_experiment_logs(failures: list[dict[str, Any]] | None) -> list[str]:
+def describe_experiment_logs(failures: list[ExperimentLogFailure] | None) -> list[str]:
     """Status lines: the newest failure of each log (W&B offline, a log dropped)."""
-    newest = {f["log"]: f for f in failures or []}
-    return [f"{log}: {f['error']} in attempt {f['attempt']}; {f['action']}" for log, f in newest.items()]
+    newest = {f.log: f for f in failures or []}
+    return [f"{log}: {f.error} in attempt {f.attempt}; {f.action}" for log, f in newest.items()]
 
 
 def running_attempt(events: Sequence[Event]) -> str | None:
@@ -238,7 +278,7 @@ def current_job_id(events: Sequence[Event]) -> str | None:
     return job_id
 
 
-def rescue_view(events: Sequence[Event]) -> dict[str, Any]:
+def rescue_view(events: Sequence[Event]) -> RescueView:
     """The rescue job waiting behind the run's current job (``schedulers.rescue``), and one line per
     job the scheduler ended undecided that a rescue continued (why the scheduler calls it FAILED)."""
     waiting: dict[str, str] = {}  # watched job -> its rescue
@@ -260,7 +300,7 @@ def rescue_view(events: Sequence[Event]) -> dict[str, Any]:
             )
     notes += _decided_before_the_rescue(events)
     job = current_job_id(events)
-    return {"job_id": waiting.get(job) if job else None, "notes": notes}
+    return RescueView(waiting.get(job) if job else None, notes)
 
 
 def _decided_before_the_rescue(events: Sequence[Event]) -> list[str]:
@@ -339,66 +379,138 @@ def _cancelled_after(events: Sequence[Event], last: Attempt) -> bool:
     return any((e.ts or 0) >= start for e in of_kind(events, Cancelled))
 
 
-def summarize(run: Path, *, scheduler_status: Any = None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StatusView:
+    """What ``hpclaunch status`` knows of a run; ``to_json()`` is its ``--json`` form.
+
+    ``time`` holds the accounting as ``--json`` shows it (seconds rounded to the millisecond), so the
+    text, the report and the JSON tell the same figures. The parts other modules own (stragglers,
+    cost, chain, weights, checkpoint interval) stay as those modules give them.
+    """
+
+    run: str
+    state: str
+    hint: str | None
+    ledger_warnings: list[str]
+    job_id: str | None
+    scheduler: SchedulerView | None
+    step: int
+    steps: int | None
+    loss: float | None
+    text_loss: float | None
+    latent_loss: float | None
+    samples_per_s: float | None
+    eta_s: float | None
+    requeues: int
+    attempts: list[Attempt]
+    step_counts: StepCounts
+    time: RunTime
+    stragglers: StragglerSummary
+    cost: Any  # estimate.Estimate.to_json(), shared with preflight's estimate
+    chain: ChainView | None
+    weights_from: WeightsSource | None
+    checkpoint_interval: IntervalSummary | None
+    rescue: RescueView
+    failed_saves: FailedSaves | None
+    experiment_logs: list[ExperimentLogFailure]
+
+    @property
+    def run_name(self) -> str:
+        return Path(self.run).name
+
+    @property
+    def goodput(self) -> float | None:
+        """The time share: kept training over allocated time (``time.goodput``)."""
+        return self.time.goodput
+
+    def attempt(self, key: str) -> Attempt | None:
+        return next((a for a in self.attempts if a.attempt == key), None)
+
+    def to_json(self) -> dict[str, Any]:
+        time_json = self.time.to_json()
+        return {
+            "run": self.run,
+            "state": self.state,
+            "hint": self.hint,
+            "ledger_warnings": self.ledger_warnings,
+            "job_id": self.job_id,
+            "scheduler": asdict(self.scheduler) if self.scheduler is not None else None,
+            "step": self.step,
+            "steps": self.steps,
+            "loss": self.loss,
+            "text_loss": self.text_loss,
+            "latent_loss": self.latent_loss,
+            "samples_per_s": self.samples_per_s,
+            "eta_s": self.eta_s,
+            "requeues": self.requeues,
+            "attempts": [asdict(a) for a in self.attempts],
+            # One word, one number: goodput is the time share the text shows (kept training over
+            # allocated time, as time.goodput); the step counts have their own name.
+            "goodput": time_json["goodput"],
+            "step_counts": asdict(self.step_counts),
+            "time": time_json,
+            "stragglers": asdict(self.stragglers),
+            "cost": self.cost,
+            "chain": self.chain.to_json() if self.chain is not None else None,
+            "weights_from": asdict(self.weights_from) if self.weights_from is not None else None,
+            "checkpoint_interval": asdict(self.checkpoint_interval) if self.checkpoint_interval else None,
+            "rescue": asdict(self.rescue),
+            "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
+            "experiment_logs": [asdict(f) for f in self.experiment_logs],
+        }
+
+
+def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     paths = RunPaths(run)
     log = read_events(paths)
     events = log.events
-    metrics = read_jsonl(paths.metrics)
+    metrics = read_metrics(paths.metrics)
     attempts = attempts_from_events(events)
     _add_unsaved_steps(attempts, metrics)
-    last_metric = metrics[-1] if metrics else {}
+    last = metrics[-1] if metrics else None
     total_steps = _total_steps(paths)
-    step = max([a.last_step or 0 for a in attempts] + [int(last_metric.get("step", 0))])
+    step = max([a.last_step or 0 for a in attempts] + [last.step or 0 if last else 0])
     sched = None
     if scheduler_status is not None:
-        sched = {
-            "state": scheduler_status.state.value,
-            "raw": scheduler_status.raw,
-            "reason": scheduler_status.reason,
-        }
-    speed = last_metric.get("step_time_s")
+        sched = SchedulerView(scheduler_status.state.value, scheduler_status.raw, scheduler_status.reason)
+    speed = last.step_time_s if last else None
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
-    counted = step_counts(attempts)
     rescue = rescue_view(events)
-    state = run_state(attempts, events, sched["state"] if sched else None)
+    state = run_state(attempts, events, sched.state if sched else None)
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
-    time_json = spent.to_json()
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
         eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
-    return {
-        "run": str(run),
-        "state": state,
-        "hint": _hint(state, run, current_job_id(events), rescue=rescue["job_id"]),
-        "ledger_warnings": log.torn,
-        "job_id": current_job_id(events),
-        "scheduler": sched,
-        "step": step,
-        "steps": total_steps,
-        "loss": last_metric.get("loss"),
-        "text_loss": last_metric.get("text_loss"),
-        "latent_loss": last_metric.get("latent_loss"),
-        "samples_per_s": last_metric.get("samples_per_s"),
-        "eta_s": eta,
-        "requeues": len(of_kind(events, Requeued)),
-        "attempts": [asdict(a) for a in attempts],
-        # One word, one number: goodput is the time share the text shows (kept training over
-        # allocated time, as time.goodput); the step counts have their own name.
-        "goodput": time_json["goodput"],
-        "step_counts": asdict(counted),
-        "time": time_json,
-        "stragglers": straggler_summary(paths, events),
-        "cost": cost,
-        "chain": chain_view(paths),
-        "weights_from": weights_from(events),
-        "checkpoint_interval": checkpoint_interval_summary(events),
-        "rescue": rescue,
-        "failed_saves": failed_saves(events),
-        "experiment_logs": experiment_log_failures(events),
-    }
+    return StatusView(
+        run=str(run),
+        state=state,
+        hint=_hint(state, run, current_job_id(events), rescue=rescue.job_id),
+        ledger_warnings=log.torn,
+        job_id=current_job_id(events),
+        scheduler=sched,
+        step=step,
+        steps=total_steps,
+        loss=last.loss if last else None,
+        text_loss=last.text_loss if last else None,
+        latent_loss=last.latent_loss if last else None,
+        samples_per_s=last.samples_per_s if last else None,
+        eta_s=eta,
+        requeues=len(of_kind(events, Requeued)),
+        attempts=attempts,
+        step_counts=step_counts(attempts),
+        time=spent.rounded(),
+        stragglers=straggler_summary(paths, events),
+        cost=cost,
+        chain=chain_view(paths),
+        weights_from=weights_from(events),
+        checkpoint_interval=checkpoint_interval_summary(events),
+        rescue=rescue,
+        failed_saves=failed_saves(events),
+        experiment_logs=experiment_log_failures(events),
+    )
 
 
-def _add_unsaved_steps(attempts: list[Attempt], metrics: list[dict[str, Any]]) -> None:
+def _add_unsaved_steps(attempts: list[Attempt], metrics: list[MetricsLine]) -> None:
     """A crash's steps after its last checkpoint are in metrics.jsonl only: count them as computed."""
     logged = metrics_steps_by_attempt(metrics)
     for a in attempts:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +21,52 @@ from ..rundir.progress import steptimes_dir
 _TAIL_BYTES = 4096  # a few summaries: enough for each rank's latest
 
 
-def straggler_summary(paths: RunPaths, events: Iterable[Event]) -> dict[str, Any]:
-    """``{"slowest": {...} | None, "reported": [...]}`` for ``status --json``."""
-    fields = ("attempt", "rank", "rank_node", "step", "work_s", "fastest_s", "ratio")
-    reported = [{k: getattr(e, k) for k in fields} for e in of_kind(events, Straggler)]
-    return {"slowest": slowest_rank(paths), "reported": reported}
+@dataclass(frozen=True)
+class SlowestRank:
+    """The rank with the most own work per step in the latest summary (figures as the rank wrote them)."""
+
+    rank: int | None
+    node: str | None
+    attempt: str | None
+    step: int | None
+    work_s: float | None
+    wait_s: float | None
+    fastest_rank: int | None
+    fastest_s: float | None
+    ratio: float | None
+    ranks: int
+    basis: str | None
 
 
-def slowest_rank(paths: RunPaths) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class ReportedStraggler:
+    """A rank node 0's watchdog reported as a straggler (its ``straggler`` event)."""
+
+    attempt: str | None
+    rank: int | None
+    rank_node: str | None
+    step: int | None
+    work_s: float | None
+    fastest_s: float | None
+    ratio: float | None
+
+
+@dataclass(frozen=True)
+class StragglerSummary:
+    slowest: SlowestRank | None
+    reported: list[ReportedStraggler]
+
+
+def straggler_summary(paths: RunPaths, events: Iterable[Event]) -> StragglerSummary:
+    """The slowest rank now and the reported stragglers, for ``status`` (``asdict`` for ``--json``)."""
+    reported = [
+        ReportedStraggler(e.attempt, e.rank, e.rank_node, e.step, e.work_s, e.fastest_s, e.ratio)
+        for e in of_kind(events, Straggler)
+    ]
+    return StragglerSummary(slowest_rank(paths), reported)
+
+
+def slowest_rank(paths: RunPaths) -> SlowestRank | None:
     """The rank with the most own work per step in the latest summary every rank wrote."""
     latest = [
         line for line in (_last_line(p) for p in sorted(steptimes_dir(paths).glob("rank*.jsonl"))) if line
@@ -45,39 +84,36 @@ def slowest_rank(paths: RunPaths) -> dict[str, Any] | None:
     slow = max(same, key=lambda line: float(line["work_s"]))
     fast = min(same, key=lambda line: float(line["work_s"]))
     ratio = round(float(slow["work_s"]) / float(fast["work_s"]), 3) if fast["work_s"] else None
-    return {
-        "rank": slow.get("rank"),
-        "node": slow.get("node"),
-        "attempt": slow.get("attempt"),
-        "step": slow.get("step"),
-        "work_s": slow.get("work_s"),
-        "wait_s": slow.get("wait_s"),
-        "fastest_rank": fast.get("rank"),
-        "fastest_s": fast.get("work_s"),
-        "ratio": ratio,
-        "ranks": len(same),
-        "basis": slow.get("basis"),
-    }
+    return SlowestRank(
+        rank=slow.get("rank"),
+        node=slow.get("node"),
+        attempt=slow.get("attempt"),
+        step=slow.get("step"),
+        work_s=slow.get("work_s"),
+        wait_s=slow.get("wait_s"),
+        fastest_rank=fast.get("rank"),
+        fastest_s=fast.get("work_s"),
+        ratio=ratio,
+        ranks=len(same),
+        basis=slow.get("basis"),
+    )
 
 
-def describe(summary: dict[str, Any] | None) -> str | None:
+def describe(summary: StragglerSummary | None) -> str | None:
     """One status line, or None when no rank has summarised a step yet."""
     if not summary:
         return None
-    slow, reported = summary.get("slowest"), summary.get("reported") or []
+    slow, reported = summary.slowest, summary.reported
     parts = []
     if slow:
-        ratio = (
-            f", {slow['ratio']:.2f}x the fastest (rank {slow['fastest_rank']})" if slow.get("ratio") else ""
-        )
+        ratio = f", {slow.ratio:.2f}x the fastest (rank {slow.fastest_rank})" if slow.ratio else ""
         parts.append(
-            f"slowest rank {slow['rank']} on {slow['node']}: {float(slow['work_s']) * 1000:.1f} ms own work "
-            f"per step{ratio} at step {slow['step']}"
+            f"slowest rank {slow.rank} on {slow.node}: {float(slow.work_s or 0.0) * 1000:.1f} ms own work "
+            f"per step{ratio} at step {slow.step}"
         )
     if reported:
         names = ", ".join(
-            f"rank {r['rank']} on {r['rank_node']}" + (f" ({r['ratio']:.2f}x)" if r.get("ratio") else "")
-            for r in reported
+            f"rank {r.rank} on {r.rank_node}" + (f" ({r.ratio:.2f}x)" if r.ratio else "") for r in reported
         )
         parts.append(f"stragglers: {names}")
     elif slow:

@@ -6,20 +6,20 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
 
-from ..fsutil import read_jsonl
 from ..rundir import Event, RunPaths, read_events
+from ..rundir.metrics import MetricsLine, read_metrics
+from ..rundir.progress import ProgressRecord, progress_file
 from .accounting import RunTime, account, attempt_keys
 
 
-def read_progress(paths: RunPaths, attempt: str) -> dict[str, Any] | None:
+def read_rank0_progress(paths: RunPaths, attempt: str) -> ProgressRecord | None:
     """Rank 0's last progress record of ``attempt`` (written about once a second by the trainer)."""
     try:
-        data = json.loads((paths.attempt_dir(attempt) / "rank0.progress.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        data = json.loads(progress_file(paths, attempt, 0).read_text())
+        return ProgressRecord.from_json(data) if isinstance(data, dict) else None
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    return data if isinstance(data, dict) else None
 
 
 def time_limit_of(paths: RunPaths) -> float | None:
@@ -36,13 +36,13 @@ def run_time(
     run: Path,
     *,
     events: list[Event] | None = None,
-    metrics: list[dict[str, Any]] | None = None,
+    metrics: list[MetricsLine] | None = None,
     live: bool = False,
     now: float | None = None,
 ) -> RunTime:
     """``account()`` of the run directory ``run`` (events and metrics may be passed in when read)."""
     paths = RunPaths(run)
     events = read_events(paths).events if events is None else events
-    metrics = read_jsonl(paths.metrics) if metrics is None else metrics
-    progress = {k: p for k in attempt_keys(events) if (p := read_progress(paths, k)) is not None}
+    metrics = read_metrics(paths.metrics) if metrics is None else metrics
+    progress = {k: p for k in attempt_keys(events) if (p := read_rank0_progress(paths, k)) is not None}
     return account(events, metrics, time_limit_s=time_limit_of(paths), progress=progress, live=live, now=now)

@@ -129,9 +129,22 @@ def followers(after: RunPaths) -> list[Follower]:
     return sorted(found, key=lambda f: f.registered)
 
 
-def predecessor(paths: RunPaths) -> dict[str, Any] | None:
-    """``chain/after.json`` of a run submitted with ``--after`` (None otherwise)."""
-    return _read(chain_dir(paths) / "after.json")
+@dataclass(frozen=True)
+class Predecessor:
+    """``chain/after.json``: the run this one waits for."""
+
+    run: str
+    job_id: str | None
+    registered: float | None
+
+
+def predecessor(paths: RunPaths) -> Predecessor | None:
+    """``chain/after.json`` of a run submitted with ``--after`` (None otherwise, or when it names
+    no run)."""
+    data = _read(chain_dir(paths) / "after.json")
+    if data is None or not data.get("run"):
+        return None
+    return Predecessor(str(data["run"]), data.get("job_id"), data.get("registered"))
 
 
 # ---- the claim ---------------------------------------------------------------------------------
@@ -169,7 +182,8 @@ def give_back(follower: Follower, error: str) -> int:
     """The claimer's release or cancel failed: record the try and give the claim back, so that a
     later pass retries. Returns how many tries have failed."""
     paths = RunPaths(follower.run)
-    tries = int((failures(paths, follower.job_id) or {}).get("tries") or 0) + 1
+    failed = failures(paths, follower.job_id)
+    tries = (failed.tries if failed is not None else 0) + 1
     atomic_write_json(
         failed_file(paths, follower.job_id), {"tries": tries, "error": error, "ts": round(time.time(), 3)}
     )
@@ -177,9 +191,21 @@ def give_back(follower: Follower, error: str) -> int:
     return tries
 
 
-def failures(paths: RunPaths, job_id: str) -> dict[str, Any] | None:
+@dataclass(frozen=True)
+class SettleFailures:
+    """``failed-<job>.json``: how many tries to release or cancel a follower failed, the last error."""
+
+    tries: int
+    error: str | None
+    ts: float
+
+
+def failures(paths: RunPaths, job_id: str) -> SettleFailures | None:
     """The failed tries to settle ``job_id`` (None: none failed); kept once a retry succeeded."""
-    return _read(failed_file(paths, job_id))
+    data = _read(failed_file(paths, job_id))
+    if data is None:
+        return None
+    return SettleFailures(int(data.get("tries") or 0), data.get("error"), float(data.get("ts") or 0))
 
 
 def retry_due(paths: RunPaths, job_id: str, *, now: float | None = None) -> bool:
@@ -187,13 +213,26 @@ def retry_due(paths: RunPaths, job_id: str, *, now: float | None = None) -> bool
     failed = failures(paths, job_id)
     if failed is None:
         return True
-    tries = max(1, int(failed.get("tries") or 1))
+    tries = max(1, failed.tries or 1)
     wait = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (tries - 1))
-    return (now if now is not None else time.time()) >= float(failed.get("ts") or 0) + wait
+    return (now if now is not None else time.time()) >= failed.ts + wait
 
 
-def settlement(paths: RunPaths, job_id: str) -> dict[str, Any] | None:
-    return _read(settled_file(paths, job_id))
+@dataclass(frozen=True)
+class Settlement:
+    """``settled-<job>.json``: the claim on a follower, and what its claimer was to do."""
+
+    action: str | None  # release | cancel
+    reason: str | None
+    state: str | None
+    by: str | None
+
+
+def settlement(paths: RunPaths, job_id: str) -> Settlement | None:
+    data = _read(settled_file(paths, job_id))
+    if data is None:
+        return None
+    return Settlement(data.get("action"), data.get("reason"), data.get("state"), data.get("by"))
 
 
 def _read(path: Path) -> dict[str, Any] | None:

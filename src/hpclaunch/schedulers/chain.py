@@ -62,8 +62,8 @@ def settle_around(paths: RunPaths, *, by: str) -> None:
     with contextlib.suppress(OSError):
         settle_followers(paths, by=by, pauses=())
         before = predecessor(paths)
-        if before is not None and before.get("run"):
-            after = RunPaths(Path(str(before["run"])))
+        if before is not None:
+            after = RunPaths(Path(before.run))
             if after.is_run():
                 settle_followers(after, by=by, pauses=())
 
