@@ -114,9 +114,12 @@ def main() -> None:
             died = killed_at[f"a{i}"]
             with_tier.append(died - int(r["step"]))
             without.append(died - int(r.get("disk_step") or 0))
-        stalls = [
-            e.record["stall_s"] for e in events if e.event == "snapshot_saved" and e.record.get("stall_s")
-        ]
+        snapshot_events = [e.record for e in events if e.event == "snapshot_saved"]
+        stalls = [e["stall_s"] for e in snapshot_events if e.get("stall_s")]
+        parts: dict[str, list[float]] = {}
+        for e in snapshot_events:
+            for k, v in (e.get("stall_parts") or {}).items():
+                parts.setdefault(k, []).append(v)
         # the step's own time: without the test sleep, if one was asked for (never flattered by it)
         steps = [
             m["step_time_s"] - args.step_sleep
@@ -133,6 +136,8 @@ def main() -> None:
     print(f"                          without it (disk only) {statistics.mean(without):.1f} {without}")
     print(f"  snapshot stall {stall * 1000:.2f} ms (median of {len(stalls)}), median step {step * 1000:.1f} ms: "
           f"{stall / step:.1%} of a step")  # fmt: skip
+    shown = ", ".join(f"{k} {statistics.median(v) * 1000:.2f}" for k, v in parts.items())
+    print(f"  the stall's parts, medians in ms: {shown}")
     assert finished
 
 

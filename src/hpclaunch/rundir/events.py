@@ -410,8 +410,8 @@ class SnapshotSaved(Event):
     KIND = SNAPSHOT_SAVED
     step: int | None = None
     seconds: float | None = None  # staging to publish
-    stall_s: float | None = None  # what training waited for
-    bytes: int | None = None
+    stall_s: float | None = None  # what training waited for: the state dict and the save() call
+    stall_parts: dict[str, float] | None = None  # state, wait, plan, stage (seconds)
 
 
 @dataclass(frozen=True, kw_only=True)

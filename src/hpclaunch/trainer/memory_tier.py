@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -111,18 +112,26 @@ class MemoryTier:
                 step=self._step,
                 seconds=ck.last_save_seconds,
                 stall_s=self._stall,
+                stall_parts=self._stall_parts,
             )
             self._step = None
         if step % self.every or disk_save_now or ck.pending:
             return
+        begun = time.perf_counter()
         try:
-            ck.save(step, state(), blocking=False, extra=extra)
+            snapshot = state()
+            built = time.perf_counter()
+            ck.save(step, snapshot, blocking=False, extra=extra)
         except CheckpointError as e:  # (staging itself failed: no writer was started)
             self._note(SNAPSHOT_FAILED, step=step, error=e.one_line())
             return
-        self._step, self._stall = step, ck.last_stall_seconds
+        self._step, self._stall = step, time.perf_counter() - begun
+        # where the stall went: the state dict, then the checkpointer's own parts
+        parts = {"state": built - begun, **ck.last_stall_parts}
+        self._stall_parts = {k: round(v, 5) for k, v in parts.items()}
 
     _stall: float | None = None
+    _stall_parts: dict[str, float] | None = None
 
     def _note(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:
