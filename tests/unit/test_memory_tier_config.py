@@ -48,3 +48,13 @@ def test_status_says_which_tier_each_attempt_resumed_from_and_what_memory_saved(
     assert (first.resumed_from, first.memory_saved_steps) == (None, None)
     assert (second.resumed_from, second.memory_saved_steps) == ("memory", 15)
     assert (third.resumed_from, third.memory_saved_steps) == ("disk", None)
+
+
+def test_the_attempts_table_shows_what_the_memory_tier_saved() -> None:
+    from hpclaunch.orchestrator.status import Attempt, steps_text
+
+    assert steps_text(Attempt("a1")) == "-"
+    assert steps_text(Attempt("a1", resumed_step=20, last_step=40, resumed_from="disk")) == "20→40"
+    memory = Attempt("a2", resumed_step=35, last_step=90, resumed_from="memory", memory_saved_steps=15)
+    assert steps_text(memory) == "35→90 (memory, +15)"
+    assert steps_text(memory, " → ") == "35 → 90 (memory, +15)"

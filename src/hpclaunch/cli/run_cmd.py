@@ -12,7 +12,7 @@ from ..errors import PreflightFailed, RunNotFoundError, RunStateError, Scheduler
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
-from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves
+from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
 from ..rundir.cause import Cause
@@ -469,7 +469,7 @@ def _status_table(data: StatusView) -> Any:
     for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):
         table.add_column(col)
     for i, a in enumerate(data.attempts, 1):
-        steps = f"{a.resumed_step}→{a.last_step}" if a.resumed_step is not None else "-"
+        steps = steps_text(a)
         end = a.end + (f": {_first_line(a.error)}" if a.error else "")
         if a.replaced:
             end += " (" + ", ".join(f"{s} for {n}" for n, s in a.replaced.items()) + ")"

@@ -23,7 +23,7 @@ from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import PHASES, AttemptTime, RunTime, fmt_seconds
-from .status import StatusView, summarize
+from .status import StatusView, steps_text, summarize
 from .stragglers import work_per_step
 
 FIGURE_TITLES = {
@@ -176,7 +176,7 @@ def _figure_blocks(pngs: dict[str, bytes]) -> list[str]:
 def _attempts_table(summary: StatusView) -> str:
     rows = []
     for i, a in enumerate(summary.attempts, 1):
-        steps = f"{a.resumed_step} → {a.last_step}" if a.resumed_step is not None else "-"
+        steps = steps_text(a, " → ")
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(a.started)) if a.started else "-"
         rows.append(
             f"<tr><td>#{i}</td><td>{_e(a.attempt)}</td><td>{_e(started)}</td><td>{_e(steps)}</td>"

@@ -74,6 +74,17 @@ class Attempt:
     memory_saved_steps: int | None = None  # resumed from memory: steps past the newest disk checkpoint
 
 
+def steps_text(a: Attempt, arrow: str = "→") -> str:
+    """An attempt's steps for a table: "35→90", with the tier it resumed from when the memory
+    tier served it ("35→90 (memory, +15)": 15 steps past the newest checkpoint on disk)."""
+    if a.resumed_step is None:
+        return "-"
+    text = f"{a.resumed_step}{arrow}{a.last_step}"
+    if a.resumed_from == "memory" and a.memory_saved_steps is not None:
+        text += f" (memory, +{a.memory_saved_steps})"
+    return text
+
+
 @dataclass
 class StepCounts:
     """The steps beside goodput (which counts time: ``accounting``): kept of computed."""
