@@ -537,7 +537,7 @@ class Trainer:
                     if self.memory is not None:
                         self.progress.phase("save")
                         self.memory.after_step(
-                            c.step, self.app_state, self.save_extra(), self.ctx.host_group(),
+                            c.step, self.app_state, self.save_extra, self.ctx.host_group(),
                             disk_save_now=disk_save_now,
                         )  # fmt: skip
             batches = None  # stops the loader's workers before the final save

@@ -84,7 +84,9 @@ class MemoryTier:
         # Its writers start now: the first snapshot would otherwise wait for a torch import.
         self.checkpointer.prestart_writer()
         self._settled = 0
-        self._step: int | None = None  # the snapshot in flight
+        self._step: int | None = None  # the snapshot in flight, what it stalled and where
+        self._stall: float | None = None
+        self._stall_parts: dict[str, float] | None = None
 
     # ---- while training -----------------------------------------------------------------------
 
@@ -92,7 +94,7 @@ class MemoryTier:
         self,
         step: int,
         state: Callable[[], dict[str, Any]],
-        extra: dict[str, Any],
+        extra: Callable[[], dict[str, Any]],
         group: Any,
         *,
         disk_save_now: bool,
@@ -121,7 +123,7 @@ class MemoryTier:
         try:
             snapshot = state()
             built = time.perf_counter()
-            ck.save(step, snapshot, blocking=False, extra=extra)
+            ck.save(step, snapshot, blocking=False, extra=extra())
         except CheckpointError as e:  # (staging itself failed: no writer was started)
             self._note(SNAPSHOT_FAILED, step=step, error=e.one_line())
             return
@@ -129,9 +131,6 @@ class MemoryTier:
         # where the stall went: the state dict, then the checkpointer's own parts
         parts = {"state": built - begun, **ck.last_stall_parts}
         self._stall_parts = {k: round(v, 5) for k, v in parts.items()}
-
-    _stall: float | None = None
-    _stall_parts: dict[str, float] | None = None
 
     def _note(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:
