@@ -229,3 +229,14 @@ def test_a_background_save_that_keeps_failing_stops_the_run_at_the_next_step_wit
     assert outcome["status"] == "failed" and 9 <= outcome["step"] <= 16  # right away, not at step 24
     assert outcome["error"] == err[0].removeprefix("hpclaunch: training failed: ")
     assert read_jsonl(RunPaths(run).metrics)[-1]["step"] == outcome["step"]
+
+
+def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpclaunch.trainer.checkpoint.faults import ENV_KILL, kill_requested
+
+    monkeypatch.setenv(ENV_KILL, "35:0:data:writer")
+    assert kill_requested(35, 0, "data") and not kill_requested(45, 0, "data")
+    monkeypatch.setenv(ENV_KILL, ">=35:0:data")
+    assert kill_requested(35, 0, "data") and kill_requested(45, 0, "data")
+    assert not kill_requested(30, 0, "data") and not kill_requested(45, 1, "data")
+    assert not kill_requested(45, 0, "publish")

@@ -11,8 +11,9 @@ Test hooks (environment variables, read at call time; never set them in producti
 ``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>[:writer]``
     the writer sleeps this long before writing a save (proves that staging copied the state);
     with ``:writer``, only a writer process does (background saves; a blocking save does not).
-``HPCLAUNCH_TEST_CKPT_KILL=<step>:<rank>:<phase>[:writer]``
-    rank ``<rank>`` is SIGKILLed while saving ``<step>``; phase ``data``: after its own data
+``HPCLAUNCH_TEST_CKPT_KILL=[>=]<step>:<rank>:<phase>[:writer]``
+    rank ``<rank>`` is SIGKILLed while saving ``<step>`` (``>=``: the first save of that step or a
+    later one, for saves that a loaded machine may skip, such as memory snapshots); phase ``data``: after its own data
     files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
     ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint. The
     training process dies (under the process writer, its writer kills it at that point and dies
@@ -178,7 +179,11 @@ def delay_write_hook(*, in_writer_process: bool = False) -> None:
 
 
 def kill_requested(step: int, rank: int, phase: str) -> bool:
-    return os.environ.get(ENV_KILL, "").removesuffix(":writer") == f"{step}:{rank}:{phase}"
+    spec = os.environ.get(ENV_KILL, "").removesuffix(":writer")
+    if spec.startswith(">="):
+        at, sep, rest = spec[2:].partition(":")
+        return bool(sep) and at.isdigit() and step >= int(at) and rest == f"{rank}:{phase}"
+    return spec == f"{step}:{rank}:{phase}"
 
 
 def kill_hook(step: int, rank: int, phase: str, *, in_writer_process: bool = False) -> None:
