@@ -67,7 +67,6 @@ from .dist import all_gather_json, close_distributed, reshard, set_deterministic
 from .evaluate import Evaluator
 from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
-from .memory_tier import disk_step
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
 from .periodic_saves import PeriodicSaves
@@ -256,10 +255,9 @@ class Trainer:
         """Collective: load the newest complete memory snapshot into ``state`` when it is newer than
         the newest checkpoint on disk; (its LoadResult or None, what the ledger says of the tiers)."""
         assert self.memory is not None and self.checkpointer is not None
-        group = self.ctx.host_group()
-        on_disk = disk_step(self.checkpointer, self.ctx, group)
+        on_disk, in_memory = self.memory.newest_steps(self.checkpointer.directory, self.ctx.host_group())
         tier: dict[str, Any] = {"disk_step": on_disk}
-        if self.memory.newer_than(on_disk, group) is None:
+        if in_memory is None or (on_disk is not None and in_memory <= on_disk):
             return None, tier
         result = self.memory.checkpointer.load_latest(state)
         if result is None or (on_disk is not None and result.info.step <= on_disk):
@@ -535,7 +533,6 @@ class Trainer:
                         self.save(blocking=False)
                         saves.started(self.checkpointer, c.step)
                     if self.memory is not None:
-                        self.progress.phase("save")
                         self.memory.after_step(
                             c.step, self.app_state, self.save_extra, self.ctx.host_group(),
                             disk_save_now=disk_save_now,

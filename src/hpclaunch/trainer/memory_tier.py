@@ -138,18 +138,15 @@ class MemoryTier:
 
     # ---- resume -------------------------------------------------------------------------------
 
-    def newer_than(self, disk_step: int | None, group: Any) -> int | None:
-        """Collective: the newest complete snapshot's step when it is newer than ``disk_step``
-        (None: no disk checkpoint), else None. Rank 0 looks (structure and sizes; every rank checks
-        its share of the hashes when it loads) and tells every rank."""
-        answer: dict[str, Any] = {}
+    def newest_steps(self, disk: Path, group: Any) -> tuple[int | None, int | None]:
+        """Collective: (the newest checkpoint's step on ``disk``, the newest complete snapshot's), each
+        None where there is none. Rank 0 looks at both, by structure and sizes (every rank checks
+        its share of the hashes when it loads), and tells every rank in one broadcast."""
+        steps: list[int | None] = [None, None]
         if self.ctx.is_main:
-            info = _newest(self.directory)
-            if info is not None and (disk_step is None or info.step > disk_step):
-                answer = {"step": info.step}
-        answer = broadcast_json(answer, group, is_source=self.ctx.is_main)
-        step = answer.get("step")
-        return int(step) if step is not None else None
+            steps = [_newest_step(disk), _newest_step(self.directory)]
+        on_disk, in_memory = broadcast_json(steps, group, is_source=self.ctx.is_main)
+        return on_disk, in_memory
 
     # ---- end ----------------------------------------------------------------------------------
 
@@ -170,22 +167,11 @@ class MemoryTier:
             shutil.rmtree(self.directory, ignore_errors=True)
 
 
-def _newest(directory: Path) -> Any:
-    """The newest complete checkpoint in ``directory`` by its structure, or None (also when the
-    directory cannot be read: the tier that cannot be read is not chosen)."""
+def _newest_step(directory: Path) -> int | None:
+    """The newest complete checkpoint's step in ``directory`` by its structure, or None (also when
+    the directory cannot be read: the tier that cannot be read is not chosen)."""
     try:
         info, _ = newest_valid(directory, verify_hashes=False)
     except (OSError, CheckpointError, FilesystemError):
         return None
-    return info
-
-
-def disk_step(checkpointer: Checkpointer, ctx: DistContext, group: Any) -> int | None:
-    """Collective: the newest disk checkpoint's step by its structure (rank 0 looks), or None."""
-    answer: dict[str, Any] = {}
-    if ctx.is_main:
-        info = _newest(checkpointer.directory)
-        answer = {"step": info.step} if info is not None else {}
-    answer = broadcast_json(answer, group, is_source=ctx.is_main)
-    step = answer.get("step")
-    return int(step) if step is not None else None
+    return info.step if info is not None else None
