@@ -547,9 +547,17 @@ class MemoryTierConfig(_Section):
         ge=1,
         description="Snapshot the state into the node's shared memory every this many steps, between "
         "disk checkpoints: a crash or hang restarted in place resumes from the newest complete snapshot "
-        "when it is newer than the newest checkpoint on disk; null = off. One node only for now.",
+        "when it is newer than the newest checkpoint on disk; null = off.",
     )
     keep_last: int = Field(2, ge=1, description="Snapshots kept in memory, newest first.")
+    replicas: int = Field(
+        1,
+        ge=0,
+        le=1,
+        description="Copies of each rank's snapshot kept on another node (its buddy: the same local rank "
+        "on the next node), so that a spare replacing a dead node restores from memory too; 0 = none. "
+        "On one node there is no other node: nothing is copied.",
+    )
     dir: str | None = Field(
         None,
         description="Where the snapshots go (a tmpfs on the node); null = /dev/shm/hpclaunch/<run id>.",
@@ -799,13 +807,6 @@ class RunConfig(_Section):
             raise KeyedValueError(
                 "launch.backend",
                 "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
-            )
-        if self.checkpoint.memory.every_steps is not None and s.nodes > 1:
-            raise KeyedValueError(
-                "checkpoint.memory.every_steps",
-                f"the memory tier needs scheduler.nodes: 1 for now (this run has {s.nodes}): "
-                "snapshots are not yet replicated to a peer node; use null",
-                related=("scheduler.nodes",),
             )
         if self.train.precision == "bf16" and s.gpus_per_node == 0:
             raise KeyedValueError("train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)")

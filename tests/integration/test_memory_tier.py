@@ -1,8 +1,8 @@
-"""The memory tier (``checkpoint.memory``) across real processes: torchrun with 2 gloo ranks, each
-with a writer process per tier, snapshots in shared memory between the checkpoints on disk.
+"""The memory tier (``checkpoint.memory``) across real processes: torchrun with 2 gloo ranks on one
+node, snapshots in shared memory between the checkpoints on disk.
 
 A rank killed while training resumes from the newest complete snapshot, not from the older disk
-checkpoint; a rank killed while its writer writes a snapshot leaves a half-made one that is never
+checkpoint; a rank killed while its snapshot's job writes its shard leaves a half-made one that is never
 read (the previous complete snapshot is); both runs end bitwise equal to a run without faults, the
 ledger says which tier each resume came from, and the node's memory is freed when the run ends.
 The same through the node agent and the local scheduler: an in-place restart after a SIGKILL.
@@ -76,11 +76,9 @@ def shm_of(run: Path) -> Path:
 
 
 def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[Path, int, int]:
-    """A run whose rank is SIGKILLed while its writer writes a snapshot (``ENV_KILL``: [>=]step,
-    rank, phase; the writer dies with its rank), then resumed as attempt a2, which must finish;
-    with the step of the half-made snapshot and the newest that was complete when the rank died
-    (which ones there are depends on the machine's load: a snapshot still writing when the next is
-    due makes that one skipped)."""
+    """A run whose rank is SIGKILLed while its snapshot's job writes its shard (``ENV_KILL``: step,
+    rank, phase ``write``), then resumed as attempt a2, which must finish; with the step of the
+    half-made snapshot and the newest that rank 0 had noted as saved when the rank died."""
     run = h.make_run(
         root, name, data, [*TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm_of(root / name)}"]
     )
@@ -88,12 +86,12 @@ def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[
         h.command(run), env=h.env_for("a1", {ENV_KILL: kill}), capture_output=True, text=True, timeout=300
     )
     assert crashed.returncode != 0, h.describe(crashed)
-    shm = shm_of(run)
-    (half,) = shm.glob(".step_*.tmp-*")  # the half-made snapshot, left as it was
-    killed = int(half.name.split("_")[1].split(".")[0])
+    (half,) = shm_of(run).glob("*/step-*/.rank-*.bin.tmp")  # the half-made shard, left as it was
+    killed, rank = int(half.parent.name.split("-")[1]), half.name.split(".")[1]
     saved = [int(e["step"]) for e in h.events(run) if e["event"] == SNAPSHOT_SAVED]
-    assert saved and saved[-1] < killed and (shm / f"step_{saved[-1]:06d}").is_dir(), (saved, killed)
-    assert not (shm / f"step_{killed:06d}").exists()
+    before = half.parent.parent / f"step-{saved[-1]:08d}-w2"
+    assert saved and saved[-1] < killed and (before / f"{rank}.json").is_file(), (saved, killed)
+    assert not (half.parent / f"{rank}.json").exists()  # never published
     proc = h.train(run, attempt="a2")
     assert proc.returncode == 0, h.describe(proc)
     return run, killed, saved[-1]
@@ -102,7 +100,7 @@ def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[
 def test_a_snapshot_half_written_when_its_rank_died_is_never_restored(
     reference: str, root: Path, data: Path
 ) -> None:
-    run, killed, newest = killed_in_a_snapshot(root, data, "half-written", ">=35:0:data")
+    run, killed, newest = killed_in_a_snapshot(root, data, "half-written", "35:0:write")
     r = resumed(run, "a2")
     # the newest complete tier, never the half-made snapshot
     on_disk = 40 if killed > 40 else 20
@@ -117,7 +115,7 @@ def test_without_a_snapshot_newer_than_the_disk_the_disk_tier_serves(
 ) -> None:
     # Killed while writing the snapshot of step 25: the complete ones (15 at most: memory skips the
     # disk's step 20) are older than the disk's 20.
-    run, killed, newest = killed_in_a_snapshot(root, data, "disk-newer", "25:1:data")
+    run, killed, newest = killed_in_a_snapshot(root, data, "disk-newer", "25:1:write")
     r = resumed(run, "a2")
     assert killed == 25 and newest < 20 and (r["step"], r["tier"], r["disk_step"]) == (20, "disk", 20), r
     assert h.outcome(run, "a2")["params_sha256"] == reference

@@ -16,11 +16,13 @@ from hpclaunch.trainer.memory_tier import SHM_ROOT, snapshot_dir
 pytestmark = pytest.mark.fast
 
 
-def test_off_by_default_and_refused_on_several_nodes_until_snapshots_are_replicated() -> None:
+def test_off_by_default_one_replica_and_several_nodes_allowed() -> None:
     assert load_config(None, []).checkpoint.memory.every_steps is None
     assert load_config(None, ["checkpoint.memory.every_steps=5"]).checkpoint.memory.every_steps == 5
-    with pytest.raises(ConfigError, match=re.escape("checkpoint.memory.every_steps: the memory tier needs")):
-        load_config(None, ["checkpoint.memory.every_steps=5", "scheduler.kind=slurm", "scheduler.nodes=2"])
+    several = ["checkpoint.memory.every_steps=5", "scheduler.kind=slurm", "scheduler.nodes=2"]
+    assert load_config(None, several).checkpoint.memory.replicas == 1
+    with pytest.raises(ConfigError, match=re.escape("checkpoint.memory.replicas")):
+        load_config(None, [*several, "checkpoint.memory.replicas=2"])
     with pytest.raises(ConfigError, match=r"checkpoint\.memory\.every_steps"):
         load_config(None, ["checkpoint.memory.every_steps=0"])
 

@@ -358,6 +358,8 @@ class Resumed(Event):
     startup_s: dict[str, float] | None = None  # the trainer's own start-up parts, when it reports them
     tier: str | None = None  # "memory" or "disk" (None: before the memory tier, or a fresh start)
     disk_step: int | None = None  # the newest checkpoint on disk then (the memory tier's gain over it)
+    memory_reason: str | None = None  # with the memory tier, why the disk served (or nothing did)
+    shards_from: dict[str, list[int]] | None = None  # from memory: node -> the ranks whose shards it served
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -409,9 +411,10 @@ class CheckpointSuperseded(Event):
 class SnapshotSaved(Event):
     KIND = SNAPSHOT_SAVED
     step: int | None = None
-    seconds: float | None = None  # staging to publish
-    stall_s: float | None = None  # what training waited for: the state dict and the save() call
-    stall_parts: dict[str, float] | None = None  # state, wait, plan, stage (seconds)
+    seconds: float | None = None  # the background job: own copy written, buddy's sent, published
+    stall_s: float | None = None  # what training waited for: the previous job, the state dict, staging
+    stall_parts: dict[str, float] | None = None  # wait, state, staging (seconds)
+    bytes: int | None = None  # this rank's shard (rank 0's, who writes the ledger)
 
 
 @dataclass(frozen=True, kw_only=True)

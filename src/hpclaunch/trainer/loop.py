@@ -212,23 +212,28 @@ class Trainer:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
             state = self.app_state()
-            result = None
+            restored = None
             if self.memory is not None:
-                result, tier = self._load_from_memory(state)
-            if result is None:
-                result = self.checkpointer.load_latest(state)
-            if result is not None:
+                restored, tier = self.memory.restore(
+                    state, self.checkpointer.directory, self.ctx.host_group()
+                )
+            result = None if restored is not None else self.checkpointer.load_latest(state)
+            loaded = restored or result  # (the memory's snapshot, or the disk's checkpoint)
+            if loaded is not None:
+                sections = loaded.saved_sections
                 set_state_dict(
                     self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
                 )
                 self.counters = Counters(**{k: int(v) for k, v in state["train"].items()})
-                if self.ema is not None and "ema" in result.saved_sections:
+                if self.ema is not None and "ema" in sections:
                     self.ema.load_counts(state["ema"])
                 elif self.ema is not None:  # turned on after this checkpoint was written
                     self.ema.reset_from_model()
-                if self.ctx.rank not in result.ranks_without_rank_local:
+                if self.ctx.rank not in loaded.ranks_without_rank_local:
                     restore_rng_state(state[RANK_LOCAL][rank_local_key(self.ctx.rank)], self.ctx.device)
-                checkpoint_path = str(result.info.path)
+                checkpoint_path = (
+                    restored.path if restored is not None else str(result.info.path) if result else None
+                )
                 if self.memory is not None:
                     tier.setdefault("tier", "disk")
             elif self.cfg.train.init_from:  # no checkpoint of its own yet: another run's weights
@@ -250,19 +255,6 @@ class Trainer:
                 startup_s=self.startup.seconds(),
                 **tier,
             )
-
-    def _load_from_memory(self, state: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
-        """Collective: load the newest complete memory snapshot into ``state`` when it is newer than
-        the newest checkpoint on disk; (its LoadResult or None, what the ledger says of the tiers)."""
-        assert self.memory is not None and self.checkpointer is not None
-        on_disk, in_memory = self.memory.newest_steps(self.checkpointer.directory, self.ctx.host_group())
-        tier: dict[str, Any] = {"disk_step": on_disk}
-        if in_memory is None or (on_disk is not None and in_memory <= on_disk):
-            return None, tier
-        result = self.memory.checkpointer.load_latest(state)
-        if result is None or (on_disk is not None and result.info.step <= on_disk):
-            return None, tier  # (the newest snapshot was damaged: an older one is no better than disk)
-        return result, {**tier, "tier": "memory"}
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:
         """Checkpoint the state after step ``counters.step`` (collective). ``supersede``: a stop's
@@ -441,6 +433,8 @@ class Trainer:
                 torch.nn.utils.clip_grads_with_norm_(self.params, t.grad_clip, norm)
             if self.checkpointer is not None:  # CUDA: a save's staging copies finish first (on the GPU)
                 self.checkpointer.before_update()
+            if self.memory is not None:
+                self.memory.before_update()
             self.opt.step()
             if self.ema is not None:
                 self.ema.update()

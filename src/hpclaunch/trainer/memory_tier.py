@@ -1,92 +1,93 @@
-"""The memory tier: snapshots of the training state in the node's shared memory, between the
-checkpoints on disk, so that a crash or a hang restarted in place loses seconds, not an interval.
+"""The memory tier: snapshots of the training state in the nodes' shared memory, between the
+checkpoints on disk, each rank's shard also on a peer node, so that a crash, a hang or a node's
+death restarted in place loses seconds, not an interval.
 
-Every ``checkpoint.memory.every_steps`` steps each rank's state goes the way of a background disk
-save: staged in one copy (the stall), written by the rank's writer process into a directory on a
-tmpfs (``/dev/shm/hpclaunch/<run id>`` unless ``checkpoint.memory.dir`` says otherwise), published
-by rename once every rank's files and the manifest are there. So a snapshot is complete or it does
-not exist: a rank killed while writing leaves a temporary directory that no resume reads.
+Every ``checkpoint.memory.every_steps`` steps each rank stages its state (the staging copy: the
+stall) and a thread of the rank writes it into its node's tmpfs (``/dev/shm/hpclaunch/<run id>/<node>``
+unless ``checkpoint.memory.dir`` says otherwise) and sends it to its buddy on the next node, which
+keeps it in its own (``snapshots.transfer``). A snapshot is rank-local (``snapshots``): no DCP plan,
+no collective while training.
 
-After an in-place restart, ``Trainer.resume`` asks ``choose_tier``: the newest complete snapshot if
-it is newer than the newest checkpoint on disk, else the disk. The ledger's ``resumed`` says which
-tier and the disk's step beside it (what the memory tier saved). A snapshot never replaces a disk
-save: the stop's save (preemption, the time limit, a user stop) and the periodic ones still go to
-disk, and memory does not outlive the allocation: the directory is removed when the trainer ends
-with its last save on disk.
-
-One node for now (config refuses more): every rank of the run writes into the same tmpfs, so a
-snapshot is a whole DCP checkpoint. Several nodes need each node's shards copied to a peer node
-(docs/design.md, "next").
+After an in-place restart, ``restore`` gathers what every node of the roster holds (one
+``all_gather``), and every rank computes the same plan: the newest snapshot newer than the disk's
+newest checkpoint of which every rank's shard is still held somewhere (its own node's copy, or its
+buddy's when its node died and a spare took its place). The spare's ranks are sent their shards by a
+node that holds them. Else the disk tier serves, and the ledger's ``resumed`` says why. A snapshot
+never replaces a disk save: a stop's save (preemption, the time limit, a user stop) and the periodic
+ones still go to disk, and memory does not outlive the allocation: the snapshots are removed when the
+trainer ends with its last save on disk.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import shutil
+import os
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
 from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths
-from .checkpoint import Checkpointer
+from ..rundir.env import NODE_NAME_VAR
 from .checkpoint.manifest import newest_valid
-from .checkpoint.writing import resolve_write_threads
-from .dist import DistContext, broadcast_json
+from .checkpoint.staging import SharedStager
+from .dist import DistContext, all_gather_json
+from .snapshots import shard
+from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
+from .snapshots.store import NodeStore, describe_json
+from .snapshots.transfer import SnapshotJob, exchange_pulls, new_link
 
 SHM_ROOT = Path("/dev/shm/hpclaunch")
 
 
 def snapshot_dir(cfg: RunConfig, paths: RunPaths) -> Path:
-    """Where this run's snapshots live on the node: one directory per run directory."""
+    """Where this run's snapshots live: one directory per run directory, one below it per node."""
     if cfg.checkpoint.memory.dir:
         return Path(cfg.checkpoint.memory.dir)
     run_id = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
     return SHM_ROOT / run_id
 
 
+def node_name() -> str:
+    """This node as the scheduler names it (the node agent says), else its host name."""
+    return os.environ.get(NODE_NAME_VAR) or socket.gethostname().split(".")[0]
+
+
+class Restored(NamedTuple):
+    """A restore from memory: the step, the state's sections the shard held, where it came from."""
+
+    step: int
+    saved_sections: set[str]
+    path: str
+    ranks_without_rank_local: frozenset[int] = frozenset()  # (a shard always holds its rank's own)
+
+
 class MemoryTier:
-    """One rank's memory tier: when to snapshot, the snapshots' checkpointer, and what they cost."""
+    """One rank's memory tier: when to snapshot, its node's store, its buddy, what they cost."""
 
     def __init__(
-        self,
-        cfg: RunConfig,
-        ctx: DistContext,
-        paths: RunPaths,
-        ledger: Ledger | None,
-        *,
-        ranks_on_node: int,
+        self, cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None, *, ranks_on_node: int
     ) -> None:
         m = cfg.checkpoint.memory
         assert m.every_steps is not None
-        self.every = m.every_steps
+        self.every, self.keep_last = m.every_steps, m.keep_last
         self.ctx = ctx
         self.ledger = ledger
-        self.directory = snapshot_dir(cfg, paths)
-        # No ledger of its own: its saves are snapshots (``snapshot_saved``), not checkpoints, and
-        # must not count where checkpoints do (status, the save interval, goodput).
-        self.checkpointer = Checkpointer(
-            self.directory,
-            rank=ctx.rank,
-            world_size=ctx.world_size,
-            config_hash=cfg.config_hash(),
-            model_hash=cfg.model_hash(),
-            keep_last=m.keep_last,
-            writer="process",
-            writer_nice=cfg.checkpoint.writer_nice,
-            # Never at idle priority: nothing ever waits for a snapshot, so where every core trains
-            # an idle writer would never be found starved and replaced; it would simply never finish.
-            writer_idle=False,
-            write_threads=resolve_write_threads(cfg.checkpoint.write_threads, ranks_on_node),
-        )
-        # Its writers start now: the first snapshot would otherwise wait for a torch import.
-        self.checkpointer.prestart_writer()
-        self._settled = 0
-        self._step: int | None = None  # the snapshot in flight, what it stalled and where
-        self._stall: float | None = None
-        self._stall_parts: dict[str, float] | None = None
+        self.root = snapshot_dir(cfg, paths)
+        self.store = NodeStore(self.root, node_name())
+        self.hashes = {"config_hash": cfg.config_hash(), "model_hash": cfg.model_hash()}
+        replicated = m.replicas > 0
+        buddy = buddy_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
+        ward = ward_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
+        self.link = new_link(buddy, ward)  # collective: every rank builds its tier at the same point
+        self.stager = SharedStager()
+        self.job: SnapshotJob | None = None
+        self._stall: dict[str, Any] = {}
+        self._sections: set[str] = set()
 
     # ---- while training -----------------------------------------------------------------------
 
@@ -100,37 +101,54 @@ class MemoryTier:
         disk_save_now: bool,
     ) -> None:
         """Every rank, after every step: settle a finished snapshot, start one when due. A snapshot
-        still writing is never waited for (the next due step is skipped instead), and one that
-        failed is said and dropped: the disk tier is still there."""
-        ck = self.checkpointer
-        error = ck.poll_background(group)  # collective only while one is pending (alike on all ranks)
-        if error is not None:
-            self._note(SNAPSHOT_FAILED, step=self._step, error=error.one_line())
-            self._step = None
-        elif ck.settled_saves != self._settled:
-            self._settled = ck.settled_saves
-            self._note(
-                SNAPSHOT_SAVED,
-                step=self._step,
-                seconds=ck.last_save_seconds,
-                stall_s=self._stall,
-                stall_parts=self._stall_parts,
-            )
-            self._step = None
-        if step % self.every or disk_save_now or ck.pending:
+        still moving when the next is due is waited for (every rank starts each due one, so every
+        send has its receive); one that failed is said and dropped: the disk tier is still there."""
+        del extra, group  # (a snapshot's description holds what it needs; no collective here)
+        if self.job is not None and self.job.done():
+            self._settle()
+        if step % self.every or disk_save_now:
             return
         begun = time.perf_counter()
+        if self.job is not None:
+            self.job.join()
+            self._settle()
+        waited = time.perf_counter()
         try:
             snapshot = state()
             built = time.perf_counter()
-            ck.save(step, snapshot, blocking=False, extra=extra())
-        except CheckpointError as e:  # (staging itself failed: no writer was started)
-            self._note(SNAPSHOT_FAILED, step=step, error=e.one_line())
+            staged = self.stager.stage(snapshot)  # (on CUDA: queued; the job waits for the copies)
+        except (OSError, RuntimeError) as e:  # (staging itself failed: nothing was started)
+            self._note(SNAPSHOT_FAILED, step=step, error=f"staging the snapshot of step {step}: {e}")
             return
-        self._step, self._stall = step, time.perf_counter() - begun
-        # where the stall went: the state dict, then the checkpointer's own parts
-        parts = {"state": built - begun, **ck.last_stall_parts}
-        self._stall_parts = {k: round(v, 5) for k, v in parts.items()}
+        staged_at = time.perf_counter()
+        meta = shard.describe(
+            staged, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size, hashes=self.hashes
+        )
+        self.job = SnapshotJob(
+            self.store,
+            staged=staged,
+            meta=describe_json(meta),
+            nbytes=staged.layout.nbytes,
+            step=step,
+            world=self.ctx.world_size,
+            rank=self.ctx.rank,
+            link=self.link,
+            keep_last=self.keep_last,
+        )
+        parts = {"wait": waited - begun, "state": built - waited, "staging": staged_at - built}
+        self._stall = {
+            "stall_s": round(time.perf_counter() - begun, 5),
+            "stall_parts": {k: round(v, 5) for k, v in parts.items()},
+            "bytes": staged.layout.nbytes,
+        }
+
+    def _settle(self) -> None:
+        job, self.job = self.job, None
+        assert job is not None
+        if job.error is not None:
+            self._note(SNAPSHOT_FAILED, step=job.step, error=job.error)
+        else:
+            self._note(SNAPSHOT_SAVED, step=job.step, seconds=round(job.seconds or 0.0, 4), **self._stall)
 
     def _note(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:
@@ -138,33 +156,100 @@ class MemoryTier:
 
     # ---- resume -------------------------------------------------------------------------------
 
-    def newest_steps(self, disk: Path, group: Any) -> tuple[int | None, int | None]:
-        """Collective: (the newest checkpoint's step on ``disk``, the newest complete snapshot's), each
-        None where there is none. Rank 0 looks at both, by structure and sizes (every rank checks
-        its share of the hashes when it loads), and tells every rank in one broadcast."""
-        steps: list[int | None] = [None, None]
-        if self.ctx.is_main:
-            steps = [_newest_step(disk), _newest_step(self.directory)]
-        on_disk, in_memory = broadcast_json(steps, group, is_source=self.ctx.is_main)
-        return on_disk, in_memory
+    def restore(
+        self, state: dict[str, Any], disk: Path, group: Any
+    ) -> tuple[Restored | None, dict[str, Any]]:
+        """Collective: fill ``state`` from the newest whole snapshot newer than the newest checkpoint
+        on ``disk``; (what was restored or None, what the ledger's ``resumed`` says of the tiers)."""
+        report = {
+            "node": self.store.node,
+            "disk": _newest_step(disk) if self.ctx.is_main else None,
+            "holds": [
+                [s, w, r, n, m]
+                for s, worlds in self.store.holdings().items()
+                for w, ranks in worlds.items()
+                for r, (n, m) in ranks.items()
+            ],
+        }
+        reports = all_gather_json(report, group)
+        on_disk: int | None = reports[0]["disk"]
+        hosts = [r["node"] for r in reports]
+        holdings: dict[str, dict[int, dict[int, dict[int, tuple[int, int]]]]] = {}
+        for r in reports:
+            held = holdings.setdefault(r["node"], {})
+            for s, w, rank, n, m in r["holds"]:
+                held.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
+        plan = plan_restore(hosts, holdings, on_disk)
+        tier: dict[str, Any] = {"disk_step": on_disk}
+        if plan.step is None:
+            return None, {**tier, "memory_reason": plan.reason}
+        why = self._fill(state, plan, group)
+        if why is not None:
+            return None, {**tier, "memory_reason": why}
+        sections = self._sections
+        path = str(self.store.step_dir(plan.step, self.ctx.world_size))
+        return Restored(plan.step, sections, path), {
+            **tier,
+            "tier": "memory",
+            "shards_from": plan.shards_from(),
+        }
+
+    def _fill(self, state: dict[str, Any], plan: RestorePlan, group: Any) -> str | None:
+        """Collective: this rank's shard (read here, or pulled), checked on every rank, then copied;
+        the reason when any rank's does not fit (nothing is copied then, on any rank)."""
+        assert plan.step is not None
+        pulled = exchange_pulls(
+            plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, self.link
+        )
+        why: str | None = None
+        meta: dict[str, Any] = {}
+        payload = b""
+        try:
+            if pulled is None:
+                meta_bytes, payload = self.store.read(plan.step, self.ctx.world_size, self.ctx.rank)
+            else:
+                meta_bytes, payload = pulled
+            meta = shard.parse(meta_bytes)
+            expect = {
+                "step": plan.step,
+                "rank": self.ctx.rank,
+                "world_size": self.ctx.world_size,
+                **self.hashes,
+            }
+            why = shard.misfit(state, meta, expect)
+        except (OSError, ValueError) as e:
+            why = f"rank {self.ctx.rank}'s snapshot cannot be read: {e}"
+        whys = all_gather_json(why, group)
+        first = next((w for w in whys if w is not None), None)
+        if first is not None:
+            return first
+        self._sections = shard.fill(state, meta, payload)
+        return None
 
     # ---- end ----------------------------------------------------------------------------------
 
     def drop_pending(self) -> None:
-        """Every rank, before a stop's or the end's save to disk: a snapshot still writing is
-        dropped (the disk save is newer) so that its writer takes no CPU from that save."""
-        try:
-            self.checkpointer.wait(supersede=True)
-        except CheckpointError as e:
-            self._note(SNAPSHOT_FAILED, step=self._step, error=e.one_line())
-        self._step = None
+        """Every rank, before a stop's or the end's save to disk: the snapshot still moving finishes
+        (its peer is alive and waits for it), and is said."""
+        if self.job is not None:
+            self.job.join()
+            self._settle()
 
     def close(self, *, remove: bool) -> None:
-        """Stop the writer (a snapshot still writing is dropped); ``remove``: the last save is on
-        disk, so rank 0 frees the node's memory of this run's snapshots."""
-        self.checkpointer.close()
-        if remove and self.ctx.is_main:
-            shutil.rmtree(self.directory, ignore_errors=True)
+        """Let the snapshot in flight finish for a moment; ``remove``: the last save is on disk, so
+        this node's memory of this run's snapshots is freed (by the node's first rank)."""
+        if self.job is not None:
+            self.job.join(timeout=30)
+            self.job = None
+        self.stager.close()
+        if remove and self.ctx.local_rank == 0:  # (every job of the node has ended: see the stop)
+            self.store.remove()
+            with contextlib.suppress(OSError):
+                self.root.rmdir()  # the last node out (where nodes share a /dev/shm)
+
+    def before_update(self) -> None:
+        """Before the optimizer changes the live tensors (CUDA: the staging copies go first)."""
+        self.stager.before_update()
 
 
 def _newest_step(directory: Path) -> int | None:

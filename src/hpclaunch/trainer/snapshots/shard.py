@@ -1,0 +1,109 @@
+"""A shard's description, and the live state filled back from a shard.
+
+The description is the staging layout (every tensor's slot in the payload: offset, dtype, shape), the
+plain values serialized as the staging copy serializes them (``torch.save``, read back only with
+``weights_only=True``), DCP's flattening paths, and what must match for a restore: the step, the world
+size, the rank, the config's and the model's hashes. Filling checks first that every slot fits the
+live state (same keys, dtypes and shapes) and copies only then, so a shard that does not fit changes
+nothing and the disk tier serves instead.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import warnings
+from typing import Any
+
+import torch
+
+from ..checkpoint.safe_load import load_item_safely
+from ..checkpoint.staging import Staged, dtype_of
+from ..state import is_dtensor
+
+FORMAT = 1
+
+
+def describe(
+    staged: Staged, *, step: int, rank: int, world_size: int, hashes: dict[str, str]
+) -> dict[str, Any]:
+    layout = staged.layout.describe()
+    return {
+        "format": FORMAT,
+        "step": step,
+        "rank": rank,
+        "world_size": world_size,
+        "nbytes": layout["nbytes"],
+        "slots": layout["slots"],
+        "mappings": layout["mappings"],
+        "objects": staged.objects,
+        **hashes,
+    }
+
+
+def _live_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, mappings = flatten_state_dict(state)
+    tensors = {}
+    for fqn, obj in flat.items():
+        if is_dtensor(obj):
+            if obj.device_mesh.get_coordinate() is not None:
+                tensors[fqn] = obj.to_local()
+        elif isinstance(obj, torch.Tensor):
+            tensors[fqn] = obj
+    return tensors, mappings
+
+
+def misfit(state: dict[str, Any], meta: dict[str, Any], expect: dict[str, Any]) -> str | None:
+    """Why the shard ``meta`` cannot fill ``state`` (None: it can). ``expect``: values that must match."""
+    if meta.get("format") != FORMAT:
+        return f"snapshot format {meta.get('format')} is not {FORMAT}"
+    for key, value in expect.items():
+        if meta.get(key) != value:
+            return f"the snapshot's {key} is {meta.get(key)!r}, this run's {value!r}"
+    tensors, mappings = _live_tensors(state)
+    slots = {s["fqn"]: s for s in meta["slots"]}
+    if set(slots) != set(tensors):
+        extra = sorted(set(slots) ^ set(tensors))
+        return f"the snapshot's tensors differ from the state's ({', '.join(extra[:3])})"
+    unknown = sorted(set(meta["objects"]) - set(mappings))
+    if unknown:
+        return f"the snapshot holds values the state has not ({', '.join(unknown[:3])})"
+    for fqn, t in tensors.items():
+        s = slots[fqn]
+        if dtype_of(s["dtype"]) != t.dtype or list(t.shape) != list(s["shape"]):
+            return f"{fqn} is {s['dtype']}{s['shape']} in the snapshot, {t.dtype}{list(t.shape)} in the state"
+    return None
+
+
+def fill(state: dict[str, Any], meta: dict[str, Any], payload: bytes | bytearray | memoryview) -> set[str]:
+    """Copy the shard into ``state`` (after ``misfit`` said None); the state's sections it held."""
+    from torch.distributed.checkpoint._traverse import set_element
+
+    tensors, mappings = _live_tensors(state)
+    with warnings.catch_warnings():  # (read-only bytes: only read from here)
+        warnings.simplefilter("ignore", UserWarning)
+        base = (
+            torch.frombuffer(payload, dtype=torch.uint8)
+            if len(payload)
+            else torch.empty(0, dtype=torch.uint8)
+        )
+    with torch.no_grad():
+        for s in meta["slots"]:
+            view = (
+                base[s["offset"] : s["offset"] + s["nbytes"]].view(dtype_of(s["dtype"])).reshape(s["shape"])
+            )
+            tensors[s["fqn"]].copy_(view)
+    for fqn, text in meta["objects"].items():
+        value = load_item_safely(io.BytesIO(base64.b64decode(text)), f"memory snapshot item {fqn}")
+        set_element(state, tuple(mappings[fqn]), value)
+    return {str(path[0]) for path in mappings.values()}
+
+
+def parse(meta_bytes: bytes) -> dict[str, Any]:
+    meta = json.loads(meta_bytes)
+    if not isinstance(meta, dict):
+        raise ValueError("a snapshot's description is not an object")
+    return meta

@@ -1,0 +1,148 @@
+"""The memory tier's buddies and restore plans (pure), one node's snapshot files, and a shard filled
+back into a live state: what a restore reads and from where, without a process or a group."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from hpclaunch.trainer.checkpoint.staging import SharedStager
+from hpclaunch.trainer.snapshots import shard
+from hpclaunch.trainer.snapshots.plan import buddy_of, plan_restore, ward_of
+from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
+
+pytestmark = pytest.mark.fast
+
+
+def test_every_buddy_is_on_another_node_and_every_rank_is_someones_ward() -> None:
+    for nodes, per in [(2, 2), (3, 2), (4, 8), (512, 8)]:
+        world = nodes * per
+        buddies = [buddy_of(r, per, world) for r in range(world)]
+        assert all(b is not None and b // per != r // per for r, b in enumerate(buddies))
+        assert sorted(b for b in buddies if b is not None) == list(range(world))  # a permutation
+        assert all(ward_of(b, per, world) == r for r, b in enumerate(buddies) if b is not None)
+    assert buddy_of(1, 2, 2) is None and ward_of(0, 4, 4) is None  # one node: no peer
+
+
+def held(
+    *steps: int, ranks: range, world: int = 4, size: int = 100
+) -> dict[int, dict[int, dict[int, tuple[int, int]]]]:
+    return {s: {world: {r: (size, 10) for r in ranks}} for s in steps}
+
+
+def merged(
+    *parts: dict[int, dict[int, dict[int, tuple[int, int]]]],
+) -> dict[int, dict[int, dict[int, tuple[int, int]]]]:
+    out: dict[int, dict[int, dict[int, tuple[int, int]]]] = {}
+    for p in parts:
+        for s, worlds in p.items():
+            for w, ranks in worlds.items():
+                out.setdefault(s, {}).setdefault(w, {}).update(ranks)
+    return out
+
+
+# Two training nodes (ranks 0-1 on n1, 2-3 on n2): each node holds its own ranks' shards and its
+# ward's (n1 keeps n2's ranks, n2 keeps n1's).
+N1 = merged(held(30, 35, ranks=range(0, 2)), held(30, 35, ranks=range(2, 4)))
+N2 = merged(held(30, 35, ranks=range(2, 4)), held(30, 35, ranks=range(0, 2)))
+
+
+def test_in_place_every_rank_reads_its_own_node_the_newest_whole_snapshot() -> None:
+    plan = plan_restore(["n1", "n1", "n2", "n2"], {"n1": N1, "n2": N2}, disk_step=20)
+    assert plan.step == 35 and plan.pulls == ()
+    assert plan.shards_from() == {"n1": [0, 1], "n2": [2, 3]}
+
+
+def test_a_dead_nodes_shards_are_pulled_by_the_spare_from_the_buddy() -> None:
+    # n1 died with its memory; the spare n3 runs ranks 0-1 and holds nothing yet.
+    plan = plan_restore(["n3", "n3", "n2", "n2"], {"n1": N1, "n2": N2, "n3": {}}, disk_step=20)
+    assert plan.step == 35
+    assert [(p.shard, p.source, p.sender, p.receiver) for p in plan.pulls] == [
+        (0, "n2", 2, 0),
+        (1, "n2", 2, 1),
+    ]
+    assert plan.shards_from() == {"n2": [0, 1, 2, 3]}
+
+
+def test_a_snapshot_missing_one_shard_everywhere_is_never_restored() -> None:
+    # rank 1 died while sending step 35: neither its own copy nor its buddy's was published
+    n1 = merged(held(30, ranks=range(0, 4)), held(35, ranks=range(0, 1)), held(35, ranks=range(2, 4)))
+    n2 = merged(held(30, ranks=range(0, 4)), held(35, ranks=range(2, 4)), held(35, ranks=range(0, 1)))
+    plan = plan_restore(["n1", "n1", "n2", "n2"], {"n1": n1, "n2": n2}, disk_step=20)
+    assert plan.step == 30
+    none = plan_restore(["n1", "n1", "n2", "n2"], {"n1": n1, "n2": n2}, disk_step=30)
+    assert none.step is None and "no whole snapshot: step 35 misses rank 1's shard" in none.reason
+    assert "the disk's step 30 serves" in none.reason
+
+
+def test_the_disk_the_world_size_and_a_buddy_that_died_too_say_why() -> None:
+    hosts = ["n1", "n1", "n2", "n2"]
+    assert (
+        plan_restore(hosts, {"n1": N1, "n2": N2}, disk_step=40).reason
+        == "no snapshot newer than the disk's step 40"
+    )
+    assert plan_restore(hosts, {}, disk_step=None).reason == "no snapshot in memory on this attempt's nodes"
+    other = {"n1": held(35, ranks=range(0, 2), world=2)}
+    assert "taken at world size 2, not 4" in plan_restore(hosts, other, disk_step=None).reason
+    # both n1 and its buddy n2 gone (replaced by n3 and n4): nothing left of ranks 0-3
+    gone = plan_restore(["n3", "n3", "n4", "n4"], {"n1": N1, "n2": N2}, disk_step=None)
+    assert gone.step is None and gone.reason == "no snapshot in memory on this attempt's nodes"
+
+
+def test_a_shard_is_held_once_published_and_only_at_its_size(tmp_path: Path) -> None:
+    store = NodeStore(tmp_path, "n1")
+    pending = store.begin(35, 4, 2, 8)
+    pending.payload()[:] = b"abcdefgh"
+    assert store.holdings() == {}  # not published yet: not held
+    pending.publish(describe_json({"nbytes": 8}))
+    assert store.holdings() == {35: {4: {2: (8, len(describe_json({"nbytes": 8})))}}}
+    assert store.read(35, 4, 2)[1] == b"abcdefgh"
+    cut = store.begin(40, 4, 2, 8)
+    cut.publish(describe_json({"nbytes": 8}))
+    (store.step_dir(40, 4) / "rank-00002.bin").write_bytes(b"abc")  # a payload cut short
+    assert 40 not in store.holdings()
+    dropped = store.begin(45, 4, 2, 8)
+    dropped.drop()
+    assert list(store.step_dir(45, 4).iterdir()) == []
+    store.prune([2], keep_last=1)  # the newest step directory is kept, older ones lose rank 2
+    assert not store.step_dir(35, 4).exists() and store.step_dir(45, 4).exists()
+
+
+def _state(seed: int) -> dict[str, object]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)},
+        "optim": {"state": {"w": {"step": torch.tensor(float(seed))}}, "param_groups": [{"lr": 0.1 * seed}]},
+        "train": {"step": torch.tensor(seed, dtype=torch.int64)},
+        "rank_local": {"rank0": {"python_rng": (3, tuple(range(5)), None)}},
+    }
+
+
+def test_a_shard_fills_a_live_state_in_place_and_a_misfit_changes_nothing() -> None:
+    saved = _state(7)
+    staged = SharedStager().stage(saved)
+    meta = json.loads(
+        describe_json(shard.describe(staged, step=35, rank=0, world_size=2, hashes={"model_hash": "m"}))
+    )
+    payload = os.pread(staged.layout.fd, staged.layout.nbytes, 0)  # what the job copies into the store
+    live = _state(1)
+    w = live["model"]["w"]  # type: ignore[index]
+    expect = {"step": 35, "rank": 0, "world_size": 2, "model_hash": "m"}
+    assert shard.misfit(live, meta, expect) is None
+    assert (
+        shard.misfit(live, meta, {**expect, "model_hash": "other"})
+        == "the snapshot's model_hash is 'm', this run's 'other'"
+    )
+    wrong = _state(1)
+    wrong["model"]["w"] = torch.zeros(4, 3)  # type: ignore[index]
+    assert "model.w is float32[3, 4] in the snapshot" in (shard.misfit(wrong, meta, expect) or "")
+    sections = shard.fill(live, meta, payload)
+    assert sections == {"model", "optim", "train", "rank_local"}
+    assert live["model"]["w"] is w and torch.equal(w, saved["model"]["w"])  # type: ignore[index]
+    assert live["optim"]["param_groups"][0]["lr"] == pytest.approx(0.7)  # type: ignore[index]
+    assert int(live["train"]["step"]) == 7  # type: ignore[index]
+    assert tuple(live["rank_local"]["rank0"]["python_rng"][1]) == tuple(range(5))  # type: ignore[index]
