@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.runlib import (
 
 from hpclaunch.config import load_config
 from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
+from hpclaunch.rundir.env import NODE_NAME_VAR
 from hpclaunch.trainer.checkpoint import ENV_KILL
 from hpclaunch.trainer.memory_tier import snapshot_dir
 
@@ -160,3 +162,48 @@ def test_a_crash_restarted_in_place_resumes_from_memory_not_the_disk(tmp_path: P
     assert final_params_sha(run) == final_params_sha(tmp_path / "runs" / "mem-ref")
     cfg = load_config(TINY, [o for o in overrides if o != "--set"], base=tmp_path)
     assert not snapshot_dir(cfg, RunPaths(run)).exists()  # freed at the end
+
+
+def _two_nodes(run: Path, attempt: str, kill: str | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """The run as two nodes of one rank each on this machine (two torchruns, static rendezvous), each
+    naming its node (``na``, ``nb``) as the node agent would: two stores in one tmpfs."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for node, name in enumerate(["na", "nb"]):
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+            "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
+            "-m", "hpclaunch.trainer", str(run),
+        ]  # fmt: skip
+        extra = {NODE_NAME_VAR: name, **({ENV_KILL: kill} if kill else {})}
+        procs.append(subprocess.Popen(cmd, env=h.env_for(attempt, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    done = []
+    for p in procs:
+        out, _ = p.communicate(timeout=300)
+        done.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
+    return done
+
+
+def test_a_snapshot_whose_rank_died_sending_it_to_its_buddy_is_never_restored(
+    reference: str, root: Path, data: Path
+) -> None:
+    """Two nodes, each rank's snapshot copied to the other node: rank 1 SIGKILLed while it sends its
+    snapshot of step 35 (sizes told, payload not sent). Neither its copy nor its buddy's was
+    published, so 35 is whole nowhere: the restart resumes from 30, each rank from its own node."""
+    name = "died-sending"
+    shm = shm_of(root / name)
+    nodes = ["scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.procs_per_node=1"]
+    run = h.make_run(root, name, data, [*nodes, *TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm}"])
+    first = _two_nodes(run, "a1", kill="35:1:send")
+    assert any(p.returncode != 0 for p in first), [p.stdout[-2000:] for p in first]
+    assert (shm / "na" / f"step-{30:08d}-w2" / "rank-00001.json").is_file()  # 30: whole on both nodes
+    assert not (shm / "nb" / f"step-{35:08d}-w2" / "rank-00001.json").exists()  # 35: never published
+    second = _two_nodes(run, "a2")
+    assert all(p.returncode == 0 for p in second), [p.stdout[-3000:] for p in second]
+    r = resumed(run, "a2")
+    assert (r["step"], r["tier"], r["disk_step"]) == (30, "memory", 20), r
+    assert r["shards_from"] == {"na": [0], "nb": [1]}
+    assert h.outcome(run, "a2")["params_sha256"] == reference
+    assert not shm.exists()
