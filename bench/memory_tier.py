@@ -1,14 +1,16 @@
 """The memory tier's cost and gain, in one run: snapshot stall against a step, and the steps lost per
 failure with the memory tier and without it.
 
-One run of the tiny model (torchrun, 2 gloo ranks, each with its writers) with checkpoints on disk
+One run of the tiny model (torchrun, 2 gloo ranks) with checkpoints on disk
 every ``--disk`` steps and snapshots in memory every ``--memory`` steps. Rank 0 is SIGKILLed at a
 random moment ``--kills`` times; after each kill the next attempt resumes. Each resume's ledger line
 says both what it resumed from (the newest complete snapshot, when newer than the disk) and the
 newest checkpoint on disk at that moment: so the steps lost *without* the memory tier are measured in
 the same run, at the same kill (the last step the killed attempt logged, minus the disk's step),
 beside the steps lost with it (minus the step resumed from). The stall is the ledger's
-``snapshot_saved.stall_s`` (what training waited for: the staging copy), against the median step.
+``snapshot_saved.stall_s`` and ``copy_wait_s`` (what training waited for: the state dict and the
+staging layout after the step, the staging copies at the next optimizer update), against the median
+step; and the step after a snapshot against the others (the snapshot's job runs beside it).
 
     .venv/bin/python bench/memory_tier.py --kills 4
 """
@@ -115,17 +117,22 @@ def main() -> None:
             with_tier.append(died - int(r["step"]))
             without.append(died - int(r.get("disk_step") or 0))
         snapshot_events = [e.record for e in events if e.event == "snapshot_saved"]
-        stalls = [e["stall_s"] for e in snapshot_events if e.get("stall_s")]
+        # what training waited for: after the step (state dict, layout) and at the next update (copies)
+        stalls = [e["stall_s"] + (e.get("copy_wait_s") or 0.0) for e in snapshot_events if e.get("stall_s")]
         parts: dict[str, list[float]] = {}
         for e in snapshot_events:
-            for k, v in (e.get("stall_parts") or {}).items():
+            for k, v in {**(e.get("stall_parts") or {}), "copy_wait": e.get("copy_wait_s") or 0.0}.items():
                 parts.setdefault(k, []).append(v)
         # the step's own time: without the test sleep, if one was asked for (never flattered by it)
-        steps = [
-            m["step_time_s"] - args.step_sleep
+        timed = [
+            (int(m["step"]), m["step_time_s"] - args.step_sleep)
             for m in read_jsonl(RunPaths(run).metrics)
             if m.get("step_time_s")
         ]
+        steps = [t for _, t in timed]
+        # the step after a snapshot, while its job (own copy, the buddy's) runs beside training
+        after = [t for n, t in timed if n % args.memory == 1 and (n - 1) % args.disk]
+        others = [t for n, t in timed if n % args.memory not in (0, 1)]
         finished = (run / "attempts" / f"a{args.kills + 1}.json").exists()
     step = statistics.median(steps)
     stall = statistics.median(stalls) if stalls else float("nan")
@@ -136,6 +143,9 @@ def main() -> None:
     print(f"                          without it (disk only) {statistics.mean(without):.1f} {without}")
     print(f"  snapshot stall {stall * 1000:.2f} ms (median of {len(stalls)}), median step {step * 1000:.1f} ms: "
           f"{stall / step:.1%} of a step")  # fmt: skip
+    slower = statistics.median(after) / statistics.median(others) - 1
+    print(f"  the step after a snapshot (its job runs beside it): {statistics.median(after) * 1000:.1f} ms "
+          f"against {statistics.median(others) * 1000:.1f} ms ({slower:+.1%})")  # fmt: skip
     shown = ", ".join(f"{k} {statistics.median(v) * 1000:.2f}" for k, v in parts.items())
     print(f"  the stall's parts, medians in ms: {shown}")
     assert finished

@@ -413,7 +413,8 @@ class SnapshotSaved(Event):
     step: int | None = None
     seconds: float | None = None  # the background job: own copy written, buddy's sent, published
     stall_s: float | None = None  # what training waited for: the previous job, the state dict, staging
-    stall_parts: dict[str, float] | None = None  # wait, state, staging (seconds)
+    stall_parts: dict[str, float] | None = None  # wait, state, layout (seconds)
+    copy_wait_s: float | None = None  # what the next optimizer update waited for the staging copies
     bytes: int | None = None  # this rank's shard (rank 0's, who writes the ledger)
 
 

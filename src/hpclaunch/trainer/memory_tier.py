@@ -21,6 +21,7 @@ trainer ends with its last save on disk.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import socket
@@ -34,7 +35,7 @@ from ..errors import CheckpointError, FilesystemError
 from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths
 from ..rundir.env import NODE_NAME_VAR
 from .checkpoint.manifest import newest_valid
-from .checkpoint.staging import SharedStager
+from .checkpoint.staging import SharedStager, Staged
 from .dist import DistContext, all_gather_json
 from .snapshots import shard
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
@@ -88,6 +89,7 @@ class MemoryTier:
         self.job: SnapshotJob | None = None
         self._stall: dict[str, Any] = {}
         self._sections: set[str] = set()
+        self._copy_wait: float | None = None  # what the update after a snapshot waited for its copies
 
     # ---- while training -----------------------------------------------------------------------
 
@@ -116,31 +118,34 @@ class MemoryTier:
         try:
             snapshot = state()
             built = time.perf_counter()
-            staged = self.stager.stage(snapshot)  # (on CUDA: queued; the job waits for the copies)
+            staged, finish = self.stager.stage_later(snapshot)  # the copies: in the job (see before_update)
         except (OSError, RuntimeError) as e:  # (staging itself failed: nothing was started)
             self._note(SNAPSHOT_FAILED, step=step, error=f"staging the snapshot of step {step}: {e}")
             return
         staged_at = time.perf_counter()
-        meta = shard.describe(
-            staged, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size, hashes=self.hashes
-        )
         self.job = SnapshotJob(
             self.store,
             staged=staged,
-            meta=describe_json(meta),
-            nbytes=staged.layout.nbytes,
+            finish=finish,
+            describe=functools.partial(self._describe, step),
             step=step,
             world=self.ctx.world_size,
             rank=self.ctx.rank,
             link=self.link,
             keep_last=self.keep_last,
         )
-        parts = {"wait": waited - begun, "state": built - waited, "staging": staged_at - built}
+        parts = {"wait": waited - begun, "state": built - waited, "layout": staged_at - built}
         self._stall = {
             "stall_s": round(time.perf_counter() - begun, 5),
             "stall_parts": {k: round(v, 5) for k, v in parts.items()},
             "bytes": staged.layout.nbytes,
         }
+
+    def _describe(self, step: int, staged: Staged) -> bytes:
+        meta = shard.describe(
+            staged, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size, hashes=self.hashes
+        )
+        return describe_json(meta)
 
     def _settle(self) -> None:
         job, self.job = self.job, None
@@ -148,7 +153,15 @@ class MemoryTier:
         if job.error is not None:
             self._note(SNAPSHOT_FAILED, step=job.step, error=job.error)
         else:
-            self._note(SNAPSHOT_SAVED, step=job.step, seconds=round(job.seconds or 0.0, 4), **self._stall)
+            copy_wait = round(self._copy_wait or 0.0, 5)
+            self._note(
+                SNAPSHOT_SAVED,
+                step=job.step,
+                seconds=round(job.seconds or 0.0, 4),
+                copy_wait_s=copy_wait,
+                **self._stall,
+            )
+        self._copy_wait = None
 
     def _note(self, event: str, **fields: Any) -> None:
         if self.ledger is not None:
@@ -248,7 +261,13 @@ class MemoryTier:
                 self.root.rmdir()  # the last node out (where nodes share a /dev/shm)
 
     def before_update(self) -> None:
-        """Before the optimizer changes the live tensors (CUDA: the staging copies go first)."""
+        """Before the optimizer changes the live tensors: the snapshot's staging copies are done (on
+        CPU the job copies while forward and backward run; on CUDA the GPU waits, not the host)."""
+        if self.job is not None:
+            started = time.perf_counter()
+            self.job.staged.copied.wait()
+            if self._copy_wait is None:
+                self._copy_wait = time.perf_counter() - started
         self.stager.before_update()
 
 

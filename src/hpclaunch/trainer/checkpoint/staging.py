@@ -27,8 +27,10 @@ import io
 import mmap
 import os
 import tempfile
+import threading
 import uuid
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
@@ -135,6 +137,7 @@ class Staged:
     layout: Layout
     objects: dict[str, str]  # fqn -> base64 of torch.save(value)
     event: Any = None  # torch.cuda.Event after the copies, or None (CPU: copied already)
+    copied: threading.Event = field(default_factory=threading.Event)  # set once the host copies ran
 
     def ready(self) -> bool:
         return self.event is None or bool(self.event.query())
@@ -155,11 +158,20 @@ class SharedStager:
         self._serialized: dict[str, tuple[type, Any, str]] = {}  # fqn -> the last scalar sent
 
     def stage(self, state: dict[str, Any]) -> Staged:
+        staged, finish = self.stage_later(state)
+        finish()
+        return staged
+
+    def stage_later(self, state: dict[str, Any]) -> tuple[Staged, Callable[[], None]]:
+        """The layout now; the copies and the serialized values when the returned call runs (on CPU,
+        the memory tier runs it in a thread while the next step's forward and backward run: they
+        change none of the state's tensors, and the optimizer waits for it, ``Staged.copied``).
+        On CUDA the copies are queued here, as ``stage`` does."""
         from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
         flat, mappings = flatten_state_dict(state)
         tensors: list[tuple[str, torch.Tensor, list[int] | None, list[int] | None]] = []
-        objects: dict[str, str] = {}
+        values: dict[str, Any] = {}
         for fqn, obj in flat.items():
             if is_dtensor(obj):
                 if obj.device_mesh.get_coordinate() is None:
@@ -168,7 +180,7 @@ class SharedStager:
             elif isinstance(obj, torch.Tensor):
                 tensors.append((fqn, obj, None, None))
             else:
-                objects[fqn] = self._serialize(fqn, obj)
+                values[fqn] = obj
         key = (
             tuple((f, t.dtype, tuple(t.shape), g and tuple(g), o and tuple(o)) for f, t, g, o in tensors),
             tuple((k, tuple(v)) for k, v in mappings.items()),
@@ -178,8 +190,19 @@ class SharedStager:
             self._new_layout(tensors, mappings, pin=cuda)
             self._key = key
         assert self.layout is not None
-        event = self._copy([t for _, t, _, _ in tensors], self.layout.views, cuda)
-        return Staged(self.layout, objects, event)
+        layout = self.layout
+        staged = Staged(layout, {})
+        sources = [t for _, t, _, _ in tensors]
+        if cuda:
+            staged.event = self._copy(sources, layout.views, cuda)
+
+        def finish() -> None:
+            if not cuda:
+                self._copy(sources, layout.views, cuda)
+            staged.objects.update({fqn: self._serialize(fqn, v) for fqn, v in values.items()})
+            staged.copied.set()
+
+        return staged, finish
 
     def _new_layout(
         self,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,15 +58,17 @@ class SnapshotJob:
         store: NodeStore,
         *,
         staged: Staged,
-        meta: bytes,
-        nbytes: int,
+        finish: Callable[[], None],
+        describe: Callable[[Staged], bytes],
         step: int,
         world: int,
         rank: int,
         link: Link,
         keep_last: int,
     ) -> None:
-        self.store, self.staged, self.meta, self.nbytes = store, staged, meta, nbytes
+        self.store, self.staged, self.finish, self.describe = store, staged, finish, describe
+        self.nbytes = staged.layout.nbytes
+        self.meta = b""
         self.step, self.world, self.rank, self.link, self.keep_last = step, world, rank, link, keep_last
         self.error: str | None = None
         self.seconds: float | None = None
@@ -83,11 +86,19 @@ class SnapshotJob:
         begun = time.perf_counter()
         own: PendingShard | None = None
         try:
+            self.finish()  # the staging copy (CPU), which the optimizer's next update waits for
+        except Exception as e:  # (never leave the optimizer waiting)
+            self.staged.copied.set()
+            self.error = f"staging the snapshot of step {self.step}: {type(e).__name__}: {e}"
+        try:
+            self.meta = self.describe(self.staged)
             self.staged.wait()  # (CUDA: the copies into the staging buffer)
             own = self.store.begin(self.step, self.world, self.rank, self.nbytes)
             own.copy_from_fd(self.staged.layout.fd)
         except OSError as e:
-            self.error = f"writing the snapshot of step {self.step} into {self.store.directory}: {e}"
+            self.error = (
+                self.error or f"writing the snapshot of step {self.step} into {self.store.directory}: {e}"
+            )
             if own is not None:
                 own.drop()
                 own = None
