@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
 from ..rundir import RunPaths
+from ..rundir.attempt_records import RosterJSON
 from ..schedulers.base import NodeContext
 
 GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
@@ -105,7 +105,7 @@ class Word:
 
     go: bool
     reason: str = ""
-    roster: dict[str, Any] | None = None
+    roster: RosterJSON | None = None
     take_over: bool = False
 
 
@@ -187,7 +187,7 @@ class StartBarrier:
             [found.get(r) or dead.get(r) or NodeVerdict.missing(r, h, waited) for r, h in nodes.items()]
         )
 
-    def announce(self, *, go: bool, reason: str = "", roster: dict[str, Any] | None = None) -> None:
+    def announce(self, *, go: bool, reason: str = "", roster: RosterJSON | None = None) -> None:
         """The decider's word to every node: go or not, and who trains (the roster) when it goes."""
         atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
 

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
+from .attempt_records import RosterJSON
 from .kinds import (
     CANCELLED,
     CHAIN_BLOCKED,
@@ -199,7 +200,7 @@ class Started(Event):
     clock: dict[str, float | None] | None = None  # rundir.clock.AttemptClock.to_json()
     in_place: bool | None = None
     previous: str | None = None  # in place: the attempt it restarts
-    roster: dict[str, Any] | None = None  # in place: jobs.allocation.Roster.to_json()
+    roster: RosterJSON | None = None  # in place: the roster it restarts on
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -563,4 +564,6 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is str:
         return isinstance(value, str)
+    if typing.is_typeddict(hint):  # a record of its own (RosterJSON): a JSON object
+        return isinstance(value, dict)
     return isinstance(value, origin or hint)
