@@ -32,6 +32,7 @@ from ..config import RunConfig
 from ..fsutil import atomic_write_json
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
+from ..rundir.events import CheckRow
 from ..schedulers.base import NodeContext
 
 GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
@@ -56,7 +57,7 @@ class NodeVerdict:
         return cls(node_rank, host, False, "start", f"its agent reported nothing within {waited_s:.0f} s")
 
 
-def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict[str, str]]]:
+def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[CheckRow]]:
     """This node's verdict and every check's (name, status, finding) for the ledger."""
     from ..preflight import NODE_CHECKS, run_node_checks
     from ..preflight.probe import StaticProbe
@@ -75,7 +76,9 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")
     report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe)
-    rows = [{"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks]
+    rows: list[CheckRow] = [
+        {"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks
+    ]
     failed = report.failed
     if not failed:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), rows

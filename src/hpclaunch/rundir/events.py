@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
 from .attempt_records import RosterJSON
 from .kinds import (
@@ -203,11 +203,19 @@ class Started(Event):
     roster: RosterJSON | None = None  # in place: the roster it restarts on
 
 
+class CheckRow(TypedDict):
+    """One check as a node reported it: preflight's result, less its hint and time."""
+
+    name: str
+    status: str  # pass | warn | fail | skip
+    finding: str
+
+
 @dataclass(frozen=True, kw_only=True)
 class NodePreflight(Event):
     KIND = NODE_PREFLIGHT
     ok: bool | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)  # one row per check, as it reported
+    checks: list[CheckRow] = field(default_factory=list)  # one row per check
 
 
 @dataclass(frozen=True, kw_only=True)
