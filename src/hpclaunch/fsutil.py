@@ -10,9 +10,14 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 T = TypeVar("T")
+
+# A JSON value as ``json.loads`` returns it, for what is truly arbitrary JSON (a config dump, a line
+# passed through unread). A record whose keys are known gets its own type (a TypedDict, a dataclass).
+JSONValue: TypeAlias = "str | int | float | bool | list[JSONValue] | dict[str, JSONValue] | None"
+JSONObject: TypeAlias = "dict[str, JSONValue]"
 
 # Read errors that say "cannot read now" rather than "the content is bad": a network filesystem's
 # hiccup (EIO, ESTALE), a permission that flickers while a ticket or an ACL is renewed (EACCES,

@@ -173,3 +173,18 @@ def test_cost_counts_the_hot_spares_the_job_holds(tmp_path: Path) -> None:
         basis="t",
     )
     assert one_hour.gpu_hours_spent == pytest.approx(24.0)
+
+
+def test_the_json_type_names_every_field_of_the_estimate() -> None:
+    """``EstimateJSON`` (what status and preflight print) is ``Estimate.to_json()``, key for key."""
+    from dataclasses import fields
+
+    from hpclaunch.estimate import Estimate, EstimateJSON
+
+    assert EstimateJSON.__required_keys__ == {f.name for f in fields(Estimate)}
+    e = estimate(
+        Progress(steps_total=10, steps_done=2),
+        Measured(seconds_per_step=1.0),
+        time_limit_s=100.0, nodes=1, gpus_per_node=0, gpu_hour_cost=None, now=0.0, basis="test",
+    )  # fmt: skip
+    assert set(e.to_json()) == EstimateJSON.__required_keys__

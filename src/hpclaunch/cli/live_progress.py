@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..rundir.metrics import MetricsLine
+
 PROGRESS_VAR = "HPCLAUNCH_PROGRESS"
 
 
@@ -29,9 +31,9 @@ class MetricsFollower:
         self.path = path
         self.offset = 0
         self.partial = b""
-        self.last: dict[str, Any] | None = None
+        self.last: MetricsLine | None = None
 
-    def poll(self) -> dict[str, Any] | None:
+    def poll(self) -> MetricsLine | None:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -44,30 +46,31 @@ class MetricsFollower:
             with contextlib.suppress(ValueError):
                 record = json.loads(raw)
                 if isinstance(record, dict) and "step" in record:
-                    self.last = record
+                    self.last = MetricsLine.from_json(record)
         return self.last
 
 
-def describe(record: dict[str, Any] | None, total: int, width: int = 24) -> str:
+def describe(record: MetricsLine | None, total: int, width: int = 24) -> str:
     """``train ━━━━━━━╸        120/200  loss 2.3104 (text 1.21, latent 1.10)  val 2.40  85 samples/s  ETA 0:01:20``."""
     if record is None:
         return f"train {' ' * width} 0/{total}  starting"
-    step = int(record["step"])
+    step = record.step or 0  # the trainer writes a step on every line
     filled = int(width * min(step, total) / max(total, 1))
     bar = "━" * filled + " " * (width - filled)
     parts = [f"train {bar} {step}/{total}"]
 
-    def num(key: str, fmt: str) -> str | None:
-        v = record.get(key)
+    def num(v: object, fmt: str) -> str | None:  # the figures are as written: null, or not a number
         return format(v, fmt) if isinstance(v, (int, float)) else None
 
-    if (loss := num("loss", ".4f")) is not None:
-        parts.append(f"loss {loss} (text {num('text_loss', '.3f')}, latent {num('latent_loss', '.3f')})")
-    if (val := num("val_loss", ".4f")) is not None:
+    if (loss := num(record.loss, ".4f")) is not None:
+        parts.append(
+            f"loss {loss} (text {num(record.text_loss, '.3f')}, latent {num(record.latent_loss, '.3f')})"
+        )
+    if (val := num(record.value("val_loss"), ".4f")) is not None:
         parts.append(f"val {val}")
-    if (sps := num("samples_per_s", ".1f")) is not None:
+    if (sps := num(record.samples_per_s, ".1f")) is not None:
         parts.append(f"{sps} samples/s")
-    st = record.get("step_time_s")
+    st = record.step_time_s
     if isinstance(st, (int, float)) and step < total:
         left = int(st * (total - step))
         parts.append(f"ETA {left // 3600}:{left // 60 % 60:02d}:{left % 60:02d}")

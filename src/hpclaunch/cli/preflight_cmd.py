@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..errors import PreflightFailed
 from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
+
+if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
+    from ..estimate import EstimateJSON
+    from ..preflight.estimate import CannotEstimate
+    from ..preflight.probe import StepMeasure
 
 ONLY_HELP = "Run only these checks (comma-separated): env, gpu, data, disk, network, scheduler, config."
 
@@ -85,20 +90,20 @@ def _start_probe(cfg: Any) -> Any:
     )
 
 
-def _estimate(cfg: Any, probe: Any) -> dict[str, Any]:
+def _estimate(cfg: Any, probe: Any) -> EstimateJSON | CannotEstimate:
     from ..preflight.estimate import TIMEOUT_S, preflight_estimate
 
-    step = probe.step_estimate(TIMEOUT_S)
+    step: StepMeasure = probe.step_estimate(TIMEOUT_S)
     if probe.python is None:
         step = {"error": f"the job's Python ({cfg.launch.python}) is not on this machine"}
     return preflight_estimate(cfg, step=step)
 
 
-def _print_estimate(est: dict[str, Any]) -> None:
+def _print_estimate(est: EstimateJSON | CannotEstimate) -> None:
     from ..orchestrator.accounting import fmt_seconds
     from ..orchestrator.cost import describe
 
-    if est.get("state") == "cannot":
+    if est["state"] == "cannot":
         console.print(f"estimate: {est['reason']}", highlight=False)
         return
     console.print(
@@ -106,5 +111,5 @@ def _print_estimate(est: dict[str, Any]) -> None:
         f"{fmt_seconds(est['training_left_s'])} of training; {describe(est)}",
         highlight=False,
     )
-    for note in est.get("notes") or []:
+    for note in est["notes"] or []:
         console.print(f"  {note}", highlight=False)

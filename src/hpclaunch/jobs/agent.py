@@ -50,12 +50,13 @@ from ..rundir import (
     read_config,
     read_plan,
 )
+from ..rundir.attempt_records import AttemptEnd
 from ..rundir.cause import Cause
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_records import started_fields
-from .allocation import Allocation, Roster, await_reports, node_ranks
+from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
@@ -218,7 +219,7 @@ class NodeAgent:
             echo_stderr=not quiet,
         )
 
-    def _run_attempt(self) -> dict[str, Any]:
+    def _run_attempt(self) -> AttemptEnd:
         """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
         assert self.host is not None
         self.hang = None
@@ -278,7 +279,7 @@ class NodeAgent:
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
 
-    def _agree(self, result: dict[str, Any]) -> dict[str, Any]:
+    def _agree(self, result: AttemptEnd) -> DecisionRecord:
         """The decision on this attempt, as published: made here when this agent decides, else
         waited for (and made here after all if the decider's agent is gone)."""
         published = self.decider.await_decision(self.roster)
@@ -301,7 +302,7 @@ class NodeAgent:
         self.hang = watch.hang
         return reports
 
-    def _next_in_place(self, record: dict[str, Any]) -> None:
+    def _next_in_place(self, record: DecisionRecord) -> None:
         """The next attempt of this allocation, on the roster the decision named."""
         self.roster = Roster.from_json(record["roster"])
         clock = self.ctx.clock

@@ -6,21 +6,41 @@ Pure: the fields are computed here, appended by the agent (``NodeAgent._record``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from ..rundir import JobPlan
+from ..rundir.attempt_records import RosterJSON
 from ..rundir.cause import Cause
 from ..schedulers.base import NodeContext
 from .allocation import Roster
 from .decide import Action, Decision
 
 
+class _StartedRequired(TypedDict):
+    scheduler: str
+    job_id: str
+    restart_count: int
+    nodes: int
+    hosts: list[str]
+    world_size: int
+    end_time: float | None
+    clock: dict[str, float | None] | None  # AttemptClock.to_json()
+
+
+class StartedFields(_StartedRequired, total=False):
+    """The ``started`` event's fields (``rundir.events.Started`` reads them back)."""
+
+    in_place: bool  # these three: an attempt restarted in place
+    previous: str
+    roster: RosterJSON | None
+
+
 def started_fields(
     ctx: NodeContext, plan: JobPlan, *, roster: Roster | None = None, previous: str | None = None
-) -> dict[str, Any]:
+) -> StartedFields:
     """The ``started`` event of an attempt (``previous``: the attempt it restarts in place, on
     ``roster``)."""
-    fields: dict[str, Any] = {
+    fields: StartedFields = {
         "scheduler": ctx.scheduler,
         "job_id": ctx.job_id,
         "restart_count": ctx.restart_count,
@@ -31,7 +51,9 @@ def started_fields(
         "clock": ctx.clock.to_json() if ctx.clock is not None else None,
     }
     if previous is not None:
-        fields.update(in_place=True, previous=previous, roster=roster.to_json() if roster else None)
+        fields["in_place"] = True
+        fields["previous"] = previous
+        fields["roster"] = roster.to_json() if roster else None
     return fields
 
 

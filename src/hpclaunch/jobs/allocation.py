@@ -51,10 +51,11 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
 
 from ..fsutil import atomic_write_json, create_exclusive
 from ..rundir import RunPaths
+from ..rundir.attempt_records import AttemptEnd, RosterJSON
 
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
 DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
@@ -95,11 +96,11 @@ class Roster:
                 spares.remove(spare)
         return Roster(tuple(training), tuple(spares))
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> RosterJSON:
         return {"training": list(self.training), "spares": list(self.spares)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Roster:
+    def from_json(cls, data: RosterJSON) -> Roster:
         return cls(tuple(data.get("training") or ()), tuple(data.get("spares") or ()))
 
     @property
@@ -114,6 +115,22 @@ class Roster:
         healthy = tuple(h for h in self.spares if h not in bad)
         pairs = zip((h for h in self.training if h in bad), healthy, strict=False)
         return Roster(self.training, healthy).replaced(pairs)
+
+
+class _DecisionRequired(TypedDict):
+    attempt: str
+    action: str  # decide.Action's value
+    cause: str | None
+    in_place: bool
+    by: str  # the deciding agent's host
+
+
+class DecisionRecord(_DecisionRequired, total=False):
+    """``decision.json``: the one decision on an attempt, as every agent of the allocation reads it."""
+
+    next: str  # in place: the next attempt
+    roster: RosterJSON  # in place: the roster it runs on
+    exit_code: int  # never published: the decider's own exit code, once it carried the decision out
 
 
 class Allocation:
@@ -232,26 +249,26 @@ class Allocation:
     def ended(self, attempt: str) -> bool:
         return (self._dir(attempt) / "end").exists()
 
-    def report(self, attempt: str, node_rank: int, result: dict[str, Any]) -> None:
+    def report(self, attempt: str, node_rank: int, result: AttemptEnd) -> None:
         atomic_write_json(self._dir(attempt) / f"node{node_rank}.done.json", {"host": self.host, **result})
 
-    def reports(self, attempt: str, node_ranks: Iterable[int]) -> dict[int, dict[str, Any]]:
-        found = {}
+    def reports(self, attempt: str, node_ranks: Iterable[int]) -> dict[int, AttemptEnd]:
+        found: dict[int, AttemptEnd] = {}
         for rank in node_ranks:
             with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
                 found[rank] = json.loads((self._dir(attempt) / f"node{rank}.done.json").read_text())
         return found
 
-    def publish(self, attempt: str, record: dict[str, Any]) -> bool:
+    def publish(self, attempt: str, record: DecisionRecord) -> bool:
         """The decision for ``attempt``; False when another agent decided first (theirs stands)."""
         return create_exclusive(self._dir(attempt) / "decision.json", json.dumps(record, indent=1) + "\n")
 
-    def decision(self, attempt: str) -> dict[str, Any] | None:
+    def decision(self, attempt: str) -> DecisionRecord | None:
         try:
             data = json.loads((self._dir(attempt) / "decision.json").read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
-        return data if isinstance(data, dict) else None
+        return cast(DecisionRecord, data) if isinstance(data, dict) else None  # as ``publish`` wrote it
 
 
 def await_reports(
@@ -274,7 +291,7 @@ def await_reports(
     ended, it waits as long as the attempt runs (``poll`` runs the watchdog meanwhile)."""
     over_since: float | None = None
     dead: list[str] = []
-    reports: dict[int, dict[str, Any]] = {}  # a report is written once: read until found, not after
+    reports: dict[int, AttemptEnd] = {}  # a report is written once: read until found, not after
     next_look = clock()
     while True:
         reports.update(alloc.reports(attempt, [r for r in expect if r not in reports]))

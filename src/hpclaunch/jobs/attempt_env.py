@@ -5,10 +5,10 @@ ranks see)."""
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from ..config import RunConfig
 from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
+from ..rundir.attempt_records import RankRequest
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
@@ -71,11 +71,11 @@ def rank_request(
     scheduler: Scheduler,
     paths: RunPaths,
     roster: Roster,
-) -> dict[str, Any]:
+) -> RankRequest:
     """This node's part of the attempt, for its rank host (torch's elastic launcher): the roster's
     first training node hosts the rendezvous."""
     nodes = len(roster.training)
-    request: dict[str, Any] = {
+    request: RankRequest = {
         "run_id": attempt,
         "nnodes": nodes,
         "nproc": plan.torchrun.nproc_per_node,

@@ -21,7 +21,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+
+from ..rundir.attempt_records import AttemptEnd
 
 # Text a machine's failure writes into its ranks' output (CUDA runtime, the driver's Xid reports
 # when forwarded, NCCL's own verdicts on a local fault). Not NCCL's "remote process exited" or
@@ -56,7 +57,7 @@ def hardware_line(log: Path) -> str | None:
     return found[-1][:200] if found else None
 
 
-def signal_deaths(report: Mapping[str, Any]) -> list[tuple[str, int]]:
+def signal_deaths(report: AttemptEnd) -> list[tuple[str, int]]:
     """(rank, signal) of the ranks in a node's report that died by a signal their agent did not
     send (the agent stops its ranks when another node ended the attempt: those deaths prove
     nothing)."""
@@ -66,7 +67,7 @@ def signal_deaths(report: Mapping[str, Any]) -> list[tuple[str, int]]:
     return [(str(r), -int(c)) for r, c in failures.items() if isinstance(c, int) and c < 0]
 
 
-def suspect(reports: Mapping[int, Mapping[str, Any]], logs: Mapping[str, Path]) -> Suspicion | None:
+def suspect(reports: Mapping[int, AttemptEnd], logs: Mapping[str, Path]) -> Suspicion | None:
     """The node this attempt's crash is pinned on, or None when the evidence names no one node.
 
     ``reports``: node rank -> that node's report (``host``, the rank host's ``failures``);

@@ -29,7 +29,7 @@ from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
 from ..schedulers.base import NodeContext, Scheduler
 from .agent_records import decision_fields
-from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, Allocation, Roster, node_ranks
+from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, Allocation, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out
 from .decide import Action, Budgets, Decision, Facts, History, decide
@@ -132,7 +132,7 @@ class Decider:
         with contextlib.suppress(OSError):
             self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
 
-    def await_decision(self, roster: Roster) -> dict[str, Any] | None:
+    def await_decision(self, roster: Roster) -> DecisionRecord | None:
         """The decision on this attempt as the decider published it, or None when this agent
         decides (it does, or it took the role over while it waited)."""
         while not self.leads:
@@ -240,10 +240,10 @@ class Decider:
 
     # ---- one decision for the whole allocation ---------------------------------------------------
 
-    def publish(self, decision: Decision, roster: Roster) -> dict[str, Any]:
+    def publish(self, decision: Decision, roster: Roster) -> DecisionRecord:
         """Record the decision and tell every agent of the allocation (exactly one decision per
         attempt: a second decider's ``publish`` fails and it follows the first)."""
-        record: dict[str, Any] = {
+        record: DecisionRecord = {
             "attempt": self.attempt,
             "action": decision.action.value,
             "cause": decision.cause.value if decision.cause else None,

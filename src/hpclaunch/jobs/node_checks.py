@@ -27,11 +27,12 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
 from ..rundir import RunPaths
+from ..rundir.attempt_records import RosterJSON
+from ..rundir.events import CheckRow
 from ..schedulers.base import NodeContext
 
 GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
@@ -56,7 +57,7 @@ class NodeVerdict:
         return cls(node_rank, host, False, "start", f"its agent reported nothing within {waited_s:.0f} s")
 
 
-def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict[str, str]]]:
+def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[CheckRow]]:
     """This node's verdict and every check's (name, status, finding) for the ledger."""
     from ..preflight import NODE_CHECKS, run_node_checks
     from ..preflight.probe import StaticProbe
@@ -75,7 +76,9 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[dict
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")
     report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe)
-    rows = [{"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks]
+    rows: list[CheckRow] = [
+        {"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks
+    ]
     failed = report.failed
     if not failed:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), rows
@@ -105,7 +108,7 @@ class Word:
 
     go: bool
     reason: str = ""
-    roster: dict[str, Any] | None = None
+    roster: RosterJSON | None = None
     take_over: bool = False
 
 
@@ -187,7 +190,7 @@ class StartBarrier:
             [found.get(r) or dead.get(r) or NodeVerdict.missing(r, h, waited) for r, h in nodes.items()]
         )
 
-    def announce(self, *, go: bool, reason: str = "", roster: dict[str, Any] | None = None) -> None:
+    def announce(self, *, go: bool, reason: str = "", roster: RosterJSON | None = None) -> None:
         """The decider's word to every node: go or not, and who trains (the roster) when it goes."""
         atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
 

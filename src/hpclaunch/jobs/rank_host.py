@@ -19,8 +19,9 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 
+from ..rundir.attempt_records import AttemptEnd, HostReady, HostReply, RankRequest
 from .helper_signals import launcher_preexec
 
 LAUNCHER_MODULE = "hpclaunch.trainer.launcher"
@@ -73,7 +74,7 @@ class RankHost:
         )
         os.close(reply_w)
         self.started_at = time.time()
-        self._replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._replies: queue.Queue[HostReply] = queue.Queue()
         self.forkserver_pid: int | None = None
         self._threads = [
             threading.Thread(target=self._read_replies, args=(os.fdopen(reply_r, "rb"),), daemon=True),
@@ -82,7 +83,7 @@ class RankHost:
         ]
         for thread in self._threads:
             thread.start()
-        self._ready: dict[str, Any] | None = None
+        self._ready: HostReady | None = None
 
     # ---- life ------------------------------------------------------------------------------------
 
@@ -105,13 +106,13 @@ class RankHost:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
-    def begin(self, request: dict[str, Any]) -> None:
+    def begin(self, request: RankRequest) -> None:
         """Start one attempt (the host rendezvouses and forks the ranks)."""
         assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps({"attempt": request}) + "\n").encode())
         self.proc.stdin.flush()
 
-    def result(self) -> dict[str, Any] | None:
+    def result(self) -> AttemptEnd | None:
         """The attempt's end once it came (``state``, ``returncode``); ``lost`` if the host died."""
         try:
             message = self._replies.get_nowait()
@@ -120,7 +121,8 @@ class RankHost:
                 return None
             code = self.proc.returncode
             return {"state": "lost", "returncode": code if code is not None else -9}
-        return dict(message.get("done") or {"state": "failed", "returncode": 1, "error": str(message)})
+        done = message.get("done")
+        return done.copy() if done else {"state": "failed", "returncode": 1, "error": str(message)}
 
     def rank_pids(self) -> list[int]:
         """The ranks of the running attempt: the forkserver's children (their DataLoader workers are

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import WatchdogConfig
-from ..fsutil import atomic_write_json
+from ..fsutil import JSONObject, atomic_write_json
 from ..rundir import CHECKPOINT_SAVED, HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
 from ..rundir.cause import Cause
 from ..rundir.progress import (
@@ -437,7 +437,7 @@ class Watchdog:
     def _note_stragglers(self) -> None:
         if self.tracker is None:
             return
-        lines: list[dict[str, Any]] = []
+        lines: list[JSONObject] = []
         for rank in range(self.world_size):
             new, self._offsets[rank] = read_new_lines(
                 steptimes_file(self.paths, rank), self._offsets.get(rank, 0)

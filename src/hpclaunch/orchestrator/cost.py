@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from pathlib import Path
+from typing import NamedTuple
 
-from ..estimate import Measured, Progress, estimate
+from ..estimate import EstimateJSON, Measured, Progress, estimate
 from ..rundir import RunPaths
 from .accounting import RunTime
 from .time_inputs import time_limit_of
@@ -50,11 +51,11 @@ def run_cost(
     step: int,
     total_steps: int | None,
     now: float | None = None,
-) -> dict[str, Any] | None:
+) -> EstimateJSON | None:
     """``status --json``'s ``cost``: ETA, GPU-hours (node-hours on CPU) and cost; None without a plan."""
-    plan = _read_json(paths.plan)
     limit = time_limit_of(paths)
-    if not plan or limit is None or not total_steps:
+    plan = _plan_sizes(paths.plan) if limit is not None and total_steps else None
+    if plan is None or limit is None or not total_steps:
         return None
     running = spent.attempts[-1] if spent.attempts and spent.attempts[-1].running else None
     ended = state if state in _ENDED or state.startswith("lost") else None
@@ -71,9 +72,9 @@ def run_cost(
         progress,
         m,
         time_limit_s=limit,
-        nodes=int(plan.get("nodes") or 1),
-        spare_nodes=int(plan.get("spare_nodes") or 0),  # held and paid for as well
-        gpus_per_node=int(plan.get("gpus_per_node") or 0),
+        nodes=plan.nodes,
+        spare_nodes=plan.spare_nodes,  # held and paid for as well
+        gpus_per_node=plan.gpus_per_node,
         gpu_hour_cost=gpu_hour_cost(paths),
         now=time.time() if now is None else now,
         basis=f"measured on this run's {attempts} attempt(s)",
@@ -91,19 +92,33 @@ def gpu_hour_cost(paths: RunPaths) -> float | None:
         return None
 
 
-def _read_json(path: Any) -> dict[str, Any] | None:
+class _PlanSizes(NamedTuple):
+    nodes: int
+    spare_nodes: int
+    gpus_per_node: int
+
+
+def _plan_sizes(path: Path) -> _PlanSizes | None:
+    """The node and GPU counts the cost needs from ``plan.json``; None when there is no readable,
+    non-empty plan (status then shows no cost rather than failing)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    if not isinstance(data, dict) or not data:
+        return None
+    return _PlanSizes(
+        nodes=int(data.get("nodes") or 1),
+        spare_nodes=int(data.get("spare_nodes") or 0),
+        gpus_per_node=int(data.get("gpus_per_node") or 0),
+    )
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def describe(cost: dict[str, Any] | None) -> str | None:
+def describe(cost: EstimateJSON | None) -> str | None:
     """One status line: the ETA, the resource-hours spent and to go, the cost."""
     from .accounting import fmt_seconds
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..estimate import EstimateJSON
 from ..rundir import SUBMITTED, Event, RunPaths, of_kind, read_events
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..rundir.events import (
@@ -417,7 +418,7 @@ class StatusView:
     step_counts: StepCounts
     time: RunTime
     stragglers: StragglerSummary
-    cost: Any  # estimate.Estimate.to_json(), shared with preflight's estimate
+    cost: EstimateJSON | None  # shared with preflight's estimate
     chain: ChainView | None
     weights_from: WeightsSource | None
     checkpoint_interval: IntervalSummary | None

@@ -16,11 +16,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
 from ..schedulers.base import NodeContext
-from .probe import Probe, ProbeError, StaticProbe
+from .probe import Probe, ProbeAnswer, ProbeError, StaticProbe
 from .report import Status
 from .sizes import estimate_parameters
 
@@ -93,7 +92,7 @@ class CheckContext:
         """True where the job's GPUs and NICs are visible: on a node, or for the local scheduler."""
         return self.node is not None or self.cfg.scheduler.kind == "local"
 
-    def probe_result(self) -> dict[str, Any] | None:
+    def probe_result(self) -> ProbeAnswer | None:
         try:
             return self.probe.result()
         except ProbeError:

@@ -6,7 +6,7 @@ import re
 
 from .. import __version__
 from .base import CheckContext, Findings, Outcome
-from .probe import ProbeError
+from .probe import ProbeError, TorchInfo
 
 MIN_TORCH = (2, 4)
 
@@ -84,7 +84,7 @@ def check_env(ctx: CheckContext) -> Outcome:
     return f.outcome()
 
 
-def _nccl(ctx: CheckContext, f: Findings, torch: dict, desc: list[str]) -> None:
+def _nccl(ctx: CheckContext, f: Findings, torch: TorchInfo, desc: list[str]) -> None:
     if not torch.get("cuda_build"):
         f.fail(
             f"torch {torch.get('version')} is a CPU-only build but the run uses NCCL on "

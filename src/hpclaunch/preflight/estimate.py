@@ -17,18 +17,25 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Literal, TypedDict
 
 from ..config import RunConfig
-from ..estimate import Measured, Progress, estimate
-from .probe import job_python
+from ..estimate import EstimateJSON, Measured, Progress, estimate
+from .probe import StepMeasure, StepRequest, job_python
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "step_probe.py"
 TIMEOUT_S = 180.0
 STEPS = 3
 
 
-def step_request(cfg: RunConfig) -> dict[str, Any]:
+class CannotEstimate(TypedDict):
+    """``preflight_estimate``'s answer where no step could be measured here."""
+
+    state: Literal["cannot"]
+    reason: str
+
+
+def step_request(cfg: RunConfig) -> StepRequest:
     """What the step probe reads: the run's config and how many steps to time after a warm-up."""
     return {"config": cfg.to_dict(), "steps": STEPS}
 
@@ -45,7 +52,7 @@ def step_env(cfg: RunConfig) -> dict[str, str]:
     return {"OMP_NUM_THREADS": str(cfg.launch.env.get("OMP_NUM_THREADS", threads))}
 
 
-def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> dict[str, Any]:
+def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> StepMeasure:
     """The step probe's answer from a process of its own, or ``{"error": why}``."""
     python = job_python(cfg.launch.python)
     if python is None:
@@ -70,13 +77,13 @@ def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> dict[str, A
     if line is None:
         tail = (out.stderr or out.stdout).strip().splitlines()[-1:] or [f"exit code {out.returncode}"]
         return {"error": tail[0][:300]}
-    result: dict[str, Any] = json.loads(line)
+    result: StepMeasure = json.loads(line)
     return result
 
 
 def preflight_estimate(
-    cfg: RunConfig, *, step: dict[str, Any] | None = None, now: float | None = None
-) -> dict[str, Any]:
+    cfg: RunConfig, *, step: StepMeasure | None = None, now: float | None = None
+) -> EstimateJSON | CannotEstimate:
     """``estimate``'s figures from one rank's measured step, or ``{"state": "cannot", "reason"}``.
 
     ``step``: the step probe's answer when the caller has it (preflight's probe); else measured here.

@@ -15,11 +15,92 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TypedDict, cast
+
+from ..fsutil import JSONObject
 
 # Run as a script by path (never imported here): it lives with the trainer, whose model it builds.
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
+
+
+# What the probe prints, as preflight reads it. The script writes the same shapes
+# (``trainer/probe_main.py``, which preflight never imports: tests/unit/test_probe_shapes.py keeps
+# the two in step). Every part may be ``{"error": why}`` instead: hence total=False throughout.
+class TorchDevice(TypedDict):
+    index: int
+    name: str
+    total_memory: int
+    capability: list[int]
+
+
+class TorchInfo(TypedDict, total=False):
+    version: str
+    cuda_build: str | None
+    cuda_available: bool
+    device_count: int
+    devices: list[TorchDevice]
+    distributed: bool
+    gloo_available: bool
+    nccl_available: bool
+    nccl_version: str | None
+    nccl_error: str
+    error: str
+
+
+class PackageInfo(TypedDict, total=False):
+    """mmdit's or hpclaunch's: its version (hpclaunch's path too)."""
+
+    version: str
+    path: str
+    error: str
+
+
+class ModelInfo(TypedDict, total=False):
+    params: int
+    source: str
+    error: str
+
+
+class ProbeAnswer(TypedDict, total=False):
+    python: str
+    executable: str
+    torch: TorchInfo
+    mmdit: PackageInfo
+    hpclaunch: PackageInfo
+    model: ModelInfo  # only when the request named a model
+    seconds: float
+
+
+class StepMeasure(TypedDict, total=False):
+    """The measured steps (``trainer/step_probe.py``), or ``{"error": why}`` (a device with it)."""
+
+    seconds_per_step: float
+    device: str
+    imports_s: float
+    build_s: float
+    steps: int
+    error: str
+
+
+class StepRequest(TypedDict):
+    """What the step probe reads: the run's config and how many steps to time after a warm-up."""
+
+    config: JSONObject
+    steps: int
+
+
+class _Request(TypedDict, total=False):
+    model: JSONObject | None  # ModelConfig's JSON dump
+    estimate: StepRequest
+
+
+class _Line(ProbeAnswer, total=False):
+    """One JSON line the probe printed: its answer, then (when asked) the measured steps."""
+
+    step_estimate: StepMeasure
+    __unparsed__: str  # a line that began with "{" but was no JSON
 
 
 class ProbeError(Exception):
@@ -69,20 +150,20 @@ class Probe:
         self,
         python: str | None,
         *,
-        model: dict[str, Any] | None,
+        model: JSONObject | None,
         timeout_s: float,
-        estimate: dict[str, Any] | None = None,
+        estimate: StepRequest | None = None,
         env: dict[str, str] | None = None,
     ):
         self.python = python
         self.timeout_s = timeout_s
         self.estimating = estimate is not None
         self._lock = threading.Lock()
-        self._result: dict[str, Any] | None = None
+        self._result: ProbeAnswer | None = None
         self._error: str | None = None
         self._proc: subprocess.Popen[str] | None = None
         self._started = time.monotonic()
-        self._lines: list[dict[str, Any]] = []  # the JSON lines printed so far, in order
+        self._lines: list[_Line] = []  # the JSON lines printed so far, in order
         self._stderr: list[str] = []
         self._eof = False
         self._changed = threading.Condition()
@@ -111,7 +192,7 @@ class Probe:
         self._err_reader = threading.Thread(target=self._read_stderr, name="probe-err", daemon=True)
         self._err_reader.start()
         threading.Thread(target=self._read_stdout, name="probe-out", daemon=True).start()
-        request: dict[str, Any] = {"model": model}
+        request: _Request = {"model": model}
         if estimate is not None:
             request["estimate"] = estimate
         send_request(self._proc, json.dumps(request))
@@ -130,8 +211,9 @@ class Probe:
                     parsed = json.loads(line)
                 except ValueError:
                     parsed = {"__unparsed__": line[:300]}
+                # an object the probe printed is one of its lines (probe_main.py writes these shapes)
                 with self._changed:
-                    self._lines.append(parsed if isinstance(parsed, dict) else {})
+                    self._lines.append(cast(_Line, parsed) if isinstance(parsed, dict) else {})
                     self._changed.notify_all()
         self._proc.wait()
         self._err_reader.join(5)  # its last lines say why a failed probe failed
@@ -146,7 +228,7 @@ class Probe:
                 self._stderr.append(line)
                 del self._stderr[:-20]
 
-    def _wait_for(self, ready: Any, deadline: float) -> bool:
+    def _wait_for(self, ready: Callable[[], bool], deadline: float) -> bool:
         """Wait until ``ready()`` or the process's end (True), or the deadline (False)."""
         with self._changed:
             while not (ready() or self._eof):
@@ -162,7 +244,7 @@ class Probe:
         tail = "".join(self._stderr).strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         return f"failed: {tail[0][:300]}"
 
-    def result(self, timeout: float | None = None) -> dict[str, Any]:
+    def result(self, timeout: float | None = None) -> ProbeAnswer:
         """The probe's JSON; raises ProbeError (why) when it failed or took longer than allowed."""
         with self._lock:
             if self._result is None and self._error is None:
@@ -203,7 +285,7 @@ class Probe:
             return
         self._result = line
 
-    def step_estimate(self, timeout_s: float) -> dict[str, Any]:
+    def step_estimate(self, timeout_s: float) -> StepMeasure:
         """The measured steps (``trainer/step_probe.py``'s answer) or ``{"error": why}``.
 
         Waits until ``timeout_s`` after the probe started; past it the probe is killed.
@@ -240,13 +322,13 @@ class StaticProbe:
     """A probe with a fixed answer: for checks that do not need one, and for tests."""
 
     def __init__(
-        self, result: dict[str, Any] | None = None, *, error: str = "not run", python: str | None = "python"
+        self, result: ProbeAnswer | None = None, *, error: str = "not run", python: str | None = "python"
     ):
         self.python = python
         self._result = result
         self._error = error
 
-    def result(self, timeout: float | None = None) -> dict[str, Any]:
+    def result(self, timeout: float | None = None) -> ProbeAnswer:
         if self._result is None:
             raise ProbeError(self._error)
         return self._result

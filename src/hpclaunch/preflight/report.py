@@ -8,13 +8,15 @@ refuses, the node agent ends the attempt), skip (not applicable here, with the r
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import TypedDict
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from ..rundir.events import CheckRow
 
 
 class Status(str, Enum):
@@ -35,6 +37,19 @@ class Status(str, Enum):
 _STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
 
 
+class CheckResultJSON(CheckRow):
+    hint: str | None
+    seconds: float
+
+
+class ReportJSON(TypedDict):
+    """``preflight --json``'s checks (the CLI adds the estimate)."""
+
+    ok: bool
+    checks: list[CheckResultJSON]
+    seconds: float
+
+
 @dataclass(frozen=True)
 class CheckResult:
     name: str
@@ -43,7 +58,7 @@ class CheckResult:
     hint: str | None = None  # what to do (fail/warn), or None
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> CheckResultJSON:
         return {
             "name": self.name,
             "status": self.status.value,
@@ -60,7 +75,6 @@ class Report:
     checks: list[CheckResult]
     seconds: float
     where: str = "login"  # login | node <hostname>
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -81,7 +95,7 @@ class Report:
                 return c
         raise KeyError(name)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ReportJSON:
         """``{"ok", "checks": [{name, status, finding, hint, seconds}], "seconds"}`` (JSON-ready dict)."""
         return {
             "ok": self.ok,

@@ -91,7 +91,7 @@ class AttemptClock:
 
     # ---- recorded form: the `started` event and the ranks' environment --------------------------
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, float | None]:  # every field is seconds or a time
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
     @classmethod

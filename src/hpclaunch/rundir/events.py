@@ -19,8 +19,9 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypedDict, TypeVar
 
+from .attempt_records import RosterJSON
 from .kinds import (
     CANCELLED,
     CHAIN_BLOCKED,
@@ -199,14 +200,22 @@ class Started(Event):
     clock: dict[str, float | None] | None = None  # rundir.clock.AttemptClock.to_json()
     in_place: bool | None = None
     previous: str | None = None  # in place: the attempt it restarts
-    roster: dict[str, Any] | None = None  # in place: jobs.allocation.Roster.to_json()
+    roster: RosterJSON | None = None  # in place: the roster it restarts on
+
+
+class CheckRow(TypedDict):
+    """One check as a node reported it: preflight's result, less its hint and time."""
+
+    name: str
+    status: str  # pass | warn | fail | skip
+    finding: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodePreflight(Event):
     KIND = NODE_PREFLIGHT
     ok: bool | None = None
-    checks: list[dict[str, Any]] = field(default_factory=list)  # one row per check, as it reported
+    checks: list[CheckRow] = field(default_factory=list)  # one row per check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -567,4 +576,6 @@ def _fits(value: Any, hint: Any) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is str:
         return isinstance(value, str)
+    if typing.is_typeddict(hint):  # a record of its own (RosterJSON): a JSON object
+        return isinstance(value, dict)
     return isinstance(value, origin or hint)

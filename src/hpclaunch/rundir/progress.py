@@ -19,8 +19,9 @@ import json
 import signal
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
+from ..fsutil import JSONObject
 from .paths import RunPaths
 
 PHASES = ("startup", "load", "data", "compute", "collective", "save", "eval", "done")
@@ -57,6 +58,25 @@ def steptimes_dir(paths: RunPaths) -> Path:
 
 def steptimes_file(paths: RunPaths, rank: int) -> Path:
     return steptimes_dir(paths) / f"rank{rank}.jsonl"
+
+
+class StepTimes(TypedDict):
+    """One line of ``steptimes_file``: a rank's mean step over its last ``steps`` steps, split.
+    Readers (the stragglers) check each figure: a line of another version may lack one."""
+
+    ts: float
+    attempt: str
+    rank: int
+    node: str
+    step: int
+    steps: int
+    step_s: float
+    work_s: float  # the rank's own work: step_s less its waits
+    wait_s: float
+    data_s: float
+    compute_s: float
+    collective_s: float
+    basis: str  # cpu_time | host_phases: how work_s was measured
 
 
 def hang_file(paths: RunPaths, attempt: str) -> Path:
@@ -110,7 +130,7 @@ def read_progress(paths: RunPaths, attempt: str) -> dict[int, ProgressRecord]:
     return out
 
 
-def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
+def read_new_lines(path: Path, offset: int) -> tuple[list[JSONObject], int]:
     """Complete JSON lines of ``path`` after byte ``offset``, and the offset after the last one."""
     try:
         with open(path, "rb") as f:
@@ -119,7 +139,7 @@ def read_new_lines(path: Path, offset: int) -> tuple[list[dict[str, Any]], int]:
     except OSError:
         return [], offset
     end = data.rfind(b"\n") + 1  # a line still being written waits for the next read
-    lines: list[dict[str, Any]] = []
+    lines: list[JSONObject] = []
     for raw in data[:end].splitlines():
         try:
             obj = json.loads(raw)

@@ -91,10 +91,10 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
         device = torch.device("cpu")
     ctx = DistContext(rank=rank, world_size=world, local_rank=local, device=device)
     backend = cfg.backend
-    kwargs: dict[str, Any] = {"device_id": device} if backend == "nccl" else {}
+    device_id = device if backend == "nccl" else None  # None: init_process_group's default
     if "WORLD_SIZE" in env and "MASTER_ADDR" in env:
         if not dist.is_initialized():  # (a caller such as a benchmark may have joined it already)
-            dist.init_process_group(backend=backend, **kwargs)
+            dist.init_process_group(backend=backend, device_id=device_id)
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
     elif world != 1:
@@ -102,7 +102,9 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
             f"WORLD_SIZE={world} but MASTER_ADDR is not set", hint="start ranks with torchrun"
         )
     elif cfg.train.parallel == "fsdp":  # FSDP2 needs a group, even of one rank
-        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+        dist.init_process_group(
+            backend=backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id
+        )
         ctx.initialized = ctx.own_group = True
     if ctx.initialized and backend == "nccl":
         # NCCL reduces CUDA tensors only: the stop flag, the save agreements and other host-side

@@ -15,12 +15,20 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 from torch import Tensor, nn
 
 from .state import local
+
+
+class EMAState(TypedDict):
+    """The EMA's part of a checkpoint (``state["ema"]``)."""
+
+    weights: dict[str, Tensor]  # parameter name -> its average (filled in place on load)
+    updates: Tensor  # the update count, a 0-d int64 tensor (DCP saves tensors, not ints)
+
 
 # Wrappers that activation checkpointing and torch.compile put into parameter names.
 _WRAPPER_PARTS = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -63,14 +71,14 @@ class EMA:
             local(s).copy_(local(p.detach()))
         self.updates = 0
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> EMAState:
         """For the checkpoint: the shadow tensors (filled in place on load) and the update count."""
         return {
             "weights": dict(zip(self.names, self.shadow, strict=True)),
             "updates": torch.tensor(self.updates, dtype=torch.int64),
         }
 
-    def load_counts(self, state: dict[str, Any]) -> None:
+    def load_counts(self, state: EMAState) -> None:
         self.updates = int(state["updates"])
 
     @contextmanager

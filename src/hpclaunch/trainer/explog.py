@@ -13,10 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from ..config import RunConfig
 from ..errors import error_text
+
+if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
+    from .metrics import Window
 
 # (which log, what went wrong, what was done instead)
 OnFailure = Callable[[str, str, str], None]
@@ -24,7 +27,7 @@ DROPPED = "dropped for the rest of this attempt (metrics.jsonl has every number)
 
 
 class ExperimentLog(Protocol):
-    def scalars(self, record: dict[str, Any]) -> None: ...
+    def scalars(self, record: Window) -> None: ...
 
     def mark(self, what: str, step: int, text: str) -> None: ...
 
@@ -47,7 +50,7 @@ class ExperimentLogs:
                 del self.logs[name]
                 self.on_failure(name, error_text(e), DROPPED)
 
-    def scalars(self, record: dict[str, Any]) -> None:
+    def scalars(self, record: Window) -> None:
         self._each(lambda log: log.scalars(record))
 
     def mark(self, what: str, step: int, text: str) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import torch
 
@@ -38,6 +38,17 @@ class InitFromError(TrainingError):
     """``train.init_from`` cannot start this run (bad input: exit 2, never retried)."""
 
     exit_code = 2
+
+
+class _Choice(TypedDict, total=False):
+    """Rank 0's word to every rank (broadcast as JSON): the checkpoint to load
+    (``InitSourceJSON`` and its manifest), or why none."""
+
+    path: str
+    step: int
+    run: str | None
+    manifest: Any  # CheckpointInfo.manifest, as trainer.checkpoint types it
+    error: str
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,7 @@ def init_weights(
 
     t = cfg.train
     pg = ctx.host_group() if ctx.initialized else None
-    choice: dict[str, Any] = {}
+    choice: _Choice = {}
     if ctx.is_main:
         try:
             source = resolve(t.init_from)

@@ -16,18 +16,27 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import yaml
 
 from ..config import RunConfig
 from ..errors import UserInputError
+from ..fsutil import JSONObject
 from ..rundir import RunPaths
 from .checkpoint.manifest import MANIFEST_NAME, InvalidCheckpoint, newest_valid, verify_checkpoint
 
 # Model settings that do not change any parameter's shape.
 NOT_SHAPE = ("flash_attn",)
 HINT = "point train.init_from at a run directory or one of its checkpoints/step_N directories"
+
+
+class InitSourceJSON(TypedDict):
+    """``InitSource.to_json()``: what rank 0 tells the other ranks it loads (with the manifest)."""
+
+    path: str
+    step: int
+    run: str | None
 
 
 @dataclass(frozen=True)
@@ -44,11 +53,13 @@ class InitSource:
         return bool((self.manifest.get("extra") or {}).get("ema"))
 
     @property
-    def model(self) -> dict[str, Any] | None:
+    def model(self) -> JSONObject | None:
+        """The model section of the config the checkpoint was saved with (another version's,
+        maybe: its keys are compared by name)."""
         saved = (self.manifest.get("extra") or {}).get("model")
         return saved if isinstance(saved, dict) else None
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> InitSourceJSON:
         return {"path": str(self.path), "step": self.step, "run": str(self.run) if self.run else None}
 
 
@@ -90,7 +101,7 @@ def resolve(init_from: str | Path) -> InitSource:
     return InitSource(newest.path, newest.step, path, newest.manifest)
 
 
-def run_model(run: Path) -> dict[str, Any] | None:
+def run_model(run: Path) -> JSONObject | None:
     """The model section of a run's own config.yaml (before it has any checkpoint)."""
     try:
         data = yaml.safe_load((run / "config.yaml").read_text()) or {}
@@ -108,7 +119,7 @@ def run_has_ema(run: Path) -> bool | None:
         return None
 
 
-def shape_differences(saved: dict[str, Any], cfg: RunConfig) -> list[str]:
+def shape_differences(saved: JSONObject, cfg: RunConfig) -> list[str]:
     """``model.<key>: <there> there, <here> here`` for every shape setting that differs."""
     now = cfg.model.model_dump(mode="json")
     return [

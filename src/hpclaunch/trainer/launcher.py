@@ -33,6 +33,8 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
+from ..rundir.attempt_records import AttemptEnd, RankRequest
+
 PRELOAD = ["hpclaunch.trainer.preload"]  # torch, mmdit, DCP and the trainer: imported once, forked after
 
 
@@ -50,7 +52,7 @@ def rank_main(run_dir: str, env: dict[str, str]) -> int:
     return 0
 
 
-def run_attempt(request: dict[str, Any]) -> dict[str, Any]:
+def run_attempt(request: RankRequest) -> AttemptEnd:
     """One elastic round: rendezvous, fork the ranks, wait for all of them."""
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

@@ -33,6 +33,12 @@ from torch import Tensor
 
 from ..fsutil import append_line
 
+# One logging window's numbers by name (None: not measured in it): the loop adds its own (step, lr,
+# throughput, validation losses) to ``collect()``'s, so the keys are open; every value is a number.
+Window = dict[str, float | None]
+# A metrics.jsonl line: a window's FIELDS, stamped with the time and the attempt.
+Line = dict[str, float | str | None]
+
 FIELDS = (
     "step",
     "loss",
@@ -72,9 +78,7 @@ class MetricsWindow:
             vals = torch.stack([loss.double(), text.double(), latent.double(), grad_norm.double(), self._one])
             self._sums += vals
 
-    def collect(
-        self, all_reduce: Callable[[Tensor], None] | None = None, world_size: int = 1
-    ) -> dict[str, Any]:
+    def collect(self, all_reduce: Callable[[Tensor], None] | None = None, world_size: int = 1) -> Window:
         """Window means (reduced over ranks with ``all_reduce``, a SUM in place), then reset."""
         sums = self._sums
         if all_reduce is not None and world_size > 1:
@@ -83,7 +87,7 @@ class MetricsWindow:
             sums[:4] /= world_size
             sums[4] /= world_size
         loss, text, latent, gnorm, good = sums.tolist()
-        out = {
+        out: Window = {
             "loss": _mean(loss, good),
             "text_loss": _mean(text, good),
             "latent_loss": _mean(latent, good),
@@ -112,7 +116,7 @@ def _mean(total: float, count: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def json_safe(value: Any) -> Any:
+def json_safe(value: float | None) -> float | None:
     """JSON has no NaN/Infinity: non-finite floats become null."""
     if isinstance(value, float) and not math.isfinite(value):
         return None
@@ -153,8 +157,8 @@ class MetricsLog:
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
             self._progress.start()
 
-    def write(self, record: dict[str, Any]) -> None:
-        line = {k: json_safe(record.get(k)) for k in FIELDS}
+    def write(self, record: Window) -> None:
+        line: Line = {k: json_safe(record.get(k)) for k in FIELDS}
         line.update(ts=round(time.time(), 3), attempt=self.attempt)
         append_line(self.path, json.dumps(line))
         if not self.echo:
@@ -177,7 +181,7 @@ class MetricsLog:
             self._progress = None
 
 
-def describe(line: dict[str, Any]) -> str:
+def describe(line: Line) -> str:
     def f(key: str, fmt: str) -> str:
         v = line.get(key)
         return "-" if v is None else format(v, fmt)

@@ -16,15 +16,74 @@ import json
 import platform
 import sys
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
+
+if TYPE_CHECKING:  # not at run time: the probe runs where hpclaunch may not be importable
+    from hpclaunch.fsutil import JSONObject
+    from hpclaunch.trainer.step_probe import StepMeasure, StepRequest
 
 
-def _torch() -> dict[str, Any]:
+# What the probe prints; preflight/probe.py reads it with the same shapes (it never imports the
+# trainer; tests/unit/test_probe_shapes.py keeps the two in step). Every part may be
+# ``{"error": why}`` instead (``_guard``): hence total=False and an ``error`` key in each.
+class TorchDevice(TypedDict):
+    index: int
+    name: str
+    total_memory: int
+    capability: list[int]
+
+
+class TorchInfo(TypedDict, total=False):
+    version: str
+    cuda_build: str | None
+    cuda_available: bool
+    device_count: int
+    devices: list[TorchDevice]
+    distributed: bool
+    gloo_available: bool
+    nccl_available: bool
+    nccl_version: str | None
+    nccl_error: str
+    error: str
+
+
+class PackageInfo(TypedDict, total=False):
+    version: str
+    path: str  # hpclaunch's only
+    error: str
+
+
+class ModelInfo(TypedDict, total=False):
+    params: int
+    source: str
+    error: str
+
+
+class ProbeAnswer(TypedDict, total=False):
+    python: str
+    executable: str
+    torch: TorchInfo
+    mmdit: PackageInfo
+    hpclaunch: PackageInfo
+    model: ModelInfo  # only when the request named a model
+    seconds: float
+
+
+class _Request(TypedDict, total=False):
+    model: JSONObject | None  # ModelConfig's JSON dump
+    estimate: StepRequest
+
+
+Part = TypeVar("Part", TorchInfo, PackageInfo, ModelInfo, "StepMeasure")
+
+
+def _torch() -> TorchInfo:
     import torch
 
-    info: dict[str, Any] = {"version": torch.__version__, "cuda_build": torch.version.cuda}
+    info: TorchInfo = {"version": torch.__version__, "cuda_build": torch.version.cuda}
     info["cuda_available"] = bool(torch.cuda.is_available())
-    devices = []
+    devices: list[TorchDevice] = []
     if info["cuda_available"]:
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
@@ -62,19 +121,19 @@ def _version(dist_name: str, module: Any) -> str:
     return version(dist_name)
 
 
-def _mmdit() -> dict[str, Any]:
+def _mmdit() -> PackageInfo:
     import mmdit
 
     return {"version": _version("mmdit", mmdit)}
 
 
-def _hpclaunch() -> dict[str, Any]:
+def _hpclaunch() -> PackageInfo:
     import hpclaunch
 
     return {"version": hpclaunch.__version__, "path": str(getattr(hpclaunch, "__file__", ""))}
 
 
-def _model(model_cfg: dict[str, Any]) -> dict[str, Any]:
+def _model(model_cfg: JSONObject) -> ModelInfo:
     import torch
 
     from hpclaunch.config import ModelConfig
@@ -88,20 +147,22 @@ def _model(model_cfg: dict[str, Any]) -> dict[str, Any]:
     return {"params": params, "source": "build_model on the meta device"}
 
 
-def _guard(fn: Any, *args: Any) -> dict[str, Any]:
+def _guard(fn: Callable[..., Part], *args: Any) -> Part:
     try:
-        return dict(fn(*args))
+        return fn(*args)
     except BaseException as e:  # report anything (ImportError, CUDA init errors, SystemExit)
-        return {"error": f"{type(e).__name__}: {e}".strip()[:500]}
+        # every part's shape has this key for it (the cast: mypy cannot build a TypeVar's dict)
+        return cast(Part, {"error": f"{type(e).__name__}: {e}".strip()[:500]})
 
 
 def main() -> None:
     start = time.monotonic()
+    request: _Request
     try:
         request = json.loads(sys.stdin.read() or "{}")
     except ValueError:
         request = {}
-    out: dict[str, Any] = {"python": platform.python_version(), "executable": sys.executable}
+    out: ProbeAnswer = {"python": platform.python_version(), "executable": sys.executable}
     out["torch"] = _guard(_torch)
     out["mmdit"] = _guard(_mmdit)
     out["hpclaunch"] = _guard(_hpclaunch)
@@ -112,14 +173,14 @@ def main() -> None:
     sys.stdout.flush()  # the checks go on with this answer while the steps below are timed
     if request.get("estimate") is not None:
         if "error" in out["torch"]:
-            step: dict[str, Any] = {"error": f"torch: {out['torch']['error']}"}
+            step: StepMeasure = {"error": f"torch: {out['torch']['error']}"}
         else:
             step = _guard(_steps, request["estimate"], start)
         sys.stdout.write(json.dumps({"step_estimate": step}) + "\n")
         sys.stdout.flush()
 
 
-def _steps(request: dict[str, Any], start: float) -> dict[str, Any]:
+def _steps(request: StepRequest, start: float) -> StepMeasure:
     """Preflight's estimate: a few timed training steps (``step_probe``), torch already imported."""
     from hpclaunch.trainer.step_probe import measure
 

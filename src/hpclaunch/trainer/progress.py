@@ -36,7 +36,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from ..config import RunConfig
 from ..fsutil import append_line
@@ -46,6 +46,7 @@ from ..rundir.progress import (
     PHASES,
     STACK_SIGNAL,
     TRAINING_PHASES,
+    StepTimes,
     progress_file,
     stacks_file,
     steptimes_file,
@@ -118,7 +119,7 @@ class Progress:
         self._step_phases = dict.fromkeys(TRAINING_PHASES, 0.0)
         self._cpu0 = 0.0
         self._window: dict[str, float] = {}
-        self._pending: list[dict[str, Any]] = []  # step-time summaries the thread still has to write
+        self._pending: list[StepTimes] = []  # step-time summaries the thread still has to write
         self._main = threading.get_ident()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -218,7 +219,7 @@ class Progress:
 
     # ---- the writer thread --------------------------------------------------------------------
 
-    def _summary(self, step: int) -> dict[str, Any]:
+    def _summary(self, step: int) -> StepTimes:
         w, n = self._window, self._window["steps"]
         mean = {k: round(v / n, 6) for k, v in w.items() if k != "steps"}
         return {

@@ -15,12 +15,31 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
+
+if TYPE_CHECKING:  # not at run time: the script imports hpclaunch only once it measures
+    from hpclaunch.fsutil import JSONObject
 
 START = time.monotonic()
 
 
-def measure(request: dict[str, Any], *, started: float = START) -> dict[str, Any]:
+# The request read and the answer printed; preflight/probe.py reads them with the same shapes (it
+# never imports the trainer; tests/unit/test_probe_shapes.py keeps the two in step).
+class StepRequest(TypedDict):
+    config: JSONObject  # RunConfig.to_dict()
+    steps: int
+
+
+class StepMeasure(TypedDict, total=False):
+    seconds_per_step: float
+    device: str
+    imports_s: float
+    build_s: float
+    steps: int
+    error: str  # instead of the figures when it could not measure (a device with it)
+
+
+def measure(request: StepRequest, *, started: float = START) -> StepMeasure:
     """``started``: when this process began (``imports_s`` counts from it)."""
     import torch
 
@@ -46,7 +65,7 @@ def measure(request: dict[str, Any], *, started: float = START) -> dict[str, Any
     d = draw(t.seed, 1, list(range(micro)), m.text_len, (m.latent_len, m.latent_dim))
     d = type(d)(*(x.to(device) for x in (d.t_text, d.t_latent, d.mask_keys, d.noise)))
     times = []
-    for _ in range(int(request.get("steps", 3)) + 1):
+    for _ in range(int(request.get("steps", 3)) + 1):  # a request may leave the count out
         t0 = time.perf_counter()
         for _ in range(per_rank // micro):
             losses = compute_losses(
@@ -69,6 +88,7 @@ def measure(request: dict[str, Any], *, started: float = START) -> dict[str, Any
 
 
 def main() -> None:
+    out: StepMeasure
     try:
         request = json.loads(sys.stdin.read() or "{}")
         out = measure(request)

@@ -16,7 +16,10 @@ timeout") and a scalar ``run/resumed`` / ``run/stopped`` of 1 at that step.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
+    from .metrics import Window
 
 TAGS = {
     "loss": "loss/total",
@@ -46,9 +49,9 @@ class TensorBoardLog:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._writer = SummaryWriter(str(self.directory), purge_step=resumed_step + 1, flush_secs=10)
 
-    def scalars(self, record: dict[str, Any]) -> None:
+    def scalars(self, record: Window) -> None:
         """The numbers of one metrics.jsonl line (None and non-numbers are left out)."""
-        step = int(record["step"])
+        step = int(step_of(record))
         for field, tag in TAGS.items():
             value = record.get(field)
             if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -62,3 +65,10 @@ class TensorBoardLog:
 
     def close(self) -> None:
         self._writer.close()
+
+
+def step_of(record: Window) -> float:
+    """A metrics line's step: the loop sets it on every line."""
+    step = record["step"]
+    assert step is not None
+    return step

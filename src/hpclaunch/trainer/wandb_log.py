@@ -22,11 +22,14 @@ import contextlib
 import json
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
-from .tensorboard import TAGS
+from .tensorboard import TAGS, step_of
+
+if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
+    from .metrics import Window
 
 ID_FILE = "hpclaunch-id.json"
 
@@ -86,15 +89,15 @@ class WandbLog:
                 wandb.teardown()
             self._run = wandb.init(mode="offline", **args)
 
-    def scalars(self, record: dict[str, Any]) -> None:
+    def scalars(self, record: Window) -> None:
         """The numbers of one metrics.jsonl line, under TensorBoard's tags."""
         values = {
-            tag: float(record[field])
+            tag: float(value)
             for field, tag in TAGS.items()
-            if isinstance(record.get(field), (int, float)) and not isinstance(record.get(field), bool)
+            if isinstance(value := record.get(field), (int, float)) and not isinstance(value, bool)
         }
         if values:
-            self._run.log(values, step=int(record["step"]))
+            self._run.log(values, step=int(step_of(record)))
 
     def mark(self, what: str, step: int, text: str) -> None:
         """A start or stop at ``step`` (a resume is marked at the first step it computes)."""

@@ -1,0 +1,63 @@
+"""The records one attempt's processes pass to each other, as JSON: the agent's request to its rank
+host and the answer (a pipe), the node's report, the roster (files in the attempt's directory).
+
+Typed here, below both sides: the rank host's code is the trainer's (``trainer/launcher.py``), which
+imports nothing of ``jobs`` but its stop protocol, and the agent's is ``jobs``. Plain dicts at run
+time (TypedDicts), so what goes over the pipe and into the files is exactly what it was.
+"""
+
+from __future__ import annotations
+
+from typing import TypedDict
+
+
+class RosterJSON(TypedDict):
+    """``jobs.allocation.Roster.to_json()``: the training nodes in rank order, then the spares."""
+
+    training: list[str]
+    spares: list[str]
+
+
+class _RankRequired(TypedDict):
+    run_id: str  # the attempt
+    nnodes: int
+    nproc: int
+    run_dir: str
+    log_dir: str  # the elastic launcher's logs of this node
+    env: dict[str, str]  # the attempt's variables for every rank
+
+
+class RankRequest(_RankRequired, total=False):
+    """This node's part of an attempt (``jobs.attempt_env.rank_request``); several nodes also name
+    the rendezvous."""
+
+    rdzv_endpoint: str
+    rdzv_configs: dict[str, bool | int]  # is_host, join_timeout
+    local_addr: str | None
+
+
+class AttemptEnd(TypedDict, total=False):
+    """How this node's part of an attempt ended: the rank host's answer, and (with ``host``) the
+    node's report ``node<N>.done.json`` that the decider reads."""
+
+    state: str  # succeeded | failed | lost (the rank host died) | spare (this node trained nothing)
+    returncode: int
+    seconds: float
+    failures: dict[str, int]  # rank -> exit code (negative: killed by that signal)
+    error: str
+    stopped_by_agent: bool  # the agent stopped these ranks: another node ended the attempt
+    host: str  # the report's node
+
+
+class HostReady(TypedDict):
+    """The rank host runs its forkserver (the trainer is being imported into it)."""
+
+    pid: int
+    forkserver: int
+
+
+class HostReply(TypedDict, total=False):
+    """One line from the rank host: ready once, then one ``done`` per attempt."""
+
+    ready: HostReady
+    done: AttemptEnd
