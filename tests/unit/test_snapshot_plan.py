@@ -126,7 +126,11 @@ def test_a_shard_fills_a_live_state_in_place_and_a_misfit_changes_nothing() -> N
     saved = _state(7)
     staged = SharedStager().stage(saved)
     meta = json.loads(
-        describe_json(shard.describe(staged, step=35, rank=0, world_size=2, hashes={"model_hash": "m"}))
+        describe_json(
+            shard.describe(
+                staged, step=35, rank=0, world_size=2, hashes={"model_hash": "m", "config_hash": "c"}
+            )
+        )
     )
     payload = os.pread(staged.layout.fd, staged.layout.nbytes, 0)  # what the job copies into the store
     live = _state(1)

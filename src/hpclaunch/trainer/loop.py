@@ -67,6 +67,7 @@ from .dist import all_gather_json, close_distributed, reshard, set_deterministic
 from .evaluate import Evaluator
 from .explog import ExperimentLogs, open_experiment_logs
 from .loader import StepBatches, StepPlan, make_loader, micro_batches, raise_data_problem
+from .memory_tier import TierFields
 from .metrics import MetricsLog, MetricsWindow, max_memory_gb
 from .objective import compute_losses
 from .periodic_saves import PeriodicSaves
@@ -207,7 +208,7 @@ class Trainer:
     def resume(self) -> None:
         """Load the newest valid checkpoint (if any) before the first step; log ``resumed``."""
         checkpoint_path: str | None = None
-        tier: dict[str, Any] = {}  # with the memory tier: which one, and the disk's step beside it
+        tier: TierFields = {}  # with the memory tier: which one, and the disk's step beside it
         if self.checkpointer is not None:
             from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -527,10 +528,7 @@ class Trainer:
                         self.save(blocking=False)
                         saves.started(self.checkpointer, c.step)
                     if self.memory is not None:
-                        self.memory.after_step(
-                            c.step, self.app_state, self.save_extra, self.ctx.host_group(),
-                            disk_save_now=disk_save_now,
-                        )  # fmt: skip
+                        self.memory.after_step(c.step, self.app_state, disk_save_now=disk_save_now)
             batches = None  # stops the loader's workers before the final save
             lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
             if self.memory is not None:

@@ -28,7 +28,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypedDict
 
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
@@ -39,6 +39,7 @@ from .checkpoint.staging import SharedStager, Staged
 from .dist import DistContext, all_gather_json
 from .snapshots import shard
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
+from .snapshots.shard import State
 from .snapshots.store import NodeStore, describe_json
 from .snapshots.transfer import SnapshotJob, exchange_pulls, new_link
 
@@ -56,6 +57,23 @@ def snapshot_dir(cfg: RunConfig, paths: RunPaths) -> Path:
 def node_name() -> str:
     """This node as the scheduler names it (the node agent says), else its host name."""
     return os.environ.get(NODE_NAME_VAR) or socket.gethostname().split(".")[0]
+
+
+class StallFields(TypedDict):
+    """What a snapshot cost the training loop (its ``snapshot_saved`` line)."""
+
+    stall_s: float
+    stall_parts: dict[str, float]
+    bytes: int
+
+
+class TierFields(TypedDict, total=False):
+    """What ``resumed`` says of the tiers."""
+
+    disk_step: int | None
+    tier: str
+    memory_reason: str
+    shards_from: dict[str, list[int]]
 
 
 class Restored(NamedTuple):
@@ -87,7 +105,7 @@ class MemoryTier:
         self.link = new_link(buddy, ward)  # collective: every rank builds its tier at the same point
         self.stager = SharedStager()
         self.job: SnapshotJob | None = None
-        self._stall: dict[str, Any] = {}
+        self._stall: StallFields | None = None
         self._sections: set[str] = set()
         self._copy_wait: float | None = None  # what the update after a snapshot waited for its copies
 
@@ -96,16 +114,13 @@ class MemoryTier:
     def after_step(
         self,
         step: int,
-        state: Callable[[], dict[str, Any]],
-        extra: Callable[[], dict[str, Any]],
-        group: Any,
+        state: Callable[[], State],
         *,
         disk_save_now: bool,
     ) -> None:
         """Every rank, after every step: settle a finished snapshot, start one when due. A snapshot
         still moving when the next is due is waited for (every rank starts each due one, so every
         send has its receive); one that failed is said and dropped: the disk tier is still there."""
-        del extra, group  # (a snapshot's description holds what it needs; no collective here)
         if self.job is not None and self.job.done():
             self._settle()
         if step % self.every or disk_save_now:
@@ -153,14 +168,9 @@ class MemoryTier:
         if job.error is not None:
             self._note(SNAPSHOT_FAILED, step=job.step, error=job.error)
         else:
-            copy_wait = round(self._copy_wait or 0.0, 5)
-            self._note(
-                SNAPSHOT_SAVED,
-                step=job.step,
-                seconds=round(job.seconds or 0.0, 4),
-                copy_wait_s=copy_wait,
-                **self._stall,
-            )
+            cost: dict[str, object] = dict(self._stall or {})
+            cost["copy_wait_s"] = round(self._copy_wait or 0.0, 5)
+            self._note(SNAPSHOT_SAVED, step=job.step, seconds=round(job.seconds or 0.0, 4), **cost)
         self._copy_wait = None
 
     def _note(self, event: str, **fields: Any) -> None:
@@ -169,9 +179,7 @@ class MemoryTier:
 
     # ---- resume -------------------------------------------------------------------------------
 
-    def restore(
-        self, state: dict[str, Any], disk: Path, group: Any
-    ) -> tuple[Restored | None, dict[str, Any]]:
+    def restore(self, state: State, disk: Path, group: Any) -> tuple[Restored | None, TierFields]:
         """Collective: fill ``state`` from the newest whole snapshot newer than the newest checkpoint
         on ``disk``; (what was restored or None, what the ledger's ``resumed`` says of the tiers)."""
         report = {
@@ -193,7 +201,7 @@ class MemoryTier:
             for s, w, rank, n, m in r["holds"]:
                 held.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
         plan = plan_restore(hosts, holdings, on_disk)
-        tier: dict[str, Any] = {"disk_step": on_disk}
+        tier: TierFields = {"disk_step": on_disk}
         if plan.step is None:
             return None, {**tier, "memory_reason": plan.reason}
         why = self._fill(state, plan, group)
@@ -207,7 +215,7 @@ class MemoryTier:
             "shards_from": plan.shards_from(),
         }
 
-    def _fill(self, state: dict[str, Any], plan: RestorePlan, group: Any) -> str | None:
+    def _fill(self, state: State, plan: RestorePlan, group: Any) -> str | None:
         """Collective: this rank's shard (read here, or pulled), checked on every rank, then copied;
         the reason when any rank's does not fit (nothing is copied then, on any rank)."""
         assert plan.step is not None
@@ -215,7 +223,7 @@ class MemoryTier:
             plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, self.link
         )
         why: str | None = None
-        meta: dict[str, Any] = {}
+        meta: shard.ShardMeta | None = None
         payload = b""
         try:
             if pulled is None:
@@ -236,6 +244,7 @@ class MemoryTier:
         first = next((w for w in whys if w is not None), None)
         if first is not None:
             return first
+        assert meta is not None
         self._sections = shard.fill(state, meta, payload)
         return None
 

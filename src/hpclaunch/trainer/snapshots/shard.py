@@ -14,7 +14,8 @@ import base64
 import io
 import json
 import warnings
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypedDict
 
 import torch
 
@@ -23,6 +24,22 @@ from ..checkpoint.staging import Staged, dtype_of
 from ..state import is_dtensor
 
 FORMAT = 1
+State = dict[str, Any]  # a training state dict: nested, whatever the model and optimizer hold
+
+
+class ShardMeta(TypedDict):
+    """A shard's description (its ``.json``)."""
+
+    format: int
+    step: int
+    rank: int
+    world_size: int
+    nbytes: int
+    slots: list[dict[str, Any]]  # staging.Slot as JSON
+    mappings: dict[str, list[str | int]]  # DCP's flattening: fqn -> the path in the nested state
+    objects: dict[str, str]  # fqn -> base64 of torch.save(value)
+    config_hash: str
+    model_hash: str
 
 
 def describe(
@@ -38,11 +55,12 @@ def describe(
         "slots": layout["slots"],
         "mappings": layout["mappings"],
         "objects": staged.objects,
-        **hashes,
+        "config_hash": hashes["config_hash"],
+        "model_hash": hashes["model_hash"],
     }
 
 
-def _live_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _live_tensors(state: State) -> tuple[dict[str, torch.Tensor], Mapping[str, Any]]:
     from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     flat, mappings = flatten_state_dict(state)
@@ -56,7 +74,7 @@ def _live_tensors(state: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]
     return tensors, mappings
 
 
-def misfit(state: dict[str, Any], meta: dict[str, Any], expect: dict[str, Any]) -> str | None:
+def misfit(state: State, meta: ShardMeta, expect: Mapping[str, object]) -> str | None:
     """Why the shard ``meta`` cannot fill ``state`` (None: it can). ``expect``: values that must match."""
     if meta.get("format") != FORMAT:
         return f"snapshot format {meta.get('format')} is not {FORMAT}"
@@ -78,7 +96,7 @@ def misfit(state: dict[str, Any], meta: dict[str, Any], expect: dict[str, Any]) 
     return None
 
 
-def fill(state: dict[str, Any], meta: dict[str, Any], payload: bytes | bytearray | memoryview) -> set[str]:
+def fill(state: State, meta: ShardMeta, payload: bytes | bytearray | memoryview) -> set[str]:
     """Copy the shard into ``state`` (after ``misfit`` said None); the state's sections it held."""
     from torch.distributed.checkpoint._traverse import set_element
 
@@ -102,8 +120,8 @@ def fill(state: dict[str, Any], meta: dict[str, Any], payload: bytes | bytearray
     return {str(path[0]) for path in mappings.values()}
 
 
-def parse(meta_bytes: bytes) -> dict[str, Any]:
+def parse(meta_bytes: bytes) -> ShardMeta:
     meta = json.loads(meta_bytes)
-    if not isinstance(meta, dict):
-        raise ValueError("a snapshot's description is not an object")
-    return meta
+    if not isinstance(meta, dict) or not {"slots", "objects", "mappings"} <= meta.keys():
+        raise ValueError("a snapshot's description is not one")
+    return meta  # type: ignore[return-value]  # (checked whole by misfit before any use)

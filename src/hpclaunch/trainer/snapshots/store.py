@@ -17,8 +17,8 @@ import mmap
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 _STEP_DIR = re.compile(r"^step-(\d+)-w(\d+)$")
 _SHARD = re.compile(r"^rank-(\d+)\.json$")
@@ -143,5 +143,5 @@ class NodeStore:
         return found
 
 
-def describe_json(meta: dict[str, Any]) -> bytes:
+def describe_json(meta: Mapping[str, object]) -> bytes:
     return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
