@@ -15,24 +15,15 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...errors import CheckpointError, FilesystemError
+from ...errors import CheckpointError
 from ...rundir import CHECKPOINT_SAVED, Ledger
-from ..dist import all_gather_json, broadcast_json
+from ..dist import broadcast_json
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
 from .faults import estimated_bytes as _estimated_bytes
 from .faults import save_error
-from .manifest import (
-    RANK_LOCAL,
-    CheckpointInfo,
-    InvalidCheckpoint,
-    LoadResult,
-    _jsonable,
-    scan_checkpoints,
-    step_dir_name,
-    verify_share,
-)
-from .reader import dcp_load
+from .loading import load_latest
+from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, _jsonable, scan_checkpoints, step_dir_name
 from .safe_load import safe_load_parts
 from .save_plans import SavePlans
 from .writing import Published, SaveJob, SaveWriter
@@ -394,20 +385,6 @@ class Checkpointer:
 
     # ---- load ---------------------------------------------------------------------------------
 
-    def _verify_shares(self, info: CheckpointInfo) -> str | None:
-        """Every rank hashes its share of ``info``'s files (collective): None when all match, else
-        the first mismatch. A share that cannot be read now raises FilesystemError on every rank."""
-        import torch.distributed as dist
-
-        rank = dist.get_rank(self._pg) if self._pg is not None else 0
-        world = dist.get_world_size(self._pg) if self._pg is not None else 1
-        verdicts = all_gather_json(_verify_share(info, rank, world), self._pg)
-        unreadable = [v["filesystem"] for v in verdicts if v.get("filesystem")]
-        if unreadable:
-            raise FilesystemError(unreadable[0])
-        invalid = [v["invalid"] for v in verdicts if v.get("invalid")]
-        return invalid[0] if invalid else None
-
     def list_valid(self) -> list[CheckpointInfo]:
         """Valid checkpoints in DIR, newest last (reads and hashes files; call on one rank)."""
         return scan_checkpoints(self.directory)[0]
@@ -416,52 +393,14 @@ class Checkpointer:
         """Load the newest valid checkpoint into ``state`` in place; None when there is none.
 
         Collective. Rank 0 removes leftovers of killed writers, verifies newest-first and tells
-        every rank which one to load; invalid newer ones are reported and skipped.
+        every rank which one to load; invalid newer ones are reported and skipped (``loading``).
         """
         self.wait()
-        skipped: list[tuple[Path, str]] = []  # newest first, in the order they were found bad
-        while True:
-            choice: dict[str, Any] = {}
-            if self._is_coordinator:
-                choice = self._dir.choose()
-            choice = broadcast_json(choice, self._pg, is_source=self._is_coordinator)
-            if choice.get("error"):
-                raise (FilesystemError if choice.get("filesystem") else CheckpointError)(choice["error"])
-            if choice.get("step") is None:
-                return None
-            skipped += [(Path(p), reason) for p, reason in choice["skipped"]]
-            info = CheckpointInfo(
-                step=int(choice["step"]),
-                path=self.directory / choice["name"],
-                manifest=choice["manifest"],
-            )
-            problem = self._verify_shares(info)
-            if problem is None:
-                break
-            # A file whose sha256 does not match: the checkpoint is set aside, the next one tried.
-            if self._is_coordinator:
-                self._dir.set_aside(info.path, problem)
-            skipped.append((info.path, problem))
-        if self._is_coordinator:
-            self._dir.mark_valid(info.step, info.path)
-        self._writer.loading.add(info.step)
-        try:
-            saved_ranks, sections = dcp_load(info, state, self._pg)
-        finally:
-            self._writer.loading.discard(info.step)
-        missing = sorted(set(range(self.world_size)) - saved_ranks)
-        if self._is_coordinator:
-            self._dir.report_rank_local(info, saved_ranks, missing)
-        return LoadResult(
-            info=info, skipped=skipped, ranks_without_rank_local=missing, saved_sections=sections
+        return load_latest(
+            state,
+            checkpoints=self._dir,
+            world_size=self.world_size,
+            pg=self._pg,
+            is_coordinator=self._is_coordinator,
+            loading=self._writer.loading,
         )
-
-
-def _verify_share(info: CheckpointInfo, rank: int, world: int) -> dict[str, Any]:
-    try:
-        verify_share(info, rank, world)
-        return {}
-    except InvalidCheckpoint as e:
-        return {"invalid": str(e)}
-    except FilesystemError as e:
-        return {"filesystem": e.one_line()}
