@@ -9,23 +9,25 @@ training loop). See the package docstring for the layout and the state-dict conv
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import CheckpointError
-from ...rundir import CHECKPOINT_SAVED, Ledger
+from ...rundir import Ledger
 from ..dist import broadcast_json
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
 from .faults import estimated_bytes as _estimated_bytes
 from .faults import save_error
+from .group import checkpoint_group
 from .loading import load_latest
-from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, _jsonable, scan_checkpoints, step_dir_name
+from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
 from .safe_load import safe_load_parts
+from .save_decision import plan_save
 from .save_plans import SavePlans
+from .save_report import report_saved
 from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
@@ -33,15 +35,6 @@ if TYPE_CHECKING:
 
 Writer = Literal["process", "thread"]
 CLOSE_WAIT_S = 60.0  # close(): how long a pending background save may still take (see close)
-
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
-
-
-def _silence_single_process_warning() -> None:
-    """DCP warns on every call that it is 'assuming single process'; that is what we want."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
 
 
 class Checkpointer:
@@ -96,7 +89,7 @@ class Checkpointer:
         # broadcast), and for a background save the staging copy (the writer's start included).
         self.last_stall_parts: dict[str, float] = {}
         self.settled_saves = 0  # background saves settled so far (the same count on every rank)
-        self._pg, self._owns_pg = self._checkpoint_group(process_group)
+        self._pg, self._owns_pg = checkpoint_group(process_group, rank=rank, world_size=world_size)
         self._is_coordinator = rank == 0
         self._plans = SavePlans()
         self._dir = CheckpointDir(
@@ -140,28 +133,6 @@ class Checkpointer:
         return bg.writer_pid if isinstance(bg, ProcessBackground) else None
 
     # ---- set-up -------------------------------------------------------------------------------
-
-    def _checkpoint_group(self, given: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
-        """The gloo group for our collectives: background saves must never share a group (and
-        so a collective order) with the training loop's collectives."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            if self.world_size != 1 or self.rank != 0:
-                raise CheckpointError(
-                    f"rank {self.rank} of {self.world_size} but torch.distributed is not "
-                    "initialized; initialize it before creating the Checkpointer"
-                )
-            _silence_single_process_warning()
-            return None, False
-        if dist.get_rank() != self.rank or dist.get_world_size() != self.world_size:
-            raise CheckpointError(
-                f"Checkpointer was told rank {self.rank}/{self.world_size}, torch.distributed "
-                f"says {dist.get_rank()}/{dist.get_world_size()}"
-            )
-        if given is not None:
-            return given, False
-        return dist.new_group(backend="gloo"), True
 
     def _make_background(self) -> ThreadBackground | ProcessBackground:
         if self.writer == "thread":
@@ -212,8 +183,16 @@ class Checkpointer:
         self.wait()
         waited = time.monotonic()
         needed = _estimated_bytes(state, self.world_size, RANK_LOCAL)
-        job = self._plan_save(
-            step, blocking=blocking or not self.async_save, extra=extra, started=started, needed=needed
+        job = plan_save(
+            step,
+            directory=self.directory,
+            checkpoints=self._dir,
+            pg=self._pg,
+            is_coordinator=self._is_coordinator,
+            blocking=blocking or not self.async_save,
+            extra=extra,
+            started=started,
+            needed=needed,
         )
         planned = time.monotonic()
         self.last_save_written = job is not None
@@ -240,72 +219,16 @@ class Checkpointer:
         if self._background is not None:
             self._background.before_update()
 
-    def _plan_save(
-        self, step: int, *, blocking: bool, extra: dict[str, Any] | None, started: float, needed: int
-    ) -> SaveJob | None:
-        """Rank 0 decides (skip / write), names the temporary directory and checks ``extra``; its
-        errors are raised on every rank, so none is left waiting in a collective."""
-        final = self.directory / step_dir_name(step)
-        decision: dict[str, Any] = {}
-        if self._is_coordinator:
-            decision = self._decide(final, step, extra)
-        decision = broadcast_json(decision, self._pg, is_source=self._is_coordinator)
-        if decision.get("error"):
-            raise CheckpointError(decision["error"])
-        if decision["action"] == "skip":
-            if self._is_coordinator:
-                log.info("checkpoint %s already published; not saving it again", final.name)
-            return None
-        tmp = self.directory / f".{final.name}.tmp-{decision['nonce']}"
-        return SaveJob(step, tmp, final, blocking, decision["extra"], started, needed)
-
-    def _decide(self, final: Path, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
-        try:
-            return {
-                "action": self._existing_action(final, step),
-                "nonce": uuid.uuid4().hex[:12],
-                "extra": _jsonable(extra),
-            }
-        except CheckpointError as e:
-            return {"error": e.one_line()}
-        except OSError as e:
-            return {"error": f"cannot prepare checkpoint {final}: {e}"}
-
-    def _existing_action(self, final: Path, step: int) -> str:
-        """A published directory of this step is kept when valid (typically the stop save right
-        after a periodic save of the same step: same state), else moved aside and saved again."""
-        if not final.exists():
-            return "write"
-        if self._dir.is_valid(step, final):
-            return "skip"
-        return "write"  # is_valid moved it aside
-
     def _report_saved(self, job: SaveJob, published: Published | None) -> None:
         """Rank 0: the log line and the ledger's ``checkpoint_saved`` of a published save."""
-        if published is None:
-            return
-        self._dir.mark_valid(job.step, job.final)  # this process knows it valid without reading it
-        stall = self.last_stall_seconds if not job.blocking else time.monotonic() - job.started
-        how = "blocking" if job.blocking else f"async, {self.writer} writer"
-        log.info(
-            "saved checkpoint %s (%.1f MB, %.2f s, %s, training stalled %.3f s)",
-            job.final.name,
-            published.bytes / 1e6,
-            published.seconds,
-            how,
-            stall or 0.0,
+        report_saved(
+            job,
+            published,
+            checkpoints=self._dir,
+            ledger=self.ledger,
+            writer=self.writer,
+            background_stall_s=self.last_stall_seconds,
         )
-        if self.ledger is not None:
-            self.ledger.append(
-                CHECKPOINT_SAVED,
-                step=job.step,
-                path=published.path,
-                seconds=round(published.seconds, 3),
-                bytes=published.bytes,
-                blocking=job.blocking,
-                stall_s=round(stall, 4) if stall is not None else None,
-                writer=None if job.blocking else self.writer,
-            )
 
     # ---- wait / close -------------------------------------------------------------------------
 
