@@ -28,6 +28,7 @@ from .safe_load import safe_load_parts
 from .save_decision import plan_save
 from .save_plans import SavePlans
 from .save_report import report_saved
+from .writer_protocol import WriterSpec
 from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
@@ -139,19 +140,19 @@ class Checkpointer:
             return ThreadBackground(self._writer, nice=self.writer_nice)
         from .writer_process import store_address
 
-        spec = {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "directory": str(self.directory),
-            "config_hash": self.config_hash,
-            "model_hash": self.model_hash,
-            "keep_last": self.keep_last,
-            "keep_every": self.keep_every,
-            "nice": self.writer_nice,
-            "idle": self.writer_idle,
-            "write_threads": self.write_threads,
-            "store": store_address(self.world_size),
-        }
+        spec = WriterSpec(
+            rank=self.rank,
+            world_size=self.world_size,
+            directory=str(self.directory),
+            config_hash=self.config_hash,
+            model_hash=self.model_hash,
+            keep_last=self.keep_last,
+            keep_every=self.keep_every,
+            nice=self.writer_nice,
+            idle=self.writer_idle,
+            write_threads=self.write_threads,
+            store=store_address(self.world_size),
+        )
         return ProcessBackground(spec, self._pg)
 
     def prestart_writer(self) -> None:

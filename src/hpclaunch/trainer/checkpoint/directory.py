@@ -41,6 +41,10 @@ from .manifest import (
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
 
+# A ledger event as a writer found it (name, fields): appended to the ledger by the training process.
+Finding = tuple[str, dict[str, Any]]
+
+
 class EventSink(Protocol):
     """Where findings go: the run's ``Ledger``, or in the writer process a buffer that the training
     process appends to the ledger when the save's result comes back."""
@@ -52,12 +56,12 @@ class EventBuffer:
     """An ``EventSink`` that keeps what it is given, for someone else to append."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[Finding] = []
 
     def append(self, event: str, **fields: Any) -> None:
         self.events.append((event, fields))
 
-    def drain(self) -> list[tuple[str, dict[str, Any]]]:
+    def drain(self) -> list[Finding]:
         out, self.events = self.events, []
         return out
 
