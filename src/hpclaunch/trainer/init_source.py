@@ -24,7 +24,7 @@ from ..config import RunConfig
 from ..errors import UserInputError
 from ..fsutil import JSONObject
 from ..rundir import RunPaths
-from .checkpoint.manifest import MANIFEST_NAME, InvalidCheckpoint, newest_valid, verify_checkpoint
+from .checkpoint.manifest import MANIFEST_NAME, InvalidCheckpoint, Manifest, newest_valid, verify_checkpoint
 
 # Model settings that do not change any parameter's shape.
 NOT_SHAPE = ("flash_attn",)
@@ -46,7 +46,7 @@ class InitSource:
     path: Path  # the checkpoint directory (step_N)
     step: int
     run: Path | None  # the run it belongs to, when init_from named a run
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def has_ema(self) -> bool:

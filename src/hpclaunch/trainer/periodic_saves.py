@@ -11,6 +11,7 @@ knows it; its figures are still recorded.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from ..config import RunConfig
@@ -89,7 +90,7 @@ class PeriodicSaves:
 
     def _agree(self, step: int) -> None:
         main = self.ctx.is_main
-        decision = self.schedule.propose(step) if main else {}
+        decision: Mapping[str, object] = self.schedule.propose(step) if main else {}
         if self.schedule.policy.mode != "steps":
             decision = broadcast_json(decision, self.ctx.host_group(), is_source=main)
             self.schedule.adopt(decision)

@@ -5,11 +5,13 @@ retention rules; torch-free), ``directory`` (rank 0's view: valid, corrupt, what
 prune; torch-free), ``safe_load`` (loading without arbitrary unpickling), ``reader`` (loading one
 checkpoint, also read-only for ``hpclaunch sample``), ``faults`` (failures in the user's words, test
 hooks), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
-``staging`` + ``channel`` + ``writer_process`` + ``writer_main`` (the writer process of each rank,
-fed through shared memory), ``background`` (the process and thread writers behind one interface),
-``priority`` (the writers' CPU priority),
-``interval`` (when to save: every N steps or minutes, or Young/Daly) and ``checkpointer``
-(collective saves and loads). Data is written by
+``staging`` + ``channel`` + ``writer_protocol`` + ``writer_process`` + ``writer_main`` (the writer
+process of each rank, fed through shared memory), ``background`` (the process and thread writers
+behind one interface), ``priority`` (the writers' CPU priority),
+``interval`` (when to save: every N steps or minutes, or Young/Daly), ``save_decision`` (rank 0's
+verdict on a save), ``save_report`` (a published save's log line and ledger event), ``loading``
+(resume: choose, verify a share on every rank, load), ``group`` (the checkpointer's own gloo group)
+and ``checkpointer`` (collective saves and loads). Data is written by
 torch.distributed.checkpoint (DCP), so DDP and FSDP share one format and a checkpoint written by
 either loads into either, at any world size; everything around DCP (atomic publishing, the
 manifest, validation, safe unpickling, retention) lives here.

@@ -28,8 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError
 from ...rundir import CHECKPOINT_SUPERSEDED, CHECKPOINT_WRITER_STARVED
+from .directory import Finding
 from .priority import set_thread_nice
 from .starvation import StarvationWatch
+from .writer_protocol import Answer, Failed, Saved, WriterSpec
 from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ class Settled:
     job: SaveJob
     published: Published | None = None  # rank 0, when it published
     seconds: float | None = None  # the background write, start to end
-    events: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # the writer's findings
+    events: list[Finding] = field(default_factory=list)  # the writer's findings
     error: CheckpointError | None = None
     cpu_s: float | None = None  # the writer process's CPU time for it (process writer)
 
@@ -146,7 +148,7 @@ class ThreadBackground:
 class ProcessBackground:
     kind = "process"
 
-    def __init__(self, spec: dict[str, Any], pg: dist.ProcessGroup | None) -> None:
+    def __init__(self, spec: WriterSpec, pg: dist.ProcessGroup | None) -> None:
         from .staging import SharedStager
 
         self._spec = spec
@@ -156,7 +158,7 @@ class ProcessBackground:
         self._job: SaveJob | None = None
         self._staged: Any = None
         self._sent = False
-        self._notes: list[tuple[str, dict[str, Any]]] = []  # ledger events of the save in flight
+        self._notes: list[Finding] = []  # ledger events of the save in flight
 
     @property
     def pending(self) -> bool:
@@ -165,7 +167,7 @@ class ProcessBackground:
     @property
     def idle(self) -> bool:
         """Writers start at SCHED_IDLE (until one was found starved; then at writer_nice)."""
-        return bool(self._spec.get("idle"))
+        return self._spec.idle
 
     @property
     def writer_pid(self) -> int | None:
@@ -178,7 +180,7 @@ class ProcessBackground:
         if self._proc is None:
             from .writer_process import WriterProcess
 
-            self._proc = WriterProcess({**self._spec, "generation": generation})
+            self._proc = WriterProcess(replace(self._spec, generation=generation))
 
     def start(self, job: SaveJob, state: dict[str, Any]) -> None:
         if self._proc is None:  # every rank starts its writer at the same save: one generation
@@ -198,7 +200,7 @@ class ProcessBackground:
         self._proc.submit(self._job, self._staged)
         self._sent = True
 
-    def _answer(self, timeout: float | None) -> dict[str, Any] | None:
+    def _answer(self, timeout: float | None) -> Answer | None:
         assert self._proc is not None
         self._dispatch(block=timeout != 0.0)
         return self._proc.poll(timeout)
@@ -239,7 +241,7 @@ class ProcessBackground:
         starved writers published after all (a writer starved between the rename and its answer) is
         settled as published instead (the Settled)."""
         assert self._proc is not None and self._job is not None
-        old, nice = self._job, int(self._spec.get("nice", 0))
+        old, nice = self._job, self._spec.nice
         kept = self._stop_writers(old)
         if kept is not None:
             return kept
@@ -254,7 +256,7 @@ class ProcessBackground:
         self._notes.append(
             (CHECKPOINT_WRITER_STARVED, {"step": old.step, "run_queue_share": share, "nice": nice})
         )
-        self._spec = {**self._spec, "idle": False}
+        self._spec = replace(self._spec, idle=False)
         # a new hex nonce (the leftover pattern) and so a new generation of writers and their store prefix
         self._job = replace(old, tmp=old.tmp.with_name(old.tmp.name + "0"))
         self._sent = False
@@ -270,7 +272,7 @@ class ProcessBackground:
         answer = self._proc.poll(0.0)  # this rank's writer may have finished its part meanwhile
         self._proc.kill()
         self._proc = None
-        coordinator = int(self._spec["rank"]) == 0
+        coordinator = self._spec.rank == 0
         published = coordinator and old.final.is_dir()
         if self._pg is not None:  # also: every rank's writer is gone before the cleanup below
             published = bool(_agree_max([published], self._pg)[0])
@@ -280,15 +282,15 @@ class ProcessBackground:
             shutil.rmtree(old.tmp, ignore_errors=True)
         return None
 
-    def _settle_published_meanwhile(self, job: SaveJob, answer: dict[str, Any] | None) -> Settled:
+    def _settle_published_meanwhile(self, job: SaveJob, answer: Answer | None) -> Settled:
         """The coordinator's writer published ``job`` before it was stopped: settle it as saved (the
         coordinator with what was published: its writer's answer, or the directory itself)."""
         self._job = self._staged = None
-        if answer is not None and answer.get("op") == "saved":
+        if isinstance(answer, Saved):
             return self._settled(job, answer)
         notes = self._take_notes()
         seconds = time.monotonic() - job.started
-        if int(self._spec["rank"]) != 0:
+        if self._spec.rank != 0:
             return Settled(job, None, seconds, notes)
         size = sum(f.stat().st_size for f in job.final.iterdir() if f.is_file())
         return Settled(job, Published(job.step, str(job.final), size, seconds), seconds, notes)
@@ -297,9 +299,9 @@ class ProcessBackground:
         from .writer_process import WriterProcess
 
         generation = job.tmp.name.rsplit("tmp-", 1)[-1]
-        return WriterProcess({**self._spec, "generation": generation})
+        return WriterProcess(replace(self._spec, generation=generation))
 
-    def _take_notes(self) -> list[tuple[str, dict[str, Any]]]:
+    def _take_notes(self) -> list[Finding]:
         notes, self._notes = self._notes, []
         return notes
 
@@ -308,7 +310,7 @@ class ProcessBackground:
         pending only when this rank is leaving on an error, and the others may never come to a
         collective); a writer that has not answered within ``timeout`` is stopped."""
         answer = self._answer(timeout)
-        if answer is None or answer.get("op") != "saved":
+        if not isinstance(answer, Saved):
             settled = self.abort()
             if answer is None:
                 settled.error = CheckpointError(
@@ -320,18 +322,14 @@ class ProcessBackground:
     def _settle(self) -> Settled:
         assert self._proc is not None and self._job is not None
         answer, job = self._proc.take(), self._job
+        assert isinstance(answer, Saved)  # (settled only when no rank's writer failed)
         self._job = self._staged = None
         return self._settled(job, answer)
 
-    def _settled(self, job: SaveJob, answer: dict[str, Any]) -> Settled:
+    def _settled(self, job: SaveJob, answer: Saved) -> Settled:
         """A save as its writer's "saved" answer tells it (with our notes of it first)."""
-        published = answer.get("published")
         return Settled(
-            job,
-            Published(**published) if published else None,
-            float(answer["seconds"]),
-            [*self._take_notes(), *((name, fields) for name, fields in answer.get("events", []))],
-            cpu_s=answer.get("cpu_s"),
+            job, answer.published, answer.seconds, [*self._take_notes(), *answer.events], cpu_s=answer.cpu_s
         )
 
     def supersede(self) -> Settled:
@@ -363,13 +361,11 @@ class ProcessBackground:
         ``writer_died``: some rank's writer died, which is then the reason on every rank (the others'
         writers only fail because a peer went, in gloo's words)."""
         assert self._proc is not None and self._job is not None
-        answer, job = self._proc.poll(0.0) or {}, self._job
+        answer, job = self._proc.poll(0.0), self._job
         settled = Settled(job, events=self._take_notes())
-        own_failure = bool(answer) and answer.get("op") != "saved"
-        if own_failure and (answer.get("dead") or not writer_died):
-            settled.error = CheckpointError(
-                answer["message"], where=answer.get("where"), hint=answer.get("hint")
-            )
+        own = answer if isinstance(answer, Failed) else None  # this rank's writer's failure
+        if own is not None and (own.dead or not writer_died):
+            settled.error = CheckpointError(own.message, where=own.where, hint=own.hint)
         elif writer_died:
             settled.error = CheckpointError(
                 f"the checkpoint writer process of another rank died while saving step {job.step} "
@@ -378,8 +374,8 @@ class ProcessBackground:
             )
         else:
             settled.error = CheckpointError("the background save failed on another rank (see its log)")
-        if own_failure:
-            settled.events += [(name, fields) for name, fields in answer.get("events", [])]
+        if own is not None:
+            settled.events += own.events
         self._proc.kill()
         self._proc = None
         self._job = self._staged = None
@@ -399,12 +395,12 @@ FAILED = 1
 WRITER_DIED = 2  # ranks over FAILED in the all-reduce's MAX: a dead writer names the cause
 
 
-def _flags(answer: dict[str, Any] | None) -> tuple[bool, int]:
+def _flags(answer: Answer | None) -> tuple[bool, int]:
     if answer is None:
         return True, 0
-    if answer.get("op") == "saved":
+    if isinstance(answer, Saved):
         return False, 0
-    return False, WRITER_DIED if answer.get("dead") else FAILED
+    return False, WRITER_DIED if answer.dead else FAILED
 
 
 def agree(running: bool, failed: int, pg: dist.ProcessGroup) -> tuple[bool, int]:

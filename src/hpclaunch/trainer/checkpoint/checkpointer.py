@@ -9,32 +9,26 @@ training loop). See the package docstring for the layout and the state-dict conv
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from ...errors import CheckpointError, FilesystemError
-from ...rundir import CHECKPOINT_SAVED, Ledger
-from ..dist import all_gather_json, broadcast_json
+from ...errors import CheckpointError
+from ...rundir import Ledger
+from ..dist import broadcast_json
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
 from .faults import estimated_bytes as _estimated_bytes
 from .faults import save_error
-from .manifest import (
-    RANK_LOCAL,
-    CheckpointInfo,
-    InvalidCheckpoint,
-    LoadResult,
-    _jsonable,
-    scan_checkpoints,
-    step_dir_name,
-    verify_share,
-)
-from .reader import dcp_load
+from .group import checkpoint_group
+from .loading import load_latest
+from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
 from .safe_load import safe_load_parts
+from .save_decision import plan_save
 from .save_plans import SavePlans
+from .save_report import report_saved
+from .writer_protocol import WriterSpec
 from .writing import Published, SaveJob, SaveWriter
 
 if TYPE_CHECKING:
@@ -42,15 +36,6 @@ if TYPE_CHECKING:
 
 Writer = Literal["process", "thread"]
 CLOSE_WAIT_S = 60.0  # close(): how long a pending background save may still take (see close)
-
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
-
-
-def _silence_single_process_warning() -> None:
-    """DCP warns on every call that it is 'assuming single process'; that is what we want."""
-    import warnings
-
-    warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable or uninitialized")
 
 
 class Checkpointer:
@@ -105,7 +90,7 @@ class Checkpointer:
         # broadcast), and for a background save the staging copy (the writer's start included).
         self.last_stall_parts: dict[str, float] = {}
         self.settled_saves = 0  # background saves settled so far (the same count on every rank)
-        self._pg, self._owns_pg = self._checkpoint_group(process_group)
+        self._pg, self._owns_pg = checkpoint_group(process_group, rank=rank, world_size=world_size)
         self._is_coordinator = rank == 0
         self._plans = SavePlans()
         self._dir = CheckpointDir(
@@ -150,46 +135,24 @@ class Checkpointer:
 
     # ---- set-up -------------------------------------------------------------------------------
 
-    def _checkpoint_group(self, given: dist.ProcessGroup | None) -> tuple[dist.ProcessGroup | None, bool]:
-        """The gloo group for our collectives: background saves must never share a group (and
-        so a collective order) with the training loop's collectives."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            if self.world_size != 1 or self.rank != 0:
-                raise CheckpointError(
-                    f"rank {self.rank} of {self.world_size} but torch.distributed is not "
-                    "initialized; initialize it before creating the Checkpointer"
-                )
-            _silence_single_process_warning()
-            return None, False
-        if dist.get_rank() != self.rank or dist.get_world_size() != self.world_size:
-            raise CheckpointError(
-                f"Checkpointer was told rank {self.rank}/{self.world_size}, torch.distributed "
-                f"says {dist.get_rank()}/{dist.get_world_size()}"
-            )
-        if given is not None:
-            return given, False
-        return dist.new_group(backend="gloo"), True
-
     def _make_background(self) -> ThreadBackground | ProcessBackground:
         if self.writer == "thread":
             return ThreadBackground(self._writer, nice=self.writer_nice)
         from .writer_process import store_address
 
-        spec = {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "directory": str(self.directory),
-            "config_hash": self.config_hash,
-            "model_hash": self.model_hash,
-            "keep_last": self.keep_last,
-            "keep_every": self.keep_every,
-            "nice": self.writer_nice,
-            "idle": self.writer_idle,
-            "write_threads": self.write_threads,
-            "store": store_address(self.world_size),
-        }
+        spec = WriterSpec(
+            rank=self.rank,
+            world_size=self.world_size,
+            directory=str(self.directory),
+            config_hash=self.config_hash,
+            model_hash=self.model_hash,
+            keep_last=self.keep_last,
+            keep_every=self.keep_every,
+            nice=self.writer_nice,
+            idle=self.writer_idle,
+            write_threads=self.write_threads,
+            store=store_address(self.world_size),
+        )
         return ProcessBackground(spec, self._pg)
 
     def prestart_writer(self) -> None:
@@ -221,8 +184,16 @@ class Checkpointer:
         self.wait()
         waited = time.monotonic()
         needed = _estimated_bytes(state, self.world_size, RANK_LOCAL)
-        job = self._plan_save(
-            step, blocking=blocking or not self.async_save, extra=extra, started=started, needed=needed
+        job = plan_save(
+            step,
+            directory=self.directory,
+            checkpoints=self._dir,
+            pg=self._pg,
+            is_coordinator=self._is_coordinator,
+            blocking=blocking or not self.async_save,
+            extra=extra,
+            started=started,
+            needed=needed,
         )
         planned = time.monotonic()
         self.last_save_written = job is not None
@@ -249,72 +220,16 @@ class Checkpointer:
         if self._background is not None:
             self._background.before_update()
 
-    def _plan_save(
-        self, step: int, *, blocking: bool, extra: dict[str, Any] | None, started: float, needed: int
-    ) -> SaveJob | None:
-        """Rank 0 decides (skip / write), names the temporary directory and checks ``extra``; its
-        errors are raised on every rank, so none is left waiting in a collective."""
-        final = self.directory / step_dir_name(step)
-        decision: dict[str, Any] = {}
-        if self._is_coordinator:
-            decision = self._decide(final, step, extra)
-        decision = broadcast_json(decision, self._pg, is_source=self._is_coordinator)
-        if decision.get("error"):
-            raise CheckpointError(decision["error"])
-        if decision["action"] == "skip":
-            if self._is_coordinator:
-                log.info("checkpoint %s already published; not saving it again", final.name)
-            return None
-        tmp = self.directory / f".{final.name}.tmp-{decision['nonce']}"
-        return SaveJob(step, tmp, final, blocking, decision["extra"], started, needed)
-
-    def _decide(self, final: Path, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
-        try:
-            return {
-                "action": self._existing_action(final, step),
-                "nonce": uuid.uuid4().hex[:12],
-                "extra": _jsonable(extra),
-            }
-        except CheckpointError as e:
-            return {"error": e.one_line()}
-        except OSError as e:
-            return {"error": f"cannot prepare checkpoint {final}: {e}"}
-
-    def _existing_action(self, final: Path, step: int) -> str:
-        """A published directory of this step is kept when valid (typically the stop save right
-        after a periodic save of the same step: same state), else moved aside and saved again."""
-        if not final.exists():
-            return "write"
-        if self._dir.is_valid(step, final):
-            return "skip"
-        return "write"  # is_valid moved it aside
-
     def _report_saved(self, job: SaveJob, published: Published | None) -> None:
         """Rank 0: the log line and the ledger's ``checkpoint_saved`` of a published save."""
-        if published is None:
-            return
-        self._dir.mark_valid(job.step, job.final)  # this process knows it valid without reading it
-        stall = self.last_stall_seconds if not job.blocking else time.monotonic() - job.started
-        how = "blocking" if job.blocking else f"async, {self.writer} writer"
-        log.info(
-            "saved checkpoint %s (%.1f MB, %.2f s, %s, training stalled %.3f s)",
-            job.final.name,
-            published.bytes / 1e6,
-            published.seconds,
-            how,
-            stall or 0.0,
+        report_saved(
+            job,
+            published,
+            checkpoints=self._dir,
+            ledger=self.ledger,
+            writer=self.writer,
+            background_stall_s=self.last_stall_seconds,
         )
-        if self.ledger is not None:
-            self.ledger.append(
-                CHECKPOINT_SAVED,
-                step=job.step,
-                path=published.path,
-                seconds=round(published.seconds, 3),
-                bytes=published.bytes,
-                blocking=job.blocking,
-                stall_s=round(stall, 4) if stall is not None else None,
-                writer=None if job.blocking else self.writer,
-            )
 
     # ---- wait / close -------------------------------------------------------------------------
 
@@ -394,20 +309,6 @@ class Checkpointer:
 
     # ---- load ---------------------------------------------------------------------------------
 
-    def _verify_shares(self, info: CheckpointInfo) -> str | None:
-        """Every rank hashes its share of ``info``'s files (collective): None when all match, else
-        the first mismatch. A share that cannot be read now raises FilesystemError on every rank."""
-        import torch.distributed as dist
-
-        rank = dist.get_rank(self._pg) if self._pg is not None else 0
-        world = dist.get_world_size(self._pg) if self._pg is not None else 1
-        verdicts = all_gather_json(_verify_share(info, rank, world), self._pg)
-        unreadable = [v["filesystem"] for v in verdicts if v.get("filesystem")]
-        if unreadable:
-            raise FilesystemError(unreadable[0])
-        invalid = [v["invalid"] for v in verdicts if v.get("invalid")]
-        return invalid[0] if invalid else None
-
     def list_valid(self) -> list[CheckpointInfo]:
         """Valid checkpoints in DIR, newest last (reads and hashes files; call on one rank)."""
         return scan_checkpoints(self.directory)[0]
@@ -416,52 +317,14 @@ class Checkpointer:
         """Load the newest valid checkpoint into ``state`` in place; None when there is none.
 
         Collective. Rank 0 removes leftovers of killed writers, verifies newest-first and tells
-        every rank which one to load; invalid newer ones are reported and skipped.
+        every rank which one to load; invalid newer ones are reported and skipped (``loading``).
         """
         self.wait()
-        skipped: list[tuple[Path, str]] = []  # newest first, in the order they were found bad
-        while True:
-            choice: dict[str, Any] = {}
-            if self._is_coordinator:
-                choice = self._dir.choose()
-            choice = broadcast_json(choice, self._pg, is_source=self._is_coordinator)
-            if choice.get("error"):
-                raise (FilesystemError if choice.get("filesystem") else CheckpointError)(choice["error"])
-            if choice.get("step") is None:
-                return None
-            skipped += [(Path(p), reason) for p, reason in choice["skipped"]]
-            info = CheckpointInfo(
-                step=int(choice["step"]),
-                path=self.directory / choice["name"],
-                manifest=choice["manifest"],
-            )
-            problem = self._verify_shares(info)
-            if problem is None:
-                break
-            # A file whose sha256 does not match: the checkpoint is set aside, the next one tried.
-            if self._is_coordinator:
-                self._dir.set_aside(info.path, problem)
-            skipped.append((info.path, problem))
-        if self._is_coordinator:
-            self._dir.mark_valid(info.step, info.path)
-        self._writer.loading.add(info.step)
-        try:
-            saved_ranks, sections = dcp_load(info, state, self._pg)
-        finally:
-            self._writer.loading.discard(info.step)
-        missing = sorted(set(range(self.world_size)) - saved_ranks)
-        if self._is_coordinator:
-            self._dir.report_rank_local(info, saved_ranks, missing)
-        return LoadResult(
-            info=info, skipped=skipped, ranks_without_rank_local=missing, saved_sections=sections
+        return load_latest(
+            state,
+            checkpoints=self._dir,
+            world_size=self.world_size,
+            pg=self._pg,
+            is_coordinator=self._is_coordinator,
+            loading=self._writer.loading,
         )
-
-
-def _verify_share(info: CheckpointInfo, rank: int, world: int) -> dict[str, Any]:
-    try:
-        verify_share(info, rank, world)
-        return {}
-    except InvalidCheckpoint as e:
-        return {"invalid": str(e)}
-    except FilesystemError as e:
-        return {"filesystem": e.one_line()}

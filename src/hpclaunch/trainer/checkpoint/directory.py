@@ -15,6 +15,8 @@ import logging
 import os
 import shutil
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -39,6 +41,10 @@ from .manifest import (
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
 
+# A ledger event as a writer found it (name, fields): appended to the ledger by the training process.
+Finding = tuple[str, dict[str, Any]]
+
+
 class EventSink(Protocol):
     """Where findings go: the run's ``Ledger``, or in the writer process a buffer that the training
     process appends to the ledger when the save's result comes back."""
@@ -50,14 +56,47 @@ class EventBuffer:
     """An ``EventSink`` that keeps what it is given, for someone else to append."""
 
     def __init__(self) -> None:
-        self.events: list[tuple[str, dict[str, Any]]] = []
+        self.events: list[Finding] = []
 
     def append(self, event: str, **fields: Any) -> None:
         self.events.append((event, fields))
 
-    def drain(self) -> list[tuple[str, dict[str, Any]]]:
+    def drain(self) -> list[Finding]:
         out, self.events = self.events, []
         return out
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Rank 0's answer to "which checkpoint do we load?", broadcast to every rank as JSON."""
+
+    info: CheckpointInfo | None = None  # None: no valid checkpoint (or an error)
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # newer ones found invalid, why
+    error: str | None = None
+    filesystem: bool = False  # the error is the filesystem's now, not a verdict on a checkpoint
+
+    def to_json(self) -> dict[str, object]:
+        if self.error is not None:
+            return {"error": self.error, **({"filesystem": True} if self.filesystem else {})}
+        if self.info is None:
+            return {"step": None}
+        return {
+            "step": self.info.step,
+            "name": self.info.path.name,
+            "manifest": self.info.manifest,
+            "skipped": [[str(p), r] for p, r in self.skipped],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], directory: Path) -> Choice:
+        if data.get("error"):
+            return cls(error=data["error"], filesystem=bool(data.get("filesystem")))
+        if data.get("step") is None:
+            return cls()
+        info = CheckpointInfo(
+            step=int(data["step"]), path=directory / data["name"], manifest=data["manifest"]
+        )
+        return cls(info, [(Path(p), reason) for p, reason in data["skipped"]])
 
 
 class CheckpointDir:
@@ -147,10 +186,10 @@ class CheckpointDir:
         self._known_valid.pop(int(path.name.split("_")[1]), None)
         log.info("retention: deleted checkpoint %s", path.name)
 
-    def choose(self) -> dict[str, Any]:
-        """Rank 0: the checkpoint to load, as JSON for the broadcast (errors included). Checks the
+    def choose(self) -> Choice:
+        """Rank 0: the checkpoint to load (errors included, for the broadcast). Checks the
         structure and sizes; the sha256 of its files is checked by every rank, a share each
-        (``Checkpointer.load_latest``). A checkpoint that cannot be read now is never set aside:
+        (``loading.load_latest``). A checkpoint that cannot be read now is never set aside:
         the answer is a filesystem error (the attempt fails and is retried like a crash)."""
         try:
             leftovers = self.remove_leftovers()
@@ -165,23 +204,18 @@ class CheckpointDir:
             skipped += [(p, reason) for step, p, reason in leftovers if step > chosen]
             if info is None:
                 log.info("no valid checkpoint in %s; starting fresh", self.directory)
-                return {"step": None}
+                return Choice()
             self.check_compatible(info)
             log.info("resuming from checkpoint %s", info.path.name)
-            return {
-                "step": info.step,
-                "name": info.path.name,
-                "manifest": info.manifest,
-                "skipped": [[str(p), r] for p, r in skipped],
-            }
+            return Choice(info, skipped)
         except FilesystemError as e:
-            return {"error": e.one_line(), "filesystem": True}
+            return Choice(error=e.one_line(), filesystem=True)
         except CheckpointError as e:
-            return {"error": e.one_line()}
+            return Choice(error=e.one_line())
         except OSError as e:
-            return {"error": f"reading {self.directory} failed: {e}", "filesystem": True}
+            return Choice(error=f"reading {self.directory} failed: {e}", filesystem=True)
         except Exception as e:
-            return {"error": f"choosing a checkpoint in {self.directory} failed: {type(e).__name__}: {e}"}
+            return Choice(error=f"choosing a checkpoint in {self.directory} failed: {type(e).__name__}: {e}")
 
     def remove_leftovers(self) -> list[tuple[int, Path, str]]:
         """Delete unpublished / half-deleted directories of killed writers; return what they were."""

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 from ...rundir.events import Event
 from ...rundir.kinds import FINISHED, RESUMED, STOPPED
@@ -65,6 +65,22 @@ class Policy:
     every_steps: int | None  # mode "steps"
     every_minutes: float | None  # mode "minutes"
     mtbf_s: float  # the run's, ledger included
+
+
+class IntervalDecision(TypedDict):
+    """Rank 0's choice of the next save and the figures behind it: broadcast to every rank and
+    appended to the ledger as ``checkpoint_interval`` (``rundir.events.CheckpointInterval``)."""
+
+    step: int
+    mode: str
+    next_step: int
+    interval_steps: int
+    interval_s: float | None
+    step_time_s: float | None
+    save_cost_s: float | None
+    mtbf_s: float | None
+    expected_loss_per_failure_s: float | None
+    expected_waste_share: float | None
 
 
 class SaveSchedule:
@@ -127,7 +143,7 @@ class SaveSchedule:
         """The attempt's first decision is due at this step (all ranks know the start step)."""
         return step == self.start_step + CALIBRATION_STEPS
 
-    def propose(self, step: int) -> dict[str, Any]:
+    def propose(self, step: int) -> IntervalDecision:
         """Rank 0: the next save and the figures behind it (JSON, for the broadcast and the ledger)."""
         p, cost, step_s = self.policy, self.save_cost_s, self.step_time_s
         interval_s: float | None
@@ -160,8 +176,8 @@ class SaveSchedule:
             "expected_waste_share": _round(waste, 6),
         }
 
-    def adopt(self, decision: dict[str, Any]) -> None:
-        """Every rank: the decision rank 0 broadcast."""
+    def adopt(self, decision: Mapping[str, Any]) -> None:
+        """Every rank: the decision rank 0 broadcast (an ``IntervalDecision``, as JSON)."""
         if self.policy.mode != "steps":
             self.next_step = int(decision["next_step"])
             self.interval_steps = int(decision["interval_steps"])

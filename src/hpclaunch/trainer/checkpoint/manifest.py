@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, cast
 
 from ...errors import CheckpointError, FilesystemError
 from ...fsutil import retry_transient
@@ -35,11 +35,34 @@ _DCP_FILE_RE = re.compile(r"^(__\d+_\d+\.distcp|(__\d+)?\.metadata(\.tmp)?)$")
 _HASH_CHUNK = 1 << 20
 
 
+class FileEntry(TypedDict):
+    bytes: int
+    sha256: str
+
+
+class Manifest(TypedDict):
+    """manifest.json, as ``build_manifest`` writes it. ``read_manifest`` checks the format version
+    and the ``files`` table only (each entry is checked against its file): readers ``.get`` the rest."""
+
+    format_version: int
+    step: int
+    world_size: int
+    config_hash: str
+    model_hash: str
+    created: str  # ISO 8601, UTC, seconds
+    created_unix: float
+    hpclaunch_version: str
+    torch_version: str | None
+    extra: dict[str, Any]  # the caller's (``save(extra=...)``): the run's own fields
+    total_bytes: int
+    files: dict[str, FileEntry]
+
+
 @dataclass(frozen=True)
 class CheckpointInfo:
     step: int
     path: Path
-    manifest: dict[str, Any]  # the parsed manifest.json
+    manifest: Manifest  # the parsed manifest.json
 
 
 @dataclass(frozen=True)
@@ -88,7 +111,7 @@ def build_manifest(
     extra: dict[str, Any],
     files: dict[str, tuple[int, str]],
     torch_version: str | None = None,
-) -> dict[str, Any]:
+) -> Manifest:
     """The manifest.json content for one checkpoint (``files``: name -> (bytes, sha256))."""
     from ... import __version__
 
@@ -117,7 +140,7 @@ def unreadable(path: Path, e: OSError) -> FilesystemError:
     )
 
 
-def read_manifest(path: Path) -> dict[str, Any]:
+def read_manifest(path: Path) -> Manifest:
     """The parsed manifest of checkpoint directory ``path``; raises InvalidCheckpoint when the
     manifest is missing or bad, FilesystemError when it cannot be read now (after retries)."""
     try:
@@ -137,7 +160,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
             f"manifest format {manifest.get('format_version')!r} is not {FORMAT_VERSION} "
             "(written by another hpclaunch version)"
         )
-    return manifest
+    return cast(Manifest, manifest)  # as far as checked: its readers .get() the other fields
 
 
 def verify_checkpoint(path: Path, *, verify_hashes: bool = True) -> CheckpointInfo:
@@ -149,14 +172,14 @@ def verify_checkpoint(path: Path, *, verify_hashes: bool = True) -> CheckpointIn
     step = int(match.group(1))
     if manifest.get("step") != step:
         raise InvalidCheckpoint(f"manifest says step {manifest.get('step')!r}, directory says {step}")
-    listed: dict[str, Any] = manifest["files"]
+    listed = manifest["files"]
     _check_listing(path, listed)
     for name, entry in listed.items():
         _check_file(path / name, entry, verify_hashes=verify_hashes)
     return CheckpointInfo(step=step, path=path, manifest=manifest)
 
 
-def _check_listing(path: Path, listed: dict[str, Any]) -> None:
+def _check_listing(path: Path, listed: dict[str, FileEntry]) -> None:
     """Listed names are plain file names, .metadata is listed, no unlisted DCP file is present."""
     for name in listed:
         if not isinstance(name, str) or "/" in name or name in ("", ".", ".."):
@@ -198,7 +221,7 @@ def verify_share(info: CheckpointInfo, rank: int, world: int) -> None:
     from ``rank``): at resume every rank checks a part, as every rank hashed what it wrote at save,
     so a large checkpoint is verified in the time of its share, not of the whole on one rank.
     Raises InvalidCheckpoint or FilesystemError."""
-    listed: dict[str, Any] = info.manifest["files"]
+    listed = info.manifest["files"]
     for name in sorted(listed)[rank::world]:
         _check_file(info.path / name, listed[name], verify_hashes=True)
 

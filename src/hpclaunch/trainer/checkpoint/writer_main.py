@@ -26,7 +26,6 @@ import os
 import socket
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from .directory import CheckpointDir, EventBuffer
 from .priority import lower_process_priority
 from .save_plans import SavePlans
 from .staging import Slot, dtype_of, map_fd
+from .writer_protocol import Answer, Failed, Saved, SaveRequest, WriterSpec
 from .writing import SaveJob, SaveWriter
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
@@ -44,15 +44,15 @@ GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (
 
 
 def main(argv: list[str]) -> int:
-    spec = json.loads(argv[0])
+    spec = WriterSpec.from_json(json.loads(argv[0]))
     ignore_stop_signals()  # a helper's policy: the scheduler's warning is the rank's to act on
-    _die_with_parent(int(spec["parent"]))
-    lower_process_priority(int(spec["nice"]), idle=bool(spec.get("idle")))
+    _die_with_parent(spec.parent)
+    lower_process_priority(spec.nice, idle=spec.idle)
     logging.basicConfig(
-        level=logging.WARNING, format=f"[checkpoint writer of rank {spec['rank']}] %(name)s: %(message)s"
+        level=logging.WARNING, format=f"[checkpoint writer of rank {spec.rank}] %(name)s: %(message)s"
     )
     log.setLevel(logging.INFO)
-    sock = socket.socket(fileno=int(spec["fd"]))
+    sock = socket.socket(fileno=spec.fd)
     import torch
 
     torch.set_num_threads(1)  # hashing and copies, beside the training threads
@@ -60,26 +60,26 @@ def main(argv: list[str]) -> int:
     # bytes (and is what verification checks); torch.load does not need it. ~10 ms a save saved.
     torch.serialization.set_crc32_options(False)
     events = EventBuffer()
-    directory = Path(spec["directory"])
+    directory = Path(spec.directory)
     writer = SaveWriter(
         directory,
-        rank=int(spec["rank"]),
-        world_size=int(spec["world_size"]),
-        config_hash=spec["config_hash"],
-        model_hash=spec["model_hash"],
+        rank=spec.rank,
+        world_size=spec.world_size,
+        config_hash=spec.config_hash,
+        model_hash=spec.model_hash,
         checkpoints=CheckpointDir(
             directory,
-            world_size=int(spec["world_size"]),
-            config_hash=spec["config_hash"],
-            model_hash=spec["model_hash"],
-            keep_last=int(spec["keep_last"]),
-            keep_every=spec["keep_every"],
+            world_size=spec.world_size,
+            config_hash=spec.config_hash,
+            model_hash=spec.model_hash,
+            keep_last=spec.keep_last,
+            keep_every=spec.keep_every,
             ledger=events,
         ),
         plans=SavePlans(staged_planner_class()),
         pg=_join_group(spec),
         in_writer_process=True,
-        write_threads=int(spec.get("write_threads", 1)),
+        write_threads=spec.write_threads,
     )
     return serve(sock, writer, events)
 
@@ -97,52 +97,41 @@ def serve(sock: socket.socket, writer: SaveWriter, events: EventBuffer) -> int:
                 layout.close()
             layout = MappedLayout(message, fds[0])
         elif op == "save":
-            assert layout is not None and layout.id == message["layout"], "save before its layout"
-            channel.send(sock, save(writer, layout, message, events))
+            request = SaveRequest.from_json(message)
+            assert layout is not None and layout.id == request.layout, "save before its layout"
+            channel.send(sock, save(writer, layout, request, events).to_json())
         elif op == "exit":
             return 0
 
 
-def save(
-    writer: SaveWriter, layout: MappedLayout, message: dict[str, Any], events: EventBuffer
-) -> dict[str, Any]:
+def save(writer: SaveWriter, layout: MappedLayout, request: SaveRequest, events: EventBuffer) -> Answer:
     """One save; the answer for the training process (never raises)."""
-    job = SaveJob.from_json(message["job"])
-    for name, value in message.get("hooks", {}).items():  # test hooks as the training process saw them
+    job = request.job
+    for name, value in request.hooks.items():  # test hooks as the training process saw them
         if value is None:
             os.environ.pop(name, None)
         else:
             os.environ[name] = value
     begun, cpu = time.monotonic(), time.process_time()
     try:
-        state = layout.state(message["objects"])
+        state = layout.state(request.objects)
         published = writer.write_and_publish(job, state)
     except CheckpointError as e:
         return _failed(job, e.message, e.where, e.hint, events)
     except Exception as e:  # the answer must go back whatever happened
         log.exception("saving step %d failed", job.step)
         return _failed(job, f"the checkpoint writer failed: {type(e).__name__}: {e}", None, None, events)
-    return {
-        "op": "saved",
-        "step": job.step,
-        "published": asdict(published) if published is not None else None,
-        "seconds": time.monotonic() - begun,
-        "cpu_s": time.process_time() - cpu,  # this writer's CPU time for the save (bench)
-        "events": events.drain(),
-    }
+    return Saved(
+        job.step,
+        published,
+        time.monotonic() - begun,
+        time.process_time() - cpu,  # this writer's CPU time for the save (bench)
+        events.drain(),
+    )
 
 
-def _failed(
-    job: SaveJob, message: str, where: str | None, hint: str | None, events: EventBuffer
-) -> dict[str, Any]:
-    return {
-        "op": "failed",
-        "step": job.step,
-        "message": message,
-        "where": where,
-        "hint": hint,
-        "events": events.drain(),
-    }
+def _failed(job: SaveJob, message: str, where: str | None, hint: str | None, events: EventBuffer) -> Failed:
+    return Failed(message, job.step, where, hint, events.drain())
 
 
 class MappedLayout:
@@ -259,22 +248,23 @@ def staged_planner_class() -> type[Any]:
     return StagedSavePlanner
 
 
-def _join_group(spec: dict[str, Any]) -> Any:
+def _join_group(spec: WriterSpec) -> Any:
     """The writers' own gloo group, through the ranks' store under this generation's prefix."""
-    if int(spec["world_size"]) == 1:
+    if spec.world_size == 1:
         return None
     from datetime import timedelta
 
     import torch.distributed as dist
 
-    host, port = spec["store"]
+    assert spec.store is not None  # (store_address gives every run of several ranks one)
+    host, port = spec.store
     timeout = timedelta(seconds=GROUP_TIMEOUT_S)
-    store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+    store = dist.TCPStore(host, port, is_master=False, timeout=timeout)
     dist.init_process_group(
         "gloo",
-        store=dist.PrefixStore(f"hpclaunch/checkpoint-writers/{spec['generation']}/", store),
-        rank=int(spec["rank"]),
-        world_size=int(spec["world_size"]),
+        store=dist.PrefixStore(f"hpclaunch/checkpoint-writers/{spec.generation}/", store),
+        rank=spec.rank,
+        world_size=spec.world_size,
         timeout=timeout,
     )
     return dist.group.WORLD

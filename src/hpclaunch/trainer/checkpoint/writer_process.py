@@ -22,12 +22,14 @@ import os
 import socket
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from ...errors import CheckpointError
 from ...jobs.helper_signals import stop_signals_blocked
 from . import channel
 from .faults import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
+from .writer_protocol import Answer, Failed, SaveRequest, WriterSpec, answer_from_json
 
 if TYPE_CHECKING:
     from .staging import Staged
@@ -56,10 +58,10 @@ def store_address(world_size: int) -> tuple[str, int] | None:
 class WriterProcess:
     """One rank's writer process (see the module docstring)."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: WriterSpec) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        spec = {**spec, "fd": theirs.fileno(), "parent": os.getpid()}
-        argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec)]
+        spec = replace(spec, fd=theirs.fileno(), parent=os.getpid())
+        argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec.to_json())]
         try:
             with stop_signals_blocked():  # until the writer ignores them itself
                 self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
@@ -69,9 +71,9 @@ class WriterProcess:
         finally:
             theirs.close()
         self.sock = ours
-        self.rank = int(spec["rank"])
+        self.rank = spec.rank
         self._layouts: set[str] = set()
-        self._result: dict[str, Any] | None = None
+        self._result: Answer | None = None
 
     @property
     def pid(self) -> int:
@@ -85,42 +87,40 @@ class WriterProcess:
             if layout.id not in self._layouts:
                 channel.send(self.sock, {"op": "layout", **layout.describe()}, [layout.fd])
                 self._layouts = {layout.id}  # the writer keeps only the newest
-            message = {"op": "save", "layout": layout.id, "job": job.to_json(), "hooks": hooks}
-            channel.send(self.sock, {**message, "objects": staged.objects})
+            channel.send(self.sock, SaveRequest(layout.id, job, hooks, staged.objects).to_json())
         except channel.ChannelClosed:
             self._result = self._death()
 
-    def poll(self, timeout: float | None = 0.0) -> dict[str, Any] | None:
+    def poll(self, timeout: float | None = 0.0) -> Answer | None:
         """The answer to the save in flight, once there is one (a dead writer's answer is its death);
         ``timeout`` None waits for it."""
         if self._result is None:
             if channel.readable(self.sock, timeout):
                 try:
-                    self._result, _ = channel.recv(self.sock)
+                    self._result = answer_from_json(channel.recv(self.sock)[0])
                 except (channel.ChannelClosed, ValueError):
                     self._result = self._death()
             elif self.proc.poll() is not None:
                 self._result = self._death()
         return self._result
 
-    def take(self) -> dict[str, Any]:
+    def take(self) -> Answer:
         """The answer (after ``poll`` returned one); the writer is free for the next save."""
         result, self._result = self._result, None
         assert result is not None
         return result
 
-    def _death(self) -> dict[str, Any]:
+    def _death(self) -> Failed:
         try:
             code = self.proc.wait(timeout=EXIT_WAIT_S)
         except subprocess.TimeoutExpired:
             code = None
         how = "still running, its channel closed" if code is None else _exit_text(code)
-        return {
-            "op": "failed",
-            "message": f"the checkpoint writer process of rank {self.rank} (pid {self.pid}) died ({how})",
-            "hint": "the save is retried in the training process; see the node log for the writer's last words",
-            "dead": True,
-        }
+        return Failed(
+            f"the checkpoint writer process of rank {self.rank} (pid {self.pid}) died ({how})",
+            hint="the save is retried in the training process; see the node log for the writer's last words",
+            dead=True,
+        )
 
     def kill(self) -> None:
         """Stop it now (a failed save: it may be waiting for a peer that is gone)."""

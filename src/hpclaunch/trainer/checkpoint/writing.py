@@ -15,11 +15,11 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from ...errors import CheckpointError
 from ...fsutil import atomic_write_json, fsync_dir
@@ -55,11 +55,11 @@ class SaveJob:
     started: float  # time.monotonic() in the training process when save() was called
     needed_bytes: int  # about what the whole checkpoint takes on disk (for a "no space" message)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {**asdict(self), "tmp": str(self.tmp), "final": str(self.final)}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> SaveJob:
+    def from_json(cls, data: Mapping[str, Any]) -> SaveJob:
         return cls(**{**data, "tmp": Path(data["tmp"]), "final": Path(data["final"])})
 
 
@@ -71,6 +71,20 @@ class Published:
     path: str
     bytes: int
     seconds: float  # from the start of the write to the end of retention
+
+
+class DigestReport(TypedDict, total=False):
+    """One rank's account of the data files it wrote, gathered on the coordinator as JSON."""
+
+    files: dict[str, tuple[int, str]]  # name -> (bytes, sha256)
+    error: str  # it could not hash them
+
+
+class PublishStatus(TypedDict, total=False):
+    """The coordinator's word on the publish, broadcast as JSON (no key: published)."""
+
+    error: str
+    hint: str | None
 
 
 def quiet_dcp_logger() -> None:
@@ -143,7 +157,7 @@ class SaveWriter:
         self._dcp_save(job, state, planner_attrs)
         kill_hook(job.step, self.rank, "publish", in_writer_process=self.in_writer_process)
         reports = all_gather_json(self._own_digests(job.tmp), self.pg)
-        status: dict[str, Any] = {}
+        status: PublishStatus = {}
         published: Published | None = None
         if self.is_coordinator:
             published, status = self._publish_or_report(job, reports, begun)
@@ -187,7 +201,7 @@ class SaveWriter:
             job.tmp, sync_files=True, overwrite=False, thread_count=self.write_threads
         )
 
-    def _own_digests(self, tmp: Path) -> dict[str, Any]:
+    def _own_digests(self, tmp: Path) -> DigestReport:
         """Sizes and sha256 of the data files this rank wrote (ranks hash in parallel)."""
         import torch.distributed as dist
 
@@ -195,17 +209,17 @@ class SaveWriter:
         try:
             mine = sorted(tmp.glob(f"__{group_rank}_*.distcp"))
             if len(mine) < 2 or self.write_threads < 2:
-                return {"files": {p.name: list(file_digest(p)) for p in mine}}
+                return {"files": {p.name: file_digest(p) for p in mine}}
             # one file per write thread, hashed as many at a time (hashlib lets go of the GIL)
             with ThreadPoolExecutor(min(self.write_threads, len(mine))) as pool:
                 digests = list(pool.map(file_digest, mine))
-            return {"files": {p.name: list(d) for p, d in zip(mine, digests, strict=True)}}
+            return {"files": {p.name: d for p, d in zip(mine, digests, strict=True)}}
         except OSError as e:
             return {"error": f"rank {self.rank} cannot hash its files: {e}"}
 
     def _publish_or_report(
-        self, job: SaveJob, reports: list[Any], begun: float
-    ) -> tuple[Published | None, dict[str, Any]]:
+        self, job: SaveJob, reports: list[DigestReport], begun: float
+    ) -> tuple[Published | None, PublishStatus]:
         try:
             return self._publish(job, reports, begun), {}
         except Exception as e:  # reported to every rank, raised there
@@ -214,7 +228,7 @@ class SaveWriter:
             err = save_error(e, directory=self.directory, step=job.step, needed_bytes=job.needed_bytes)
             return None, {"error": err.message, "hint": err.hint}
 
-    def _publish(self, job: SaveJob, reports: list[Any], begun: float) -> Published:
+    def _publish(self, job: SaveJob, reports: list[DigestReport], begun: float) -> Published:
         errors = [r["error"] for r in reports if r.get("error")]
         if errors:
             raise CheckpointError("; ".join(errors), where=str(job.tmp))
@@ -288,7 +302,7 @@ def direct_writer_class() -> type[Any]:
     return DirectWriter
 
 
-def collect_digests(tmp: Path, reports: list[Any]) -> dict[str, tuple[int, str]]:
+def collect_digests(tmp: Path, reports: list[DigestReport]) -> dict[str, tuple[int, str]]:
     """Every file in ``tmp``: the digest its writer reported, or rank 0 hashes it itself."""
     reported: dict[str, tuple[int, str]] = {}
     for report in reports:
