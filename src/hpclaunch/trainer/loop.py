@@ -75,6 +75,7 @@ from .progress import Progress
 from .smoke import run_distributed_smoke
 from .startup import StartupClock
 from .state import params_finite, params_sha256, restore_rng_state, rng_state, state_digests
+from .state_cache import CachedStateDicts
 
 __all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
 
@@ -177,6 +178,7 @@ class Trainer:
             )  # fmt: skip
         self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self.memory = make_memory_tier(cfg, ctx, self.paths, self.ledger) if checkpoints else None
+        self._state_dicts: CachedStateDicts | None = None  # the memory tier's, made at its first snapshot
         self.window = MetricsWindow(ctx.device)
         self.startup.mark("model")
 
@@ -193,7 +195,16 @@ class Trainer:
         """
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        return self._state_with(*get_state_dict(self.model, self.opt))
+
+    def snapshot_state(self) -> dict[str, Any]:
+        """``app_state`` for the memory tier: the model's and optimizer's state dicts are made once
+        and reused (``state_cache``: the same live tensors, hyperparameters refreshed)."""
+        if self._state_dicts is None:
+            self._state_dicts = CachedStateDicts(self.model, self.opt)
+        return self._state_with(*self._state_dicts.get())
+
+    def _state_with(self, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> dict[str, Any]:
         c = self.counters
         state: dict[str, Any] = {
             "model": model_sd,
@@ -528,7 +539,7 @@ class Trainer:
                         self.save(blocking=False)
                         saves.started(self.checkpointer, c.step)
                     if self.memory is not None:
-                        self.memory.after_step(c.step, self.app_state, disk_save_now=disk_save_now)
+                        self.memory.after_step(c.step, self.snapshot_state, disk_save_now=disk_save_now)
             batches = None  # stops the loader's workers before the final save
             lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
             if self.memory is not None:

@@ -41,7 +41,7 @@ from .snapshots import shard
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
 from .snapshots.store import NodeStore, describe_json
-from .snapshots.transfer import SnapshotJob, exchange_pulls, new_link
+from .snapshots.transfer import JobThread, SnapshotJob, exchange_pulls, new_link
 
 SHM_ROOT = Path("/dev/shm/hpclaunch")
 
@@ -105,6 +105,7 @@ class MemoryTier:
         self.link = new_link(buddy, ward)  # collective: every rank builds its tier at the same point
         self.stager = SharedStager()
         self.job: SnapshotJob | None = None
+        self.jobs = JobThread()
         self._stall: StallFields | None = None
         self._sections: set[str] = set()
         self._copy_wait: float | None = None  # what the update after a snapshot waited for its copies
@@ -138,16 +139,18 @@ class MemoryTier:
             self._note(SNAPSHOT_FAILED, step=step, error=f"staging the snapshot of step {step}: {e}")
             return
         staged_at = time.perf_counter()
-        self.job = SnapshotJob(
-            self.store,
-            staged=staged,
-            finish=finish,
-            describe=functools.partial(self._describe, step),
-            step=step,
-            world=self.ctx.world_size,
-            rank=self.ctx.rank,
-            link=self.link,
-            keep_last=self.keep_last,
+        self.job = self.jobs.submit(
+            SnapshotJob(
+                self.store,
+                staged=staged,
+                finish=finish,
+                describe=functools.partial(self._describe, step),
+                step=step,
+                world=self.ctx.world_size,
+                rank=self.ctx.rank,
+                link=self.link,
+                keep_last=self.keep_last,
+            )
         )
         parts = {"wait": waited - begun, "state": built - waited, "layout": staged_at - built}
         self._stall = {
@@ -263,6 +266,7 @@ class MemoryTier:
         if self.job is not None:
             self.job.join(timeout=30)
             self.job = None
+        self.jobs.close()
         self.stager.close()
         if remove and self.ctx.local_rank == 0:  # (every job of the node has ended: see the stop)
             self.store.remove()

@@ -1,7 +1,7 @@
 """Moving shards: a snapshot's background job (own copy, buddy copy), and a restore's pulls.
 
 Both run on a gloo group of their own (``new_link``), so that a snapshot's traffic never queues
-behind, or in front of, the training's collectives. A snapshot's job runs in a thread of the rank:
+behind, or in front of, the training's collectives. A snapshot's job runs in a thread of the rank (``JobThread``):
 the copies run in the kernel (``sendfile``) and in gloo's transport, both without the GIL, so the
 training loop only pays for the staging copy. Every rank starts a job at the same steps (a rank whose
 previous job is still running waits for it: nothing is skipped, so every send has its receive).
@@ -16,6 +16,7 @@ The job, for snapshot ``s`` on rank ``r`` with buddy ``b`` and ward ``w``:
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -72,15 +73,19 @@ class SnapshotJob:
         self.step, self.world, self.rank, self.link, self.keep_last = step, world, rank, link, keep_last
         self.error: str | None = None
         self.seconds: float | None = None
-        self._thread = threading.Thread(target=self._run, name=f"snapshot-{step}", daemon=True)
-        self._thread.start()
+        self._finished = threading.Event()
 
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._finished.is_set()
 
     def join(self, timeout: float | None = None) -> bool:
-        self._thread.join(timeout)
-        return self.done()
+        return self._finished.wait(timeout)
+
+    def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._finished.set()
 
     def _run(self) -> None:
         begun = time.perf_counter()
@@ -156,6 +161,28 @@ class SnapshotJob:
         finally:
             if replica is not None:
                 replica.drop()
+
+
+class JobThread:
+    """The one thread that runs a rank's snapshot jobs, one at a time, started with the tier: handing
+    a job to a thread that waits costs the training loop nothing, where starting a thread makes it
+    wait for the new thread to take the GIL (up to the 5 ms switch interval)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[SnapshotJob | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="snapshots", daemon=True)
+        self._thread.start()
+
+    def submit(self, job: SnapshotJob) -> SnapshotJob:
+        self._jobs.put(job)
+        return job
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            job.run()
+
+    def close(self) -> None:
+        self._jobs.put(None)
 
 
 def _wait(works: list[Any]) -> None:
