@@ -90,8 +90,14 @@ def test_the_memory_tier_counts_its_staging_copy_and_the_snapshots_the_node_keep
     off = estimate_host_memory(cfg(), PARAMS)
     on = estimate_host_memory(cfg("checkpoint.memory.every_steps=5", "checkpoint.memory.keep_last=2"), PARAMS)
     assert off.parts["snapshots"] == 0
-    # DDP: each rank stages it all; the node's tmpfs holds 3 snapshots (2 kept, 1 being written)
-    assert on.parts["snapshots"] == whole + whole * 3 // 2
+    # DDP: each rank stages it all and its snapshots hold it all (rank-local): 3 of them in the
+    # node's tmpfs (2 kept, 1 being written)
+    assert on.parts["snapshots"] == whole + whole * 3
+    # on two nodes each rank also keeps its ward's 3; FSDP over 4 ranks: a quarter of each
+    two = ["scheduler.kind=slurm", "scheduler.nodes=2", "checkpoint.memory.every_steps=5"]
+    assert estimate_host_memory(cfg(*two), PARAMS).parts["snapshots"] == whole + whole * 6
+    fsdp = estimate_host_memory(cfg(*two, "train.parallel=fsdp"), PARAMS).parts["snapshots"]
+    assert fsdp == whole // 4 + whole // 4 * 6
     assert "memory tier" in on.describe() and on.total > off.total
     mem_gb = (off.total + on.total) / 2 / 1e9  # fits only without the memory tier
     assert outcome(cfg(f"scheduler.mem_gb={mem_gb}")).status.value == "pass"

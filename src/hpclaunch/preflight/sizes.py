@@ -232,15 +232,18 @@ def staged_bytes_per_rank(cfg: RunConfig, params: int) -> int:
 
 
 def snapshot_bytes_per_rank(cfg: RunConfig, params: int) -> int:
-    """The memory tier on one rank (``checkpoint.memory``): its own staging copy, and its share of
-    the snapshots the node's tmpfs holds (``keep_last`` and one being written). None when off."""
+    """The memory tier on one rank (``checkpoint.memory``): its own staging copy, and the snapshots
+    the node's tmpfs holds for it (``keep_last`` and one being written), its own and, on several
+    nodes, its ward's copies (``replicas``). A snapshot is rank-local: under DDP every rank's holds
+    the whole state, under FSDP its shard. None when off."""
     m = cfg.checkpoint.memory
     if m.every_steps is None:
         return 0
-    whole = run_checkpoint_bytes(cfg, params)
     t = cfg.train
     shard = (t.fsdp_shard_size or cfg.scheduler.world_size) if t.parallel == "fsdp" else 1
-    return whole // shard + whole * (m.keep_last + 1) // max(1, cfg.scheduler.world_size)
+    mine = run_checkpoint_bytes(cfg, params) // shard
+    kept = 1 + (m.replicas if cfg.scheduler.nodes > 1 else 0)
+    return mine + mine * (m.keep_last + 1) * kept
 
 
 def estimate_host_memory(cfg: RunConfig, params: int) -> HostMemoryEstimate:
