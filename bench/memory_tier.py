@@ -12,7 +12,7 @@ beside the steps lost with it (minus the step resumed from). The stall is the le
 staging layout after the step, the staging copies at the next optimizer update), against the median
 step; and the step after a snapshot against the others (the snapshot's job runs beside it).
 
-    .venv/bin/python bench/memory_tier.py --kills 4
+    .venv/bin/python bench/memory_tier.py --kills 4 [--nodes 2]
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import json
 import os
 import random
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -32,17 +33,50 @@ from pathlib import Path
 from hpclaunch.config import load_config
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.rundir import RunPaths, read_events
+from hpclaunch.rundir.env import NODE_NAME_VAR
 from hpclaunch.shards import synth_dataset
 
 
-def start(run: Path, attempt: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "HPCLAUNCH_ATTEMPT": attempt, "OMP_NUM_THREADS": "1"}
-    env.pop("HPCLAUNCH_ATTEMPT_CLOCK", None)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
-    cmd += ["-m", "hpclaunch.trainer", str(run)]
-    return subprocess.Popen(
-        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
+class Attempt:
+    """One attempt: torchrun with 2 ranks on one node, or (``nodes`` 2) two torchruns of one rank each
+    on this machine, each naming its node as the node agent would, so that every snapshot is also
+    sent to the other "node" (the buddy) over gloo and kept in that node's store."""
+
+    def __init__(self, run: Path, attempt: str, nodes: int) -> None:
+        env = {**os.environ, "HPCLAUNCH_ATTEMPT": attempt, "OMP_NUM_THREADS": "1"}
+        env.pop("HPCLAUNCH_ATTEMPT_CLOCK", None)
+        runner = [sys.executable, "-m", "torch.distributed.run"]
+        trainer = ["-m", "hpclaunch.trainer", str(run)]
+        if nodes == 1:
+            commands = [([*runner, "--standalone", "--nproc-per-node=2", *trainer], env)]
+        else:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+            rendezvous = [
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+            ]
+            commands = [
+                ([*runner, *rendezvous, f"--node-rank={n}", *trainer], {**env, NODE_NAME_VAR: f"node{n}"})
+                for n in range(2)
+            ]
+        self.procs = [
+            subprocess.Popen(
+                c, env=e, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+            )
+            for c, e in commands
+        ]
+
+    def poll(self) -> int | None:
+        codes = [p.poll() for p in self.procs]
+        return None if None in codes else max(c or 0 for c in codes)
+
+    def wait(self) -> None:
+        for p in self.procs:
+            p.wait()
 
 
 def resumes_so_far(run: Path) -> dict[str, int]:
@@ -72,6 +106,7 @@ def main() -> None:
     ap.add_argument("--disk", type=int, default=40, help="checkpoint.every_steps")
     ap.add_argument("--memory", type=int, default=5, help="checkpoint.memory.every_steps")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="testing.step_sleep_s (the math unchanged)")
+    ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: each snapshot also to a buddy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, help="work here and keep it (the attempts' logs)")
     args = ap.parse_args()
@@ -82,7 +117,8 @@ def main() -> None:
         synth_dataset(data, samples=512, seed=0, model_cfg=load_config(None).model, shard_size=128)
         run = root / "run"
         sets = [
-            "scheduler.gpus_per_node=0", "scheduler.procs_per_node=2", f"train.steps={args.steps}",
+            "scheduler.gpus_per_node=0", f"scheduler.procs_per_node={2 // args.nodes}",
+            *(["scheduler.kind=slurm", "scheduler.nodes=2"] if args.nodes == 2 else []), f"train.steps={args.steps}",
             "train.global_batch=16", "train.micro_batch=8", "train.log_every=1",
             "preflight.distributed_smoke=false", f"checkpoint.every_steps={args.disk}",
             f"checkpoint.memory.every_steps={args.memory}", f"checkpoint.memory.dir={root / 'shm'}",
@@ -95,7 +131,7 @@ def main() -> None:
         killed_at: dict[str, int] = {}
         for i in range(1, args.kills + 2):
             attempt = f"a{i}"
-            proc = start(run, attempt)
+            proc = Attempt(run, attempt, args.nodes)
             if i <= args.kills:
                 # a random moment at least two disk intervals past this attempt's start
                 begun = int(resumes_so_far(run).get(attempt, 0))
@@ -118,6 +154,7 @@ def main() -> None:
             without.append(died - int(r.get("disk_step") or 0))
         snapshot_events = [e.record for e in events if e.event == "snapshot_saved"]
         # what training waited for: after the step (state dict, layout) and at the next update (copies)
+        jobs = [e["seconds"] for e in snapshot_events if e.get("seconds") is not None]
         stalls = [e["stall_s"] + (e.get("copy_wait_s") or 0.0) for e in snapshot_events if e.get("stall_s")]
         parts: dict[str, list[float]] = {}
         for e in snapshot_events:
@@ -136,9 +173,11 @@ def main() -> None:
         finished = (run / "attempts" / f"a{args.kills + 1}.json").exists()
     step = statistics.median(steps)
     stall = statistics.median(stalls) if stalls else float("nan")
-    print(
-        f"{args.kills} kills, disk every {args.disk} steps, memory every {args.memory}, load {os.getloadavg()[0]:.1f}"
+    where = (
+        "2 nodes of 1 rank (each snapshot also sent to the buddy)" if args.nodes == 2 else "1 node, 2 ranks"
     )
+    print(f"{where}; {args.kills} kills, disk every {args.disk} steps, memory every {args.memory}, "
+          f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"  steps lost per failure: with the memory tier {statistics.mean(with_tier):.1f} {with_tier}")
     print(f"                          without it (disk only) {statistics.mean(without):.1f} {without}")
     print(f"  snapshot stall {stall * 1000:.2f} ms (median of {len(stalls)}), median step {step * 1000:.1f} ms: "
@@ -148,6 +187,9 @@ def main() -> None:
           f"against {statistics.median(others) * 1000:.1f} ms ({slower:+.1%})")  # fmt: skip
     shown = ", ".join(f"{k} {statistics.median(v) * 1000:.2f}" for k, v in parts.items())
     print(f"  the stall's parts, medians in ms: {shown}")
+    print(
+        f"  a snapshot's job (copies, description, own write, buddy's send and receive): median {statistics.median(jobs) * 1000:.1f} ms"
+    )
     assert finished
 
 
