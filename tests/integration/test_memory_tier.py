@@ -11,6 +11,7 @@ The same through the node agent and the local scheduler: an in-place restart aft
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -164,16 +165,18 @@ def test_a_crash_restarted_in_place_resumes_from_memory_not_the_disk(tmp_path: P
     assert not snapshot_dir(cfg, RunPaths(run)).exists()  # freed at the end
 
 
-def _two_nodes(run: Path, attempt: str, kill: str | None = None) -> list[subprocess.CompletedProcess[str]]:
-    """The run as two nodes of one rank each on this machine (two torchruns, static rendezvous), each
-    naming its node (``na``, ``nb``) as the node agent would: two stores in one tmpfs."""
+def _nodes(
+    run: Path, attempt: str, names: list[str], kill: str | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    """The run as one node of one rank per name on this machine (a torchrun each, static
+    rendezvous), each naming its node as the node agent would: as many stores in one tmpfs."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
-    for node, name in enumerate(["na", "nb"]):
+    for node, name in enumerate(names):
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node-rank={node}",
+            sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(names)}", f"--node-rank={node}",
             "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
             "-m", "hpclaunch.trainer", str(run),
         ]  # fmt: skip
@@ -186,24 +189,54 @@ def _two_nodes(run: Path, attempt: str, kill: str | None = None) -> list[subproc
     return done
 
 
+def _on_nodes(root: Path, name: str, data: Path, nodes: int) -> tuple[Path, Path]:
+    shm = shm_of(root / name)
+    layout = ["scheduler.kind=slurm", f"scheduler.nodes={nodes}", "scheduler.procs_per_node=1"]
+    batch = ["train.global_batch=24", "train.micro_batch=4"] if nodes == 3 else []
+    run = h.make_run(
+        root, name, data, [*layout, *batch, *TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm}"]
+    )
+    return run, shm
+
+
 def test_a_snapshot_whose_rank_died_sending_it_to_its_buddy_is_never_restored(
     reference: str, root: Path, data: Path
 ) -> None:
     """Two nodes, each rank's snapshot copied to the other node: rank 1 SIGKILLed while it sends its
     snapshot of step 35 (sizes told, payload not sent). Neither its copy nor its buddy's was
     published, so 35 is whole nowhere: the restart resumes from 30, each rank from its own node."""
-    name = "died-sending"
-    shm = shm_of(root / name)
-    nodes = ["scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.procs_per_node=1"]
-    run = h.make_run(root, name, data, [*nodes, *TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm}"])
-    first = _two_nodes(run, "a1", kill="35:1:send")
+    run, shm = _on_nodes(root, "died-sending", data, 2)
+    first = _nodes(run, "a1", ["na", "nb"], kill="35:1:send")
     assert any(p.returncode != 0 for p in first), [p.stdout[-2000:] for p in first]
     assert (shm / "na" / f"step-{30:08d}-w2" / "rank-00001.json").is_file()  # 30: whole on both nodes
     assert not (shm / "nb" / f"step-{35:08d}-w2" / "rank-00001.json").exists()  # 35: never published
-    second = _two_nodes(run, "a2")
+    second = _nodes(run, "a2", ["na", "nb"])
     assert all(p.returncode == 0 for p in second), [p.stdout[-3000:] for p in second]
     r = resumed(run, "a2")
     assert (r["step"], r["tier"], r["disk_step"]) == (30, "memory", 20), r
     assert r["shards_from"] == {"na": [0], "nb": [1]}
     assert h.outcome(run, "a2")["params_sha256"] == reference
+    assert not shm.exists()
+
+
+def test_three_nodes_a_node_lost_with_its_memory_is_restored_from_its_buddy(root: Path, data: Path) -> None:
+    """Three nodes of one rank (each rank trades snapshots with two others: its buddy on the next
+    node and its ward on the previous one). Rank 0 dies at the snapshot of 35, its node's memory is
+    lost with it, and a new node ``nd`` runs rank 0: it is sent rank 0's shard of 30 by ``nb``, which
+    kept it as rank 0's buddy. The run ends as one that was never interrupted."""
+    ref, _ = _on_nodes(root, "three-ref", data, 3)
+    assert all(p.returncode == 0 for p in _nodes(ref, "a1", ["ra", "rb", "rc"]))
+    run, shm = _on_nodes(root, "three", data, 3)
+    first = _nodes(run, "a1", ["na", "nb", "nc"], kill="35:0:write")
+    assert any(p.returncode != 0 for p in first)
+    for node, kept in [("na", [0, 2]), ("nb", [0, 1]), ("nc", [1, 2])]:  # its own rank and its ward's
+        step30 = shm / node / f"step-{30:08d}-w3"
+        assert sorted(int(p.name[5:10]) for p in step30.glob("rank-*.json")) == kept, node
+    shutil.rmtree(shm / "na")  # the node died with its memory
+    second = _nodes(run, "a2", ["nd", "nb", "nc"])
+    assert all(p.returncode == 0 for p in second), [p.stdout[-3000:] for p in second]
+    r = resumed(run, "a2")
+    assert (r["step"], r["tier"], r["disk_step"]) == (30, "memory", 20), r
+    assert r["shards_from"] == {"nb": [0, 1], "nc": [2]}
+    assert h.outcome(run, "a2")["params_sha256"] == h.outcome(ref)["params_sha256"]
     assert not shm.exists()

@@ -93,6 +93,24 @@ def test_the_disk_the_world_size_and_a_buddy_that_died_too_say_why() -> None:
     assert gone.step is None and gone.reason == "no snapshot in memory on this attempt's nodes"
 
 
+def test_at_512_nodes_a_dead_nodes_ranks_are_pulled_from_the_next_node() -> None:
+    nodes, per = 512, 8
+    world = nodes * per
+    holdings: dict[str, dict[int, dict[int, dict[int, tuple[int, int]]]]] = {}
+    for n in range(nodes):  # each node: its own ranks and its ward's (the previous node's), 3 steps
+        ward = range(((n - 1) % nodes) * per, ((n - 1) % nodes) * per + per)
+        holdings[f"n{n}"] = merged(held(25, 30, 35, ranks=range(n * per, n * per + per), world=world),
+                                   held(25, 30, 35, ranks=ward, world=world))  # fmt: skip
+    hosts = [f"n{r // per}" for r in range(world)]
+    hosts[17 * per : 18 * per] = ["spare"] * per  # node 17 died; the spare runs its ranks
+    plan = plan_restore(hosts, holdings, disk_step=20)
+    assert plan.step == 35
+    assert [(p.shard, p.source, p.sender) for p in plan.pulls] == [
+        (r, "n18", 18 * per) for r in range(136, 144)
+    ]
+    assert all(buddy_of(r, per, world) // per == 18 for r in range(136, 144))
+
+
 def test_a_shard_is_held_once_published_and_only_at_its_size(tmp_path: Path) -> None:
     store = NodeStore(tmp_path, "n1")
     pending = store.begin(35, 4, 2, 8)

@@ -188,9 +188,10 @@ class MemoryTier:
         report = {
             "node": self.store.node,
             "disk": _newest_step(disk) if self.ctx.is_main else None,
+            # (one rank per node says what the node holds: the others would repeat it)
             "holds": [
                 [s, w, r, n, m]
-                for s, worlds in self.store.holdings().items()
+                for s, worlds in (self.store.holdings() if self.ctx.local_rank == 0 else {}).items()
                 for w, ranks in worlds.items()
                 for r, (n, m) in ranks.items()
             ],
@@ -223,7 +224,7 @@ class MemoryTier:
         the reason when any rank's does not fit (nothing is copied then, on any rank)."""
         assert plan.step is not None
         pulled = exchange_pulls(
-            plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, self.link
+            plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, group
         )
         why: str | None = None
         meta: shard.ShardMeta | None = None

@@ -71,25 +71,31 @@ def plan_restore(
     holds whole at this world size, and the pulls it needs. ``holdings``: node -> what it holds."""
     world = len(hosts)
     roster = sorted(set(hosts))
-    held = {h: holdings.get(h, {}) for h in roster}  # a node that left the roster serves nothing
-    steps = sorted({s for h in roster for s, worlds in held[h].items() if world in worlds}, reverse=True)
-    if not steps:
-        other = sorted({w for h in roster for worlds in held[h].values() for w in worlds if w != world})
-        if other:
-            return RestorePlan(None, f"the snapshots were taken at world size {other[-1]}, not {world}")
+    # step -> rank -> the nodes of the roster that hold its shard (a node that left serves nothing);
+    # one pass over what is held, so a plan at 512 nodes costs what they hold, not nodes x ranks
+    holders: dict[int, dict[int, list[str]]] = {}
+    other_worlds: set[int] = set()
+    for h in roster:
+        for step, worlds in holdings.get(h, {}).items():
+            other_worlds.update(w for w in worlds if w != world)
+            for rank in worlds.get(world, {}):
+                holders.setdefault(step, {}).setdefault(rank, []).append(h)
+    if not holders:
+        if other_worlds:
+            return RestorePlan(
+                None, f"the snapshots were taken at world size {max(other_worlds)}, not {world}"
+            )
         return RestorePlan(None, "no snapshot in memory on this attempt's nodes")
-    newer = [s for s in steps if disk_step is None or s > disk_step]
+    newer = sorted((s for s in holders if disk_step is None or s > disk_step), reverse=True)
     if not newer:
         return RestorePlan(None, f"no snapshot newer than the disk's step {disk_step}")
     missing_text = ""
     for step in newer:
-        holders = {r: [h for h in roster if r in held[h].get(step, {}).get(world, {})] for r in range(world)}
-        missing = [r for r, hs in holders.items() if not hs]
-        if missing:
-            if not missing_text:
-                missing_text = f"step {step} misses rank {missing[0]}'s shard on every node left"
+        missing = next((r for r in range(world) if r not in holders[step]), None)
+        if missing is not None:
+            missing_text = missing_text or f"step {step} misses rank {missing}'s shard on every node left"
             continue
-        return _plan_for(step, world, hosts, held, holders)
+        return _plan_for(step, world, hosts, holdings, holders[step])
     older = f"; the disk's step {disk_step} serves" if disk_step is not None else ""
     return RestorePlan(None, f"no whole snapshot: {missing_text}{older}")
 
@@ -98,12 +104,14 @@ def _plan_for(
     step: int,
     world: int,
     hosts: Sequence[str],
-    held: Mapping[str, Holdings],
+    held: Mapping[str, Holdings],  # (every node's, roster or not: only the roster's are in holders)
     holders: Mapping[int, list[str]],
 ) -> RestorePlan:
     served: dict[int, str] = {}
     pulls: list[Pull] = []
-    first_rank = {h: min(r for r, x in enumerate(hosts) if x == h) for h in set(hosts)}
+    first_rank: dict[str, int] = {}
+    for r, h in enumerate(hosts):
+        first_rank.setdefault(h, r)
     for rank in range(world):
         if hosts[rank] in holders[rank]:
             served[rank] = hosts[rank]

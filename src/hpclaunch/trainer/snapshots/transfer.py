@@ -1,7 +1,8 @@
 """Moving shards: a snapshot's background job (own copy, buddy copy), and a restore's pulls.
 
-Both run on a gloo group of their own (``new_link``), so that a snapshot's traffic never queues
-behind, or in front of, the training's collectives. A snapshot's job runs in a thread of the rank (``JobThread``):
+A snapshot travels on a gloo group of its own (``new_link``, connected lazily: a rank holds sockets
+to its buddy and its ward only), so that its traffic never queues behind, or in front of, the training's collectives; a
+restore's pulls (at start-up, before any training) on the host group. A snapshot's job runs in a thread of the rank (``JobThread``):
 the copies run in the kernel (``sendfile``) and in gloo's transport, both without the GIL, so the
 training loop only pays for the staging copy. Every rank starts a job at the same steps (a rank whose
 previous job is still running waits for it: nothing is skipped, so every send has its receive).
@@ -16,6 +17,7 @@ The job, for snapshot ``s`` on rank ``r`` with buddy ``b`` and ward ``w``:
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -34,17 +36,35 @@ from .store import NodeStore, PendingShard
 
 @dataclass(frozen=True)
 class Link:
-    """The group snapshots travel on, and this rank's buddy and ward (None on one node)."""
+    """This rank's buddy and ward (None on one node), and the gloo group it reaches them on."""
 
-    group: Any
     buddy: int | None
     ward: int | None
+    group: Any = None
+
+
+LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
 
 
 def new_link(buddy: int | None, ward: int | None) -> Link:
-    """Collective over every rank: the snapshots' own gloo group (None when not distributed)."""
-    group = dist.new_group(backend="gloo") if dist.is_available() and dist.is_initialized() else None
-    return Link(group, buddy, ward)
+    """Collective over every rank: the snapshots' own gloo group, connected lazily (gloo connects a
+    pair of ranks at their first message). A rank only ever talks to its buddy and its ward there,
+    so it holds their two sockets, not a mesh of the world: measured at 4 ranks, a lazy group holds
+    4 descriptors + 1 per peer used, an eager one W + 3, which at 4,096 ranks is 4,099 per rank.
+    (Groups of two made only by their members, ``use_local_synchronization``, were tried: ranks
+    making different pairs at once waited for each other for ever.)"""
+    if buddy is None or ward is None or not (dist.is_available() and dist.is_initialized()):
+        return Link(buddy, ward)
+    before = os.environ.get(LAZY_GLOO)
+    os.environ[LAZY_GLOO] = "1"  # (read when a group is made: only this one is lazy)
+    try:
+        group = dist.new_group(backend="gloo")
+    finally:
+        if before is None:
+            del os.environ[LAZY_GLOO]
+        else:
+            os.environ[LAZY_GLOO] = before
+    return Link(buddy, ward, group)
 
 
 def _bytes_tensor(buf: Any) -> torch.Tensor:
@@ -191,10 +211,11 @@ def _wait(works: list[Any]) -> None:
 
 
 def exchange_pulls(
-    pulls: tuple[Pull, ...], store: NodeStore, step: int, world: int, rank: int, link: Link
+    pulls: tuple[Pull, ...], store: NodeStore, step: int, world: int, rank: int, group: Any
 ) -> tuple[bytes, bytes] | None:
-    """Collective over the ranks a pull names: send the shards this rank's node serves to others, and
-    receive this rank's own when it is pulled; (description, payload) received, or None."""
+    """Collective over the ranks a pull names, on ``group`` (the host group: a pull's sender is the
+    first rank of a node that holds the shard, not always a buddy): send the shards this rank's node
+    serves to others, and receive this rank's own when it is pulled; (description, payload), or None."""
     tag = 1_000_000
     works, keep = [], []
     mine: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -204,14 +225,12 @@ def exchange_pulls(
             ts = [_bytes_tensor(bytearray(meta)), _bytes_tensor(bytearray(payload))]
             keep += ts
             works += [
-                dist.isend(t, p.receiver, group=link.group, tag=tag + 2 * p.shard + i)
-                for i, t in enumerate(ts)
+                dist.isend(t, p.receiver, group=group, tag=tag + 2 * p.shard + i) for i, t in enumerate(ts)
             ]
         if p.receiver == rank:
             mine = (torch.empty(p.meta_bytes, dtype=torch.uint8), torch.empty(p.nbytes, dtype=torch.uint8))
             works += [
-                dist.irecv(t, p.sender, group=link.group, tag=tag + 2 * p.shard + i)
-                for i, t in enumerate(mine)
+                dist.irecv(t, p.sender, group=group, tag=tag + 2 * p.shard + i) for i, t in enumerate(mine)
             ]
     _wait(works)
     if mine is None:
