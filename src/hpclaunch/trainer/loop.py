@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import torch
@@ -63,6 +63,7 @@ from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
 from .build import build_model_parts, load_data, make_checkpointer, make_memory_tier
 from .checkpoint import RANK_LOCAL, rank_local_key
+from .counters import Counters
 from .dist import all_gather_json, close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .explog import ExperimentLogs, open_experiment_logs
@@ -88,14 +89,6 @@ def lr_at(step: int, t: TrainConfig) -> float:
     progress = min(1.0, (step - t.warmup_steps) / span)
     low = t.lr * t.min_lr_ratio
     return low + (t.lr - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-@dataclass
-class Counters:
-    step: int = 0  # optimizer steps completed (skipped ones included)
-    samples_consumed: int = 0  # global data position
-    nonfinite_consecutive: int = 0
-    skipped_total: int = 0
 
 
 class Trainer:
@@ -236,7 +229,7 @@ class Trainer:
                 set_state_dict(
                     self.model, self.opt, model_state_dict=state["model"], optim_state_dict=state["optim"]
                 )
-                self.counters = Counters(**{k: int(v) for k, v in state["train"].items()})
+                self.counters.load(state["train"])
                 if self.ema is not None and "ema" in sections:
                     self.ema.load_counts(state["ema"])
                 elif self.ema is not None:  # turned on after this checkpoint was written
