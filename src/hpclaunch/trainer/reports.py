@@ -1,0 +1,176 @@
+"""What an attempt reports while it trains and when it ends.
+
+``Reports`` owns the metrics window (sums kept on the device between log steps), rank 0's
+``metrics.jsonl`` and console (``metrics.MetricsLog``), TensorBoard and/or W&B (``explog``) with the
+marks where the attempt resumed, stopped or finished, the ledger's ``stopped``, and the warnings said on the way (an
+experiment log that failed, a background checkpoint saved again). ``outcome`` is the attempt's end:
+every rank's counters and digests, gathered (a collective), in an ``AttemptOutcome``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+import torch.distributed as dist
+
+from ..config import RunConfig
+from ..rundir import EXPERIMENT_LOG_FAILED, STOPPED, AttemptOutcome, Ledger, RunPaths
+from ..rundir.cause import Cause
+from ..rundir.outcome import Status
+from .counters import Counters
+from .dist import DistContext, all_gather_json
+from .explog import ExperimentLogs, open_experiment_logs
+from .metrics import MetricsLog, MetricsWindow, Window, max_memory_gb
+
+if TYPE_CHECKING:
+    from .init_from import Initialized
+
+__all__ = ["Reports"]
+
+
+class Reports:
+    """One rank's reporting; the logs are rank 0's, opened by ``open`` once the counters are known."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        ctx: DistContext,
+        paths: RunPaths,
+        *,
+        attempt: str,
+        ledger: Ledger | None,
+        counters: Counters,
+        echo: bool,
+        tty: bool | None,
+    ) -> None:
+        self.cfg, self.ctx, self.paths, self.attempt = cfg, ctx, paths, attempt
+        self.ledger = ledger
+        self.counters = counters
+        self.echo, self.tty = echo, tty
+        self.window = MetricsWindow(ctx.device)
+        self.log: MetricsLog | None = None
+        self.tb: ExperimentLogs | None = None
+
+    def open(self, *, experiment_logs: bool, initialized: Initialized | None) -> None:
+        """Rank 0: ``metrics.jsonl`` from the current step on and, with ``experiment_logs``,
+        TensorBoard/W&B marked with where this attempt began."""
+        if not self.ctx.is_main:
+            return
+        c = self.counters
+        self.log = MetricsLog(
+            self.paths.metrics,
+            total_steps=self.cfg.train.steps,
+            start_step=c.step,
+            tty=self.tty,
+            echo=self.echo,
+            attempt=self.attempt,
+        )
+        if experiment_logs:
+            self.tb = open_experiment_logs(
+                self.cfg,
+                self.paths.root,
+                attempt=self.attempt,
+                resumed_step=c.step,
+                on_failure=self.experiment_log_failed,
+            )
+        if self.tb is not None:
+            self.tb.mark("resumed", c.step, self.resume_text(initialized))
+
+    def resume_text(self, initialized: Initialized | None) -> str:
+        c = self.counters
+        start = f"resumed from step {c.step}" if c.step else "started"
+        if not c.step and initialized is not None:
+            start += f" from the {initialized.describe()}"
+        return f"{start} (attempt {self.attempt}, {self.ctx.world_size} ranks, {self.cfg.train.parallel})"
+
+    def log_window(self, val: Window | None, *, lr: float) -> None:
+        """The window's means, reduced over the ranks (a collective), to the logs; then reset."""
+        cfg, c = self.cfg, self.counters
+        reduce = (lambda x: dist.all_reduce(x)) if self.ctx.initialized and self.ctx.world_size > 1 else None
+        rec = self.window.collect(reduce, self.ctx.world_size)
+        if self.log is None:
+            return
+        st = rec["step_time_s"]
+        sps = cfg.train.global_batch / st if st else None
+        rec.update(
+            step=c.step,
+            lr=lr,
+            samples_per_s=sps,
+            tokens_per_s=sps * (cfg.model.text_len + cfg.model.latent_len) if sps else None,
+            skipped=c.skipped_total,
+            max_memory_gb=max_memory_gb(self.ctx.device),
+            **(val or {}),
+        )
+        self.log.write(rec)
+        if self.tb is not None:
+            self.tb.scalars(rec)
+
+    def stopped(self, cause: Cause, lead: Mapping[str, float | None]) -> None:
+        """The attempt stopped before the run's last step: rank 0's ``stopped`` event, with the lead
+        the deadline kept and the save it kept room for (None: planned), and the mark."""
+        step = self.counters.step
+        if self.ledger is not None:
+            self.ledger.append(STOPPED, cause=cause, step=step, **lead)
+        if self.tb is not None:
+            self.tb.mark("stopped", step, f"stopped after step {step}: {cause}")
+
+    def finished(self) -> None:
+        if self.tb is not None:
+            self.tb.mark("finished", self.counters.step, f"finished at step {self.counters.step}")
+
+    def message(self, text: str) -> None:
+        """A line on rank 0's console (beside the progress bar), once the log is open."""
+        if self.log is not None:
+            self.log.message(text)
+
+    def experiment_log_failed(self, log: str, error: str, action: str) -> None:
+        """W&B or TensorBoard failed: said once (console and ledger, for status); training goes on."""
+        if self.ledger is not None:
+            self.ledger.append(
+                EXPERIMENT_LOG_FAILED, step=self.counters.step, log=log, error=error, action=action
+            )
+        text = f"warning: {log}: {error}; {action}"
+        if self.log is not None:
+            self.log.message(text)
+        else:
+            print(text, flush=True)
+
+    def gather_summaries(self, digests: Mapping[str, object]) -> list[dict[str, object]]:
+        """Every rank's counters and ``digests`` (collective; DDP replicas must agree)."""
+        c = self.counters
+        mine: dict[str, object] = {
+            "rank": self.ctx.rank,
+            "step": c.step,
+            "samples_consumed": c.samples_consumed,
+        }
+        mine |= {"skipped": c.skipped_total, **digests}
+        return list(all_gather_json(mine, self.ctx.host_group()))
+
+    def outcome(
+        self, status: Status, cause: Cause | None, error: str | None, *, digests: Mapping[str, object]
+    ) -> AttemptOutcome:
+        """The attempt's outcome with every rank's summary (collective: every rank calls it)."""
+        ranks = self.gather_summaries(digests)
+        c = self.counters
+        return AttemptOutcome(
+            status=status,
+            cause=cause,
+            step=c.step,
+            error=error,
+            world_size=self.ctx.world_size,
+            extra={
+                "attempt": self.attempt,
+                "samples_consumed": c.samples_consumed,
+                "skipped": c.skipped_total,
+                "params_sha256": ranks[0]["params_sha256"],
+                "ranks": ranks,
+            },
+        )
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
