@@ -223,9 +223,7 @@ class MemoryTier:
         """Collective: this rank's shard (read here, or pulled), checked on every rank, then copied;
         the reason when any rank's does not fit (nothing is copied then, on any rank)."""
         assert plan.step is not None
-        pulled = exchange_pulls(
-            plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, group
-        )
+        pulled = exchange_pulls(plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, group)
         why: str | None = None
         meta: shard.ShardMeta | None = None
         payload = b""
