@@ -112,7 +112,7 @@ def test_at_512_nodes_a_dead_nodes_ranks_are_pulled_from_the_next_node() -> None
 
 
 def test_a_shard_is_held_once_published_and_only_at_its_size(tmp_path: Path) -> None:
-    store = NodeStore(tmp_path, "n1")
+    store = NodeStore(tmp_path, "n1", "123.0")
     pending = store.begin(35, 4, 2, 8)
     pending.payload()[:] = b"abcdefgh"
     assert store.holdings() == {}  # not published yet: not held
@@ -128,6 +128,18 @@ def test_a_shard_is_held_once_published_and_only_at_its_size(tmp_path: Path) -> 
     assert list(store.step_dir(45, 4).iterdir()) == []
     store.prune([2], keep_last=1)  # the newest step directory is kept, older ones lose rank 2
     assert not store.step_dir(35, 4).exists() and store.step_dir(45, 4).exists()
+
+
+def test_an_earlier_allocations_snapshots_are_never_held_and_are_freed(tmp_path: Path) -> None:
+    before = NodeStore(tmp_path, "n1", "123.0")  # the job before its requeue (restart count 0)
+    pending = before.begin(35, 4, 0, 1)
+    pending.publish(describe_json({"nbytes": 1}))
+    now = NodeStore(tmp_path, "n1", "123.1")
+    assert before.holdings() and now.holdings() == {}
+    assert now.forget_other_allocations() == ["alloc-123.0"] and not before.directory.exists()
+    now.begin(5, 4, 0, 1).publish(describe_json({"nbytes": 1}))
+    now.remove()
+    assert not (tmp_path / "n1").exists()  # the node's directory goes with its last allocation
 
 
 def _state(seed: int) -> dict[str, object]:

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple, TypedDict
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
 from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths
-from ..rundir.env import NODE_NAME_VAR
+from ..rundir.env import ALLOCATION_VAR, NODE_NAME_VAR
 from .checkpoint.manifest import newest_valid
 from .checkpoint.staging import SharedStager, Staged
 from .dist import DistContext, all_gather_json
@@ -97,7 +97,9 @@ class MemoryTier:
         self.ctx = ctx
         self.ledger = ledger
         self.root = snapshot_dir(cfg, paths)
-        self.store = NodeStore(self.root, node_name())
+        self.store = NodeStore(self.root, node_name(), os.environ.get(ALLOCATION_VAR))
+        if ctx.local_rank == 0:  # (memory does not outlive an allocation: a new one uses the disk)
+            self.store.forget_other_allocations()
         self.hashes = {"config_hash": cfg.config_hash(), "model_hash": cfg.model_hash()}
         replicated = m.replicas > 0
         buddy = buddy_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None

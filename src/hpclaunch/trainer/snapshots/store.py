@@ -1,4 +1,5 @@
-"""One node's snapshot files: ``<root>/<node>/step-<step>-w<world>/rank-<r>.bin`` and ``.json``.
+"""One node's snapshot files: ``<root>/<node>/alloc-<id>/step-<step>-w<world>/rank-<r>.bin`` and
+``.json``.
 
 A shard is written under temporary names and published by two renames, the payload first and its
 description (``.json``) last: a description names its payload's size, and only a shard whose
@@ -77,12 +78,25 @@ class PendingShard:
 
 
 class NodeStore:
-    """What this node holds, under ``root/node``."""
+    """What this node holds for this allocation (job id and the scheduler's restart count), under
+    ``root/node/alloc-<id>``. Memory does not outlive an allocation: what an earlier allocation of the
+    run left on the node (a requeue, a continuation job) is never read, the disk serves, and
+    ``forget_other_allocations`` frees it."""
 
-    def __init__(self, root: Path, node: str) -> None:
+    def __init__(self, root: Path, node: str, allocation: str | None) -> None:
         self.root = root
         self.node = node
-        self.directory = root / node
+        self.directory = root / node / f"alloc-{_safe(allocation or 'unknown')}"
+
+    def forget_other_allocations(self) -> list[str]:
+        """Remove what other allocations of this run left on this node; the names removed."""
+        gone = []
+        with contextlib.suppress(OSError):
+            for d in (self.root / self.node).iterdir():
+                if d != self.directory and d.name.startswith("alloc-"):
+                    shutil.rmtree(d, ignore_errors=True)
+                    gone.append(d.name)
+        return gone
 
     def step_dir(self, step: int, world: int) -> Path:
         return self.directory / f"step-{step:08d}-w{world}"
@@ -120,15 +134,23 @@ class NodeStore:
         wrote, so no two ranks remove the same file), and the step directories left empty."""
         dirs = sorted(self._step_dirs(), reverse=True)
         for _, _, d in dirs[keep_last:]:
-            for rank in ranks:
-                for name in (f"rank-{rank:05d}.json", f"rank-{rank:05d}.bin"):  # description first
+            for rank in ranks:  # (description first; and what a killed rank left half-written)
+                for name in (
+                    f"rank-{rank:05d}.json",
+                    f"rank-{rank:05d}.bin",
+                    f".rank-{rank:05d}.json.tmp",
+                    f".rank-{rank:05d}.bin.tmp",
+                ):
                     with contextlib.suppress(OSError):
                         (d / name).unlink()
             with contextlib.suppress(OSError):
                 d.rmdir()
 
     def remove(self) -> None:
+        """This allocation's directory on the node (and the node's, when it is left empty)."""
         shutil.rmtree(self.directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.directory.parent.rmdir()
 
     def _step_dirs(self) -> list[tuple[int, int, Path]]:
         try:
@@ -141,6 +163,10 @@ class NodeStore:
             if m is not None and d.is_dir():
                 found.append((int(m.group(1)), int(m.group(2)), d))
         return found
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
 
 
 def describe_json(meta: Mapping[str, object]) -> bytes:
