@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.runlib import wait_for
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import HpclaunchError
@@ -313,6 +314,20 @@ def test_taking_the_role_over_takes_the_run_lock_and_the_relays_lead(tmp_path: P
     decider.alloc.stop_beating()
     assert decider.leads
     assert decider.await_decision(Roster(("n2",))) is None  # it decides: nothing to wait for
+    decider.close()
+
+
+def test_an_agent_that_took_the_role_over_keeps_the_run_lock_alive(tmp_path: Path) -> None:
+    decider = _decider(tmp_path, 1)
+    decider.beat_every_s = 0.01
+    decider.take_over()
+    assert decider.holder is not None
+    adopted = decider.holder.heartbeat
+    holder = decider.holder
+    wait_for(
+        lambda: (decider.lock.read() or holder).heartbeat > adopted, timeout=60, poll=0.01, what="a heartbeat"
+    )
+    decider.close()
 
 
 def test_a_cancel_since_the_attempt_started_and_a_stuck_node_are_the_decisions_facts(tmp_path: Path) -> None:

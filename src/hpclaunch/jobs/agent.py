@@ -123,6 +123,7 @@ class NodeAgent:
                 return self._attempts()
         finally:
             self.alloc.stop_beating()
+            self.decider.close()
             if self.host is not None:
                 self.host.close()
             self.sink.close()

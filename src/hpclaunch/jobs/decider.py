@@ -23,8 +23,20 @@ from typing import Any
 
 from ..config import RunConfig
 from ..fsutil import retry_transient
-from ..rundir import CANCELLED, HANG, NODE_REPLACED, STARTED, JobPlan, Ledger, LockHolder, RunLock, RunPaths
+from ..rundir import (
+    CANCELLED,
+    HANG,
+    NODE_REPLACED,
+    STARTED,
+    Heartbeat,
+    JobPlan,
+    Ledger,
+    LockHolder,
+    RunLock,
+    RunPaths,
+)
 from ..rundir.control import take_user_stop
+from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
 from ..schedulers.base import NodeContext, Scheduler
@@ -82,6 +94,8 @@ class Decider:
         self.ledger = ledger
         self.lock = RunLock(paths)
         self.holder: LockHolder | None = None  # the run lock, once admitted or taken over
+        self.beat_every_s = HEARTBEAT_EVERY_S
+        self._beat: Heartbeat | None = None  # the lock's heartbeat, once this agent took the role over
         self.leads = ctx.is_head  # node 0 decides at first; the role moves (``follow``)
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
@@ -131,6 +145,17 @@ class Decider:
         )
         with contextlib.suppress(OSError):
             self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
+        if self.holder is not None and self._beat is None:
+            # (node 0's agent beats the lock it was admitted with; one that takes the role over
+            # beats the lock it adopted, or the lock goes stale and another submission could take
+            # the run while this allocation still trains it)
+            self._beat = Heartbeat(self.lock, self.holder, every_s=self.beat_every_s).__enter__()
+
+    def close(self) -> None:
+        """Stop the lock's heartbeat this agent started when it took the role over."""
+        if self._beat is not None:
+            self._beat.__exit__(None, None, None)
+            self._beat = None
 
     def await_decision(self, roster: Roster) -> DecisionRecord | None:
         """The decision on this attempt as the decider published it, or None when this agent
