@@ -133,13 +133,15 @@ class MemoryTier:
             self.job.join()
             self._settle()
         waited = time.perf_counter()
+        staged: Staged | None = None
+        finish, failed = None, None
         try:
             snapshot = state()
             built = time.perf_counter()
             staged, finish = self.stager.stage_later(snapshot)  # the copies: in the job (see before_update)
-        except (OSError, RuntimeError) as e:  # (staging itself failed: nothing was started)
-            self._note(SNAPSHOT_FAILED, step=step, error=f"staging the snapshot of step {step}: {e}")
-            return
+        except (OSError, RuntimeError) as e:
+            # (a job all the same, with nothing of its own: its buddy and its ward wait for it)
+            failed, built = f"staging the snapshot of step {step}: {e}", time.perf_counter()
         staged_at = time.perf_counter()
         self.job = self.jobs.submit(
             SnapshotJob(
@@ -152,13 +154,14 @@ class MemoryTier:
                 rank=self.ctx.rank,
                 link=self.link,
                 keep_last=self.keep_last,
+                error=failed,
             )
         )
         parts = {"wait": waited - begun, "state": built - waited, "layout": staged_at - built}
         self._stall = {
             "stall_s": round(time.perf_counter() - begun, 5),
             "stall_parts": {k: round(v, 5) for k, v in parts.items()},
-            "bytes": staged.layout.nbytes,
+            "bytes": staged.layout.nbytes if staged is not None else 0,
         }
 
     def _describe(self, step: int, staged: Staged) -> bytes:
@@ -277,7 +280,7 @@ class MemoryTier:
     def before_update(self) -> None:
         """Before the optimizer changes the live tensors: the snapshot's staging copies are done (on
         CPU the job copies while forward and backward run; on CUDA the GPU waits, not the host)."""
-        if self.job is not None:
+        if self.job is not None and self.job.staged is not None:
             started = time.perf_counter()
             self.job.staged.copied.wait()
             if self._copy_wait is None:

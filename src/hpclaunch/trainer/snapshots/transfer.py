@@ -78,20 +78,21 @@ class SnapshotJob:
         self,
         store: NodeStore,
         *,
-        staged: Staged,
-        finish: Callable[[], None],
+        staged: Staged | None,
+        finish: Callable[[], None] | None,
         describe: Callable[[Staged], bytes],
         step: int,
         world: int,
         rank: int,
         link: Link,
         keep_last: int,
+        error: str | None = None,
     ) -> None:
         self.store, self.staged, self.finish, self.describe = store, staged, finish, describe
-        self.nbytes = staged.layout.nbytes
+        self.nbytes = staged.layout.nbytes if staged is not None else 0
         self.meta = b""
         self.step, self.world, self.rank, self.link, self.keep_last = step, world, rank, link, keep_last
-        self.error: str | None = None
+        self.error = error  # (given: staging failed in the training loop; the job still trades sizes)
         self.seconds: float | None = None
         self._finished = threading.Event()
 
@@ -109,27 +110,10 @@ class SnapshotJob:
 
     def _run(self) -> None:
         begun = time.perf_counter()
-        own: PendingShard | None = None
-        try:
-            self.finish()  # the staging copy (CPU), which the optimizer's next update waits for
-        except Exception as e:  # (never leave the optimizer waiting)
-            self.staged.copied.set()
-            self.error = f"staging the snapshot of step {self.step}: {type(e).__name__}: {e}"
-        try:
-            self.meta = self.describe(self.staged)
-            self.staged.wait()  # (CUDA: the copies into the staging buffer)
-            own = self.store.begin(self.step, self.world, self.rank, self.nbytes)
-            own.copy_from_fd(self.staged.layout.fd)
-        except OSError as e:
-            self.error = (
-                self.error or f"writing the snapshot of step {self.step} into {self.store.directory}: {e}"
-            )
-            if own is not None:
-                own.drop()
-                own = None
+        own = self._write_own()
         kill_hook(self.step, self.rank, "write")
         try:
-            if self.link.buddy is not None:
+            if self.link.buddy is not None:  # (always: the buddy and the ward wait for this rank)
                 self._exchange(own)
             if own is not None:
                 own.publish(self.meta)
@@ -141,6 +125,31 @@ class SnapshotJob:
             if own is not None:
                 own.drop()
         self.seconds = time.perf_counter() - begun
+
+    def _write_own(self) -> PendingShard | None:
+        """Step 1: the staging copies (CPU), the description, this rank's payload in its node's
+        store (unpublished); None, with ``error`` said, when any of it failed."""
+        if self.staged is None or self.finish is None:
+            return None  # (staging failed in the training loop: ``error`` says so)
+        try:
+            self.finish()  # the staging copy, which the optimizer's next update waits for
+        except Exception as e:
+            self.error = f"staging the snapshot of step {self.step}: {type(e).__name__}: {e}"
+            return None
+        finally:
+            self.staged.copied.set()  # (never leave the optimizer waiting)
+        own: PendingShard | None = None
+        try:
+            self.meta = self.describe(self.staged)
+            self.staged.wait()  # (CUDA: the copies into the staging buffer)
+            own = self.store.begin(self.step, self.world, self.rank, self.nbytes)
+            own.copy_from_fd(self.staged.layout.fd)
+            return own
+        except Exception as e:
+            self.error = f"writing the snapshot of step {self.step} into {self.store.directory}: {e}"
+            if own is not None:
+                own.drop()
+            return None
 
     def _exchange(self, own: PendingShard | None) -> None:
         """Steps 2 and 3: sizes, then the shards, with the buddy and the ward at once."""
