@@ -21,7 +21,6 @@ from torch import nn
 from ..config import RunConfig
 from .dist import DistContext
 from .loader import micro_batches
-from .objective import compute_losses
 
 __all__ = ["DDPBuckets"]
 
@@ -50,16 +49,12 @@ class DDPBuckets:
         self.settled = True
         if self.train_module is self.model or self.ctx.world_size < 2:
             return
-        cfg, t, dev = self.cfg, self.cfg.train, self.ctx.device
+        cfg, dev = self.cfg, self.ctx.device
         rng = torch.get_rng_state()
         cuda_rng = torch.cuda.get_rng_state_all() if dev.type == "cuda" else None
         mb = micro_batches(item, dev)[0]
         with self.autocast():
-            losses = compute_losses(
-                self.train_module, mb.tokens, mb.latents, mb.draws, mode=t.mode,
-                mask_id=cfg.model.vocab_size, text_weight=t.text_weight,
-                latent_weight=t.latent_weight, text_mask=mb.text_mask,
-            )  # fmt: skip
+            losses = mb.losses(self.train_module, cfg)
         losses.total.backward()
         self.opt.zero_grad(set_to_none=True)
         torch.set_rng_state(rng)

@@ -66,7 +66,6 @@ from .dist import close_distributed, reshard, set_deterministic, setup_distribut
 from .evaluate import Evaluator
 from .loader import micro_batches, raise_data_problem
 from .memory_tier import TierFields
-from .objective import compute_losses
 from .periodic_saves import PeriodicSaves
 from .progress import Progress
 from .reports import Reports
@@ -285,11 +284,7 @@ class Trainer:
             self.progress.phase("compute", step)
             with sync:
                 with self.autocast():
-                    losses = compute_losses(
-                        self.train_module, mb.tokens, mb.latents, mb.draws, mode=t.mode,
-                        mask_id=cfg.model.vocab_size, text_weight=t.text_weight,
-                        latent_weight=t.latent_weight, text_mask=mb.text_mask,
-                    )  # fmt: skip
+                    losses = mb.losses(self.train_module, cfg)
                 loss = losses.total
                 if step in self.inject:
                     loss = loss * float("nan")
