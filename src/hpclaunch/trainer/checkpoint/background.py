@@ -173,15 +173,6 @@ class ProcessBackground:
     def writer_pid(self) -> int | None:
         return self._proc.pid if self._proc is not None else None
 
-    def prestart(self, generation: str) -> None:
-        """Start this rank's writer before its first save (every rank, with one ``generation``): its
-        start-up (importing torch, joining the writers' group) then overlaps training instead of
-        holding up the first save, which on a busy node can take many steps."""
-        if self._proc is None:
-            from .writer_process import WriterProcess
-
-            self._proc = WriterProcess(replace(self._spec, generation=generation))
-
     def start(self, job: SaveJob, state: dict[str, Any]) -> None:
         if self._proc is None:  # every rank starts its writer at the same save: one generation
             self._proc = self._new_writer(job)

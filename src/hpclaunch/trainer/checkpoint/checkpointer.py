@@ -10,13 +10,11 @@ training loop). See the package docstring for the layout and the state-dict conv
 from __future__ import annotations
 
 import time
-import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import CheckpointError
 from ...rundir import Ledger
-from ..dist import broadcast_json
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
 from .faults import estimated_bytes as _estimated_bytes
@@ -154,18 +152,6 @@ class Checkpointer:
             store=store_address(self.world_size),
         )
         return ProcessBackground(spec, self._pg)
-
-    def prestart_writer(self) -> None:
-        """Collective: start every rank's writer process now rather than at the first background
-        save (``ProcessBackground.prestart``); nothing to do for the thread writer."""
-        if self.writer != "process" or not self.async_save or self._background is not None:
-            return
-        nonce = uuid.uuid4().hex[:12] if self._is_coordinator else None
-        nonce = broadcast_json(nonce, self._pg, is_source=self._is_coordinator)
-        background = self._make_background()
-        assert isinstance(background, ProcessBackground)
-        background.prestart(f"pre-{nonce}")
-        self._background = background
 
     # ---- save ---------------------------------------------------------------------------------
 
