@@ -18,6 +18,8 @@ from collections.abc import Iterator
 import pytest
 from tests.spawnguard import refusing_processes
 
+pytest_plugins = ["tests.cpu_report"]  # HPCLAUNCH_TEST_CPU_REPORT=FILE: CPU time per module
+
 # ---- parallel workers (`make test`: pytest-xdist) ---------------------------------------------------
 
 

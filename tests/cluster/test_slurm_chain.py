@@ -118,7 +118,7 @@ def test_a_failed_stage1_keeps_stage2_from_running(
     assert "failed" in s2["chain"]["after"]["reason"] and "non-finite" in s2["chain"]["after"]["reason"]
     assert not any(e["event"] == "started" for e in events(bad2))
     assert slurm_cluster.wait_job(_job(bad2), timeout=60) == "CANCELLED"
-    shown = hpclaunch("status", str(bad2), cwd=work).stdout
+    shown = " ".join(hpclaunch("status", str(bad2), cwd=work).stdout.split())
     assert "never runs" in shown and "failed" in shown
     # Chaining after a run that has already failed is refused: nothing submitted, exit 2.
     late = hpclaunch(

@@ -117,5 +117,5 @@ def test_a_failed_stage1_keeps_stage2_from_running(pbs_server: PbsServer, chains
     assert not any(e["event"] == "started" for e in events(bad2))
     record = pbs_server.wait_job(_job(bad2), timeout=60)
     assert record["job_state"] == "F"
-    shown = pbs_server.hpclaunch("status", str(bad2), cwd=chains["work"]).stdout
+    shown = " ".join(pbs_server.hpclaunch("status", str(bad2), cwd=chains["work"]).stdout.split())
     assert "never runs" in shown
