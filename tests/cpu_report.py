@@ -30,6 +30,12 @@ def busy_seconds() -> float:
     return (sum(fields) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(ENV) and getattr(config.option, "numprocesses", None):
+        # each worker would count the others' CPU as its own, and the controller runs no test
+        raise pytest.UsageError(f"{ENV} needs one process: drop -n (use `make test-serial`'s pytest)")
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     if not os.environ.get(ENV):
