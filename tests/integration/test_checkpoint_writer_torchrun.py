@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -35,16 +36,20 @@ pytestmark = pytest.mark.slow
 
 
 def writers_of(directory: Path) -> list[int]:
-    """Writer processes still alive for this checkpoint directory (its path is in their argv)."""
+    """Writer processes still alive for this checkpoint directory: named ``hpcl-ckpt-write``, and
+    holding the directory open (a forked writer's command line is its rank's)."""
+    target = str(directory.resolve())
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if (proc / "comm").read_text().strip() != "hpcl-ckpt-write":
+                continue
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
         except OSError:
             continue
-        if any(b"writer_main" in a for a in argv) and any(str(directory).encode() in a for a in argv):
+        if target in links:
             found.append(int(proc.name))
     return found
 
@@ -86,6 +91,7 @@ def test_kill_9_of_a_writer_fails_that_save_on_every_rank_and_the_blocking_retry
     ckpts = tmp_path / "checkpoints"
     ok(launch(tmp_path, "writerkill", nproc=2, kill=f"20:{rank}:{phase}:writer"))
     got = results(tmp_path, "writerkill", 2)
+    assert all(r["writer_forked"] for r in got)  # the killed writers were the forked ones
     killed = got[rank]
     assert killed["error"] is not None
     assert (

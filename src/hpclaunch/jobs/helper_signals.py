@@ -61,3 +61,14 @@ def launcher_preexec() -> None:
     ranks, which install their own handlers)."""
     for sig in STOP_SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+
+
+def single_threaded() -> bool:
+    """No Python thread in this process but the caller's. A helper is forked only then, and before
+    the process starts native threads of its own (a process group's, a store's): a fork of a
+    process with threads may inherit a lock one of them held, and hang on it. Native threads are
+    not counted here, since a library starts a pool at import that is safe (OpenBLAS's, under
+    numpy: it stops and restarts around a fork itself, with ``pthread_atfork``)."""
+    import threading
+
+    return threading.active_count() == 1

@@ -30,6 +30,7 @@ from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
 from ..rundir.outcome import write_rank_outcome
+from .checkpoint.writer_process import prefork as prefork_writer
 from .loader import RankDataError
 from .loop import Trainer
 from .progress import drop_empty_stack_dump, register_stack_dump
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
     try:
         cfg = read_config(paths)
         paths = RunPaths.of(run_dir, cfg.checkpoint.dir)
+        if cfg.checkpoint.async_save and cfg.checkpoint.writer == "process":
+            prefork_writer()  # before the rank's first thread (the process group starts some)
         register_stack_dump(cfg, paths, attempt, rank)  # before the process group: start-up hangs too
         trainer = Trainer(cfg, paths, attempt=attempt, clock=clock, startup=startup)
         outcome = trainer.run()

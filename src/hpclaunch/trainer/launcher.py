@@ -3,9 +3,9 @@ started and driven by the node agent.
 
 Every attempt used to pay a whole process start-up: torchrun importing torch, then every rank
 importing torch, mmdit and DCP (2.5-4 s of a 6 s restart on this project's machine). The rank host
-pays it once: it imports the trainer into a forkserver (``multiprocessing``'s, with the trainer
-modules preloaded) when the allocation starts, and each attempt's ranks are forked from it in
-milliseconds. An attempt is one round of torch's own elastic launcher (``elastic_launch``: the
+pays it once: it imports the trainer when the allocation starts and forks ``multiprocessing``'s
+forkserver from itself (``forkserver_fork``; where that cannot be done, a forkserver that imports the
+trainer modules itself), and each attempt's ranks are forked from it in milliseconds. An attempt is one round of torch's own elastic launcher (``elastic_launch``: the
 ``LocalElasticAgent`` spawns, watches and tears down the ranks, c10d rendezvous with a fresh run id
 per attempt, ``max_restarts=0``): whether an attempt is followed by another, and on which nodes, is
 the node agent's decision (``jobs.decide``), never a restart counter's.
@@ -99,6 +99,23 @@ def run_attempt(request: RankRequest) -> AttemptEnd:
         return {"state": "failed", "returncode": 1, "error": f"{type(e).__name__}: {e}"}
 
 
+def _fork_forkserver(*, keep_fds: tuple[int, ...]) -> bool:
+    """Import PRELOAD here and fork the forkserver from this process (``forkserver_fork``): one
+    import of torch per node instead of two. False: start it the standard way."""
+    import importlib
+
+    from . import forkserver_fork
+
+    if not forkserver_fork.supported():
+        return False
+    try:
+        for name in PRELOAD:
+            importlib.import_module(name)
+    except ImportError:
+        return False  # (the standard forkserver skips it; the ranks then say what is missing)
+    return forkserver_fork.start(keep_fds=keep_fds)
+
+
 def serve(reply_fd: int) -> int:
     reply = os.fdopen(reply_fd, "w", buffering=1)
 
@@ -107,7 +124,8 @@ def serve(reply_fd: int) -> int:
         reply.flush()
 
     multiprocessing.set_forkserver_preload(PRELOAD)
-    forkserver.ensure_running()  # starts the forkserver; it imports PRELOAD meanwhile
+    if not _fork_forkserver(keep_fds=(reply_fd,)):
+        forkserver.ensure_running()  # a new interpreter that imports PRELOAD meanwhile
     # torch's log formatter imports torch._dynamo the first time it formats an exception, which the
     # elastic agent does when a rank fails: 1.5 s between a crash and the decision, unless done now.
     import torch._dynamo.config

@@ -18,7 +18,8 @@ Modes:
   closealone both ranks start a background save, rank 1 closes at once while rank 0 waits for it in
              another collective (a rank leaving on an error must not need the others to close).
 
-CKPT_WRITER=thread|process (default process) picks the background writer.
+CKPT_WRITER=thread|process (default process) picks the background writer; with process, each rank
+forks its first writer before its first thread, as the trainer does (the result's "writer_forked").
 CKPT_OPEN_FDS=N opens N descriptors (duplicates of /dev/null) in each rank before anything else, so
 that every socket the rank opens afterwards (gloo's, the writer's channel) is numbered above N; the
 result then says how many descriptors the rank held at its end ("open_fds").
@@ -45,6 +46,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from hpclaunch.errors import CheckpointError
 from hpclaunch.rundir import Ledger, RunPaths
 from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, RANK_LOCAL, Checkpointer, rank_local_key
+from hpclaunch.trainer.checkpoint.writer_process import prefork as prefork_writer
 
 K = 4  # save after K steps, then K more
 
@@ -53,6 +55,8 @@ def main() -> None:
     mode, run_dir = sys.argv[1], Path(sys.argv[2])
     dummies = open_dummy_fds(int(os.environ.get("CKPT_OPEN_FDS", "0")))
     distributed = "RANK" in os.environ  # started by torchrun
+    # As the trainer does: the first writer forked before the rank's first thread (later ones start)
+    forked = os.environ.get("CKPT_WRITER", "process") == "process" and prefork_writer()
     if distributed:
         dist.init_process_group("gloo")
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
@@ -66,6 +70,7 @@ def main() -> None:
         "closealone": closealone,
     }
     result = modes[mode](run_dir, rank, world)
+    result["writer_forked"] = forked
     if dummies:
         result["open_fds"] = len(os.listdir("/proc/self/fd"))
     (run_dir / f"result-{mode}-rank{rank}.json").write_text(json.dumps(result))

@@ -286,6 +286,10 @@ class Checkpointer:
         if self._background is not None:
             self._background.close()
             self._background = None
+        if self.writer == "process":
+            from .writer_process import discard_waiting
+
+            discard_waiting()  # a forked writer no background save took
         self._plans.forget()
         if self._owns_pg and self._pg is not None:
             import torch.distributed as dist

@@ -1,6 +1,8 @@
 """The checkpoint writer process: ``python -m hpclaunch.trainer.checkpoint.writer_main SPEC``.
 
-One per training rank, started by its first background save (``writer_process``). Everything a
+One per training rank (``writer_process``): forked by the rank before its first thread, torch
+already imported, waiting for its first save (``main_forked``); or, where there is none waiting
+(every writer after a failed save's), started with ``exec`` by a background save. Everything a
 background save does after staging happens here, outside the training process's interpreter: DCP's
 write (planned within the writers' own gloo group), the sha256 of this rank's files, and on rank 0
 the manifest, the rename + directory fsync and retention (``writing.SaveWriter``, the same code a
@@ -26,6 +28,7 @@ import os
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,19 +43,42 @@ from .writer_protocol import Answer, Failed, Saved, SaveRequest, WriterSpec
 from .writing import SaveJob, SaveWriter
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
+PR_SET_NAME = 15
 GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (gloo's default)
 
 
 def main(argv: list[str]) -> int:
+    """The writer started by ``exec``: its spec is its argument."""
     spec = WriterSpec.from_json(json.loads(argv[0]))
     ignore_stop_signals()  # a helper's policy: the scheduler's warning is the rank's to act on
     _die_with_parent(spec.parent)
+    return run(spec, socket.socket(fileno=spec.fd))
+
+
+def main_forked(sock: socket.socket, parent: int) -> int:
+    """The writer forked by its rank before the rank's first thread (``writer_process.prefork``):
+    torch is already imported; it waits for its spec, the first message, sent with the first save."""
+    ignore_stop_signals()
+    _die_with_parent(parent)
+    try:
+        message, _ = channel.recv(sock)
+    except channel.ChannelClosed:
+        return 0  # the rank never needed it
+    if message.get("op") != "spec":
+        return 0  # ("exit": the rank is done without a background save)
+    spec = replace(WriterSpec.from_json(message["spec"]), fd=sock.fileno(), parent=parent)
+    return run(spec, sock)
+
+
+def run(spec: WriterSpec, sock: socket.socket) -> int:
     lower_process_priority(spec.nice, idle=spec.idle)
+    _name_process()
     logging.basicConfig(
-        level=logging.WARNING, format=f"[checkpoint writer of rank {spec.rank}] %(name)s: %(message)s"
+        level=logging.WARNING,
+        format=f"[checkpoint writer of rank {spec.rank}] %(name)s: %(message)s",
+        force=True,  # (a forked writer has its rank's handlers)
     )
     log.setLevel(logging.INFO)
-    sock = socket.socket(fileno=spec.fd)
     import torch
 
     torch.set_num_threads(1)  # hashing and copies, beside the training threads
@@ -81,11 +107,12 @@ def main(argv: list[str]) -> int:
         in_writer_process=True,
         write_threads=spec.write_threads,
     )
-    return serve(sock, writer, events)
+    return serve(sock, writer, events, directory)
 
 
-def serve(sock: socket.socket, writer: SaveWriter, events: EventBuffer) -> int:
+def serve(sock: socket.socket, writer: SaveWriter, events: EventBuffer, directory: Path) -> int:
     layout: MappedLayout | None = None
+    held: int | None = None
     while True:
         try:
             message, fds = channel.recv(sock)
@@ -97,6 +124,7 @@ def serve(sock: socket.socket, writer: SaveWriter, events: EventBuffer) -> int:
                 layout.close()
             layout = MappedLayout(message, fds[0])
         elif op == "save":
+            held = held if held is not None else _hold(directory)
             request = SaveRequest.from_json(message)
             assert layout is not None and layout.id == request.layout, "save before its layout"
             channel.send(sock, save(writer, layout, request, events).to_json())
@@ -270,6 +298,27 @@ def _join_group(spec: WriterSpec) -> Any:
     return dist.group.WORLD
 
 
+PROCESS_NAME = b"hpcl-ckpt-write"  # (15 bytes: the kernel's limit)
+
+
+def _name_process() -> None:
+    """Name this process ``hpcl-ckpt-write`` (``/proc/PID/comm``, what ``top`` and ``ps -o comm``
+    show): a forked writer's command line is its rank's."""
+    with contextlib.suppress(OSError, AttributeError):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_NAME, ctypes.c_char_p(PROCESS_NAME), 0, 0, 0)
+
+
+def _hold(directory: Path) -> int | None:
+    """Keep the checkpoint directory open while serving: ``ls -l /proc/PID/fd`` of a writer then says
+    which run's checkpoints it writes (a forked writer's command line does not)."""
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+
+
 def _die_with_parent(parent: int) -> None:
     """SIGKILL this process when the thread that started it dies (Linux); a parent already gone ends
     it now. Elsewhere the closed channel ends it between saves."""
@@ -278,12 +327,16 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-if __name__ == "__main__":
-    code = main(sys.argv[1:])
-    # Every save was answered and every file it wrote is closed: leave without the interpreter's
-    # teardown (with torch and DCP loaded it takes about a second, and the rank waits for it).
+def leave(code: int) -> None:
+    """Every save was answered and every file it wrote is closed: leave without the interpreter's
+    teardown (with torch and DCP loaded it takes about a second, and the rank waits for it; a
+    forked writer must never run its rank's)."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    leave(main(sys.argv[1:]))

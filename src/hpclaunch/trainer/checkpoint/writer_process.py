@@ -1,8 +1,10 @@
 """The writer process as the training process sees it: started, fed, asked how it went, stopped.
 
-One writer process per training rank (``writer_main``), started by the rank's first background save
-and kept for the attempt. It is started from the thread that trains: it dies with that thread
-(the parent-death signal), so a rank killed with ``kill -9`` never leaves a writer behind that
+One writer process per training rank (``writer_main``), taken by the rank's first background save
+and kept for the attempt. The first is forked by the rank before its first thread (``prefork``:
+it has the rank's imports, torch among them, and waits for its spec); a writer after a failed
+save's is started with ``exec``. Either is the child of the thread that trains and dies with that
+thread (the parent-death signal), so a rank killed with ``kill -9`` never leaves a writer behind that
 publishes into the next attempt's directory. The rank hands it a staging buffer once (a file
 descriptor over a Unix socket) and then one small JSON message per save; the writer answers with
 one message per save (published, or failed with the reason). A writer that dies answers nothing:
@@ -19,14 +21,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointError
-from ...jobs.helper_signals import stop_signals_blocked
+from ...jobs.helper_signals import single_threaded, stop_signals_blocked
 from . import channel
 from .faults import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .writer_protocol import Answer, Failed, SaveRequest, WriterSpec, answer_from_json
@@ -55,25 +59,152 @@ def store_address(world_size: int) -> tuple[str, int] | None:
     return addr, int(port)
 
 
+class ForkedChild:
+    """A forked writer as ``subprocess.Popen`` shows a started one: pid, poll, wait, kill."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # (reaped elsewhere: gone, how is unknown)
+                self.returncode = -9
+                return self.returncode
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"checkpoint writer {self.pid}", timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class _Waiting:
+    """The writer ``prefork`` forked, until a save takes it."""
+
+    def __init__(self, child: ForkedChild, sock: socket.socket, parent: int) -> None:
+        self.child, self.sock, self.parent = child, sock, parent
+
+
+_waiting: _Waiting | None = None
+
+
+def prefork() -> bool:
+    """Fork this rank's first writer now, while the rank is still single-threaded (a fork of a
+    process with threads may inherit a lock some thread held): it has the rank's imports, torch
+    among them, where a started one spends ~2 core-s importing them (every attempt, every rank),
+    and it waits, using nothing, until the first background save sends its spec. It dies with
+    the thread that forked it, as a started writer does. False (nothing forked): there is already
+    one, the process runs threads, or the platform has no fork; the first save then starts one."""
+    global _waiting
+    from . import writer_main
+
+    if _waiting is not None or not hasattr(os, "fork") or not single_threaded() or _group_started():
+        return False
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    parent = os.getpid()
+    for stream in (sys.stdout, sys.stderr):  # nothing buffered here is printed twice
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    with stop_signals_blocked():  # until the writer ignores them itself
+        pid = os.fork()
+        if pid == 0:  # the writer: it never returns into the rank's code
+            code = 1
+            try:
+                ours.close()
+                code = writer_main.main_forked(theirs, parent)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    sys.excepthook(*sys.exc_info())
+            finally:
+                writer_main.leave(code)
+    theirs.close()
+    _waiting = _Waiting(ForkedChild(pid), ours, parent)
+    return True
+
+
+def _group_started() -> bool:
+    """A process group runs (with its native threads): too late to fork."""
+    dist = sys.modules.get("torch.distributed")
+    return dist is not None and dist.is_available() and dist.is_initialized()
+
+
+def _take_waiting() -> _Waiting | None:
+    """The forked writer, for this process's first writer (a forked child's copy is not its own)."""
+    global _waiting
+    waiting, _waiting = _waiting, None
+    if waiting is not None and waiting.parent != os.getpid():
+        return None
+    return waiting
+
+
+def discard_waiting() -> None:
+    """The rank is done and never took its forked writer: let it go (it leaves when its channel
+    closes) and reap it."""
+    waiting = _take_waiting()
+    if waiting is None:
+        return
+    waiting.sock.close()
+    try:
+        waiting.child.wait(timeout=EXIT_WAIT_S)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            waiting.child.kill()
+
+
 class WriterProcess:
     """One rank's writer process (see the module docstring)."""
 
     def __init__(self, spec: WriterSpec) -> None:
+        waiting = _take_waiting()
+        if waiting is not None and self._hand_over(waiting, spec):
+            self.proc: subprocess.Popen[bytes] | ForkedChild = waiting.child
+            self.sock = waiting.sock
+        else:
+            self.proc, self.sock = self._start(spec)
+        self.rank = spec.rank
+        self._layouts: set[str] = set()
+        self._result: Answer | None = None
+
+    @staticmethod
+    def _hand_over(waiting: _Waiting, spec: WriterSpec) -> bool:
+        """Send the forked writer its spec (False: it is gone; a writer is started instead)."""
+        try:
+            channel.send(waiting.sock, {"op": "spec", "spec": spec.to_json()})
+            return True
+        except (channel.ChannelClosed, OSError):
+            waiting.sock.close()
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                waiting.child.kill()
+                waiting.child.wait(timeout=EXIT_WAIT_S)
+            return False
+
+    @staticmethod
+    def _start(spec: WriterSpec) -> tuple[subprocess.Popen[bytes], socket.socket]:
+        """A writer started with ``exec`` (a new interpreter)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = replace(spec, fd=theirs.fileno(), parent=os.getpid())
         argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec.to_json())]
         try:
             with stop_signals_blocked():  # until the writer ignores them itself
-                self.proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
+                proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         except OSError as e:
             ours.close()
             raise CheckpointError(f"cannot start the checkpoint writer process: {e}") from e
         finally:
             theirs.close()
-        self.sock = ours
-        self.rank = spec.rank
-        self._layouts: set[str] = set()
-        self._result: Answer | None = None
+        return proc, ours
 
     @property
     def pid(self) -> int:
@@ -143,8 +274,6 @@ class WriterProcess:
 
 def _exit_text(code: int) -> str:
     if code < 0:
-        import signal
-
         with contextlib.suppress(ValueError):
             return f"killed by {signal.Signals(-code).name}"
         return f"killed by signal {-code}"
