@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -92,20 +93,47 @@ def wait_for_text(path: Path, text: str, timeout: float) -> str:
     )
 
 
-def wait_run_done(run: Path, cwd: Path, timeout: float) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        s = status(run, cwd)
-        sched = (s.get("scheduler") or {}).get("state")
-        if s["state"] not in ("pending", "running", "requeued") and sched not in (
-            "pending",
-            "running",
-            "requeued",
-        ):
-            return s
-        return None
+ACTIVE = ("pending", "running", "requeued")
+CONFIRM_EVERY_S = 10.0
 
-    result: dict[str, Any] = wait_for(done, timeout=timeout, poll=2.0, what=f"run {run.name} to end")
+
+def in_flight_by_ledger(run: Path) -> bool:
+    """The run is in flight by its ledger alone, read in this process. ``hpclaunch status`` costs an
+    interpreter's start (~0.5 core-s) and a scheduler query each time: polled every 2 s by both
+    workers, it was about an eighth of the suite's CPU. A run the scheduler ended without its ledger saying
+    so stays in flight here, so ``wait_ended`` asks the CLI every ``CONFIRM_EVERY_S`` as well."""
+    from hpclaunch.orchestrator.status import attempts_from_events, run_state
+    from hpclaunch.rundir import RunPaths, read_events
+
+    try:
+        events = read_events(RunPaths(run)).events
+        return run_state(attempts_from_events(events), events, None) in ACTIVE
+    except Exception:  # (whatever it is, the CLI says)
+        return False
+
+
+def wait_ended(
+    status_now: Any, run: Path, *, timeout: float, poll: float, active: tuple[str, ...] = ACTIVE
+) -> dict[str, Any]:
+    """``status_now()`` (the CLI's ``status --json``) once neither the ledger nor the scheduler has
+    the run in flight; the CLI is asked when the ledger says the run ended, and every
+    ``CONFIRM_EVERY_S`` besides."""
+    asked = [-CONFIRM_EVERY_S]
+
+    def done() -> dict[str, Any] | None:
+        if in_flight_by_ledger(run) and time.monotonic() - asked[0] < CONFIRM_EVERY_S:
+            return None
+        asked[0] = time.monotonic()
+        s: dict[str, Any] = status_now()
+        sched = (s.get("scheduler") or {}).get("state")
+        return s if s["state"] not in active and sched not in active else None
+
+    result: dict[str, Any] = wait_for(done, timeout=timeout, poll=poll, what=f"run {run.name} to end")
     return result
+
+
+def wait_run_done(run: Path, cwd: Path, timeout: float) -> dict[str, Any]:
+    return wait_ended(lambda: status(run, cwd), run, timeout=timeout, poll=2.0)
 
 
 def final_params_sha(run: Path) -> str:
@@ -135,3 +163,23 @@ def rank_process(run: Path, rank: int, *, timeout: float = 180) -> Any:
         return proc if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE else None
 
     return wait_for(found, timeout=timeout, poll=0.1, what=f"rank {rank} of {run.name}")
+
+
+def kill_together(found: list[tuple[int, str]]) -> list[str]:
+    """SIGKILL every process of ``found`` (pid, command line) as one event, as a node's death is:
+    all are stopped (SIGSTOP) before any is killed, so none sees another die and reacts meanwhile
+    (a scheduler's daemon ending the job, mpiexec ending its launch) before the loop reaches it.
+    The command lines of those it killed (one already gone is left out)."""
+    import signal
+
+    stopped = []
+    for pid, cmd in found:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        stopped.append((pid, cmd))
+    for pid, _ in stopped:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return [cmd for _, cmd in stopped]

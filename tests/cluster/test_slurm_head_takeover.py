@@ -7,10 +7,7 @@ bitwise equal to one that was never interrupted."""
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -23,6 +20,7 @@ from tests.runlib import (
     events,
     final_params_sha,
     hpclaunch,
+    kill_together,
     status,
     synth_data,
     tiny_overrides,
@@ -55,7 +53,7 @@ def _kill_job_on(cluster: SlurmCluster, node: str, job_id: str) -> list[str]:
         ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
     ).stdout.split()
     mine = f"SLURM_JOB_ID={job_id}".encode()
-    killed = []
+    found = []
     for pid in map(int, pids):
         try:
             proc = psutil.Process(pid)
@@ -65,10 +63,8 @@ def _kill_job_on(cluster: SlurmCluster, node: str, job_id: str) -> list[str]:
             continue
         if "slurmd" in cmd or "slurmstepd" in cmd or mine not in env:
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd[:80])
-    return killed
+        found.append((pid, cmd[:80]))
+    return kill_together(found)
 
 
 def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:

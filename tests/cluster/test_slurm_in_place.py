@@ -8,7 +8,6 @@ found. Every run ends bitwise equal to one that was never interrupted."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 from pathlib import Path
@@ -21,6 +20,7 @@ from tests.runlib import (
     events,
     final_params_sha,
     hpclaunch,
+    kill_together,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -106,7 +106,7 @@ def _kill_node(cluster: SlurmCluster, node: str, *, python_only: bool = False) -
     pids = subprocess.run(
         ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
     ).stdout.split()
-    killed = []
+    found = []
     for pid in map(int, pids):
         try:
             cmd = " ".join(psutil.Process(pid).cmdline())
@@ -115,10 +115,8 @@ def _kill_node(cluster: SlurmCluster, node: str, *, python_only: bool = False) -
         # (srun's own command line names python too: only a python process itself is the agent's)
         if "slurmd" in cmd or "slurmstepd" in cmd or (python_only and "python" not in cmd.split(" ")[0]):
             continue
-        with __import__("contextlib").suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd[:60])
-    return killed
+        found.append((pid, cmd[:60]))
+    return kill_together(found)
 
 
 def _one_job_no_requeue(cluster: SlurmCluster, run: Path) -> str:

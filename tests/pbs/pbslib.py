@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.runlib import TINY, tiny_overrides, wait_for
+from tests.runlib import TINY, tiny_overrides, wait_ended, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
@@ -72,14 +72,7 @@ def status(server: PbsServer, run: Path) -> dict[str, Any]:
 
 def wait_run_done(server: PbsServer, run: Path, timeout: float) -> dict[str, Any]:
     """Until neither the ledger nor PBS has the run in flight; returns `status --json`."""
-
-    def done() -> dict[str, Any] | None:
-        s = status(server, run)
-        sched = (s.get("scheduler") or {}).get("state")
-        return s if s["state"] not in ACTIVE and sched not in ACTIVE else None
-
-    result: dict[str, Any] = wait_for(done, timeout=timeout, poll=1.0, what=f"run {run.name} to end")
-    return result
+    return wait_ended(lambda: status(server, run), run, timeout=timeout, poll=1.0, active=ACTIVE)
 
 
 def submitted_job(run: Path, events: Any) -> str:

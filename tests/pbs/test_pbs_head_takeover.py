@@ -9,10 +9,8 @@ Every run ends bitwise equal to one that was never interrupted."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +18,7 @@ import psutil
 import pytest
 from tests.pbs.conftest import user_dir
 from tests.pbs.pbslib import status, submit, submitted_job, synth_data, wait_run_done
-from tests.runlib import events, final_params_sha, wait_for
+from tests.runlib import events, final_params_sha, kill_together, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
@@ -69,7 +67,7 @@ def _kill_job_on(node: str, job_id: str, *, python_only: bool = False) -> list[s
     ns = f"hpclpbs{node.removeprefix('pbsn')}"
     pids = os.popen(f"ip netns pids {ns}").read().split()
     mine = f"PBS_JOBID={job_id}".encode()
-    killed = []
+    found = []
     for pid in map(int, pids):
         try:
             cmd = " ".join(psutil.Process(pid).cmdline())
@@ -78,10 +76,8 @@ def _kill_job_on(node: str, job_id: str, *, python_only: bool = False) -> list[s
             continue
         if "pbs_mom" in cmd or mine not in env or (python_only and "python" not in cmd.split(" ")[0]):
             continue
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-            killed.append(cmd[:80])
-    return killed
+        found.append((pid, cmd[:80]))
+    return kill_together(found)
 
 
 def test_head_takeover_by_the_rescue_when_every_job_process_on_the_mother_superior_dies(

@@ -163,3 +163,27 @@ def test_data_synth_pad_id_option(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "text padded with id 3 (set data.pad_id: 3)" in capsys.readouterr().out
     assert main(["data", "synth", str(tmp_path / "e"), "--samples", "20", "--pad-id", "256"]) == 2
     assert "--pad-id 256 is outside the vocabulary" in capsys.readouterr().err
+
+
+def test_a_stop_signal_in_a_workers_start_up_leaves_it_running(
+    data: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A preemption landing as the first step starts: the signal reaches a worker after torch's own
+    SIGTERM handler is in place and before ``_worker_init`` ignores it (here: sent by the worker to
+    itself at that point). It must stay pending and be dropped, not end the worker (before this,
+    the rank failed as a crash: "DataLoader worker ... exited unexpectedly")."""
+    from hpclaunch.trainer import loader as loader_module
+
+    real_init = loader_module._worker_init
+
+    def signalled_init(worker_id: int) -> None:
+        for sig in STOP_SIGNALS:
+            os.kill(os.getpid(), sig)
+        real_init(worker_id)
+
+    monkeypatch.setattr(loader_module, "_worker_init", signalled_init)
+    ds, order = dataset(data), SampleOrder(100, 3)
+    direct = StepBatches(ds, order, plan())
+    got = list(make_loader(direct, num_workers=2, prefetch_factor=1, pin_memory=False))
+    assert len(got) == len(direct)
+    assert all(torch.equal(got[i][k], direct[i][k]) for i in range(len(direct)) for k in direct[i])

@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..errors import DataError
-from ..jobs.helper_signals import die_with_parent, ignore_stop_signals
+from ..jobs.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 from .data import SampleOrder, ShardedDataset, text_mask
 from .objective import Draws, Losses, compute_losses, draw
 
@@ -237,7 +237,13 @@ def make_loader(
         multiprocessing_context="fork",
         persistent_workers=False,
     )
-    for packed in loader:
+    # The workers are forked here. Until a worker's `_worker_init` ignores the stop signals, torch's
+    # own SIGTERM handler in it would end it (a preemption landing as the first step starts killed
+    # a worker, and so the rank, as a crash): they start with the signals blocked (pending, not
+    # lost), and a signal meanwhile reaches the rank when the workers are started.
+    with stop_signals_blocked():
+        batches_iter = iter(loader)
+    for packed in batches_iter:
         yield unpack(packed, pin=pin_memory)
 
 

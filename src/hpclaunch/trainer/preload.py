@@ -1,4 +1,5 @@
-"""What the rank host's forkserver imports once per allocation, so that no rank of any attempt
+"""What the rank host imports once per allocation before it forks its forkserver
+(``forkserver_fork``; a standard forkserver imports it itself), so that no rank of any attempt
 imports it again: the trainer, torch's distributed pieces it uses (DCP and its state-dict helpers,
 FSDP2, DDP, activation checkpointing, device meshes), mmdit (x_transformers -> einx ->
 torch._dynamo: the slowest import of a rank) and TensorBoard's writer. Imported by name from
