@@ -38,8 +38,9 @@ check: lint typecheck
 # not more: the suite is CPU-bound on a 2-core box (75 core-minutes), so a third worker only added
 # load (12-20) and failed tests with 10-20 s windows. `make test-serial` is the one-process run.
 TEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 test: lint typecheck
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
 
 test-serial: lint typecheck
 	$(BIN)/pytest -q --durations=15
