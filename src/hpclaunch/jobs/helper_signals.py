@@ -9,11 +9,12 @@ DataLoader worker "killed by signal" in the middle of the stop save, a checkpoin
 the time-limit warning). So a helper ignores the stop signals and ends when its rank tells it to,
 or with its rank (``die_with_parent``: SIGKILL from the kernel when the rank is gone).
 
-A helper started with ``exec`` runs Python start-up and imports before it can ignore anything;
+A helper runs code before it can ignore anything: Python's start-up and imports after ``exec``,
+torch's own worker set-up (with its SIGTERM handler) in a forked DataLoader worker.
 ``stop_signals_blocked`` closes that window: the signals are blocked in the starting thread while
-the child is created, the child inherits the mask through ``exec`` (a blocked signal stays pending,
-it is not lost or delivered), and ``ignore_stop_signals`` in the child ignores them (which discards
-a pending one) and then unblocks them. This module imports nothing heavy: the writer calls it first.
+the child is created, the child inherits the mask (through ``fork`` and ``exec``; a blocked signal
+stays pending, it is not lost or delivered), and ``ignore_stop_signals`` in the child ignores them
+(which discards a pending one) and then unblocks them. This module imports nothing heavy: the writer calls it first.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ def ignore_stop_signals() -> None:
 
 @contextlib.contextmanager
 def stop_signals_blocked() -> Iterator[None]:
-    """Around starting a helper by ``exec``: the child starts with the stop signals blocked (see the
-    module docstring). The starting process receives any that arrived meanwhile when this ends."""
+    """Around starting a helper (fork or ``exec``): the child starts with the stop signals blocked
+    (see the module docstring). The starting process receives any that arrived meanwhile when this ends."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         yield
