@@ -33,11 +33,12 @@ check: lint typecheck
 # Everything: unit, integration (real torchrun + gloo), slow and cluster tests (real local SLURM
 # and OpenPBS; skipped with a reason when they cannot start, an error when
 # HPCLAUNCH_REQUIRE_SLURM=1 / HPCLAUNCH_REQUIRE_PBS=1 as in CI). What CI runs.
-# TEST_WORKERS (2) pytest-xdist workers (tests/conftest.py): each real cluster's tests in one worker,
-# in order, and started first; every other module whole, handed to whichever worker is free. Two,
-# not more: the suite is CPU-bound on a 2-core box (75 core-minutes), so a third worker only added
-# load (12-20) and failed tests with 10-20 s windows. `make test-serial` is the one-process run.
-TEST_WORKERS ?= 2
+# TEST_WORKERS (3) pytest-xdist workers (tests/conftest.py): each real cluster's tests in one worker,
+# in order, and started first; every other module whole, handed to whichever worker is free. Three:
+# since the CPU cuts of 48b5581 the suite (~55 core-minutes) no longer keeps 2 cores busy with two
+# workers, and the real-SLURM chain (~24-27 min, mostly waiting on SLURM) is what a third worker
+# leaves as the run's length (docs/figures.md). `make test-serial` is the one-process run.
+TEST_WORKERS ?= 3
 PYTEST_ARGS ?=
 test: lint typecheck
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --no-loadscope-reorder --durations=15 $(PYTEST_ARGS)
