@@ -183,3 +183,22 @@ def kill_together(found: list[tuple[int, str]]) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return [cmd for _, cmd in stopped]
+
+
+def process_running(pid: int) -> bool:
+    """``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    import psutil
+
+    try:
+        return bool(psutil.Process(pid).status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def start_script(path: Path, text: str, *args: str) -> subprocess.Popen[str]:
+    """Write ``text`` to ``path`` and run it with this Python, stdin and stdout piped: a process of
+    its own for what must not run in pytest's (which has threads)."""
+    path.write_text(text)
+    return subprocess.Popen(
+        [sys.executable, str(path), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
-import pytest
+from tests.runlib import process_running, start_script, wait_for
 
 HOST = r"""
 import json, multiprocessing, os, sys, threading
@@ -56,11 +54,7 @@ if __name__ == "__main__":
 
 
 def _host(tmp_path: Path, how: str) -> subprocess.Popen[str]:
-    script = tmp_path / "host.py"
-    script.write_text(HOST)
-    return subprocess.Popen(
-        [sys.executable, str(script), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
+    return start_script(tmp_path / "host.py", HOST, how)
 
 
 def test_the_forkserver_is_a_fork_of_the_host_and_its_children_have_the_hosts_state(tmp_path: Path) -> None:
@@ -74,18 +68,9 @@ def test_the_forkserver_is_a_fork_of_the_host_and_its_children_have_the_hosts_st
     assert got["holds_fd"] is False  # the descriptors the host keeps to itself are closed there
     host.stdin.close()  # the host leaves, and its forkserver after it (its "alive" pipe's end)
     assert host.wait(timeout=60) == 0
-    deadline = time.monotonic() + 60
-    while _running(got["server"]):
-        if time.monotonic() > deadline:
-            pytest.fail("the forkserver outlived its host")
-        time.sleep(0.05)
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    wait_for(
+        lambda: not process_running(got["server"]), timeout=60, poll=0.05, what="the forkserver to leave"
+    )
 
 
 def test_a_host_running_a_thread_forks_no_forkserver(tmp_path: Path) -> None:

@@ -11,12 +11,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
-import pytest
+from tests.runlib import process_running, start_script, wait_for
 
 RANK = r"""
 import json, os, sys, threading
@@ -37,18 +35,7 @@ else:
 
 
 def _rank(tmp_path: Path, how: str) -> subprocess.Popen[str]:
-    script = tmp_path / "rank.py"
-    script.write_text(RANK)
-    return subprocess.Popen(
-        [sys.executable, str(script), how], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-
-
-def _running(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return start_script(tmp_path / "rank.py", RANK, how)
 
 
 def test_a_forked_writer_dies_with_its_rank_killed_with_sigkill(tmp_path: Path) -> None:
@@ -56,14 +43,10 @@ def test_a_forked_writer_dies_with_its_rank_killed_with_sigkill(tmp_path: Path) 
     assert rank.stdout is not None
     got = json.loads(rank.stdout.readline())
     assert got["forked"] is True and psutil.Process(got["writer"]).ppid() == rank.pid
-    assert _running(got["writer"])  # it waits for its first save
+    assert process_running(got["writer"])  # it waits for its first save
     rank.send_signal(signal.SIGKILL)
     rank.wait(timeout=60)
-    deadline = time.monotonic() + 60
-    while _running(got["writer"]):
-        if time.monotonic() > deadline:
-            pytest.fail("the forked writer outlived its rank")
-        time.sleep(0.05)
+    wait_for(lambda: not process_running(got["writer"]), timeout=60, poll=0.05, what="the writer to die")
 
 
 def test_a_rank_done_without_a_background_save_reaps_its_forked_writer(tmp_path: Path) -> None:
@@ -72,7 +55,7 @@ def test_a_rank_done_without_a_background_save_reaps_its_forked_writer(tmp_path:
     first, second = (json.loads(line) for line in out.splitlines())
     assert first["forked"] is True
     assert second == {"code": 0, "left": False}  # it left when its channel closed; reaped
-    assert not psutil.pid_exists(first["writer"]) or not _running(first["writer"])
+    assert not psutil.pid_exists(first["writer"]) or not process_running(first["writer"])
 
 
 def test_a_rank_running_a_thread_forks_no_writer(tmp_path: Path) -> None:

@@ -4,8 +4,9 @@ started and driven by the node agent.
 Every attempt used to pay a whole process start-up: torchrun importing torch, then every rank
 importing torch, mmdit and DCP (2.5-4 s of a 6 s restart on this project's machine). The rank host
 pays it once: it imports the trainer when the allocation starts and forks ``multiprocessing``'s
-forkserver from itself (``forkserver_fork``; where that cannot be done, a forkserver that imports the
-trainer modules itself), and each attempt's ranks are forked from it in milliseconds. An attempt is one round of torch's own elastic launcher (``elastic_launch``: the
+forkserver from itself (``forkserver_fork``; where that cannot be done, a forkserver that imports
+the trainer modules itself), and each attempt's ranks are forked from it in milliseconds. An
+attempt is one round of torch's own elastic launcher (``elastic_launch``: the
 ``LocalElasticAgent`` spawns, watches and tears down the ranks, c10d rendezvous with a fresh run id
 per attempt, ``max_restarts=0``): whether an attempt is followed by another, and on which nodes, is
 the node agent's decision (``jobs.decide``), never a restart counter's.
