@@ -169,7 +169,10 @@ def kill_together(found: list[tuple[int, str]]) -> list[str]:
     """SIGKILL every process of ``found`` (pid, command line) as one event, as a node's death is:
     all are stopped (SIGSTOP) before any is killed, so none sees another die and reacts meanwhile
     (a scheduler's daemon ending the job, mpiexec ending its launch) before the loop reaches it.
-    The command lines of those it killed (one already gone is left out)."""
+    Children die before their parents and the job's shell last: its death is what ends the job,
+    and the scheduler then sends SIGCONT and SIGTERM to what is left (srun, woken that way, kills
+    the job step everywhere at once). The command lines of those it killed (one already gone is
+    left out)."""
     import signal
 
     stopped = []
@@ -179,10 +182,33 @@ def kill_together(found: list[tuple[int, str]]) -> list[str]:
         except ProcessLookupError:
             continue
         stopped.append((pid, cmd))
-    for pid, _ in stopped:
+    for pid, _ in _children_first(stopped):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     return [cmd for _, cmd in stopped]
+
+
+def _children_first(procs: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """``procs`` ordered deepest first (a child before its parent), the shells whose parent is not
+    among them (a job's script) last."""
+    import psutil
+
+    parent: dict[int, int] = {}
+    for pid, _ in procs:
+        with contextlib.suppress(psutil.Error):
+            parent[pid] = psutil.Process(pid).ppid()
+
+    def depth(pid: int) -> int:
+        d = 0
+        while parent.get(pid) in parent and d < len(parent):
+            pid, d = parent[pid], d + 1
+        return d
+
+    def job_shell(pid: int, cmd: str) -> bool:
+        program = Path(cmd.split(" ")[0]).name.lstrip("-")
+        return depth(pid) == 0 and program in ("bash", "sh", "dash", "zsh", "ksh", "csh", "tcsh")
+
+    return sorted(procs, key=lambda p: (job_shell(*p), -depth(p[0])))
 
 
 def process_running(pid: int) -> bool:
