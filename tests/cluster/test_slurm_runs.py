@@ -7,6 +7,8 @@ trainer's final parameter hash against an uninterrupted `hpclaunch train` of the
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +68,57 @@ def _attempt_causes(s: dict[str, Any]) -> list[tuple[str, str | None]]:
     return [(a["end"], a["cause"]) for a in s["attempts"]]
 
 
+# The module's runs that take minutes (one-minute limits reached, requeues restarted): submitted
+# together when the first of their tests starts, they run side by side (the local node advertises
+# CPUs for eight such jobs) instead of one after another, and each test then waits for its own.
+LONG_RUNS = {
+    "timeout": ("scheduler.kind=slurm", "scheduler.time_limit=00:01:00", *LONG),
+    "preempt": ("scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG),
+    # 0.2 s a step: 72 s of sleep alone, so the one-minute limit is reached on any machine (the
+    # PBS deadline is the trainer's own clock: no warning signal comes to make it stop early)
+    "pbs": ("scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG, "testing.step_sleep_s=0.2"),
+    # node 0's agent held 30 s between deciding and recording: longer than KillWait (15 s)
+    "unended": (
+        "scheduler.kind=slurm",
+        "scheduler.time_limit=00:10:00",
+        "scheduler.max_requeues=1",
+        *LONG,
+        "testing.pause_before_continue_s=30",
+    ),
+}
+REQUEUED_AFTER_FIRST_SAVE = ("preempt", "unended")
+
+
+class LongRuns:
+    """The long runs of this module, in flight; ``requeued[name]``: the `scontrol requeue` that a
+    thread sends once that run saved its first checkpoint (whichever test runs meanwhile)."""
+
+    def __init__(self, cluster: SlurmCluster, work: Path, data: Path, pool: ThreadPoolExecutor) -> None:
+        self.runs = {name: _submit(work, data, name, *extra) for name, extra in LONG_RUNS.items()}
+        self.requeued: dict[str, Future[str]] = {
+            name: pool.submit(_requeue_after_first_save, cluster, self.runs[name])
+            for name in REQUEUED_AFTER_FIRST_SAVE
+        }
+
+
+def _requeue_after_first_save(cluster: SlurmCluster, run: Path) -> str:
+    """`scontrol requeue` of ``run``'s job once it saved a checkpoint; the job id."""
+    job_id = str(next(e["job_id"] for e in events(run) if e["event"] == "submitted"))
+    wait_for(lambda: any(e["event"] == "checkpoint_saved" for e in events(run)), timeout=240, what="a save")
+    cluster.run("scontrol", "requeue", job_id)
+    return job_id
+
+
+@pytest.fixture(scope="module")
+def long_runs(slurm_cluster: SlurmCluster, work: Path, data: Path) -> Iterator[LongRuns]:
+    with ThreadPoolExecutor(max_workers=len(REQUEUED_AFTER_FIRST_SAVE)) as pool:
+        yield LongRuns(slurm_cluster, work, data, pool)
+
+
 def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(
-    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+    long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
-    run = _submit(work, data, "timeout", "scheduler.kind=slurm", "scheduler.time_limit=00:01:00", *LONG)
+    run = long_runs.runs["timeout"]
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     causes = _attempt_causes(s)
@@ -85,20 +134,11 @@ def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(
 
 
 def test_scontrol_requeue_is_a_preemption_with_nothing_lost(
-    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+    long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
-    run = _submit(work, data, "preempt", "scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG)
-    job_id = wait_for(
-        lambda: next((e["job_id"] for e in events(run) if e["event"] == "submitted"), None),
-        timeout=30,
-        what="submission",
-    )
-    wait_for(
-        lambda: any(e["event"] == "checkpoint_saved" for e in events(run)),
-        timeout=120,
-        what="first checkpoint",
-    )
-    slurm_cluster.run("scontrol", "requeue", str(job_id))
+    """`scontrol requeue` after the first checkpoint (sent by the fixture's thread)."""
+    run = long_runs.runs["preempt"]
+    long_runs.requeued["preempt"].result(timeout=300)
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     assert _attempt_causes(s)[0] == ("requeued", "preemption")
@@ -109,19 +149,9 @@ def test_scontrol_requeue_is_a_preemption_with_nothing_lost(
 
 
 def test_pbs_run_continues_through_a_continuation_job(
-    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+    long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
-    # 0.2 s a step: 72 s of sleep alone, so the one-minute limit is reached on any machine (the
-    # PBS deadline is the trainer's own clock: no warning signal comes to make it stop early)
-    run = _submit(
-        work,
-        data,
-        "pbs",
-        "scheduler.kind=pbs",
-        "scheduler.time_limit=00:01:00",
-        *LONG,
-        "testing.step_sleep_s=0.2",
-    )
+    run = long_runs.runs["pbs"]
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     causes = _attempt_causes(s)
@@ -319,7 +349,7 @@ def test_a_requeue_after_the_budget_is_spent_is_withdrawn(
 
 
 def test_an_attempt_whose_agent_was_killed_before_deciding_is_decided_by_the_next_one(
-    slurm_cluster: SlurmCluster, work: Path, data: Path, reference_sha: str
+    long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
     """`scontrol requeue`, and node 0's agent takes longer than KillWait (15 s) to record its
     decision (held 30 s between deciding and recording: as a slow stop save or a slow filesystem
@@ -327,19 +357,8 @@ def test_an_attempt_whose_agent_was_killed_before_deciding_is_decided_by_the_nex
     one (a preemption, one requeue spent), trains on from the last checkpoint and ends bitwise
     equal; the run's budgets are never bypassed this way. (A SIGSTOPped agent would not do:
     Slurm sends SIGCONT before it signals a job.)"""
-    run = _submit(
-        work,
-        data,
-        "unended",
-        "scheduler.kind=slurm",
-        "scheduler.time_limit=00:10:00",
-        "scheduler.max_requeues=1",
-        *LONG,
-        "testing.pause_before_continue_s=30",
-    )
-    job_id = next(e["job_id"] for e in events(run) if e["event"] == "submitted")
-    wait_for(lambda: any(e["event"] == "checkpoint_saved" for e in events(run)), timeout=180, what="a save")
-    slurm_cluster.run("scontrol", "requeue", str(job_id))
+    run = long_runs.runs["unended"]
+    long_runs.requeued["unended"].result(timeout=300)
     s = wait_run_done(run, work, timeout=480)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     first = s["attempts"][0]
