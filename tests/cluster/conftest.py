@@ -89,7 +89,7 @@ class SlurmCluster:
     partition: str = "debug"
     partitions: tuple[str, ...] = ("debug", "short")
     short_max_minutes: int = 5
-    kill_wait_s: int = 15
+    kill_wait_s: int = 30
 
     def run(self, *cmd: str, cwd: Path | str | None = None, timeout: float = 60) -> str:
         """Run a SLURM client command; returns stdout, raises with stderr on failure."""
@@ -213,7 +213,7 @@ def _cluster_from(current: dict[str, str]) -> SlurmCluster:
         node_addrs=dict((name, addr) for name, addr in pairs),
         state_dir=Path(current["dir"]),
         short_max_minutes=int(current.get("short_max_min", 5)),
-        kill_wait_s=int(current.get("kill_wait", 15)),
+        kill_wait_s=int(current.get("kill_wait", 30)),
     )
 
 

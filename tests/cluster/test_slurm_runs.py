@@ -77,13 +77,13 @@ LONG_RUNS = {
     # 0.2 s a step: 72 s of sleep alone, so the one-minute limit is reached on any machine (the
     # PBS deadline is the trainer's own clock: no warning signal comes to make it stop early)
     "pbs": ("scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG, "testing.step_sleep_s=0.2"),
-    # node 0's agent held 30 s between deciding and recording: longer than KillWait (15 s)
+    # node 0's agent held 45 s between deciding and recording: longer than KillWait (30 s)
     "unended": (
         "scheduler.kind=slurm",
         "scheduler.time_limit=00:10:00",
         "scheduler.max_requeues=1",
         *LONG,
-        "testing.pause_before_continue_s=30",
+        "testing.pause_before_continue_s=45",
     ),
 }
 REQUEUED_AFTER_FIRST_SAVE = ("preempt", "unended")
@@ -258,7 +258,7 @@ def test_scancel_after_the_warning_signal_is_a_cancellation_not_a_timeout(
     slurm_cluster: SlurmCluster, work: Path, data: Path
 ) -> None:
     """The warning (USR2, as `--signal` sends it) and then a user's scancel: never requeued."""
-    # The agent waits 8 s between deciding to continue and asking Slurm (under KillWait, 15 s):
+    # The agent waits 8 s between deciding to continue and asking Slurm (under KillWait, 30 s):
     # the scancel below lands in that window on any machine, never after the requeue.
     run = _submit(
         work,
@@ -351,8 +351,8 @@ def test_a_requeue_after_the_budget_is_spent_is_withdrawn(
 def test_an_attempt_whose_agent_was_killed_before_deciding_is_decided_by_the_next_one(
     long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
-    """`scontrol requeue`, and node 0's agent takes longer than KillWait (15 s) to record its
-    decision (held 30 s between deciding and recording: as a slow stop save or a slow filesystem
+    """`scontrol requeue`, and node 0's agent takes longer than KillWait (30 s) to record its
+    decision (held 45 s between deciding and recording: as a slow stop save or a slow filesystem
     would): Slurm SIGKILLs it first and starts the job again. The new attempt decides for the old
     one (a preemption, one requeue spent), trains on from the last checkpoint and ends bitwise
     equal; the run's budgets are never bypassed this way. (A SIGSTOPped agent would not do:
