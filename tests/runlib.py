@@ -94,8 +94,9 @@ def wait_for_text(path: Path, text: str, timeout: float) -> str:
 
 
 ACTIVE = ("pending", "running", "requeued")
-# (a run lost that way is rare and then a test fails anyway; a CLI call every 10 s was still ~5 %
-# of the suite's running-process samples)
+# How often a test waiting for a run's end asks the CLI while the ledger says the run is in flight:
+# only a run the scheduler lost without its ledger saying so needs it (rare, and a test then fails
+# anyway); a CLI call every 10 s was still ~5 % of the suite's running-process samples.
 CONFIRM_EVERY_S = 30.0
 
 
