@@ -190,6 +190,20 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
             "peak_tflops_per_gpu": peak,
             "mfu": (flops / step_s / nproc / (peak * 1e12)) if peak else None,
         }
+        report["throughput"]["first_step_s"] = lines[0]["step_time_s"]  # compilation shows here
+        report["mode"] = {
+            "deterministic": cfg.train.deterministic,
+            "compile": cfg.train.compile,
+            "flash_attn": cfg.model.flash_attn,
+            "activation_checkpointing": cfg.train.activation_checkpointing,
+            "micro_batch": cfg.train.micro_batch or cfg.train.global_batch // nproc,
+            "global_batch": cfg.train.global_batch,
+        }
+        profile = RunPaths(run).root / "profile"
+        if (profile / "rank0.json").exists():
+            report["profile"] = json.loads((profile / "rank0.json").read_text())
+            if args.out:
+                shutil.copy(profile / "rank0.txt", args.out.with_suffix(".profile.txt"))
         estimate = estimate_memory(cfg, params)
         save_partial(args, report)
         report["memory"] = {

@@ -411,6 +411,14 @@ def extra_missing(module: str) -> bool:
         return True
 
 
+class ProfileKnob(_Section):
+    """Steps to profile: ``torch.profiler`` from the start of step ``start`` for ``steps`` steps."""
+
+    start: int = Field(10, ge=1, description="The first profiled step (after warm-up and compilation).")
+    steps: int = Field(2, ge=1, le=50, description="Steps profiled.")
+    trace: bool = Field(False, description="Also write a Chrome trace (rank0.trace.json.gz; large).")
+
+
 class TrainConfig(_Section):
     seed: int = Field(0, ge=0, description="Seed of every random draw (init, order, masks, t, noise).")
     steps: int = Field(200, ge=1, description="Optimizer steps in the whole run.")
@@ -458,6 +466,15 @@ class TrainConfig(_Section):
         False, description="Recompute each MMDiT block's activations in the backward pass (less memory)."
     )
     compile: bool = Field(False, description="torch.compile each MMDiT block.")
+    deterministic: bool = Field(
+        True,
+        description="Deterministic kernels, TF32 off: a resumed run is bitwise equal to an uninterrupted "
+        "one. false = the fastest kernels (TF32, cuDNN autotuning, non-deterministic attention backward); "
+        "resume still continues at the exact sample with the same random draws.",
+    )
+    profile: ProfileKnob | None = Field(
+        None, description="Profile some steps with torch.profiler into RUN/profile (null = off)."
+    )
     ema_decay: float | None = Field(
         None,
         gt=0,
@@ -941,6 +958,9 @@ _NOT_MATH: tuple[str, ...] = ("log_every", "eval_every", "eval_samples", "tensor
 # Where a run's first weights come from, and where it logs: once the run has a checkpoint of its own
 # they change nothing, so a resume with them changed (or the source moved) is the same run.
 _NOT_MATH += ("init_from", "init_from_ema", "wandb")
+# Which kernels compute the same formula, and what is measured: a run switched between the
+# deterministic and the fast mode, or profiled, is the same run (its resume continues it).
+_NOT_MATH += ("deterministic", "profile")
 # Settings added after the first release enter the hash only when set away from their default, so
 # a run (and its checkpoints, and its rendered scripts) keeps its identity across the upgrade.
 _ADDED_LATER = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile", "ema_decay")

@@ -25,13 +25,26 @@ if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-def set_deterministic(*, compile: bool = False) -> None:
-    """Deterministic kernels where torch has them (warn where it has none, e.g. some SDPA paths).
+def set_deterministic(*, compile: bool = False, deterministic: bool = True) -> None:
+    """The kernel mode of ``train.deterministic``.
+
+    Deterministic (the default): deterministic kernels where torch has them (warn where it has none,
+    e.g. some SDPA paths), cuDNN without autotuning, TF32 off, a fixed cuBLAS workspace: the same
+    run twice, or stopped and resumed, gives bitwise-equal weights. Fast: torch's fastest kernels
+    (TF32 for fp32 matmuls, cuDNN autotuning, the flash/efficient attention backward, whose
+    accumulation order varies); the stop protocol's exactness (the same samples and random draws at
+    every step) holds in both modes, bitwise-equal weights only in the deterministic one.
 
     ``torch.use_deterministic_algorithms`` imports torch's inductor (seconds on every rank start,
     only to set inductor's own flag); without ``train.compile`` the kernel flag alone is set."""
     import torch
 
+    if not deterministic:
+        torch.backends.cudnn.benchmark = True
+        torch.backends.cudnn.deterministic = False
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before the first cuBLAS call
     if compile:
         torch.use_deterministic_algorithms(True, warn_only=True)

@@ -49,6 +49,10 @@ class EMA:
         self.params = [p for _, p in named]
         with torch.no_grad():
             self.shadow = [p.detach().clone() for p in self.params]
+        # The local tensors, made once: views of the same storage, which the optimizer and a load
+        # update in place (a DTensor's local view per step would be one op per parameter).
+        self._local_shadow = [local(s) for s in self.shadow]
+        self._local_params = [local(p.detach()) for p in self.params]
         self.updates = 0
 
     def current_decay(self) -> float:
@@ -59,9 +63,7 @@ class EMA:
     def update(self) -> None:
         """Move the average towards the current weights (after an applied optimizer step)."""
         weight = 1.0 - self.current_decay()
-        torch._foreach_lerp_(
-            [local(s) for s in self.shadow], [local(p.detach()) for p in self.params], weight
-        )
+        torch._foreach_lerp_(self._local_shadow, self._local_params, weight)
         self.updates += 1
 
     @torch.no_grad()

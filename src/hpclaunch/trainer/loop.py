@@ -64,9 +64,11 @@ from .counters import Counters
 from .ddp_buckets import DDPBuckets
 from .dist import close_distributed, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
+from .grads import clip_, local_grads, shard_group, total_norm
 from .loader import micro_batches, raise_data_problem
 from .memory_tier import TierFields
 from .periodic_saves import PeriodicSaves
+from .profiling import StepProfiler
 from .progress import Progress
 from .reports import Reports
 from .resume import record_resumed, take_up
@@ -144,7 +146,7 @@ class Trainer:
 
     def _build(self, checkpoints: bool, *, echo: bool, tty: bool | None) -> None:
         cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
-        set_deterministic(compile=t.compile)
+        set_deterministic(compile=t.compile, deterministic=t.deterministic)
         if ctx.world_size > 1 and cfg.preflight.distributed_smoke:
             run_distributed_smoke(float(cfg.preflight.smoke_timeout_s), group=ctx.cpu_group)
         self.startup.mark("smoke")
@@ -157,6 +159,7 @@ class Trainer:
         p = build_model_parts(cfg, ctx, lr=lr_at(1, t))
         self.model, self.train_module, self.opt, self.ema = p.model, p.train_module, p.opt, p.ema  # fmt: skip
         self.params, self.autocast, self.sharded = p.params, p.autocast, p.sharded
+        self.shard_group = shard_group(self.params)  # the grad norm's all-reduce (None: not needed)
         self.buckets = DDPBuckets(
             cfg, ctx, model=self.model, train_module=self.train_module, opt=self.opt, autocast=self.autocast
         )
@@ -268,8 +271,11 @@ class Trainer:
         step = c.step + 1
         if item is None:
             item = self.feed.step_batches(self.data)[0]
-        if int(item["step"]) != step:  # the loader and the counters must never drift apart
-            raise TrainingError(f"data loader is at step {int(item['step'])}, the trainer at {step}")
+        # The loader and the counters must never drift apart. The item's step is a host tensor:
+        # read as a list it is no op of the step (bench/step_anatomy.py counts the device reads).
+        loader_step = item["step"].tolist()
+        if loader_step != step:
+            raise TrainingError(f"data loader is at step {loader_step}, the trainer at {step}")
         self.last_lr = lr_at(step, t)
         for group in self.opt.param_groups:
             group["lr"] = self.last_lr
@@ -295,13 +301,12 @@ class Trainer:
         sums /= accum
 
         self.progress.phase("collective")  # the grad norm's host sync waits for the gradient reduction
-        grads = [p.grad for p in self.params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads) if grads else torch.zeros((), device=dev)
-        plain_norm = norm.full_tensor() if self.sharded else norm  # type: ignore[attr-defined]
-        applied = bool(torch.isfinite(plain_norm).item())  # the one host sync of a step
+        grads = local_grads(self.params)
+        norm = total_norm(grads, self.shard_group, dev)
+        applied = bool(torch.isfinite(norm).item())  # the one host sync of a step
         if applied:
             if t.grad_clip is not None:
-                torch.nn.utils.clip_grads_with_norm_(self.params, t.grad_clip, norm)
+                clip_(grads, t.grad_clip, norm)
             if self.checkpointer is not None:  # CUDA: a save's staging copies finish first (on the GPU)
                 self.checkpointer.before_update()
             if self.memory is not None:
@@ -316,7 +321,7 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         c.step = step
         c.samples_consumed += t.global_batch
-        return applied, sums[0], sums[1], sums[2], plain_norm
+        return applied, sums[0], sums[1], sums[2], norm
 
     def evaluate(self) -> dict[str, float | None]:
         """Validation losses of the current weights (the EMA's when on); collective."""
@@ -343,7 +348,9 @@ class Trainer:
                 self.cfg, self.ctx, self.paths, self.ledger, self.attempt, start_step=c.step
             )
             batches: Any = iter(self.feed.loader(self.data))
+            profiler = StepProfiler(t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type)
             while c.step < t.steps:
+                profiler.before_step(c.step + 1)
                 t0 = time.perf_counter()
                 self.progress.phase("data", c.step + 1)
                 item = next(batches)
@@ -353,6 +360,7 @@ class Trainer:
                 if self.cfg.testing.step_sleep_s:
                     time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
+                profiler.after_step(c.step, dt)
                 self.progress.stepped(c.step, dt)
                 saves.observe(dt, self.checkpointer)
                 self.reports.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)
@@ -381,6 +389,7 @@ class Trainer:
                         saves.started(self.checkpointer, c.step)
                     if self.memory is not None:
                         self.memory.after_step(c.step, self.snapshot_state, disk_save_now=disk_save_now)
+            profiler.finish()  # (a stop inside the profiled steps: what it has)
             batches = None  # stops the loader's workers before the final save
             lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
             if self.memory is not None:
