@@ -35,6 +35,7 @@ from .sizes import (
     estimate_memory,
     estimated_save_s,
     human_bytes,
+    largest_micro_batch,
     planned_save_s,
     run_checkpoint_bytes,
 )
@@ -154,7 +155,25 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
     elif est.total > budget:
         f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _host_memory_hint(cfg))
     else:
-        f.ok(f"{text} fits {human_bytes(budget)} ({source})")
+        f.ok(f"{text} fits {human_bytes(budget)} ({source}){_fill_note(cfg, params, budget)}")
+
+
+def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
+    """What fills the GPU: the largest micro-batch whose estimate fits 90 % of ``budget`` (a margin
+    for the estimate's error), when it is larger than the one configured."""
+    largest = largest_micro_batch(cfg, params, int(0.9 * budget))
+    if largest <= cfg.micro_batch:
+        return ""
+    per_rank = cfg.per_rank_batch
+    if largest >= per_rank:
+        return (
+            f"; up to micro-batch {largest} would fit: train.micro_batch {per_rank} (no accumulation), or a "
+            f"larger train.global_batch, fills the GPU better (larger matrix products, fewer steps' overhead)"
+        )
+    divisors = [d for d in range(largest, cfg.micro_batch, -1) if per_rank % d == 0]
+    if not divisors:
+        return ""
+    return f"; up to micro-batch {largest} would fit: train.micro_batch {divisors[0]} fills the GPU better"
 
 
 def _host_memory_hint(cfg: RunConfig) -> str:
@@ -195,11 +214,29 @@ def _check_memory(ctx: CheckContext, f: Findings, params: int, exact: bool) -> N
     elif est.total > budget:
         f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _memory_hint(cfg))
     else:
-        f.ok(f"{text} fits {human_bytes(budget)} ({source})")
+        f.ok(f"{text} fits {human_bytes(budget)} ({source}){_fill_note(cfg, params, budget)}")
+
+
+def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
+    """What fills the GPU: the largest micro-batch whose estimate fits 90 % of ``budget`` (a margin
+    for the estimate's error), when it is larger than the one configured."""
+    largest = largest_micro_batch(cfg, params, int(0.9 * budget))
+    if largest <= cfg.micro_batch:
+        return ""
+    per_rank = cfg.per_rank_batch
+    if largest >= per_rank:
+        return (
+            f"; up to micro-batch {largest} would fit: train.micro_batch {per_rank} (no accumulation), or a "
+            f"larger train.global_batch, fills the GPU better (larger matrix products, fewer steps' overhead)"
+        )
+    divisors = [d for d in range(largest, cfg.micro_batch, -1) if per_rank % d == 0]
+    if not divisors:
+        return ""
+    return f"; up to micro-batch {largest} would fit: train.micro_batch {divisors[0]} fills the GPU better"
 
 
 def _memory_hint(cfg: RunConfig) -> str:
-    t, m = cfg.train, cfg.model
+    t = cfg.train
     options = []
     if t.parallel != "fsdp":
         options.append("train.parallel: fsdp (shards weights, gradients and optimizer state)")
@@ -209,6 +246,6 @@ def _memory_hint(cfg: RunConfig) -> str:
         options.append(
             f"a smaller train.micro_batch (now {cfg.micro_batch}; accumulation keeps the global batch)"
         )
-    if not m.flash_attn:
-        options.append("model.flash_attn: true")
+    if t.deterministic:
+        options.append("train.deterministic: false (its fused attention keeps no attention matrix)")
     return "try " + "; ".join(options) if options else "use more GPUs per shard group or a smaller model"

@@ -129,7 +129,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     unsharded gradients, in the compute dtype); DDP keeps everything whole, plus its gradient
     buckets (4 bytes a parameter) and, under bf16 autocast, bf16 copies of the weights. Activations:
     per micro-batch sample, every block keeps ``ACT_PER_D * d + ACT_PER_INNER * inner`` values a
-    token of each modality, plus the attention matrix ``2 * heads * N^2`` without flash attention;
+    token of each modality, plus the attention matrix ``2 * heads * N^2`` in the deterministic mode;
     with activation checkpointing only each block's inputs are kept and one block is recomputed at
     a time. The text head's logits, their fp32 copy and their gradient add ``text_len x vocab``
     values of 10 bytes (bf16) a sample.
@@ -147,8 +147,8 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
         "optimizer": 8 * params // shard,
         "ema": (4 * params // shard) if t.ema_decay else 0,
     }
-    if fsdp:
-        parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else 0
+    if fsdp:  # (``trainer.dist.wrap_model``: a one-rank shard group keeps every block gathered)
+        parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else params * act + block * act
     else:
         parts["gradients"] += 4 * params  # DDP's gradient buckets
         parts["parameters"] += 2 * params if bf16 else 0  # autocast's bf16 weight copies
@@ -156,13 +156,32 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     n = m.text_len + m.latent_len
     per_token = [(m.text_len, m.dim_text), (m.latent_len, m.dim_latent)]
     full_block = sum(tokens * (ACT_PER_D * d + ACT_PER_INNER * inner) for tokens, d in per_token)
-    full_block += m.heads * n if m.flash_attn else 2 * m.heads * n * n
+    # The fast mode's fused attention keeps one value a query and head; the deterministic mode's
+    # math attention (SDPA's math backend, or the package's einsum) the scores and probabilities.
+    full_block += m.heads * n if not t.deterministic else 2 * m.heads * n * n
     inputs = sum(tokens * d for tokens, d in per_token) + m.dim_cond
     per_sample = (m.depth * inputs + full_block) if t.activation_checkpointing else m.depth * full_block
     logits_bytes = m.text_len * m.vocab_size * (10 if bf16 else 12)
     parts["activations"] = micro * (per_sample * act + logits_bytes)
     parts["runtime"] = GPU_RUNTIME_BYTES if s.gpus_per_node > 0 else 0
     return MemoryEstimate(**parts)
+
+
+def largest_micro_batch(cfg: RunConfig, params: int, budget_bytes: int, *, limit: int = 4096) -> int:
+    """The largest micro-batch whose ``estimate_memory`` fits ``budget_bytes`` (0: not even one
+    sample). Memory grows linearly with the micro-batch, so a bisection over ``1..limit`` finds it."""
+
+    def fits(micro: int) -> bool:
+        trial = cfg.model_copy(update={"train": cfg.train.model_copy(update={"micro_batch": micro})})
+        return estimate_memory(trial, params).total <= budget_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
 
 
 def train_flops_per_sample(m: ModelConfig) -> int:

@@ -39,6 +39,14 @@ def set_deterministic(*, compile: bool = False, deterministic: bool = True) -> N
     only to set inductor's own flag); without ``train.compile`` the kernel flag alone is set."""
     import torch
 
+    # SDPA's fused kernels (flash, memory-efficient, cuDNN) accumulate the backward in an order that
+    # varies; the deterministic mode computes attention with SDPA's math backend instead.
+    for enable in (
+        torch.backends.cuda.enable_flash_sdp,
+        torch.backends.cuda.enable_mem_efficient_sdp,
+        torch.backends.cuda.enable_cudnn_sdp,
+    ):
+        enable(not deterministic)
     if not deterministic:
         torch.backends.cudnn.benchmark = True
         torch.backends.cudnn.deterministic = False
@@ -170,6 +178,10 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
 
     t = cfg.train
     blocks: Any = model.trunk.blocks  # type: ignore[union-attr]
+    if not t.deterministic:  # the fast mode: the joint attention as one fused SDPA kernel
+        from .attention import use_sdpa_attention
+
+        use_sdpa_attention(model)
     if t.activation_checkpointing:
         from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
@@ -190,8 +202,12 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
         mp = MixedPrecisionPolicy()
         if wants_bf16(cfg, ctx.device):
             mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for block in blocks:
-            fully_shard(block, mesh=mesh, mp_policy=mp)
+        # A block's weights are freed after its forward and gathered again for its backward, except
+        # the last block's (its backward comes next) and on a one-rank shard group, where the
+        # "gathered" copy is the only compute-dtype one and regathering it is pure overhead.
+        sharded = mesh["shard"].size() > 1
+        for i, block in enumerate(blocks):
+            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=sharded and i < len(blocks) - 1)
         fully_shard(model, mesh=mesh, mp_policy=mp)
         return model
     if ctx.initialized:

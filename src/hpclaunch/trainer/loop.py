@@ -348,7 +348,9 @@ class Trainer:
                 self.cfg, self.ctx, self.paths, self.ledger, self.attempt, start_step=c.step
             )
             batches: Any = iter(self.feed.loader(self.data))
-            profiler = StepProfiler(t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type)
+            profiler = StepProfiler(
+                t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type
+            )
             while c.step < t.steps:
                 profiler.before_step(c.step + 1)
                 t0 = time.perf_counter()

@@ -149,7 +149,12 @@ def build_model(model_cfg: ModelConfig, *, seed: int) -> MMDiTDiffusion:
     that way). Build on CPU and move afterwards so the initial weights do not depend on the device.
     """
     with _seeded(seed):
-        return MMDiTDiffusion(model_cfg)
+        model = MMDiTDiffusion(model_cfg)
+    if model_cfg.flash_attn:
+        from .attention import use_sdpa_attention
+
+        use_sdpa_attention(model)
+    return model
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -119,9 +119,9 @@ def summarise(prof: Any, step_ms: list[float]) -> dict[str, Any]:
     kernel_us = sum(sum(v) for v in by_kernel.values())
     top_kernels = sorted(by_kernel.items(), key=lambda kv: -sum(kv[1]))[:15]
     averages = prof.key_averages()
-    top_host = sorted(
-        (a for a in averages if a.key not in _LAUNCH), key=lambda a: -a.self_cpu_time_total
-    )[:15]
+    top_host = sorted((a for a in averages if a.key not in _LAUNCH), key=lambda a: -a.self_cpu_time_total)[
+        :15
+    ]
     wall = sum(step_ms) / n
     return {
         "steps": len(step_ms),

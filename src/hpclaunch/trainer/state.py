@@ -110,10 +110,13 @@ def init_adamw_state(opt: torch.optim.Optimizer) -> None:
     (also for parameters that never get a gradient, e.g. the clean side's branch in l2t/t2l).
     """
     for group in opt.param_groups:
+        # The fused (and capturable) kernels read the step count on the parameters' device; the
+        # others keep it on the host, as torch's own first step would.
+        on_device = bool(group.get("fused") or group.get("capturable"))
         for p in group["params"]:
             st = opt.state[p]
             if not st:
-                st["step"] = torch.tensor(0.0)
+                st["step"] = torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu")
                 st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
