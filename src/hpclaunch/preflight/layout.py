@@ -41,6 +41,7 @@ from .sizes import (
 )
 
 MIN_TRAIN_S = 60  # an attempt that trains less than this per time limit mostly restarts
+MICRO_BATCH_LIMIT = 1024  # the largest micro-batch the memory check looks for
 
 
 def check_config(ctx: CheckContext) -> Outcome:
@@ -155,25 +156,7 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
     elif est.total > budget:
         f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _host_memory_hint(cfg))
     else:
-        f.ok(f"{text} fits {human_bytes(budget)} ({source}){_fill_note(cfg, params, budget)}")
-
-
-def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
-    """What fills the GPU: the largest micro-batch whose estimate fits 90 % of ``budget`` (a margin
-    for the estimate's error), when it is larger than the one configured."""
-    largest = largest_micro_batch(cfg, params, int(0.9 * budget))
-    if largest <= cfg.micro_batch:
-        return ""
-    per_rank = cfg.per_rank_batch
-    if largest >= per_rank:
-        return (
-            f"; up to micro-batch {largest} would fit: train.micro_batch {per_rank} (no accumulation), or a "
-            f"larger train.global_batch, fills the GPU better (larger matrix products, fewer steps' overhead)"
-        )
-    divisors = [d for d in range(largest, cfg.micro_batch, -1) if per_rank % d == 0]
-    if not divisors:
-        return ""
-    return f"; up to micro-batch {largest} would fit: train.micro_batch {divisors[0]} fills the GPU better"
+        f.ok(f"{text} fits {human_bytes(budget)} ({source})")
 
 
 def _host_memory_hint(cfg: RunConfig) -> str:
@@ -220,13 +203,14 @@ def _check_memory(ctx: CheckContext, f: Findings, params: int, exact: bool) -> N
 def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
     """What fills the GPU: the largest micro-batch whose estimate fits 90 % of ``budget`` (a margin
     for the estimate's error), when it is larger than the one configured."""
-    largest = largest_micro_batch(cfg, params, int(0.9 * budget))
+    largest = largest_micro_batch(cfg, params, int(0.9 * budget), limit=MICRO_BATCH_LIMIT)
     if largest <= cfg.micro_batch:
         return ""
     per_rank = cfg.per_rank_batch
+    up_to = f"{largest}" if largest < MICRO_BATCH_LIMIT else f"{MICRO_BATCH_LIMIT} or more"
     if largest >= per_rank:
         return (
-            f"; up to micro-batch {largest} would fit: train.micro_batch {per_rank} (no accumulation), or a "
+            f"; up to micro-batch {up_to} would fit: train.micro_batch {per_rank} (no accumulation), or a "
             f"larger train.global_batch, fills the GPU better (larger matrix products, fewer steps' overhead)"
         )
     divisors = [d for d in range(largest, cfg.micro_batch, -1) if per_rank % d == 0]

@@ -19,6 +19,7 @@ profile early (it is written with the steps it has).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import shutil
@@ -147,9 +148,7 @@ def tables(prof: Any) -> str:
     """torch's own tables: by device time (where there is one) and by self CPU time."""
     averages = prof.key_averages()
     parts = []
-    try:
+    with contextlib.suppress(AttributeError, KeyError, ValueError):  # no device activity recorded
         parts.append(averages.table(sort_by="self_cuda_time_total", row_limit=30, max_name_column_width=80))
-    except (AttributeError, KeyError, ValueError):  # no device activity recorded
-        pass
     parts.append(averages.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=80))
     return "\n\n".join(parts) + "\n"
