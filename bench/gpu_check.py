@@ -6,7 +6,7 @@ every visible GPU, or one process with ``--cpu``):
 1. throughput and MFU of bf16 FSDP2 steps of a ~1B-parameter MMDiT (``CONFIG_1B``): model FLOPs per
    sample from ``preflight.sizes.train_flops_per_sample`` (3 x the forward's multiply-adds x 2, over
    each modality's own weights, the heads and the joint attention), divided by the median step time
-   and by the GPUs' dense bf16 peak (``PEAK_TFLOPS`` by device name, or ``--peak-tflops``);
+   and by the GPUs' dense bf16 peak (``modelmath.peak_tflops`` by device name, or ``--peak-tflops``);
 2. peak memory per GPU (``torch.cuda.max_memory_allocated``, the metrics' ``max_memory_gb``), next to
    preflight's estimate for the same config;
 3. the async-checkpoint stall, for the process writer (the default) and the thread writer in the
@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpclaunch import modelmath
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters, train_flops_per_sample
@@ -57,8 +58,6 @@ CONFIG_1B = [
     "train.micro_batch=8", "train.activation_checkpointing=true", "train.ema_decay=0.999",
 ]  # fmt: skip
 CONFIG_CPU = ["train.parallel=fsdp", "train.precision=fp32", "train.ema_decay=0.9", "model.depth=2"]
-# Dense bf16 tensor-core peak, TFLOP/s (vendor data sheets, SXM parts).
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "GH200": 989.0}
 
 
 def gpus() -> list[dict[str, Any]]:
@@ -73,9 +72,7 @@ def gpus() -> list[dict[str, Any]]:
 
 
 def peak_tflops(name: str, given: float | None) -> float | None:
-    if given:
-        return given
-    return next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+    return given or modelmath.peak_tflops(name)
 
 
 class Runner:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_check import CONFIG_1B, PEAK_TFLOPS
+from gpu_check import CONFIG_1B
 
 SIZE_SETS = {
     "1b": [c for c in CONFIG_1B if not c.startswith(("train.micro_batch", "train.activation_checkpointing"))],
@@ -110,6 +110,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from hpclaunch.config import load_config
+    from hpclaunch.modelmath import peak_tflops
     from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters, train_flops_per_sample
     from hpclaunch.rundir import RunPaths
     from hpclaunch.trainer.loop import Trainer
@@ -148,7 +149,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         params = estimate_parameters(cfg.model)
         flops = train_flops_per_sample(cfg.model) * cfg.train.global_batch
         name = torch.cuda.get_device_name(0) if cuda else "cpu"
-        peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
+        peak = peak_tflops(name)
         est = estimate_memory(cfg, params)
         tensors = sum(v for k, v in est.parts.items() if k != "runtime")
         out = {

@@ -4,6 +4,9 @@ A tiny run (2 gloo ranks per node) is submitted through the real CLI, and once i
 checkpoint and trained past it, a fault is made, with nothing else running from this script:
 
   local     local scheduler: SIGKILL one rank (a crash); the agent restarts the attempt in place;
+  compile   the same crash three times: ``train.compile`` off; on with inductor's caches disabled
+            (cold: every attempt compiles from nothing); on with the caches kept node-local
+            (``trainer.compile_cache``: warm); prints each restart's ratio to the uncompiled one;
   slurm     real local SLURM, the same crash, twice in one run of this script: restarted in place,
             and with ``scheduler.restart_in_place=false``, through ``scontrol requeue`` (SLURM's own
             requeue hold included, as a user of a real cluster pays it, before any queue wait);
@@ -24,7 +27,7 @@ checkpoint load) and the first step; the steps lost since the last checkpoint ar
 Beside it, ``python -c "import torch"`` measured in the same run: the process start-up this
 machine imposes on any restart. Goal: an in-place restart within 1.5x that. Figures, no assertions.
 
-    .venv/bin/python bench/recovery.py [--scenario local slurm spare agree] [--agents 8 32 128 512]
+    .venv/bin/python bench/recovery.py [--scenario local compile slurm spare agree] [--agents 8 32 128 512]
 
 The SLURM scenarios need root and ``scripts/local-slurm`` (they take /tmp/hpclaunch-slurm.lock and
 switch the layout they need: 1 node for ``slurm``, 3 for ``spare``).
@@ -129,6 +132,22 @@ def local_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
     return [("local scheduler, crash, in place", crash_run(work, data, "local-crash"))]
 
 
+def compile_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
+    """The same crash with ``train.compile``: the caches off (every attempt compiles from nothing,
+    as without node-local caches), then kept (``trainer.compile_cache``: the restart finds the
+    first attempt's compiled code), beside the uncompiled run."""
+    off = crash_run(work, data, "compile-off")
+    cold = crash_run(
+        work, data, "compile-cold", "train.compile=true", "launch.env.TORCHINDUCTOR_FORCE_DISABLE_CACHES=1"
+    )
+    warm = crash_run(work, data, "compile-warm", "train.compile=true")
+    return [
+        ("local, crash, in place, compile off", off),
+        ("local, crash, in place, compile on, cold (no caches)", cold),
+        ("local, crash, in place, compile on, warm cache", warm),
+    ]
+
+
 def layout(nodes: int) -> None:
     subprocess.run(
         [str(ROOT / "scripts" / "local-slurm"), "up", "--nodes", str(nodes)], check=True, capture_output=True
@@ -209,7 +228,10 @@ def spare_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
-        "--scenario", nargs="+", choices=["local", "slurm", "spare", "agree"], default=["local", "agree"]
+        "--scenario",
+        nargs="+",
+        choices=["local", "compile", "slurm", "spare", "agree"],
+        default=["local", "agree"],
     )
     ap.add_argument("--agents", nargs="+", type=int, default=[8, 32, 128, 512])
     ap.add_argument(
@@ -217,16 +239,22 @@ def main() -> None:
     )
     ap.add_argument("--steady-s", type=float, default=8.0, help="agree: the measured steady window")
     args = ap.parse_args()
-    if set(args.scenario) & {"local", "slurm", "spare"}:
+    if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
         torch_s = import_torch_s()
         print(f'python -c "import torch": {torch_s:.2f} s (median of 3, this run)')
     with tempfile.TemporaryDirectory(prefix="hpclaunch-recovery-", dir="/tmp") as tmp:
         work = Path(tmp)
         rows: list[tuple[str, dict[str, Any]]] = []
-        if set(args.scenario) & {"local", "slurm", "spare"}:
+        if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
             data = work / "data"
             cli("data", "synth", str(data), "--samples", "512", "--seed", "0", cwd=work)
-        for name, fn in (("local", local_scenario), ("slurm", slurm_scenario), ("spare", spare_scenario)):
+        scenarios = (
+            ("local", local_scenario),
+            ("compile", compile_scenario),
+            ("slurm", slurm_scenario),
+            ("spare", spare_scenario),
+        )
+        for name, fn in scenarios:
             if name in args.scenario:
                 rows += fn(work, data)
         if rows:
@@ -240,6 +268,17 @@ def main() -> None:
                     f"{r['first_step']:5.2f}s {r['lost_steps']} steps ({'in place' if r['in_place'] else 'requeued'}, {r['cause']})"
                 )
                 print(f"{'':48s} start-up parts: {r['startup_parts']}")
+            by_label = dict(rows)
+            off = by_label.get("local, crash, in place, compile off")
+            if off is not None:
+                for kind in ("cold", "warm"):
+                    label = next(
+                        k
+                        for k in by_label
+                        if k.endswith("cold (no caches)" if kind == "cold" else "warm cache")
+                    )
+                    ratio = by_label[label]["total"] / off["total"]
+                    print(f"compile on, {kind}: the in-place restart takes {ratio:.2f}x the uncompiled one")
         if "agree" in args.scenario:
             from control_plane import simulate
 

@@ -78,3 +78,38 @@ def test_hpclaunch_preflight_config_check_exit_code(sets: list[str], code: int, 
     assert proc.returncode == code, proc.stdout + proc.stderr
     (check,) = json.loads(proc.stdout)["checks"]
     assert "memory per GPU ~" in check["finding"] and ("does not fit" in check["finding"]) == bool(code)
+
+
+def test_the_largest_micro_batch_is_the_last_whose_estimate_fits() -> None:
+    cfg = load_config(EXAMPLE)
+    params = estimate_parameters(cfg.model)
+    budget = estimate_memory(cfg, params).total  # exactly the configured micro-batch's estimate
+    from hpclaunch.preflight.sizes import largest_micro_batch
+
+    assert largest_micro_batch(cfg, params, budget) == cfg.micro_batch
+    assert largest_micro_batch(cfg, params, budget - 1) == cfg.micro_batch - 1
+    assert largest_micro_batch(cfg, params, 1) == 0  # not even one sample
+
+
+def test_a_gpu_with_room_to_spare_is_told_which_micro_batch_fills_it() -> None:
+    # 32 samples a rank in micro-batches of 4 on a 200 GB budget: far more fits.
+    out = outcome(["train.micro_batch=4", "train.memory_budget_gb=200"])
+    assert out.status.value == "pass", out
+    (memory,) = [part for part in out.finding.split("; ") if part.startswith("memory per GPU")]
+    assert "[fsdp, activation checkpointing, micro-batch 4" in memory
+    assert "up to micro-batch" in out.finding
+    assert "train.micro_batch 32 (no accumulation)" in out.finding
+    # Without accumulation the way to fill it is a larger global batch.
+    whole = outcome(["train.micro_batch=32", "train.memory_budget_gb=200"]).finding
+    assert "a larger train.global_batch fills the GPU better" in whole and "(no accumulation)" not in whole
+    # A budget the configured micro-batch just fits: nothing to add.
+    assert "up to micro-batch" not in outcome(["train.memory_budget_gb=30"]).finding
+
+
+def test_the_fast_mode_keeps_no_attention_matrix_so_more_fits() -> None:
+    det = load_config(EXAMPLE, ["train.activation_checkpointing=false"])
+    fast = load_config(EXAMPLE, ["train.activation_checkpointing=false", "train.deterministic=false"])
+    params = estimate_parameters(det.model)
+    assert (
+        estimate_memory(fast, params).parts["activations"] < estimate_memory(det, params).parts["activations"]
+    )

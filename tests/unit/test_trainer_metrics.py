@@ -73,3 +73,19 @@ def test_every_line_carries_its_time_and_attempt(tmp_path: Path) -> None:
     line = json.loads((tmp_path / "m.jsonl").read_text())
     assert line["attempt"] == "7.1"
     assert before - 0.01 <= line["ts"] <= time.time() + 0.01
+
+
+def test_a_gpu_line_shows_tflops_and_mfu_and_a_cpu_line_does_not() -> None:
+    from hpclaunch.trainer.metrics import describe
+
+    gpu = {"loss": 1.0, "samples_per_s": 50.0, "tflops_per_gpu": 405.3, "mfu": 0.4098}
+    assert "405 TFLOP/s/GPU (MFU 41.0%)" in describe(gpu)
+    assert "MFU" not in describe({"loss": 1.0, "samples_per_s": 50.0, "tflops_per_gpu": None, "mfu": None})
+
+
+def test_model_flops_know_the_peak_of_known_gpus_only() -> None:
+    from hpclaunch.modelmath import peak_tflops
+
+    assert peak_tflops("NVIDIA H100 80GB HBM3") == peak_tflops("NVIDIA H200") == 989.0
+    assert peak_tflops("NVIDIA A100-SXM4-80GB") == 312.0
+    assert peak_tflops("NVIDIA GeForce RTX 4090") is None

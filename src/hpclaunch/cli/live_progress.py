@@ -70,6 +70,8 @@ def describe(record: MetricsLine | None, total: int, width: int = 24) -> str:
         parts.append(f"val {val}")
     if (sps := num(record.samples_per_s, ".1f")) is not None:
         parts.append(f"{sps} samples/s")
+    if (mfu := num(record.value("mfu"), ".1%")) is not None:
+        parts.append(f"MFU {mfu}")
     st = record.step_time_s
     if isinstance(st, (int, float)) and step < total:
         left = int(st * (total - step))

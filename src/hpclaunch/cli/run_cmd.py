@@ -464,6 +464,11 @@ def _status_table(data: StatusView) -> Any:
         f"step {data.step}/{data.steps or '?'}"
         + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
         + (f"  {data.samples_per_s:.1f} samples/s" if data.samples_per_s else "")
+        + (
+            f"  {data.tflops_per_gpu:.0f} TFLOP/s per GPU (MFU {data.mfu:.1%})"
+            if data.mfu and data.tflops_per_gpu
+            else ""
+        )
     )
     table = Table(title="attempts", title_justify="left")
     for col in ("#", "job", "nodes", "started", "steps", "ckpt", "end", "cause"):

@@ -9,7 +9,14 @@ import os
 from ..config import RunConfig
 from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
 from ..rundir.attempt_records import RankRequest
-from ..rundir.env import ALLOCATION_VAR, ATTEMPT_VAR, JOIN_STDERR_VAR, NODE_NAME_VAR, RUN_DIR_VAR
+from ..rundir.env import (
+    ALLOCATION_VAR,
+    ATTEMPT_VAR,
+    JOIN_STDERR_VAR,
+    NODE_NAME_VAR,
+    PRELOAD_COMPILE_VAR,
+    RUN_DIR_VAR,
+)
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
@@ -37,6 +44,8 @@ def rank_host_environment(
     env[JOIN_STDERR_VAR] = "1"
     env[NODE_NAME_VAR] = ctx.hostname  # ranks report their node as the scheduler names it
     env[ALLOCATION_VAR] = ctx.allocation  # (the memory tier's snapshots belong to one allocation)
+    if cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
+        env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
     env.pop("SUBMITIT_EXECUTOR", None)
     return env
 

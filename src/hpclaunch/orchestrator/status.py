@@ -412,6 +412,8 @@ class StatusView:
     text_loss: float | None
     latent_loss: float | None
     samples_per_s: float | None
+    tflops_per_gpu: float | None  # GPU runs on a GPU whose peak is known (trainer.metrics)
+    mfu: float | None
     eta_s: float | None
     requeues: int
     attempts: list[Attempt]
@@ -453,6 +455,8 @@ class StatusView:
             "text_loss": self.text_loss,
             "latent_loss": self.latent_loss,
             "samples_per_s": self.samples_per_s,
+            "tflops_per_gpu": self.tflops_per_gpu,
+            "mfu": self.mfu,
             "eta_s": self.eta_s,
             "requeues": self.requeues,
             "attempts": [asdict(a) for a in self.attempts],
@@ -506,6 +510,8 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         text_loss=last.text_loss if last else None,
         latent_loss=last.latent_loss if last else None,
         samples_per_s=last.samples_per_s if last else None,
+        tflops_per_gpu=last.value("tflops_per_gpu") if last else None,
+        mfu=last.value("mfu") if last else None,
         eta_s=eta,
         requeues=len(of_kind(events, Requeued)),
         attempts=attempts,

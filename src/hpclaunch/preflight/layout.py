@@ -209,9 +209,12 @@ def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
     per_rank = cfg.per_rank_batch
     up_to = f"{largest}" if largest < MICRO_BATCH_LIMIT else f"{MICRO_BATCH_LIMIT} or more"
     if largest >= per_rank:
+        step = (
+            f"train.micro_batch {per_rank} (no accumulation), or a " if cfg.micro_batch < per_rank else "a "
+        )
         return (
-            f"; up to micro-batch {up_to} would fit: train.micro_batch {per_rank} (no accumulation), or a "
-            f"larger train.global_batch, fills the GPU better (larger matrix products, fewer steps' overhead)"
+            f"; up to micro-batch {up_to} would fit: {step}larger train.global_batch fills the GPU "
+            f"better (larger matrix products, fewer steps' overhead)"
         )
     divisors = [d for d in range(largest, cfg.micro_batch, -1) if per_rank % d == 0]
     if not divisors:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from ..config import ModelConfig, RunConfig
 from ..fsutil import human_bytes as human_bytes  # the checks import it from here
+from ..modelmath import estimate_parameters as estimate_parameters  # the checks import them from here
+from ..modelmath import train_flops_per_sample as train_flops_per_sample
 
 # fp32 weights + AdamW's two moments; DCP metadata, manifest and RNG state are small.
 BYTES_PER_PARAM = 4 * 3
@@ -18,30 +20,6 @@ CHECKPOINT_OVERHEAD = 1 << 20
 ASSUMED_WRITE_BPS = 200e6
 # torchrun start, imports, rendezvous, resume: not knowable before a run, so assumed.
 ASSUMED_STARTUP_S = 60
-
-
-def stream_parameters(m: ModelConfig, d: int) -> int:
-    """Parameters of one modality of width ``d`` inside one MMDiT block."""
-    dc, inner = m.dim_cond, m.heads * m.dim_head
-    adaln = 2 * (dc * 2 * d + 2 * d)  # attention and feed-forward AdaLN (gamma, beta)
-    attn = d * 3 * inner + inner * d  # qkv and out projections, no bias
-    ff = d * 4 * d + 4 * d + 4 * d * d + d
-    return adaln + attn + ff
-
-
-def estimate_parameters(m: ModelConfig) -> int:
-    """Parameters of ``trainer.model.MMDiTDiffusion`` for ``m`` by formula (see module doc)."""
-    dt, dl, dc = m.dim_text, m.dim_latent, m.dim_cond
-
-    def stream(d: int) -> int:
-        return stream_parameters(m, d)
-
-    block = dc * 2 * (dt + dl) + 2 * (dt + dl) + stream(dt) + stream(dl)  # + post-branch gammas
-    trunk = m.depth * block + dt + dl  # + final norms
-    embed = (m.vocab_size + 1) * dt + m.text_len * dt + m.latent_dim * dl + dl + m.latent_len * dl
-    time = 2 * dc * dc + dc + dc * dc + dc
-    heads = dt * m.vocab_size + m.vocab_size + dl * m.latent_dim + m.latent_dim
-    return trunk + embed + time + heads
 
 
 def checkpoint_bytes(params: int, *, ema: bool = False) -> int:
@@ -182,26 +160,6 @@ def largest_micro_batch(cfg: RunConfig, params: int, budget_bytes: int, *, limit
         mid = (low + high + 1) // 2
         low, high = (mid, high) if fits(mid) else (low, mid - 1)
     return low
-
-
-def train_flops_per_sample(m: ModelConfig) -> int:
-    """Model FLOPs of one training sample (forward + backward = 3 x forward; recomputation by
-    activation checkpointing not counted, as MFU conventionally does not).
-
-    Forward, multiply-adds counted as 2: every token passes its own modality's weights in every
-    block (``stream_parameters``: MMDiT keeps separate weights per modality), text tokens the text
-    head (``dim_text x vocab``), latent tokens the latent projection in and out; attention adds
-    ``2 x 2 x N^2 x heads x dim_head`` per block (Q K^T and A V over the joint sequence of
-    N = text_len + latent_len tokens). Embedding lookups, norms and the time MLP are left out (small).
-    """
-    inner = m.heads * m.dim_head
-    n = m.text_len + m.latent_len
-    per_block = m.text_len * stream_parameters(m, m.dim_text) + m.latent_len * stream_parameters(
-        m, m.dim_latent
-    )
-    heads = m.text_len * m.dim_text * m.vocab_size + m.latent_len * 2 * m.latent_dim * m.dim_latent
-    forward = 2 * (m.depth * per_block + heads) + m.depth * 4 * n * n * inner
-    return 3 * forward
 
 
 # ---- host memory per node --------------------------------------------------------------------------

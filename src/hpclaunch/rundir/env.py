@@ -12,4 +12,5 @@ NODE_RANK_VAR = "HPCLAUNCH_NODE_RANK"
 ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write stderr into stdout
 NODE_NAME_VAR = "HPCLAUNCH_NODE_NAME"  # set by the node agent: this node, as the scheduler names it
+PRELOAD_COMPILE_VAR = "HPCLAUNCH_PRELOAD_COMPILE"  # set by the node agent for train.compile runs
 ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the scheduler's restart count

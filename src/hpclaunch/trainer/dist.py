@@ -160,6 +160,16 @@ def close_distributed(ctx: DistContext) -> None:
 # ---- data parallelism ----------------------------------------------------------------------------
 
 
+def device_kind(device: torch.device) -> str:
+    """What compiled code depends on: the GPU's name and compute capability, or the CPU."""
+    if device.type != "cuda":
+        return device.type
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(device)
+    return f"{torch.cuda.get_device_name(device)}-sm{major}{minor}"
+
+
 def wants_bf16(cfg: RunConfig, device: torch.device) -> bool:
     p = cfg.train.precision
     return p == "bf16" or (p == "auto" and device.type == "cuda")

@@ -35,8 +35,11 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir.attempt_records import AttemptEnd, RankRequest
+from ..rundir.env import PRELOAD_COMPILE_VAR
 
 PRELOAD = ["hpclaunch.trainer.preload"]  # torch, mmdit, DCP and the trainer: imported once, forked after
+if os.environ.get(PRELOAD_COMPILE_VAR):  # train.compile: Dynamo's and inductor's compilers too
+    PRELOAD.append("hpclaunch.trainer.preload_compile")
 
 
 def rank_main(run_dir: str, env: dict[str, str]) -> int:

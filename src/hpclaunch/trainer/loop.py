@@ -60,9 +60,10 @@ from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
 from .build import build_model_parts, load_data, make_checkpointer, make_memory_tier
 from .checkpoint import RANK_LOCAL, rank_local_key
+from .compile_cache import CompileCache
 from .counters import Counters
 from .ddp_buckets import DDPBuckets
-from .dist import close_distributed, reshard, set_deterministic, setup_distributed
+from .dist import close_distributed, device_kind, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .grads import clip_, local_grads, shard_group, total_norm
 from .loader import micro_batches, raise_data_problem
@@ -147,6 +148,10 @@ class Trainer:
     def _build(self, checkpoints: bool, *, echo: bool, tty: bool | None) -> None:
         cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
         set_deterministic(compile=t.compile, deterministic=t.deterministic)
+        self.compile_cache = CompileCache(
+            self.paths, enabled=t.compile, rank=ctx.rank, device_kind=device_kind(ctx.device)
+        )
+        self.compile_cache.prepare()  # before the first compile (the first step's)
         if ctx.world_size > 1 and cfg.preflight.distributed_smoke:
             run_distributed_smoke(float(cfg.preflight.smoke_timeout_s), group=ctx.cpu_group)
         self.startup.mark("smoke")
@@ -363,6 +368,7 @@ class Trainer:
                     time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
                 profiler.after_step(c.step, dt)
+                self.compile_cache.after_step(c.step)
                 self.progress.stepped(c.step, dt)
                 saves.observe(dt, self.checkpointer)
                 self.reports.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)

@@ -9,6 +9,9 @@ step. Each ``metrics.jsonl`` line describes the window of steps since the previo
 - ``step_time_s``: mean wall time of a step on rank 0 (``step_sleep_s`` included);
 - ``samples_per_s`` = global batch / step time; ``tokens_per_s`` counts text tokens plus latent
   vectors per sample;
+- ``tflops_per_gpu``, ``mfu`` (GPU runs on a GPU whose peak is known: ``modelmath``): model FLOPs
+  of a step (``modelmath.train_flops_per_sample`` x the global batch) per step time and GPU, and
+  that over the GPU's dense bf16 peak; null on CPU ranks;
 - ``lr``: the learning rate of the last step; ``skipped``: non-finite steps so far (cumulative);
 - ``ts``: epoch seconds when the line was written (right after the window's last step);
   ``attempt``: the attempt that computed the window (``status`` and ``report`` time the run by them).
@@ -48,6 +51,8 @@ FIELDS = (
     "lr",
     "samples_per_s",
     "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
     "step_time_s",
     "skipped",
     "ts",  # stamped by MetricsLog.write
@@ -190,6 +195,8 @@ def describe(line: Line) -> str:
         f"loss {f('loss', '.4f')} (text {f('text_loss', '.4f')}, latent {f('latent_loss', '.4f')}) "
         f"gnorm {f('grad_norm', '.3f')} lr {f('lr', '.2e')} {f('samples_per_s', '.1f')} samples/s"
     )
+    if line.get("mfu") is not None:
+        text += f" {f('tflops_per_gpu', '.0f')} TFLOP/s/GPU (MFU {f('mfu', '.1%')})"
     if line.get("skipped"):
         text += f" skipped {line['skipped']}"
     if line.get("val_loss") is not None:

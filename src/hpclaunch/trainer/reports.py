@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch.distributed as dist
 
 from ..config import RunConfig
+from ..modelmath import peak_tflops, train_flops_per_sample
 from ..rundir import EXPERIMENT_LOG_FAILED, STOPPED, AttemptOutcome, Ledger, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.outcome import Status
@@ -26,7 +27,19 @@ from .metrics import MetricsLog, MetricsWindow, Window, max_memory_gb
 if TYPE_CHECKING:
     from .init_from import Initialized
 
-__all__ = ["Reports"]
+__all__ = ["Reports", "model_flops"]
+
+
+def model_flops(cfg: RunConfig, ctx: DistContext) -> tuple[int, float | None]:
+    """(model FLOPs of one optimizer step, the GPU's dense bf16 peak in TFLOP/s or None): the peak
+    is known for the GPUs of ``modelmath.PEAK_BF16_TFLOPS`` only, and never for CPU ranks, whose
+    TFLOP/s and MFU are not reported."""
+    flops = train_flops_per_sample(cfg.model) * cfg.train.global_batch
+    if ctx.device.type != "cuda":
+        return flops, None
+    import torch
+
+    return flops, peak_tflops(torch.cuda.get_device_name(ctx.device))
 
 
 class Reports:
@@ -49,6 +62,7 @@ class Reports:
         self.counters = counters
         self.echo, self.tty = echo, tty
         self.window = MetricsWindow(ctx.device)
+        self.model_flops = model_flops(cfg, ctx)  # (per step, the GPUs' peak), for TFLOP/s and MFU
         self.log: MetricsLog | None = None
         self.tb: ExperimentLogs | None = None
 
@@ -93,11 +107,15 @@ class Reports:
             return
         st = rec["step_time_s"]
         sps = cfg.train.global_batch / st if st else None
+        flops_per_step, peak = self.model_flops
+        tflops = flops_per_step / st / self.ctx.world_size / 1e12 if st and peak else None
         rec.update(
             step=c.step,
             lr=lr,
             samples_per_s=sps,
             tokens_per_s=sps * (cfg.model.text_len + cfg.model.latent_len) if sps else None,
+            tflops_per_gpu=tflops,
+            mfu=tflops / peak if tflops is not None and peak else None,
             skipped=c.skipped_total,
             max_memory_gb=max_memory_gb(self.ctx.device),
             **(val or {}),

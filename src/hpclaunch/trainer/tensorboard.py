@@ -8,7 +8,7 @@ attempt died between checkpoints), so every step appears once, as in ``metrics.j
 Scalars (tag: metrics.jsonl field): ``loss/total`` loss, ``loss/text`` text_loss, ``loss/latent``
 latent_loss, ``val/loss``, ``val/text_loss``, ``val/latent_loss``, ``train/lr`` lr,
 ``train/grad_norm`` grad_norm, ``train/skipped_steps`` skipped, ``perf/samples_per_s``,
-``perf/tokens_per_s``, ``perf/step_time_s``, ``perf/max_memory_gb``. Starts and stops are marked
+``perf/tokens_per_s``, ``perf/tflops_per_gpu`` and ``perf/mfu`` (GPU runs), ``perf/step_time_s``, ``perf/max_memory_gb``. Starts and stops are marked
 twice: a text entry under ``run/events`` ("resumed from step 40 ...", "stopped after step 57:
 timeout") and a scalar ``run/resumed`` / ``run/stopped`` of 1 at that step.
 """
@@ -33,6 +33,8 @@ TAGS = {
     "skipped": "train/skipped_steps",
     "samples_per_s": "perf/samples_per_s",
     "tokens_per_s": "perf/tokens_per_s",
+    "tflops_per_gpu": "perf/tflops_per_gpu",
+    "mfu": "perf/mfu",
     "step_time_s": "perf/step_time_s",
     "max_memory_gb": "perf/max_memory_gb",
 }

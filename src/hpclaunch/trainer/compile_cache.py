@@ -1,0 +1,98 @@
+"""Compiled code that outlives an attempt: ``train.compile``'s caches, node-local and seeded from the
+run directory, so a cache miss costs once per job and node, not once per attempt.
+
+``torch.compile`` keeps what it made (the FX graphs, AOTAutograd's results, inductor's kernels and
+their autotuning) in ``TORCHINDUCTOR_CACHE_DIR``. Each rank points it at a node-local directory of
+this user (``/tmp/hpclaunch-<uid>/compile``, 0700, shared by the user's runs; a directory the user
+set in ``TORCHINDUCTOR_CACHE_DIR`` is kept), so an in-place restart on the same node finds every
+graph compiled before and pays only Dynamo's tracing and the loading of the cached code. A requeued
+attempt or a continuation job may land on other nodes with an empty ``/tmp``: there rank 0's
+collection of the caches it used (torch's cache artifacts, "Mega-Cache",
+``torch.compiler.save_cache_artifacts``), written to ``RUN/compile_cache/<torch>-<device>.bin``
+after the first steps, is loaded into the node-local caches before the first compile
+(``load_cache_artifacts``). The artifacts hold compiled code and its keys, no pickled objects of
+ours; one made by another torch version or device kind is a different file and never read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from pathlib import Path
+
+from ..fsutil import atomic_write_bytes
+from ..rundir import RunPaths
+
+__all__ = ["CompileCache"]
+
+CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
+# Rank 0 saves the artifacts once its step has run forward and backward compiled twice (the first
+# step compiles; a second can recompile for what the first one changed, e.g. the optimizer's state).
+SAVE_AFTER_STEP = 2
+
+
+def node_cache_dir() -> Path:
+    """This user's node-local cache directory, shared by the user's runs (inductor keys every entry
+    by what it compiled, so another run of the same model is warm too)."""
+    return Path(tempfile.gettempdir()) / f"hpclaunch-{os.getuid()}" / "compile"
+
+
+def artifact_name(device_kind: str) -> str:
+    """``<torch version>-<device kind>.bin``, safe as a file name."""
+    import torch
+
+    raw = f"torch-{torch.__version__}-{device_kind}"
+    return re.sub(r"[^A-Za-z0-9._+-]+", "_", raw) + ".bin"
+
+
+class CompileCache:
+    """One rank's compile caches for one attempt; does nothing when ``train.compile`` is off."""
+
+    def __init__(self, paths: RunPaths, *, enabled: bool, rank: int, device_kind: str):
+        self.enabled, self.rank = enabled, rank
+        self.artifact = paths.root / "compile_cache" / artifact_name(device_kind) if enabled else None
+        self.directory: Path | None = None
+        self.loaded = False  # whether the run directory's artifacts were loaded
+        self.saved = False
+
+    def prepare(self) -> None:
+        """Before the first compile: the node-local directory, seeded from the run directory."""
+        if not self.enabled:
+            return
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        # Inductor writes its default into the environment when it first looks (in this process or
+        # the rank host's that forked it): only another value is the user's choice.
+        chosen = os.environ.get(CACHE_VAR)
+        if chosen and chosen != default_cache_dir():
+            self.directory = Path(chosen)
+        else:
+            self.directory = node_cache_dir()
+            os.environ[CACHE_VAR] = str(self.directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.directory.parent.chmod(0o700)  # this user's: compiled code is run from here
+        if self.artifact is not None and self.artifact.is_file():
+            import torch
+
+            try:
+                torch.compiler.load_cache_artifacts(self.artifact.read_bytes())
+                self.loaded = True
+            except Exception:
+                self.loaded = False
+
+    def after_step(self, step: int) -> None:
+        """Rank 0, once: the caches this process used, into the run directory (atomically)."""
+        if not self.enabled or self.saved or self.rank != 0 or step < SAVE_AFTER_STEP:
+            return
+        self.saved = True
+        import torch
+
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is None or self.artifact is None:
+            return
+        blob = saved[0]
+        if self.artifact.is_file() and self.artifact.read_bytes() == blob:
+            return
+        self.artifact.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.artifact, blob)
