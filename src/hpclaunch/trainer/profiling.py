@@ -109,7 +109,10 @@ def summarise(prof: Any, step_ms: list[float]) -> dict[str, Any]:
 
     events = prof.events()
     n = max(1, len(step_ms))
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    # (a record_function range shows on the device as a span too: Optimizer.step; not a kernel)
+    kernels = [
+        e for e in events if e.device_type == DeviceType.CUDA and not getattr(e, "is_user_annotation", False)
+    ]
     host = [e for e in events if e.device_type == DeviceType.CPU]
     busy_us = _merged_length([(e.time_range.start, e.time_range.end) for e in kernels])
     launches = sum(1 for e in host if e.name in _LAUNCH)
