@@ -52,6 +52,9 @@ def test_compiled_checkpointed_fsdp_blocks_train_like_eager_ones(tmp_path: Path)
             if name == "compiled":  # each block is compiled and wrapped for recomputation
                 assert all(hasattr(b, "_checkpoint_wrapped_module") for b in trainer.model.trunk.blocks)
                 assert all(b._compiled_call_impl is not None for b in trainer.model.trunk.blocks)
+                # the caches it made, for an attempt on a node that has none (trainer.compile_cache)
+                (artifact,) = (tmp_path / name / "compile_cache").glob("torch-*-cpu.bin")
+                assert artifact.stat().st_size > 0
         finally:
             trainer.close()
         losses[name] = [line["loss"] for line in read_jsonl(RunPaths(tmp_path / name).metrics)]

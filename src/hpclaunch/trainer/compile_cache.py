@@ -75,10 +75,9 @@ class CompileCache:
         if self.artifact is not None and self.artifact.is_file():
             import torch
 
-            try:
-                torch.compiler.load_cache_artifacts(self.artifact.read_bytes())
-                self.loaded = True
-            except Exception:
+            try:  # (torch logs and answers None for bytes it cannot read)
+                self.loaded = torch.compiler.load_cache_artifacts(self.artifact.read_bytes()) is not None
+            except Exception:  # a stale or torn file only costs a compile
                 self.loaded = False
 
     def after_step(self, step: int) -> None:
