@@ -18,7 +18,6 @@ from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, rea
 from ..rundir.cause import Cause
 from ..rundir.outcome import AttemptOutcome
 from ..rundir.readers import sweep_roots
-from ..schedulers.base import ACTIVE_STATES
 from .common import (
     CONFIG_HELP,
     ConfigArg,
@@ -226,12 +225,8 @@ def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
 
 
 def _busy(views: list[StatusView]) -> bool:
-    """Some run is mid-flight by our ledger OR its scheduler still holds an active job (between a
-    trainer's stop and the agent's requeue decision the ledger alone says "stopped")."""
-    return any(
-        v.state in ACTIVE_STATES or (v.scheduler is not None and v.scheduler.state in ACTIVE_STATES)
-        for v in views
-    )
+    """Some run is mid-flight, still exiting, or its scheduler still holds an active job."""
+    return any(v.in_flight for v in views)
 
 
 def _ended_code(views: list[StatusView]) -> int:
@@ -305,7 +300,9 @@ def train(
     if resume:
         refuse_other_model_shape(cfg, paths.root)
     refuse_bad_init_from(cfg, paths.root)
-    job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
+    from ..schedulers import foreground
+
+    job_id = foreground.job_id()  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
     lock = RunLock(paths)
     holder = lock.acquire(
         job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
