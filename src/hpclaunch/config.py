@@ -1034,6 +1034,18 @@ def source_of(dotted: str, sources: Mapping[str, str], default: str) -> str:
     return default
 
 
+def _a_directory(path: Path) -> ConfigError:
+    """CONFIG named a directory: a run's (it has its config.yaml) or some other."""
+    if (path / "config.yaml").is_file():
+        return ConfigError(
+            "a run directory, not a CONFIG file",
+            where=str(path),
+            hint=f"continue that run: hpclaunch submit --resume {path}, or in the foreground: "
+            f"hpclaunch train {path} --resume (the config it was started with)",
+        )
+    return ConfigError("a directory, not a CONFIG file", where=str(path), hint="name the run's YAML file")
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
@@ -1043,6 +1055,8 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
             where=str(path),
             hint="check the path, or create one with 'hpclaunch init'",
         ) from None
+    except IsADirectoryError:
+        raise _a_directory(path) from None
     except OSError as e:
         raise ConfigError(f"cannot read config file ({e.strerror})", where=str(path)) from None
     try:

@@ -73,17 +73,25 @@ def test_a_foreground_train_shows_running_and_stops_at_one_step_from_another_she
         if train.poll() is None:
             train.kill()
     assert train.returncode == 3, out[-3000:]
+    assert out.count("stopped at step ") == 1, out[-3000:]  # the last word, said once
+    assert "UserWarning" not in out, out[-3000:]
     stop = next(e for e in events(run) if e["event"] == "stopped")
     assert stop["cause"] == "user"
     assert (run / "checkpoints" / f"step_{stop['step']:06d}").is_dir()  # the stop's own checkpoint
     after = status(run, work)
     assert after["state"] == "stopped" and after["step"] == stop["step"]
     assert after["eta_s"] is None  # a stopped run is going nowhere
+    # What the attempt did and why it ended, from the run's own log.
+    log = hpclaunch("logs", str(run), cwd=work).stdout
+    assert (
+        f"==> attempt 1 of 1 (fg{train.pid}.0), node 0: stopped after step {stop['step']} (user) <==" in log
+    )
+    assert f"# hpclaunch: end: stopped by the user after step {stop['step']}" in log, log[-2000:]
 
+    # The run directory stands for its config (as `submit --resume RUN` takes it).
     resumed = hpclaunch(
-        "train", str(TINY), *tiny_overrides(work, data, "fg", *BUSY, f"train.steps={stop['step'] + 2}"),
-        "--resume", cwd=work, check=False,
-    )  # fmt: skip
+        "train", str(run), "--resume", "--set", f"train.steps={stop['step'] + 2}", cwd=work, check=False
+    )
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     steps = [e["step"] for e in events(run) if e["event"] == "resumed"]
     assert steps[-1] == stop["step"]

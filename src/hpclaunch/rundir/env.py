@@ -13,3 +13,4 @@ ATTEMPT_VAR = "HPCLAUNCH_ATTEMPT"
 JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write stderr into stdout
 NODE_NAME_VAR = "HPCLAUNCH_NODE_NAME"  # set by the node agent: this node, as the scheduler names it
 ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the scheduler's restart count
+FOREGROUND_VAR = "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: the agent runs in its process

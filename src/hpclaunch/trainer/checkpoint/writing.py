@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -173,13 +174,16 @@ class SaveWriter:
         from torch.distributed.checkpoint.api import CheckpointException
 
         try:
-            dcp.save(
-                state,
-                storage_writer=self._storage_writer(job),
-                planner=self.plans.planner(**planner_attrs),
-                process_group=self.pg,
-                no_dist=self.pg is None,
-            )
+            with warnings.catch_warnings():
+                # One rank saves without a group (no_dist): DCP warns that it assumes exactly that.
+                warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable")
+                dcp.save(
+                    state,
+                    storage_writer=self._storage_writer(job),
+                    planner=self.plans.planner(**planner_attrs),
+                    process_group=self.pg,
+                    no_dist=self.pg is None,
+                )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
             self.plans.forget()  # the ranks' cached plans may be out of step now
             fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
