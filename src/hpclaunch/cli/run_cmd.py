@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from ..errors import PreflightFailed, UserInputError
+from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
@@ -430,6 +431,8 @@ def _status_table(data: StatusView) -> Any:
     parts += [Text(note) for note in rescue.notes]
     if interval := describe_interval(data.checkpoint_interval):
         parts.append(Text(interval))
+    if advice := interval_advice(data.checkpoint_interval):
+        parts.append(Text(advice, style="yellow"))
     if failed := describe_failed_saves(data.failed_saves):
         parts.append(Text(failed, style="yellow"))
     for line in describe_experiment_logs(data.experiment_logs):
