@@ -100,19 +100,28 @@ def test_a_foreground_train_shows_running_and_stops_at_one_step_from_another_she
 def test_a_submitted_run_is_resumable_as_soon_as_status_calls_it_stopped(work: Path, data: Path) -> None:
     run = work / "runs" / "sub"
     hpclaunch("submit", str(TINY), *tiny_overrides(work, data, "sub", *BUSY), "--no-preflight", cwd=work)
-    wait_for(lambda: _logged_step(run) >= 2, timeout=240, poll=0.2, what="the submitted run's step 2")
-    hpclaunch("stop", str(run), cwd=work)
-    seen = []
+    try:
+        wait_for(lambda: _logged_step(run) >= 2, timeout=240, poll=0.2, what="the submitted run's step 2")
+        hpclaunch("stop", str(run), cwd=work)
+        seen = []
 
-    def ended() -> bool:
-        seen.append(status(run, work)["state"])
-        return seen[-1] not in ("running", "stopping")
+        def ended() -> bool:
+            seen.append(status(run, work)["state"])
+            return seen[-1] not in ("running", "stopping")
 
-    wait_for(ended, timeout=240, poll=0.2, what="the run to stop")
-    assert seen[-1] == "stopped", seen
-    # At once: status called it stopped, so nothing of the job may still hold the run.
-    again = hpclaunch(
-        "submit", "--resume", str(run), "--set", "train.steps=4000", "--no-preflight", cwd=work, check=False
-    )
-    assert again.returncode == 0, again.stderr
-    hpclaunch("cancel", str(run), cwd=work, check=False)
+        wait_for(ended, timeout=240, poll=0.2, what="the run to stop")
+        assert seen[-1] == "stopped", seen
+        # At once: status called it stopped, so nothing of the job may still hold the run.
+        again = hpclaunch(
+            "submit",
+            "--resume",
+            str(run),
+            "--set",
+            "train.steps=4000",
+            "--no-preflight",
+            cwd=work,
+            check=False,
+        )
+        assert again.returncode == 0, again.stderr
+    finally:  # the resumed run, or one an assertion left running
+        hpclaunch("cancel", str(run), cwd=work, check=False)

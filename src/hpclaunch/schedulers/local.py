@@ -33,7 +33,7 @@ from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
 from ..templates.shell import Raw, export_line, join
-from . import foreground
+from . import foreground, local_slots
 from .base import (
     LOCAL_REQUEUE_EXIT,
     Continuation,
@@ -260,11 +260,24 @@ class Controller:
             self.lock.release(holder)
 
     def _released(self) -> bool:
-        """Wait while the hold file exists (``release`` removes it); False when cancelled first."""
+        """Wait while the hold file exists (``release`` removes it), then for a slot among the
+        sweep's points (``local_slots``); False when cancelled first."""
         hold = self.sched / HOLD_FILE
         if hold.exists():
             self._state("held", reason="held until the run before this one finishes")
         while hold.exists():
+            if self.cancelled:
+                return False
+            time.sleep(0.5)
+        parallelism = self.plan.array_parallelism
+        waiting = False
+        while parallelism and not local_slots.may_start(
+            self.root, parallelism, lambda p: read_state(RunPaths(p).scheduler_dir), _alive
+        ):
+            if not waiting:
+                reason = f"waiting for a slot: scheduler.array_parallelism is {parallelism}"
+                self._state("held", reason=reason, slot=True)
+                waiting = True
             if self.cancelled:
                 return False
             time.sleep(0.5)
