@@ -978,15 +978,20 @@ def load_config(
     overrides: Sequence[str] = (),
     *,
     base: Path | None = None,
+    flags: Sequence[tuple[str, str]] = (),
 ) -> RunConfig:
     """Read ``path`` (None = defaults; several files: layered, see ``merge_layers``), apply
-    overrides, validate; paths resolved against ``base``. An error names the file (or ``--set``)
-    that set the bad key."""
+    overrides, then ``flags`` (``(key=value, flag)``: a command's own options that set a key, such as
+    ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
+    (or ``--set``, or the flag) that set the bad key."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
     for item in overrides:
         apply_override(raw, item)
         sources[item.partition("=")[0].strip()] = "--set"
+    for item, flag in flags:
+        apply_override(raw, item, where=flag)
+        sources[item.partition("=")[0].strip()] = flag
     where = " + ".join(str(f) for f in files) or "defaults"
     cfg = validate_config(raw, where=where, sources=sources)
     return cfg.resolved(base) if base is not None else cfg

@@ -31,10 +31,13 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def load(config: Path | list[Path], overrides: list[str] | None) -> RunConfig:
-    """Load and validate CONFIG (one file, or several layered) with overrides; relative paths resolve
-    against the current directory."""
-    return load_config(config, overrides or [], base=Path.cwd())
+def load(
+    config: Path | list[Path], overrides: list[str] | None, flags: list[tuple[str, str]] | None = None
+) -> RunConfig:
+    """Load and validate CONFIG (one file, or several layered) with overrides (and ``flags``: a
+    command's options that set a key, applied last); relative paths resolve against the current
+    directory, not the config file's."""
+    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [])
 
 
 def config_names(config: Path | list[Path]) -> str:
