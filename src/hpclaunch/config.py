@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError, did_you_mean
 
@@ -782,6 +790,25 @@ class RunConfig(_Section):
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
+    # Where the values came from, for checks made after loading (a data directory that does not
+    # exist, an init_from that cannot start the run): the layer that set each key, and each path as
+    # given before ``resolved`` made it absolute.
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+    _where: str = PrivateAttr(default="config")
+    _relative_paths: dict[str, tuple[str, str]] = PrivateAttr(default_factory=dict)  # key -> (given, base)
+
+    def origin(self, key: str) -> str:
+        """The file, ``--set`` or flag that set ``key`` (or its section); the config's name else."""
+        return source_of(key, self._sources, self._where)
+
+    def path_said(self, key: str, value: str) -> str:
+        """``value`` of the path ``key`` as the user gave it: "data/x (relative to the working
+        directory /home/u: /home/u/data/x)" when it was relative, else the path."""
+        given = self._relative_paths.get(key)
+        if given is None or given[0] == value:
+            return value
+        return f"{given[0]} (relative to the working directory {given[1]}: {value})"
+
     @model_validator(mode="before")
     @classmethod
     def _no_control_characters(cls, raw: Any) -> Any:
@@ -924,7 +951,22 @@ class RunConfig(_Section):
             update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
         if self.train.init_from:
             update["train"] = self.train.model_copy(update={"init_from": absolute(self.train.init_from)})
-        return self.model_copy(update=update)
+        out = self.model_copy(update=update)
+        given = {
+            "run_dir": self.run_dir,
+            "data.token_dir": self.data.token_dir,
+            "data.latent_dir": self.data.latent_dir,
+            "data.val_token_dir": self.data.val_token_dir,
+            "data.val_latent_dir": self.data.val_latent_dir,
+            "checkpoint.dir": self.checkpoint.dir,
+            "train.init_from": self.train.init_from,
+        }
+        out._relative_paths = {
+            key: (str(value), str(base))
+            for key, value in given.items()
+            if value and not Path(os.path.expanduser(str(value))).is_absolute()
+        }
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -1176,9 +1218,11 @@ def validate_config(
     """The typed config; ``sources`` (dotted key -> file, from ``merge_layers``) names in an error
     the file that set the bad key instead of ``where``."""
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
         raise _first_error(e, where, sources or {}) from None
+    cfg._sources, cfg._where = dict(sources or {}), where
+    return cfg
 
 
 def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> ConfigError:

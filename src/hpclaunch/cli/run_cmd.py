@@ -24,7 +24,6 @@ from .common import (
     ConfigArg,
     JsonOpt,
     SetOpt,
-    config_names,
     console,
     err_console,
     load,
@@ -145,6 +144,10 @@ def submit(
     pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
     refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
     if not no_preflight:
+        from .train_checks import refuse_bad_data
+
+        for point_cfg in prepared.point_cfgs or [cfg]:  # bad input: one line, before the table
+            refuse_bad_data(point_cfg)
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(
         prepared, run_preflight=not no_preflight, resume=resume is not None, held=after_paths is not None
@@ -240,7 +243,6 @@ def train(
     """
     import os
 
-    from ..config import validate_config
     from ..orchestrator.launch import scheduler_says_active
     from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
     from ..rundir.control import drop_user_stop
@@ -250,10 +252,7 @@ def train(
 
     if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
         config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
-    cfg = load(config, overrides)
-    raw = cfg.to_dict()
-    raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
-    cfg = validate_config(raw, where=config_names(config))
+    cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")])  # this machine, always
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     refuse_training_in_a_sweep_root(paths.root)
