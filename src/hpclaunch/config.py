@@ -161,6 +161,17 @@ class SchedulerConfig(_Section):
         description="Price of one GPU-hour: status and preflight then give the run's cost; null = GPU-hours only.",
     )
 
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit_has_a_unit(cls, v: Any) -> Any:
+        """YAML reads ``time_limit: 90`` as a number: say what it lacks, not "should be a string"."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(
+                f"{v} has no unit; use HH:MM:SS, D-HH:MM:SS or a number with s, m, h or d (did you mean "
+                f"'{v}m', {format_hms(round(v * 60))}?)"
+            )
+        return v
+
     @field_validator("time_limit")
     @classmethod
     def _time_limit_parses(cls, v: str) -> str:
@@ -753,7 +764,7 @@ class SlowRankKnob(_Section):
 class TestingConfig(_Section):
     """Test and demo knobs: they change timing or inject faults, never the math of a healthy run.
 
-    Not part of the user's reference (README, ``hpclaunch init``); left out of the config hash."""
+    Not part of the user's reference (docs/configuration.md, ``hpclaunch init``); left out of the config hash."""
 
     step_sleep_s: float = Field(
         0.0, ge=0, description="Extra seconds per step (slows a tiny model; math unchanged)."
@@ -1301,12 +1312,13 @@ def json_schema() -> dict[str, Any]:
     return RunConfig.model_json_schema()
 
 
-# Sections that are not part of the user's reference (README table, `hpclaunch init`).
+# Sections that are not part of the user's reference (docs/configuration.md, `hpclaunch init`).
 INTERNAL_SECTIONS = ("testing",)
 
 
 def iter_reference_rows() -> Iterable[tuple[str, str, str, str]]:
-    """(dotted key, type, default, description) for every leaf key: the README config reference."""
+    """(dotted key, type, default, description) for every leaf key: the config reference
+    (docs/configuration.md)."""
 
     def walk(model: type[BaseModel], prefix: str) -> Iterable[tuple[str, str, str, str]]:
         for name, field in model.model_fields.items():

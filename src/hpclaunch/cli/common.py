@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +12,17 @@ from rich.console import Console
 
 from ..config import RunConfig, load_config
 
-console = Console()
+# Piped (a file, grep, a script), lines are never broken at 80 columns: what reads them wants them
+# whole. Tables are as wide as their content either way; COLUMNS still wins where it is set.
+PIPED_WIDTH = 1000
+
+
+def stdout_console() -> Console:
+    plain = Console()
+    return Console(width=PIPED_WIDTH) if not plain.is_terminal and "COLUMNS" not in os.environ else plain
+
+
+console = stdout_console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 CONFIG_HELP = (
