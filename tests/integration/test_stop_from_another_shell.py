@@ -87,6 +87,7 @@ def test_a_foreground_train_shows_running_and_stops_at_one_step_from_another_she
         f"==> attempt 1 of 1 (fg{train.pid}.0), node 0: stopped after step {stop['step']} (user) <==" in log
     )
     assert f"# hpclaunch: end: stopped by the user after step {stop['step']}" in log, log[-2000:]
+    assert "UserWarning" not in log  # DCP's "assuming a single process" on one rank
 
     # The run directory stands for its config (as `submit --resume RUN` takes it).
     resumed = hpclaunch(
@@ -125,3 +126,35 @@ def test_a_submitted_run_is_resumable_as_soon_as_status_calls_it_stopped(work: P
         assert again.returncode == 0, again.stderr
     finally:  # the resumed run, or one an assertion left running
         hpclaunch("cancel", str(run), cwd=work, check=False)
+
+
+def test_a_foreground_train_cancelled_from_another_shell_says_so(work: Path, data: Path) -> None:
+    run = work / "runs" / "fgcancel"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("HPCLAUNCH_DEBUG", None)
+    train = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "hpclaunch",
+            "train",
+            str(TINY),
+            *tiny_overrides(work, data, "fgcancel", *BUSY),
+        ],
+        cwd=work,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _logged_step(run) >= 2, timeout=240, poll=0.2, what="the foreground run's step 2")
+        cancelled = hpclaunch("cancel", str(run), cwd=work, check=False)
+        assert cancelled.returncode == 0, cancelled.stderr
+        out, _ = train.communicate(timeout=240)
+    finally:
+        if train.poll() is None:
+            train.kill()
+    assert train.returncode == 3, out[-3000:]  # ended by the user, not "preempted" (5)
+    assert "cancelled at step " in out and "(cancelled)" in out, out[-2000:]
+    assert status(run, work)["state"] == "cancelled"

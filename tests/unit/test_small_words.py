@@ -62,7 +62,7 @@ def test_train_help_lists_its_exit_codes_and_schema_names_where_its_table_lives(
 ) -> None:
     assert main(["train", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    for said in ("3 stopped by the user", "4 stopped at the time limit", "5 preempted"):
+    for said in ("3 ended by the user", "4 stopped at the time limit", "5 preempted"):
         assert said in text, text
     assert main(["config", "schema", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())

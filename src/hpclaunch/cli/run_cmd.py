@@ -16,8 +16,6 @@ from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import SUBMITTED, Ledger, RunPaths
-from ..rundir.cause import Cause
-from ..rundir.outcome import AttemptOutcome
 from ..rundir.readers import sweep_roots
 from .common import (
     CONFIG_HELP,
@@ -234,7 +232,7 @@ def train(
     Run the same command with --resume to continue.
 
     Exit codes: 0 finished, 1 failed, 2 bad input (nothing written),
-    3 stopped by the user (hpclaunch stop, Ctrl-C), 4 stopped at the time limit, 5 preempted
+    3 ended by the user (hpclaunch stop, Ctrl-C, hpclaunch cancel), 4 stopped at the time limit, 5 preempted
     (3, 4 and 5 are resumable with --resume).
 
     Examples:
@@ -244,7 +242,7 @@ def train(
     import os
 
     from ..orchestrator.launch import scheduler_says_active
-    from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
+    from ..rundir import STOP_DROPPED, Heartbeat, RunLock
     from ..rundir.control import drop_user_stop
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
@@ -287,25 +285,9 @@ def train(
                 code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
-    outcome = latest_outcome(paths)
-    if outcome is not None and outcome.status == "failed":
-        # The reason is the last line; the rank host's own report stays in the node log.
-        console.print(
-            f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
-            highlight=False,
-        )
-        err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
-    elif outcome is not None and outcome.status != "stopped":
-        console.print(f"{outcome.status} at step {outcome.step}", highlight=False)  # the last word
-    elif outcome is not None:
-        # What continues a foreground run is this command, not `submit --resume`.
-        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
-        console.print(
-            f"stopped at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
-            highlight=False,
-            soft_wrap=True,  # a command to copy: never broken across lines
-        )
-    raise typer.Exit(_train_exit_code(outcome, code))
+    from .train_end import last_word
+
+    raise typer.Exit(last_word(paths, config, overrides, code))
 
 
 def _attempts_in_the_foreground(run_dir: str) -> int:
@@ -327,24 +309,10 @@ def _attempts_in_the_foreground(run_dir: str) -> int:
         err_console.print(f"hpclaunch: continuing in the foreground (attempt {restart + 1})", highlight=False)
 
 
-# Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
-_STOP_EXIT = {Cause.USER: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
-
-
 def _first_line(text: str, width: int = 90) -> str:
     """An error as one short line (the whole text stays in ``status --json``)."""
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _train_exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
-    if outcome is None:
-        return agent_code or 1
-    if outcome.status == "finished":
-        return 0
-    if outcome.status == "stopped":
-        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
-    return 1
 
 
 def status(
