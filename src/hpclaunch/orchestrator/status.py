@@ -513,7 +513,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
         eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
-    if state not in ACTIVE_STATES:
+    if state not in ACTIVE_STATES and state != "finished":
         eta = None  # stopped, failed, cancelled: nothing arrives until someone resumes it
     return StatusView(
         run=str(run),

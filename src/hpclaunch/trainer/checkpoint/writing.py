@@ -173,17 +173,19 @@ class SaveWriter:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
+        if self.pg is None:
+            # One rank saves without a group (no_dist): DCP warns, on every save, that it assumes
+            # exactly that. A process-wide filter (the writer process has its own): catch_warnings
+            # would swap the filters under the training thread's feet.
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable")
         try:
-            with warnings.catch_warnings():
-                # One rank saves without a group (no_dist): DCP warns that it assumes exactly that.
-                warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable")
-                dcp.save(
-                    state,
-                    storage_writer=self._storage_writer(job),
-                    planner=self.plans.planner(**planner_attrs),
-                    process_group=self.pg,
-                    no_dist=self.pg is None,
-                )
+            dcp.save(
+                state,
+                storage_writer=self._storage_writer(job),
+                planner=self.plans.planner(**planner_attrs),
+                process_group=self.pg,
+                no_dist=self.pg is None,
+            )
         except (Exception, CheckpointException) as e:  # DCP's is a BaseException
             self.plans.forget()  # the ranks' cached plans may be out of step now
             fs = is_filesystem_failure(e, directory=self.directory, needed_bytes=job.needed_bytes)
