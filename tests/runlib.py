@@ -93,7 +93,7 @@ def wait_for_text(path: Path, text: str, timeout: float) -> str:
     )
 
 
-ACTIVE = ("pending", "running", "requeued")
+ACTIVE = ("pending", "running", "requeued", "stopping", "finishing", "failing", "cancelling")
 # How often a test waiting for a run's end asks the CLI while the ledger says the run is in flight:
 # only a run the scheduler lost without its ledger saying so needs it (rare, and a test then fails
 # anyway); a CLI call every 10 s was still ~5 % of the suite's running-process samples.

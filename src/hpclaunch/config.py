@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import ConfigError, did_you_mean
 
@@ -152,6 +160,17 @@ class SchedulerConfig(_Section):
         ge=0,
         description="Price of one GPU-hour: status and preflight then give the run's cost; null = GPU-hours only.",
     )
+
+    @field_validator("time_limit", mode="before")
+    @classmethod
+    def _time_limit_has_a_unit(cls, v: Any) -> Any:
+        """YAML reads ``time_limit: 90`` as a number: say what it lacks, not "should be a string"."""
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            raise ValueError(
+                f"{v} has no unit; use HH:MM:SS, D-HH:MM:SS or a number with s, m, h or d (did you mean "
+                f"'{v}m', {format_hms(round(v * 60))}?)"
+            )
+        return v
 
     @field_validator("time_limit")
     @classmethod
@@ -745,7 +764,7 @@ class SlowRankKnob(_Section):
 class TestingConfig(_Section):
     """Test and demo knobs: they change timing or inject faults, never the math of a healthy run.
 
-    Not part of the user's reference (README, ``hpclaunch init``); left out of the config hash."""
+    Not part of the user's reference (docs/configuration.md, ``hpclaunch init``); left out of the config hash."""
 
     step_sleep_s: float = Field(
         0.0, ge=0, description="Extra seconds per step (slows a tiny model; math unchanged)."
@@ -781,6 +800,25 @@ class RunConfig(_Section):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
+
+    # Where the values came from, for checks made after loading (a data directory that does not
+    # exist, an init_from that cannot start the run): the layer that set each key, and each path as
+    # given before ``resolved`` made it absolute.
+    _sources: dict[str, str] = PrivateAttr(default_factory=dict)
+    _where: str = PrivateAttr(default="config")
+    _relative_paths: dict[str, tuple[str, str]] = PrivateAttr(default_factory=dict)  # key -> (given, base)
+
+    def origin(self, key: str) -> str:
+        """The file, ``--set`` or flag that set ``key`` (or its section); the config's name else."""
+        return source_of(key, self._sources, self._where)
+
+    def path_said(self, key: str, value: str) -> str:
+        """``value`` of the path ``key`` as the user gave it: "data/x (relative to the working
+        directory /home/u: /home/u/data/x)" when it was relative, else the path."""
+        given = self._relative_paths.get(key)
+        if given is None or given[0] == value:
+            return value
+        return f"{given[0]} (relative to the working directory {given[1]}: {value})"
 
     @model_validator(mode="before")
     @classmethod
@@ -924,7 +962,22 @@ class RunConfig(_Section):
             update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
         if self.train.init_from:
             update["train"] = self.train.model_copy(update={"init_from": absolute(self.train.init_from)})
-        return self.model_copy(update=update)
+        out = self.model_copy(update=update)
+        given = {
+            "run_dir": self.run_dir,
+            "data.token_dir": self.data.token_dir,
+            "data.latent_dir": self.data.latent_dir,
+            "data.val_token_dir": self.data.val_token_dir,
+            "data.val_latent_dir": self.data.val_latent_dir,
+            "checkpoint.dir": self.checkpoint.dir,
+            "train.init_from": self.train.init_from,
+        }
+        out._relative_paths = {
+            key: (str(value), str(base))
+            for key, value in given.items()
+            if value and not Path(os.path.expanduser(str(value))).is_absolute()
+        }
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
@@ -978,15 +1031,20 @@ def load_config(
     overrides: Sequence[str] = (),
     *,
     base: Path | None = None,
+    flags: Sequence[tuple[str, str]] = (),
 ) -> RunConfig:
     """Read ``path`` (None = defaults; several files: layered, see ``merge_layers``), apply
-    overrides, validate; paths resolved against ``base``. An error names the file (or ``--set``)
-    that set the bad key."""
+    overrides, then ``flags`` (``(key=value, flag)``: a command's own options that set a key, such as
+    ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
+    (or ``--set``, or the flag) that set the bad key."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
     for item in overrides:
         apply_override(raw, item)
         sources[item.partition("=")[0].strip()] = "--set"
+    for item, flag in flags:
+        apply_override(raw, item, where=flag)
+        sources[item.partition("=")[0].strip()] = flag
     where = " + ".join(str(f) for f in files) or "defaults"
     cfg = validate_config(raw, where=where, sources=sources)
     return cfg.resolved(base) if base is not None else cfg
@@ -1034,6 +1092,18 @@ def source_of(dotted: str, sources: Mapping[str, str], default: str) -> str:
     return default
 
 
+def _a_directory(path: Path) -> ConfigError:
+    """CONFIG named a directory: a run's (it has its config.yaml) or some other."""
+    if (path / "config.yaml").is_file():
+        return ConfigError(
+            "a run directory, not a CONFIG file",
+            where=str(path),
+            hint=f"continue that run: hpclaunch submit --resume {path}, or in the foreground: "
+            f"hpclaunch train {path} --resume (the config it was started with)",
+        )
+    return ConfigError("a directory, not a CONFIG file", where=str(path), hint="name the run's YAML file")
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
@@ -1043,6 +1113,8 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
             where=str(path),
             hint="check the path, or create one with 'hpclaunch init'",
         ) from None
+    except IsADirectoryError:
+        raise _a_directory(path) from None
     except OSError as e:
         raise ConfigError(f"cannot read config file ({e.strerror})", where=str(path)) from None
     try:
@@ -1157,9 +1229,11 @@ def validate_config(
     """The typed config; ``sources`` (dotted key -> file, from ``merge_layers``) names in an error
     the file that set the bad key instead of ``where``."""
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as e:
         raise _first_error(e, where, sources or {}) from None
+    cfg._sources, cfg._where = dict(sources or {}), where
+    return cfg
 
 
 def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> ConfigError:
@@ -1238,12 +1312,13 @@ def json_schema() -> dict[str, Any]:
     return RunConfig.model_json_schema()
 
 
-# Sections that are not part of the user's reference (README table, `hpclaunch init`).
+# Sections that are not part of the user's reference (docs/configuration.md, `hpclaunch init`).
 INTERNAL_SECTIONS = ("testing",)
 
 
 def iter_reference_rows() -> Iterable[tuple[str, str, str, str]]:
-    """(dotted key, type, default, description) for every leaf key: the README config reference."""
+    """(dotted key, type, default, description) for every leaf key: the config reference
+    (docs/configuration.md)."""
 
     def walk(model: type[BaseModel], prefix: str) -> Iterable[tuple[str, str, str, str]]:
         for name, field in model.model_fields.items():

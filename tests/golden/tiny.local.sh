@@ -3,7 +3,7 @@
 # The embedded local scheduler runs it once per attempt, with HPCLAUNCH_JOB_ID,
 # HPCLAUNCH_RESTART_COUNT and HPCLAUNCH_JOB_START_TIME set for this attempt.
 export HPCLAUNCH_RUN_DIR=/runs/tiny
-cd "$HPCLAUNCH_RUN_DIR"
+cd "$HPCLAUNCH_RUN_DIR" || { echo "hpclaunch: cannot enter $HPCLAUNCH_RUN_DIR" >&2; exit 1; }
 
 # environment
 export OMP_NUM_THREADS=1

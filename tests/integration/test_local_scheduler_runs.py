@@ -221,11 +221,19 @@ def test_status_json_and_logs_of_a_run(work: Path) -> None:
 
 
 def test_submit_refuses_a_config_whose_preflight_fails(work: Path, data: Path) -> None:
-    overrides = tiny_overrides(work, data, "refused", "data.token_dir=/nonexistent/tokens")
+    # A check that fails: 1, with the table. (Missing data is bad input: 2, one line, before it.)
+    overrides = tiny_overrides(work, data, "refused", "scheduler.mem_gb=0.0001")
     result = hpclaunch("submit", str(TINY), *overrides, cwd=work, check=False)
     assert result.returncode == 1, result.stderr
-    assert "preflight check 'data' failed" in result.stderr and "nothing was submitted" in result.stderr
+    assert "preflight check 'config' failed" in result.stderr and "nothing was submitted" in result.stderr
     assert not (work / "runs" / "refused").exists()
+    overrides = tiny_overrides(work, data, "refused", "data.token_dir=/nonexistent/tokens")
+    result = hpclaunch("submit", str(TINY), *overrides, cwd=work, check=False)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(
+        "hpclaunch: error: --set: data.token_dir: /nonexistent/tokens does not exist"
+    )
+    assert len(result.stderr.strip().splitlines()) == 2 and not (work / "runs" / "refused").exists()
 
 
 def test_hpclaunch_cancel_ends_the_run_as_cancelled_not_requeued(work: Path, data: Path) -> None:

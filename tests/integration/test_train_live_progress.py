@@ -72,3 +72,4 @@ def test_train_in_a_terminal_shows_a_live_progress_line_under_the_ranks_output(t
     )
     assert re.search(r" 24/24  loss ", redraws[-1])
     assert out.rstrip().endswith("finished at step 24")
+    assert out.count("finished at step 24") == 1, out[-3000:]  # the last word, said once (issue 39)

@@ -13,7 +13,17 @@ from tests.runlib import TINY, tiny_overrides, wait_ended, wait_for
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
 
-ACTIVE = ("pending", "running", "requeued", "held", "suspended")
+ACTIVE = (
+    "pending",
+    "running",
+    "requeued",
+    "held",
+    "suspended",
+    "stopping",
+    "finishing",
+    "failing",
+    "cancelling",
+)
 
 
 def synth_data(server: PbsServer, directory: Path, samples: int = 512) -> Path:

@@ -45,8 +45,8 @@ def test_logs_of_a_sweep_names_its_points(tmp_path: Path, capsys: pytest.Capture
     (root / "sweep.json").write_text(json.dumps({"points": [{"run_dir": p} for p in points]}))
     assert main(["logs", str(root)]) == 2
     err = capsys.readouterr().err
-    assert "a sweep of 2 points: each point has its own logs (p0-lr1e-3, p1-lr5e-4)" in err
-    assert f"hint: hpclaunch logs {points[0]}" in err and "has not started" not in err
+    assert "is a sweep of 2 points (p0-lr1e-3, p1-lr5e-4), not one run: logs takes one run" in err
+    assert f"hpclaunch logs {points[0]}" in err and "has not started" not in err
 
 
 @pytest.mark.parametrize("command", ["render", "report", "sample"])

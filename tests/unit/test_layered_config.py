@@ -117,7 +117,7 @@ def test_the_default_warmup_scales_so_a_short_run_needs_one_override() -> None:
 
 
 def test_sweep_and_render_flags_are_named_in_their_own_errors() -> None:
-    from hpclaunch.orchestrator.launch import expand_sweep, with_scheduler
+    from hpclaunch.orchestrator.launch import expand_sweep
 
     cfg = load_config(None)
     with pytest.raises(ConfigError) as e:
@@ -127,14 +127,26 @@ def test_sweep_and_render_flags_are_named_in_their_own_errors() -> None:
         expand_sweep(cfg, ["train.steps=300,2"])
     assert e.value.where == "--sweep point 1 (train.steps=2)"
     with pytest.raises(ConfigError) as e:
-        with_scheduler(cfg, None, "torque")
+        load_config(None, flags=[("scheduler.pbs_dialect=torque", "--pbs-dialect")])
     assert (
         e.value.one_line()
         == "--pbs-dialect: scheduler.pbs_dialect: only applies to kind: pbs (kind is local)"
     )
     with pytest.raises(ConfigError) as e:
-        with_scheduler(cfg, "slurmm", None)
+        load_config(None, flags=[("scheduler.kind=slurmm", "--scheduler")])
     assert e.value.where == "--scheduler"
+
+
+def test_render_flags_apply_before_the_config_is_validated(capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 39 (13): `render tiny.yaml --scheduler slurm --set scheduler.nodes=2` was refused with
+    "the local scheduler runs one node": the config was validated as local before --scheduler."""
+    from hpclaunch.cli import main
+
+    tiny = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
+    assert main(["render", str(tiny), "--scheduler", "slurm", "--set", "scheduler.nodes=2"]) == 0
+    assert "#SBATCH --nodes=2" in capsys.readouterr().out
+    assert main(["render", str(tiny), "--set", "scheduler.nodes=2"]) == 2  # still local: one node
+    assert "the local scheduler runs one node" in capsys.readouterr().err
 
 
 def test_resume_with_set_blames_set_not_the_runs_config(tmp_path: Path) -> None:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from hpclaunch.cli.render_cmd import scheduler_flags
 from hpclaunch.config import load_config
-from hpclaunch.orchestrator.launch import prepare, with_scheduler
+from hpclaunch.orchestrator.launch import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "golden"
@@ -30,8 +31,10 @@ CASES = [
 
 
 def render(example: str, scheduler: str | None, dialect: str | None, overrides: list[str]) -> str:
-    cfg = load_config(ROOT / example, [*FIXED, *overrides], base=ROOT)
-    return prepare(with_scheduler(cfg, scheduler, dialect)).rendered.text
+    cfg = load_config(
+        ROOT / example, [*FIXED, *overrides], base=ROOT, flags=scheduler_flags(scheduler, dialect)
+    )
+    return prepare(cfg).rendered.text
 
 
 @pytest.mark.parametrize("golden,example,scheduler,dialect,overrides", CASES, ids=[c[0] for c in CASES])
@@ -103,8 +106,10 @@ RESCUE_CASES = [
 def render_rescue(example: str, scheduler: str | None, dialect: str | None, overrides: list[str]) -> str:
     from hpclaunch.cli.render_cmd import rescue_script
 
-    cfg = load_config(ROOT / example, [*FIXED, *overrides], base=ROOT)
-    return rescue_script(prepare(with_scheduler(cfg, scheduler, dialect))).text
+    cfg = load_config(
+        ROOT / example, [*FIXED, *overrides], base=ROOT, flags=scheduler_flags(scheduler, dialect)
+    )
+    return rescue_script(prepare(cfg)).text
 
 
 @pytest.mark.parametrize(

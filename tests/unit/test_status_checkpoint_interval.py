@@ -84,3 +84,55 @@ def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
         shown = checkpoint_interval_summary(as_events([recorded]))
         assert shown is not None and recorded["expected_loss_per_failure_s"] is not None
         assert shown.expected_loss_per_failure_s == recorded["expected_loss_per_failure_s"], cost
+
+
+def test_auto_in_a_short_run_is_bounded_by_the_run_and_says_so() -> None:
+    """Issue 39 (3): a 60-step run (~1.5 s of training) was told "every 179898 steps (~52.1 min) ... a
+    failure is expected to lose ~26.1 min": an interval the run never reaches, a loss it cannot have."""
+    from hpclaunch.trainer.checkpoint.interval import Policy, SaveSchedule
+
+    s = SaveSchedule(Policy("auto", None, None, 24 * 3600.0, last_step=60), start_step=0)
+    for _ in range(6):
+        s.observe(0.025, saving=False)
+    s.save_started(5, stall_s=0.01)
+    s.save_settled()
+    decided = s.propose(6)
+    assert decided["bounded_by"] == "run end" and decided["interval_steps"] == 55
+    assert decided["next_step"] == 61  # no periodic save before the end: the final save keeps step 60
+    assert not any(s.due(step) for step in range(6, 61))
+    summary = checkpoint_interval_summary(as_events([{"event": "checkpoint_interval", **decided}]))
+    assert summary is not None and summary.expected_loss_per_failure_s is not None
+    assert summary.expected_loss_per_failure_s <= 55 * 0.025 / 2 + 0.001  # at most half the rest of the run
+    line = describe(summary)
+    assert line is not None and line.startswith(
+        "checkpoints: no periodic save before the run's last step (its final save keeps it); Young/Daly's ~"
+    )
+    assert "is longer than the run; 55 steps (~1.4 s)" in line and "min of training" not in line
+
+
+def test_a_save_cost_says_where_it_went_and_a_costly_fixed_interval_gets_advice() -> None:
+    """Issue 39 (8): "a save costs 0.313 s ... ~172.98 % of training time" beside a stall column of
+    0.0, and no advice: the cost was steps slowed beside a background save, counted as training."""
+    from hpclaunch.orchestrator.checkpoint_interval import advice
+
+    costly = decision(
+        mode="steps",
+        interval_steps=5,
+        interval_s=0.18,
+        save_cost_s=0.313,
+        save_stall_s=0.0,
+        step_time_s=0.036,
+    )
+    summary = checkpoint_interval_summary(as_events([costly]))
+    line = describe(summary)
+    assert line is not None
+    assert (
+        "a save costs 0.313 s of training: 0.000 s stalled + 0.313 s of steps slowed beside its writer"
+        in line
+    )
+    assert "~173.89% of training time" in line
+    said = advice(summary)
+    assert (
+        said is not None and "save less often: checkpoint.every_steps: auto (here ~every 1865 steps)" in said
+    )
+    assert advice(checkpoint_interval_summary(as_events([decision()]))) is None  # auto, 1.7 %: nothing to say

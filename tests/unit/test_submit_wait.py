@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from hpclaunch.cli import run_cmd
+from hpclaunch.cli import run_cmd, views
 from hpclaunch.rundir import RunPaths
 
 RECORDED = Path(__file__).resolve().parent / "recorded" / "requeued_run"  # a finished local run
@@ -63,7 +63,7 @@ def test_piped_it_prints_the_status_once_at_the_end(run: RunPaths, monkeypatch: 
 def test_a_sweep_table_on_a_narrow_pipe_keeps_every_point_name_whole(
     run: RunPaths, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    view = run_cmd._status_view(run)
+    view = views.status_view(run)
     names = ["p0-lr1e-3-depth2-dim_text64", "p1-lr1e-3-depth2-dim_text96"]
     rows = [replace(view, run=f"/runs/sweep/{n}") for n in names]
     out = io.StringIO()

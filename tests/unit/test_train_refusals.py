@@ -55,7 +55,7 @@ CASES = [
     (
         "validation dir missing",
         ["data.val_token_dir={data}/nope/tokens", "data.val_latent_dir={data}/nope/latents"],
-        "{data}/nope/tokens: token directory does not exist",
+        "--set: data.val_token_dir: {data}/nope/tokens does not exist",
     ),
     (
         "validation shards of another shape",

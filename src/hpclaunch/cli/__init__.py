@@ -19,6 +19,7 @@ app = typer.Typer(
     name="hpclaunch",
     help="One YAML file to a SLURM or PBS MMDiT training run that survives time limits and preemption.",
     no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode="rich",

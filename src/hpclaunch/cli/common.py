@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -11,7 +12,17 @@ from rich.console import Console
 
 from ..config import RunConfig, load_config
 
-console = Console()
+# Piped (a file, grep, a script), lines are never broken at 80 columns: what reads them wants them
+# whole. Tables are as wide as their content either way; COLUMNS still wins where it is set.
+PIPED_WIDTH = 1000
+
+
+def stdout_console() -> Console:
+    plain = Console()
+    return Console(width=PIPED_WIDTH) if not plain.is_terminal and "COLUMNS" not in os.environ else plain
+
+
+console = stdout_console()
 err_console = Console(stderr=True, soft_wrap=True)
 
 CONFIG_HELP = (
@@ -31,10 +42,13 @@ SetOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
 
 
-def load(config: Path | list[Path], overrides: list[str] | None) -> RunConfig:
-    """Load and validate CONFIG (one file, or several layered) with overrides; relative paths resolve
-    against the current directory."""
-    return load_config(config, overrides or [], base=Path.cwd())
+def load(
+    config: Path | list[Path], overrides: list[str] | None, flags: list[tuple[str, str]] | None = None
+) -> RunConfig:
+    """Load and validate CONFIG (one file, or several layered) with overrides (and ``flags``: a
+    command's options that set a key, applied last); relative paths resolve against the current
+    directory, not the config file's."""
+    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [])
 
 
 def config_names(config: Path | list[Path]) -> str:

@@ -65,7 +65,10 @@ def show(config: ConfigArg, overrides: SetOpt = None, as_json: JsonOpt = False) 
 
 @config_app.command("schema")
 def schema(
-    markdown: Annotated[bool, typer.Option("--markdown", help="The README reference table instead.")] = False,
+    markdown: Annotated[
+        bool,
+        typer.Option("--markdown", help="The config reference table (as in docs/configuration.md) instead."),
+    ] = False,
 ) -> None:
     """Print the config's JSON Schema (or the Markdown reference table).
 

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import UserInputError
 from ..fsutil import atomic_write_text
-from ..orchestrator.launch import Prepared, prepare, with_scheduler
+from ..orchestrator.launch import Prepared, prepare
 from ..schedulers.base import RenderedJob
 from ..schedulers.registry import get_scheduler
 from .common import ConfigArg, SetOpt, err_console, load
@@ -51,7 +51,7 @@ def render(
       hpclaunch render examples/tiny.yaml --scheduler pbs --pbs-dialect torque -o job.pbs
       hpclaunch render examples/slurm-8xh100.yaml --rescue
     """
-    cfg = with_scheduler(load(config, overrides), scheduler, pbs_dialect)
+    cfg = load(config, overrides, scheduler_flags(scheduler, pbs_dialect))
     prepared = prepare(cfg, sweeps=sweep or [])
     if rescue:
         prepared = replace(prepared, rendered=rescue_script(prepared))
@@ -62,6 +62,14 @@ def render(
         err_console.print(f"wrote {output}", highlight=False)
     else:
         typer.echo(prepared.rendered.text, nl=False)
+
+
+def scheduler_flags(kind: str | None, dialect: str | None) -> list[tuple[str, str]]:
+    """``--scheduler``/``--pbs-dialect`` as config keys, applied before the config is validated: a
+    value valid only for the scheduler asked for (scheduler.nodes=2 for SLURM) is never judged
+    against the config file's own kind."""
+    flags = [(f"scheduler.kind={kind}", "--scheduler")] if kind is not None else []
+    return flags + ([(f"scheduler.pbs_dialect={dialect}", "--pbs-dialect")] if dialect is not None else [])
 
 
 def rescue_script(prepared: Prepared) -> RenderedJob:

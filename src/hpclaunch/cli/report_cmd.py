@@ -32,10 +32,11 @@ def report(
       hpclaunch report runs/tiny -o /tmp/tiny-report
     """
     from ..orchestrator.report import build_report
-    from .run_cmd import _run_paths, _scheduler_status
+    from .run_dirs import run_paths
+    from .views import scheduler_status
 
-    paths = _run_paths(run)
-    result = build_report(paths.root, out, scheduler_status=_scheduler_status(paths))
+    paths = run_paths(run)
+    result = build_report(paths.root, out, scheduler_status=scheduler_status(paths))
     # plain lines: paths must not be wrapped (scripts and terminals copy them)
     typer.echo(f"report: {result.page}")
     for fig in result.figures:

@@ -1,4 +1,4 @@
-"""``hpclaunch submit | train | status | stop | cancel | logs``: a run's life cycle."""
+"""``hpclaunch submit | train | status``: a run's life cycle (``stop``, ``cancel``: stop_cmd; ``logs``: logs_cmd)."""
 
 from __future__ import annotations
 
@@ -8,49 +8,48 @@ from typing import Annotated, Any
 
 import typer
 
-from ..errors import PreflightFailed, RunNotFoundError, RunStateError, SchedulerError, UserInputError
+from ..errors import PreflightFailed, UserInputError
+from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
-from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
-from ..rundir.cause import Cause
-from ..rundir.outcome import AttemptOutcome
+from ..rundir import SUBMITTED, Ledger, RunPaths
 from ..rundir.readers import sweep_roots
-from ..schedulers.base import ACTIVE_STATES
 from .common import (
     CONFIG_HELP,
     ConfigArg,
     JsonOpt,
     SetOpt,
-    config_names,
     console,
     err_console,
     load,
     print_json,
 )
-from .follow import attempt_log_dirs, copy_out, follow_logs
+from .run_dirs import (
+    refuse_sweep_with_resume,
+    refuse_training_in_a_sweep_root,
+    refuse_unless_resumable_now,
+    resumable,
+    run_paths,
+)
+from .views import busy as _busy
+from .views import ended_code, ended_line, status_view
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
 
 
 def register(app: typer.Typer) -> None:
+    from .logs_cmd import logs
+    from .stop_cmd import cancel, stop
+
     app.command("submit")(submit)
     app.command("train")(train)
     app.command("status")(status)
     app.command("stop")(stop)
     app.command("cancel")(cancel)
     app.command("logs")(logs)
-
-
-def _run_paths(run: Path) -> RunPaths:
-    paths = RunPaths(run.resolve())
-    if not paths.is_run():
-        raise RunNotFoundError(
-            f"{run} is not a hpclaunch run directory", where="RUN", hint="see runs/ for your runs"
-        )
-    return paths
 
 
 def _preflight_or_refuse(cfg: Any) -> None:
@@ -112,9 +111,12 @@ def submit(
             hint=f"drop the CONFIG and change settings with --set (hpclaunch submit --resume {resume} "
             "--set train.steps=N), or submit the CONFIG as a new run without --resume",
         )
+    refuse_sweep_with_resume(resume, sweep)
     if resume is not None:
-        cfg = load_existing_run(_run_paths(resume).root, overrides or [])
-        _refuse_resuming_a_finished_run(_run_paths(resume), cfg.train.steps)
+        resumed = resumable(resume)
+        cfg = load_existing_run(resumed.root, overrides or [])
+        view = status_view(resumed)
+        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), cfg.train.steps)
     elif config:
         cfg = load(config, overrides)
     else:
@@ -140,6 +142,10 @@ def submit(
     pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
     refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
     if not no_preflight:
+        from .train_checks import refuse_bad_data
+
+        for point_cfg in prepared.point_cfgs or [cfg]:  # bad input: one line, before the table
+            refuse_bad_data(point_cfg)
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(
         prepared, run_preflight=not no_preflight, resume=resume is not None, held=after_paths is not None
@@ -156,18 +162,6 @@ def submit(
         raise typer.Exit(code)
 
 
-def _refuse_resuming_a_finished_run(paths: RunPaths, steps: int) -> None:
-    """A finished run has nothing to train: a job would start, load its last checkpoint and end."""
-    view = _status_view(paths)
-    if view.state == "finished" and int(view.step or 0) >= steps:
-        raise RunStateError(
-            f"{paths.root} has finished (step {view.step}/{steps}): there is nothing to resume",
-            where="--resume",
-            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N "
-            f"(N > {view.step})",
-        )
-
-
 def _chain_words(action: str, reason: str) -> str:
     if action == "release":
         return f"{reason}, so this run was released"
@@ -176,17 +170,11 @@ def _chain_words(action: str, reason: str) -> str:
     return "held until it finishes (cancelled if it fails or is cancelled)"
 
 
-def _plan_scheduler(paths: RunPaths) -> str | None:
-    try:
-        return read_plan(paths).scheduler
-    except (FileNotFoundError, ValueError):
-        return None
-
-
 def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
-    """Until the run is no longer pending/running/requeued; exit code 0 only for 'finished'. In a
-    terminal the status is shown live meanwhile. Ctrl-C ends the waiting, not the run (130)."""
-    roots = _sweep_points(paths) or [paths.root]
+    """``submit --wait`` and ``status --watch``: until the run (every sweep point) has ended, shown
+    live in a terminal; then its status and, unless it finished, one line saying how it ended. The
+    exit code is ``ended_code``'s. Ctrl-C ends the waiting, not the run (130)."""
+    roots = sweep_roots(paths) or [paths.root]
     try:
         views = _wait_until_ended(roots, poll_s)
     except KeyboardInterrupt:
@@ -201,7 +189,10 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         _print_sweep(views)
     else:
         _print_status(views[0])
-    return 0 if all(v.state == "finished" for v in views) else 1
+    for view in views:
+        if view.state != "finished":
+            console.print(ended_line(view), highlight=False, soft_wrap=True)
+    return ended_code(views)
 
 
 def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
@@ -211,7 +202,7 @@ def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
     from rich.live import Live
 
     def view() -> tuple[list[StatusView], Any]:
-        views = [_status_view(RunPaths(r)) for r in roots]
+        views = [status_view(RunPaths(r)) for r in roots]
         return views, (_sweep_table(views) if len(roots) > 1 else _status_table(views[0]))
 
     views, shown = view()
@@ -225,76 +216,44 @@ def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
     return views
 
 
-def _busy(views: list[StatusView]) -> bool:
-    """Some run is mid-flight by our ledger OR its scheduler still holds an active job (between a
-    trainer's stop and the agent's requeue decision the ledger alone says "stopped")."""
-    return any(
-        v.state in ACTIVE_STATES or (v.scheduler is not None and v.scheduler.state in ACTIVE_STATES)
-        for v in views
-    )
-
-
-def _ended_code(views: list[StatusView]) -> int:
-    """Once the run has ended: 1 when it (or a sweep point) failed or was lost, else 0."""
-    return 1 if any(v.state == "failed" or v.state.startswith("lost") for v in views) else 0
-
-
-def _sweep_points(paths: RunPaths) -> list[Path]:
-    return sweep_roots(paths)
-
-
-def _scheduler_status(paths: RunPaths) -> Any:
-    from ..orchestrator.status import current_job_id
-    from ..schedulers.registry import get_scheduler
-
-    job_id = current_job_id(read_events(paths).events)
-    kind = _plan_scheduler(paths)
-    if not job_id or not kind:
-        return None
-    try:
-        return get_scheduler(kind).status(paths, job_id)
-    except SchedulerError:
-        return None
-
-
-def _status_view(paths: RunPaths) -> StatusView:
-    from ..orchestrator.status import summarize
-    from ..schedulers.chain import settle_around
-
-    settle_around(paths, by="hpclaunch status")  # a chain release that failed is retried here
-
-    return summarize(paths.root, scheduler_status=_scheduler_status(paths))
-
-
 def train(
     config: ConfigArg,
     overrides: SetOpt = None,
     resume: Annotated[
-        bool, typer.Option("--resume", help="Continue the run in its existing directory.")
+        bool,
+        typer.Option(
+            "--resume", help="Continue the run in its existing directory (CONFIG may be that directory)."
+        ),
     ] = False,
 ) -> None:
     """Train in the foreground on this machine: the node agent and its rank host (no scheduler).
 
-    Ctrl-C stops all ranks at the same step and saves; run the same command with --resume to continue.
+    Ctrl-C, or 'hpclaunch stop RUN' from another shell, stops all ranks at the same step and saves.
+    Run the same command with --resume to continue.
 
-    Example: hpclaunch train examples/tiny.yaml --set train.steps=50
+    Exit codes: 0 finished, 1 failed, 2 bad input (nothing written),
+    3 ended by the user (hpclaunch stop, Ctrl-C, hpclaunch cancel), 4 stopped at the time limit, 5 preempted
+    (3, 4 and 5 are resumable with --resume).
+
+    Examples:
+      hpclaunch train examples/tiny.yaml --set train.steps=50
+      hpclaunch train runs/tiny --resume --set train.steps=100
     """
     import os
 
-    from ..config import validate_config
-    from ..jobs.agent import FOREGROUND_VAR
     from ..orchestrator.launch import scheduler_says_active
-    from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
+    from ..rundir import STOP_DROPPED, Heartbeat, RunLock
     from ..rundir.control import drop_user_stop
+    from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
     from .train_checks import refuse_bad_data, refuse_bad_init_from, refuse_other_model_shape
 
-    cfg = load(config, overrides)
-    raw = cfg.to_dict()
-    raw["scheduler"] = {**raw["scheduler"], "kind": "local"}
-    cfg = validate_config(raw, where=config_names(config))
+    if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
+        config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
+    cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")])  # this machine, always
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
+    refuse_training_in_a_sweep_root(paths.root)
     if paths.is_run() and not resume:
         raise UserInputError(
             f"a run already exists in {paths.root}",
@@ -305,7 +264,9 @@ def train(
     if resume:
         refuse_other_model_shape(cfg, paths.root)
     refuse_bad_init_from(cfg, paths.root)
-    job_id = f"fg{os.getpid()}"  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
+    from ..schedulers import foreground
+
+    job_id = foreground.job_id()  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
     lock = RunLock(paths)
     holder = lock.acquire(
         job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
@@ -324,25 +285,9 @@ def train(
                 code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)
-    outcome = latest_outcome(paths)
-    if outcome is not None and outcome.status == "failed":
-        # The reason is the last line; the rank host's own report stays in the node log.
-        console.print(
-            f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
-            highlight=False,
-        )
-        err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
-    elif outcome is not None and outcome.status != "stopped":
-        console.print(f"{outcome.status} at step {outcome.step}", highlight=False)  # the last word
-    elif outcome is not None:
-        # What continues a foreground run is this command, not `submit --resume`.
-        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
-        console.print(
-            f"stopped at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
-            highlight=False,
-            soft_wrap=True,  # a command to copy: never broken across lines
-        )
-    raise typer.Exit(_train_exit_code(outcome, code))
+    from .train_end import last_word
+
+    raise typer.Exit(last_word(paths, config, overrides, code))
 
 
 def _attempts_in_the_foreground(run_dir: str) -> int:
@@ -364,24 +309,10 @@ def _attempts_in_the_foreground(run_dir: str) -> int:
         err_console.print(f"hpclaunch: continuing in the foreground (attempt {restart + 1})", highlight=False)
 
 
-# Foreground exit codes name the cause: 0 finished, 1 failed, 3 user stop, 4 timeout, 5 preemption.
-_STOP_EXIT = {Cause.USER: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
-
-
 def _first_line(text: str, width: int = 90) -> str:
     """An error as one short line (the whole text stays in ``status --json``)."""
     line = str(text).strip().splitlines()[0] if str(text).strip() else ""
     return line if len(line) <= width else line[: width - 1] + "…"
-
-
-def _train_exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
-    if outcome is None:
-        return agent_code or 1
-    if outcome.status == "finished":
-        return 0
-    if outcome.status == "stopped":
-        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
-    return 1
 
 
 def status(
@@ -398,42 +329,22 @@ def status(
       hpclaunch status runs/tiny
       hpclaunch status runs/tiny --json | jq .goodput
     """
-    paths = _run_paths(run)
-    points = _sweep_points(paths)
+    paths = run_paths(run)
+    points = sweep_roots(paths)
     if watch and not as_json:
-        raise typer.Exit(_watch(paths, points))
+        raise typer.Exit(_wait(paths))
     if points:
-        rows = [_status_view(RunPaths(p)) for p in points]
+        rows = [status_view(RunPaths(p)) for p in points]
         if as_json:
             print_json({"sweep": str(paths.root), "points": [r.to_json() for r in rows]})
         else:
             _print_sweep(rows)
         return
-    data = _status_view(paths)
+    data = status_view(paths)
     if as_json:
         print_json(data.to_json())
     else:
         _print_status(data)
-
-
-def _watch(paths: RunPaths, points: list[Path], poll_s: float = 2.0) -> int:
-    """Redraw the status in place until the run (every sweep point) has ended; its exit code."""
-    from rich.live import Live
-
-    def view() -> tuple[list[StatusView], Any]:
-        if points:
-            rows = [_status_view(RunPaths(p)) for p in points]
-            return rows, _sweep_table(rows)
-        data = _status_view(paths)
-        return [data], _status_table(data)
-
-    views, shown = view()
-    with Live(shown, console=console, auto_refresh=False) as live:
-        while _busy(views):
-            time.sleep(poll_s)
-            views, shown = view()
-            live.update(shown, refresh=True)
-    return _ended_code(views)
 
 
 def _print_status(data: StatusView) -> None:
@@ -492,6 +403,8 @@ def _status_table(data: StatusView) -> Any:
     parts += [Text(note) for note in rescue.notes]
     if interval := describe_interval(data.checkpoint_interval):
         parts.append(Text(interval))
+    if advice := interval_advice(data.checkpoint_interval):
+        parts.append(Text(advice, style="yellow"))
     if failed := describe_failed_saves(data.failed_saves):
         parts.append(Text(failed, style="yellow"))
     for line in describe_experiment_logs(data.experiment_logs):
@@ -546,131 +459,3 @@ def _sweep_table(rows: list[StatusView]) -> Any:
             f"{ratio:.1%}" if ratio is not None else "-",
         )
     return table
-
-
-def stop(
-    run: RunArg,
-    continue_: Annotated[
-        bool,
-        typer.Option(
-            "--continue", help="After the save, continue automatically (requeue) instead of ending."
-        ),
-    ] = False,
-) -> None:
-    """Stop a running run gracefully: every rank stops at the same step and saves a checkpoint.
-
-    Continue later with 'hpclaunch submit --resume RUN' (or at once with --continue).
-
-    Example: hpclaunch stop runs/tiny
-    """
-    from ..orchestrator.status import running_attempt
-    from ..rundir.control import write_user_stop
-
-    paths = _run_paths(run)
-    # A sweep's root runs nothing itself: the request goes to every point that still runs.
-    points = sweep_roots(paths)
-    views = {p: _status_view(p) for p in [RunPaths(p) for p in points] or [paths]}
-    targets = [p for p, view in views.items() if _busy([view])]
-    if not targets:
-        states = sorted({view.state for view in views.values()})
-        raise RunStateError(
-            f"nothing to stop: {'every point of the sweep' if points else 'the run'} has ended "
-            f"({', '.join(states)}); nothing was written",
-            where=str(paths.root),
-            hint=f"see hpclaunch status {paths.root}; continue a stopped run with hpclaunch submit --resume",
-        )
-    for target in targets:
-        attempt = running_attempt(read_events(target).events)
-        write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
-        Ledger(target, role="cli").append(
-            STOP_REQUESTED,
-            cause=Cause.USER,
-            source="hpclaunch stop",
-            continue_=continue_,
-            attempt_seen=attempt,
-        )
-    what = f"{len(targets)} of the {len(points)} points of sweep {paths.root}" if points else str(paths.root)
-    console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)
-
-
-def cancel(run: RunArg) -> None:
-    """Cancel the run's job at once (scancel / qdel / local kill); no checkpoint is guaranteed.
-
-    Example: hpclaunch cancel runs/tiny
-    """
-    from ..orchestrator.status import current_job_id
-    from ..schedulers.registry import get_scheduler
-
-    paths = _run_paths(run)
-    job_id = current_job_id(read_events(paths).events)
-    kind = _plan_scheduler(paths)
-    if not job_id or not kind:
-        raise UserInputError("this run has no submitted job", where=str(paths.root))
-    # Recorded first: the agent reads it to tell this cancellation from a preemption.
-    Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
-    from ..schedulers.rescue import withdraw_rescues
-
-    # Its rescue first: a cancelled job ends "not ok", which would start it (to do nothing).
-    withdraw_rescues(paths, get_scheduler(kind), role="cli")
-    get_scheduler(kind).cancel(paths, job_id)
-    console.print(f"cancelled job {job_id}", highlight=False)
-    from ..schedulers.chain import settle_followers
-
-    for follower, _ in settle_followers(paths, by="hpclaunch cancel"):
-        console.print(f"cancelled {follower.run} (chained after this run)", highlight=False)
-
-
-def logs(
-    run: RunArg,
-    follow: Annotated[
-        bool,
-        typer.Option(
-            "-f",
-            "--follow",
-            help="Keep printing as the log grows, move on to the next attempt when the run is requeued, "
-            "stop when the run ends (exit 1 if it failed).",
-        ),
-    ] = False,
-    attempt: Annotated[
-        int | None, typer.Option("--attempt", help="Attempt number (1 = first; default latest).")
-    ] = None,
-    node: Annotated[int, typer.Option("--node", help="Node rank.")] = 0,
-) -> None:
-    """Print one node's log of one attempt (the node agent, its rank host and all ranks' output).
-
-    Examples:
-      hpclaunch logs runs/tiny --attempt 1
-      hpclaunch logs runs/tiny -f
-    """
-    paths = _run_paths(run)
-    points = sweep_roots(paths)
-    if points:  # a sweep's root runs nothing itself: its points have the logs
-        names = ", ".join(Path(p).name for p in points)
-        raise UserInputError(
-            f"a sweep of {len(points)} points: each point has its own logs ({names})",
-            where=str(paths.root),
-            hint=f"hpclaunch logs {points[0]}",
-        )
-    dirs = attempt_log_dirs(paths)
-    if not dirs and follow:
-        err_console.print("waiting for the job to start ...", highlight=False)
-        while not dirs and _busy([_status_view(paths)]):
-            time.sleep(1.0)
-            dirs = attempt_log_dirs(paths)
-    if not dirs:
-        raise UserInputError("no logs yet (the job has not started)", where=str(paths.logs))
-    if attempt is not None and not 1 <= attempt <= len(dirs):
-        raise UserInputError(f"attempt {attempt} does not exist (1..{len(dirs)})", where="--attempt")
-    index = (attempt or len(dirs)) - 1
-    log = dirs[index] / f"node{node}.log"
-    if not log.exists() and not follow:
-        raise UserInputError(f"no log for node {node}", where=str(log))
-    if not follow:
-        copy_out(log)
-        return
-
-    def ended() -> int | None:
-        view = _status_view(paths)
-        return None if _busy([view]) else _ended_code([view])
-
-    raise typer.Exit(follow_logs(paths, dirs, index, node, pinned=attempt is not None, ended=ended))

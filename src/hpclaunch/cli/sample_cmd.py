@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import RunNotFoundError, UserInputError
+from ..errors import UserInputError
 from .common import console
 
 MODES = ("t2l", "l2t", "joint")
@@ -44,10 +44,9 @@ def sample(
       hpclaunch sample runs/tiny --mode t2l --step 200 --out samples/t2l
     """
     from ..rundir import RunPaths, read_config
+    from .run_dirs import one_run
 
-    paths = RunPaths(run.resolve())
-    if not paths.is_run():
-        raise RunNotFoundError(f"{run} is not a hpclaunch run directory", where="RUN", hint="see runs/")
+    paths = one_run(run, "sample")
     if mode not in MODES:
         raise UserInputError(f"--mode {mode!r} is not one of {', '.join(MODES)}", where="sample")
     if n < 1 or steps < 1:

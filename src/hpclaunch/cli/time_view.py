@@ -66,7 +66,7 @@ def time_parts(data: StatusView) -> list[Any]:
         lines.append(
             Text(
                 f"goodput {ratio:.1%} of {fmt_seconds(spent.allocated_s)} allocated became kept training"
-                f" (queue {fmt_seconds(spent.queue_s or 0.0)} apart)",
+                f"; {fmt_seconds(spent.queue_s or 0.0)} waiting in the queue, not counted as allocated",
                 style="bold",
             )
         )

@@ -14,15 +14,29 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..config import RunConfig
-from ..errors import UserInputError
+from ..errors import DataError, UserInputError
 from ..rundir import RunPaths
 
 
 def refuse_bad_data(cfg: RunConfig) -> None:
-    """DataError (exit 2, the file named) when the training or validation shards do not fit the model."""
+    """DataError (exit 2, the file named) when the training or validation shards do not fit the model;
+    a data directory that is not there is named by its key and the file or flag that set it."""
     from ..shards import validate_dataset
 
     d = cfg.data
+    for key, directory in (
+        ("data.token_dir", d.token_dir),
+        ("data.latent_dir", d.latent_dir),
+        ("data.val_token_dir", d.val_token_dir),
+        ("data.val_latent_dir", d.val_latent_dir),
+    ):
+        if directory and not Path(directory).is_dir():
+            what = "is not a directory" if Path(directory).exists() else "does not exist"
+            raise DataError(
+                f"{key}: {cfg.path_said(key, directory)} {what}",
+                where=cfg.origin(key),
+                hint=f"set {key} to the directory of its shards, or create them with 'hpclaunch data synth'",
+            )
     validate_dataset(d.token_dir, d.latent_dir, cfg.model, max_shards=0)
     if d.val_token_dir and d.val_latent_dir:
         validate_dataset(d.val_token_dir, d.val_latent_dir, cfg.model, max_shards=0)
@@ -71,4 +85,10 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
 
     if published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints):
         return
-    check_fits(cfg, pending_ok=pending_ok)
+    init_from = cfg.train.init_from
+    try:
+        check_fits(cfg, pending_ok=pending_ok)
+    except UserInputError as e:
+        # The trainer names the key; here the file or flag that set it comes first, as for any key.
+        said = e.message.replace(init_from, cfg.path_said("train.init_from", init_from), 1)
+        raise UserInputError(f"{e.where}: {said}", where=cfg.origin("train.init_from"), hint=e.hint) from None

@@ -52,6 +52,7 @@ from ..rundir import (
 )
 from ..rundir.attempt_records import AttemptEnd
 from ..rundir.cause import Cause
+from ..rundir.env import FOREGROUND_VAR  # `hpclaunch train`: keep the launcher's report off the terminal
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
@@ -68,9 +69,6 @@ from .watching import AttemptWatch
 
 POLL_S = 0.2
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
-FOREGROUND_VAR = (
-    "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: keep the launcher's own report off the terminal
-)
 
 
 class NodeAgent:

@@ -17,6 +17,7 @@ watching the attempt meanwhile, stays the agent's (``NodeAgent._await_reports``)
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from typing import Any
@@ -36,6 +37,7 @@ from ..rundir import (
     RunPaths,
 )
 from ..rundir.control import take_user_stop
+from ..rundir.env import FOREGROUND_VAR
 from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
@@ -66,6 +68,10 @@ def in_place_ok(plan: JobPlan, *, stopping: bool, end_time: float | None, now: f
     if end_time is None:
         return True
     return end_time - now > max(60.0, 2 * plan.planned_stop_lead_s)
+
+
+def _in_the_foreground() -> bool:
+    return os.environ.get(FOREGROUND_VAR) == "1"
 
 
 class Decider:
@@ -326,8 +332,17 @@ class Decider:
             note=note,
         )
         fields.update(extra)
-        (ledger or self.ledger).append(decision.event, **fields)
-        print(f"hpclaunch: {decision.action.value}: {decision.reason}", file=sys.stderr, flush=True)
+        written = ledger or self.ledger
+        written.append(decision.event, **fields)
+        line = f"hpclaunch: {decision.action.value}: {decision.reason}"
+        if not (_in_the_foreground() and decision.action in (Action.FINISH, Action.END, Action.FAIL)):
+            print(line, file=sys.stderr, flush=True)  # (a foreground train says the last word itself)
+        # The attempt's own log says how it ended: `hpclaunch logs` needs no scheduler's file.
+        with contextlib.suppress(OSError):
+            log = self.paths.node_log(written.attempt or self.ctx.attempt, self.ctx.node_rank)
+            if log.parent.is_dir():
+                with open(log, "a") as f:
+                    f.write(f"# {line}\n")
 
     def release_lock(self, next_job: str | None) -> None:
         """Hand the lock to the job that continues the run, or release it when the run stops here."""

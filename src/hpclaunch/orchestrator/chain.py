@@ -12,23 +12,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import UserInputError
-from ..rundir import CHAIN_WAITING, Ledger, RunPaths, read_events, read_sweep
+from ..rundir import CHAIN_WAITING, Ledger, RunPaths, read_events
 from ..rundir.chain import Follower, Verdict, register, verdict
+from ..rundir.kind import RunKind, what_is_at
 from ..schedulers.chain import settle_followers
 
 
 def check_after(after: Path, run_root: Path, *, sweep: bool) -> RunPaths:
     """The earlier run's paths; UserInputError (exit 2, nothing written) when it cannot be waited for."""
-    paths = RunPaths(after.resolve())
-    if not paths.is_run():
-        raise UserInputError(f"{after} is not a hpclaunch run directory", where="--after")
+    there = what_is_at(after)
+    if there.kind is RunKind.NONE:
+        raise UserInputError(there.describe(), where="--after", hint="name the earlier stage's run directory")
+    paths = RunPaths(there.path)
     if paths.root == run_root.resolve():
         raise UserInputError(
             "a run cannot wait for itself", where="--after", hint="name the earlier stage's run"
         )
-    if sweep or read_sweep(paths):
+    if sweep or there.kind is RunKind.SWEEP:
         raise UserInputError(
-            "chains join single runs, not sweeps",
+            f"chains join single runs, not sweeps{': ' + there.describe() if not sweep else ''}",
             where="--after",
             hint="chain after one point of a sweep (runs/NAME/pN-...), and submit sweep points separately",
         )

@@ -18,8 +18,19 @@ from ..rundir import RunPaths
 from .accounting import RunTime
 from .time_inputs import time_limit_of
 
-# Run states after which nothing more is spent (status's words).
-_ENDED = ("finished", "failed", "cancelled", "lost")
+# Run states after which nothing more is spent (status's words; "stopping" and the like: exiting).
+# A stopped run is resumable, but until someone resumes it there is no time of arrival to show.
+_ENDED = (
+    "finished",
+    "stopped",
+    "failed",
+    "cancelled",
+    "lost",
+    "stopping",
+    "finishing",
+    "failing",
+    "cancelling",
+)
 
 
 def measured(spent: RunTime) -> Measured:

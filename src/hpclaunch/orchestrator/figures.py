@@ -156,11 +156,21 @@ def _attempts_caption(summary: StatusView) -> str:
     return text + (f", {lost} steps lost" if lost else "") + f"; {summary.state}"
 
 
+# The labels live in a band above every curve: the y axis is raised by this share of its span, and
+# neighbouring labels step down in turn (LABEL_ROWS rows) so that close boundaries do not collide.
+LABEL_BAND = 0.3
+LABEL_ROWS = 3
+
+
 def _mark_attempts(ax: Any, summary: StatusView) -> None:
     """A dashed line where each attempt resumed, labelled with why the previous one ended."""
     times = summary.time.attempts
     trans = blended_transform_factory(ax.transData, ax.transAxes)
     labels = len(times) <= MAX_LABELLED_ATTEMPTS
+    if labels and len(times) > 1:
+        low, high = ax.get_ylim()
+        ax.set_ylim(low, high + (high - low) * LABEL_BAND)
+    top = 1.0 - 0.03  # axes fraction; the band starts at 1 / (1 + LABEL_BAND) ~ 0.77
     for i, t in enumerate(times):
         if t.lost_steps:
             ax.axvspan(t.kept_step, t.last_step, color=PHASE_STYLE["lost"][0], alpha=0.15, lw=0)
@@ -172,7 +182,11 @@ def _mark_attempts(ax: Any, summary: StatusView) -> None:
             prev = summary.attempt(times[i - 1].attempt)
             prev_cause, prev_end = (prev.cause, prev.end) if prev else (None, None)
             text = f"#{i + 1} after {cause_words(prev_cause) if prev_cause else prev_end}"
-            ax.text(x, 0.02, text, transform=trans, rotation=90, ha="right", va="bottom", fontsize=8)
+            y = top - 0.065 * ((i - 1) % LABEL_ROWS)
+            ax.annotate(
+                text, (x, y), xycoords=trans, xytext=(3, 0), textcoords="offset points", ha="left", va="top",
+                fontsize=8,
+            )  # fmt: skip
 
 
 # ---- where the wall-clock time went, attempt by attempt ------------------------------------------

@@ -45,23 +45,6 @@ class Prepared:
     point_cfgs: list[RunConfig] = field(default_factory=list)  # one per sweep point
 
 
-def with_scheduler(cfg: RunConfig, kind: str | None, dialect: str | None) -> RunConfig:
-    """``render --scheduler/--pbs-dialect`` as if they were config overrides (validated the same way)."""
-    if kind is None and dialect is None:
-        return cfg
-    raw = cfg.to_dict()
-    sources: dict[str, str] = {}
-    if kind is not None:
-        apply_override(raw, f"scheduler.kind={kind}", where="--scheduler")
-        sources["scheduler.kind"] = "--scheduler"
-    if dialect is not None:
-        apply_override(raw, f"scheduler.pbs_dialect={dialect}", where="--pbs-dialect")
-        sources["scheduler.pbs_dialect"] = "--pbs-dialect"
-    # An error names the flag that set its key (the config was valid before them).
-    where = "--scheduler" if kind is not None else "--pbs-dialect"
-    return validate_config(raw, where=where, sources=sources)
-
-
 def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
     """Variables of an explicitly named preset + the user's; ``auto`` is resolved on each node."""
     from ..nccl import static_preset_env

@@ -121,7 +121,8 @@ def _run_page(summary: StatusView, pngs: dict[str, bytes], notes: list[str]) -> 
     if ratio is not None:
         head.append(
             f"<p class='big'>goodput <b>{ratio:.1%}</b>: {fmt_seconds(spent.training_s)} of kept training in "
-            f"{fmt_seconds(spent.allocated_s)} allocated (queue {fmt_seconds(spent.queue_s)} apart)</p>"
+            f"{fmt_seconds(spent.allocated_s)} allocated; {fmt_seconds(spent.queue_s)} waiting in the queue, "
+            "not counted as allocated</p>"
         )
     gp = summary.step_counts
     head.append(

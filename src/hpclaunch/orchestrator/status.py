@@ -46,6 +46,15 @@ from .lineage import ChainView, WeightsSource, chain_view, weights_from
 from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
 
+# What an ended attempt's state reads while its job or process is still exiting (the scheduler
+# still runs it, or a live process holds the run lock): not resumable yet, and said so.
+ENDING_STATES = {
+    "stopped": "stopping",
+    "finished": "finishing",
+    "failed": "failing",
+    "cancelled": "cancelling",
+}
+
 # A continuation the scheduler does not show as pending or running this long after the ledger
 # said "requeued" never came: the run is reported as lost (and `submit --wait` ends).
 LOST_AFTER_S = 60.0
@@ -339,8 +348,10 @@ def run_state(
     scheduler_state: str | None,
     *,
     now: float | None = None,
+    exiting: bool = False,
 ) -> str:
-    """The run's state: the ledger's story reconciled with what the scheduler says now."""
+    """The run's state: the ledger's story reconciled with what the scheduler says now.
+    ``exiting``: a live process (agent, controller, foreground train) still holds the run lock."""
     submissions = [e for e in events if isinstance(e, (Submitting, SubmitFailed))]
     if submissions and isinstance(submissions[-1], SubmitFailed):
         return "not submitted (the scheduler refused it)"
@@ -365,6 +376,8 @@ def run_state(
         return scheduler_state
     if last.end == "requeued":
         return _lost_or(scheduler_state, "requeued", since=last.ended, now=now)
+    if last.end in ENDING_STATES and (exiting or scheduler_state in ACTIVE_STATES):
+        return ENDING_STATES[last.end]
     return last.end
 
 
@@ -433,6 +446,13 @@ class StatusView:
         return Path(self.run).name
 
     @property
+    def in_flight(self) -> bool:
+        """Mid-flight by the ledger, still exiting, or held by its scheduler (between a trainer's stop
+        and the agent's requeue decision the ledger alone says "stopped")."""
+        sched = self.scheduler.state if self.scheduler is not None else None
+        return self.state in ACTIVE_STATES or self.state in ENDING_STATES.values() or sched in ACTIVE_STATES
+
+    @property
     def goodput(self) -> float | None:
         """The time share: kept training over allocated time (``time.goodput``)."""
         return self.time.goodput
@@ -492,11 +512,13 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     speed = last.step_time_s if last else None
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     rescue = rescue_view(events)
-    state = run_state(attempts, events, sched.state if sched else None)
+    state = run_state(attempts, events, sched.state if sched else None, exiting=_held_by_a_process(paths))
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
         eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
+    if state not in ACTIVE_STATES and state != "finished":
+        eta = None  # stopped, failed, cancelled: nothing arrives until someone resumes it
     return StatusView(
         run=str(run),
         state=state,
@@ -526,6 +548,15 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         failed_saves=failed_saves(events),
         experiment_logs=experiment_log_failures(events),
     )
+
+
+def _held_by_a_process(paths: RunPaths) -> bool:
+    """A live agent, controller or foreground train holds the run lock: it has not exited yet."""
+    from ..rundir import RunLock
+    from ..rundir.lock import PROCESS_ROLES, liveness
+
+    holder = RunLock(paths).read()
+    return holder is not None and holder.role in PROCESS_ROLES and liveness(holder, is_active=None).alive
 
 
 def _add_unsaved_steps(attempts: list[Attempt], metrics: list[MetricsLine]) -> None:

@@ -457,6 +457,9 @@ class CheckpointInterval(Event):
     mtbf_s: float | None = None
     expected_loss_per_failure_s: float | None = None
     expected_waste_share: float | None = None
+    save_stall_s: float | None = None
+    bounded_by: str | None = None
+    unbounded_interval_s: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

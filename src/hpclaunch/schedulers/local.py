@@ -33,6 +33,7 @@ from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
 from ..templates.shell import Raw, export_line, join
+from . import foreground, local_slots
 from .base import (
     LOCAL_REQUEUE_EXIT,
     Continuation,
@@ -112,6 +113,8 @@ class LocalScheduler:
         )
 
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
+        if foreground.is_foreground(job_id):  # a `hpclaunch train`: no controller, the lock says
+            return foreground.status(paths, job_id)
         state = read_state(paths.scheduler_dir)
         if state.get("job_id") != job_id:
             return SchedulerStatus(JobState.UNKNOWN, "", "no local controller state for this job")
@@ -121,6 +124,9 @@ class LocalScheduler:
         return SchedulerStatus(_STATES.get(word, JobState.UNKNOWN), word, str(state.get("reason", "")))
 
     def cancel(self, paths: RunPaths, job_id: str) -> None:
+        if foreground.is_foreground(job_id):
+            foreground.cancel(paths, job_id)
+            return
         state = read_state(paths.scheduler_dir)
         pid = int(state.get("pid", 0))
         if state.get("job_id") != job_id or not _alive(pid):
@@ -135,7 +141,7 @@ class LocalScheduler:
         hostname = socket.gethostname().split(".")[0]
         return NodeContext(
             scheduler="local",
-            job_id=environ.get(JOB_ID_VAR) or f"fg{os.getpid()}",
+            job_id=environ.get(JOB_ID_VAR) or foreground.job_id(),
             node_rank=0,
             num_nodes=1,
             hostname=hostname,
@@ -254,11 +260,24 @@ class Controller:
             self.lock.release(holder)
 
     def _released(self) -> bool:
-        """Wait while the hold file exists (``release`` removes it); False when cancelled first."""
+        """Wait while the hold file exists (``release`` removes it), then for a slot among the
+        sweep's points (``local_slots``); False when cancelled first."""
         hold = self.sched / HOLD_FILE
         if hold.exists():
             self._state("held", reason="held until the run before this one finishes")
         while hold.exists():
+            if self.cancelled:
+                return False
+            time.sleep(0.5)
+        parallelism = self.plan.array_parallelism
+        waiting = False
+        while parallelism and not local_slots.may_start(
+            self.root, parallelism, lambda p: read_state(RunPaths(p).scheduler_dir), _alive
+        ):
+            if not waiting:
+                reason = f"waiting for a slot: scheduler.array_parallelism is {parallelism}"
+                self._state("held", reason=reason, slot=True)
+                waiting = True
             if self.cancelled:
                 return False
             time.sleep(0.5)

@@ -41,7 +41,7 @@ class PeriodicSaves:
             failures, trained_s = ledger_failures(read_events(paths).events, current_attempt=attempt)
         policy = policy_from_config(
             c.every_steps, c.every_minutes, c.mtbf_hours, cfg.scheduler.nodes,
-            failures=failures, trained_s=trained_s,
+            failures=failures, trained_s=trained_s, last_step=cfg.train.steps,
         )  # fmt: skip
         self.schedule = SaveSchedule(policy, start_step=start_step)
         self.ctx = ctx

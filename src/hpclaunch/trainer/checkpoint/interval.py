@@ -15,7 +15,12 @@ Agreement. The interval decides at which step every rank saves, so it is identic
 0 proposes (from its own step times and measured save cost) and every rank adopts what rank 0
 broadcasts, at points all ranks pass together: a calibration step early in each attempt, and the
 step at which a periodic save settles. Timing never changes the math: a save copies the state, and
-training goes on bitwise the same whatever the interval. Torch-free.
+training goes on bitwise the same whatever the interval.
+
+Bounded by the run. The run's last step saves anyway (the final save), so an interval that would
+reach past it (a short run, a long MTBF: Young/Daly's hour against a minute of training) becomes
+"no periodic save before the end", and the figures are those of the interval as bounded: a failure
+then loses at most what is left of the run. The decision says so (``bounded_by``). Torch-free.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ class Policy:
     every_steps: int | None  # mode "steps"
     every_minutes: float | None  # mode "minutes"
     mtbf_s: float  # the run's, ledger included
+    last_step: int | None = None  # the run's last step (train.steps): its final save bounds the interval
 
 
 class IntervalDecision(TypedDict):
@@ -81,6 +87,9 @@ class IntervalDecision(TypedDict):
     mtbf_s: float | None
     expected_loss_per_failure_s: float | None
     expected_waste_share: float | None
+    save_stall_s: float | None  # the blocking part of save_cost_s (the rest: steps slowed beside it)
+    bounded_by: str | None  # "run end": the interval chosen reached past the run's last step
+    unbounded_interval_s: float | None  # the interval before it was bounded
 
 
 class SaveSchedule:
@@ -96,6 +105,7 @@ class SaveSchedule:
         self._stall = 0.0
         self._excess = 0.0
         self._costs: list[float] = []
+        self._stalls: list[float] = []
         self._last_save_step: int | None = None
 
     @property
@@ -129,7 +139,8 @@ class SaveSchedule:
     def save_settled(self) -> None:
         """The save started last has ended on every rank: its cost is known."""
         self._costs.append(self._stall + self._excess)
-        del self._costs[:-_COSTS]
+        self._stalls.append(self._stall)
+        del self._costs[:-_COSTS], self._stalls[:-_COSTS]
 
     # ---- decisions --------------------------------------------------------------------------
 
@@ -160,6 +171,14 @@ class SaveSchedule:
             interval_steps = _steps(interval_s, step_s)
         base = self._last_save_step if self._last_save_step is not None else self.start_step
         next_step = step if interval_steps == 0 else max(base + interval_steps, step + 1)
+        bounded_by, unbounded_s = None, None
+        if p.mode != "steps" and p.last_step is not None and interval_steps and next_step >= p.last_step:
+            # The final save comes first: no periodic save before it, and what a failure can lose
+            # is what is left of the run, not an interval it never reaches.
+            bounded_by, unbounded_s = "run end", _round(interval_s)
+            interval_steps = max(1, p.last_step - base)
+            interval_s = interval_steps * step_s if step_s else None
+            next_step = p.last_step + 1
         interval_s = _round(interval_s)  # what the ledger keeps: `status` derives the loss from it
         loss = expected_loss_per_failure_s(interval_s) if interval_s else None
         waste = expected_waste_share(interval_s, cost, p.mtbf_s) if interval_s and cost is not None else None
@@ -174,6 +193,9 @@ class SaveSchedule:
             "mtbf_s": _round(p.mtbf_s, 4),
             "expected_loss_per_failure_s": _round(loss),
             "expected_waste_share": _round(waste, 6),
+            "save_stall_s": _round(sum(self._stalls) / len(self._stalls), 4) if self._stalls else None,
+            "bounded_by": bounded_by,
+            "unbounded_interval_s": unbounded_s,
         }
 
     def adopt(self, decision: Mapping[str, Any]) -> None:
@@ -202,13 +224,14 @@ def policy_from_config(
     *,
     failures: int,
     trained_s: float,
+    last_step: int | None = None,
 ) -> Policy:
     mtbf = run_mtbf_s(mtbf_hours, nodes, failures=failures, trained_s=trained_s)
     if every_minutes is not None:
-        return Policy("minutes", None, every_minutes, mtbf)
+        return Policy("minutes", None, every_minutes, mtbf, last_step)
     if every_steps == "auto":
-        return Policy("auto", None, None, mtbf)
-    return Policy("steps", int(every_steps), None, mtbf)
+        return Policy("auto", None, None, mtbf, last_step)
+    return Policy("steps", int(every_steps), None, mtbf, last_step)
 
 
 def ledger_failures(events: Sequence[Event], *, current_attempt: str | None) -> tuple[int, float]:

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -172,6 +173,11 @@ class SaveWriter:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
 
+        if self.pg is None:
+            # One rank saves without a group (no_dist): DCP warns, on every save, that it assumes
+            # exactly that. A process-wide filter (the writer process has its own): catch_warnings
+            # would swap the filters under the training thread's feet.
+            warnings.filterwarnings("ignore", message=r"torch\.distributed is disabled, unavailable")
         try:
             dcp.save(
                 state,

@@ -1,0 +1,96 @@
+"""A run directory named on the command line: what is there, and the refusals that follow from it.
+
+Every command that takes RUN asks ``found`` first; one that cannot apply to what it found (no run,
+a sweep's root where one run is needed, a run that has finished or is still exiting) says what it
+found in one line, exit 2, nothing written. A ``--resume`` never changes what a directory holds:
+a run stays a run, a sweep's root a sweep, a point a point.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import RunNotFoundError, RunStateError, UserInputError
+from ..rundir import RunPaths
+from ..rundir.kind import Found, RunKind, what_is_at
+
+
+def found(run: Path) -> Found:
+    """What is at ``run``; RunNotFoundError (saying what is there instead) when it is no run."""
+    there = what_is_at(run)
+    if there.kind is RunKind.NONE:
+        raise RunNotFoundError(there.describe(), where="RUN", hint="see runs/ for your runs")
+    return there
+
+
+def run_paths(run: Path) -> RunPaths:
+    return RunPaths(found(run).path)
+
+
+def one_run(run: Path, command: str) -> RunPaths:
+    """A run or a sweep's point; a sweep's root is refused, naming a point to use instead."""
+    there = found(run)
+    if there.kind is RunKind.SWEEP:
+        raise RunStateError(
+            f"{there.describe()}: {command} takes one run",
+            where="RUN",
+            hint=f"name one of its points: hpclaunch {command} {there.points[0]}",
+        )
+    return RunPaths(there.path)
+
+
+def refuse_sweep_with_resume(resume: Path | None, sweeps: list[str] | None) -> None:
+    """``--sweep`` makes a new sweep; with ``--resume`` it would turn RUN into another kind of run."""
+    if resume is None or not sweeps:
+        return
+    raise RunStateError(
+        f"--sweep starts a new sweep and --resume continues what {resume} holds; "
+        "a resume never turns a run into a sweep; nothing was written",
+        where="--sweep",
+        hint=f"resume it without --sweep (hpclaunch submit --resume {resume}), or submit the sweep "
+        "as a new run: hpclaunch submit CONFIG --sweep KEY=V1,V2 --set name=NEW",
+    )
+
+
+def resumable(run: Path) -> RunPaths:
+    """``submit --resume RUN``: a run or a sweep's point; a sweep's root trains nothing itself."""
+    there = found(run)
+    if there.kind is RunKind.SWEEP:
+        raise RunStateError(
+            f"{there.describe()}; its root trains nothing itself, so there is nothing in it to resume; "
+            "nothing was written",
+            where="--resume",
+            hint="resume each point from its own checkpoint: "
+            + "; ".join(f"hpclaunch submit --resume {p}" for p in there.points[:2])
+            + ("; ..." if len(there.points) > 2 else ""),
+        )
+    return RunPaths(there.path)
+
+
+def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: int) -> None:
+    """A finished run has nothing to train; one still exiting is not free yet (status says so)."""
+    from ..orchestrator.status import ENDING_STATES
+
+    if state == "finished" and step >= steps:
+        raise RunStateError(
+            f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
+            where="--resume",
+            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N (N > {step})",
+        )
+    if state in ENDING_STATES.values():
+        raise RunStateError(
+            f"{paths.root} is {state}: its job has not exited yet; nothing was written",
+            where="--resume",
+            hint=f"resume it once hpclaunch status {paths.root} says it has ended (seconds)",
+        )
+
+
+def refuse_training_in_a_sweep_root(root: Path) -> None:
+    """``train`` whose run directory is a sweep's root would put a run where its points' sweep is."""
+    there = what_is_at(root)
+    if there.kind is RunKind.SWEEP:
+        raise UserInputError(
+            f"{there.describe()}; training here would make its root a run; nothing was written",
+            where="run_dir",
+            hint=f"train one point (hpclaunch submit --resume {there.points[0]}) or choose another name/run_dir",
+        )

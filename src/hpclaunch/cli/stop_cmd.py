@@ -1,0 +1,109 @@
+"""``hpclaunch stop | cancel RUN``: end a run gracefully (a checkpoint at one step) or at once.
+
+Both take a run, a sweep's point or a sweep's root (every point still in flight), and both refuse a
+run that has ended the same way: one line naming its state, exit 2, nothing written.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import RunStateError, UserInputError
+from ..orchestrator.status import StatusView
+from ..rundir import CANCELLED, STOP_REQUESTED, Ledger, RunPaths, read_events
+from ..rundir.cause import Cause
+from .common import console
+from .run_dirs import found
+from .views import plan_scheduler, status_view
+
+RunArg = Annotated[
+    Path, typer.Argument(help="The run directory (runs/<name>) or a sweep's root.", metavar="RUN")
+]
+
+
+def _in_flight(run: Path, command: str) -> tuple[Path, list[RunPaths], int]:
+    """The run's root, the runs (a sweep's points) still in flight, and how many points there are;
+    RunStateError when none is (the run, or every point, has ended)."""
+    there = found(run)
+    views: dict[RunPaths, StatusView] = {
+        p: status_view(p) for p in [RunPaths(p) for p in there.points] or [RunPaths(there.path)]
+    }
+    targets = [p for p, view in views.items() if view.in_flight]
+    if not targets:
+        states = ", ".join(sorted({view.state for view in views.values()}))
+        what = "every point of the sweep has" if there.points else "the run has"
+        raise RunStateError(
+            f"nothing to {command}: {what} ended ({states}); nothing was written",
+            where=str(there.path),
+            hint=f"see hpclaunch status {there.path}; continue a stopped run with hpclaunch submit --resume",
+        )
+    return there.path, targets, len(there.points)
+
+
+def stop(
+    run: RunArg,
+    continue_: Annotated[
+        bool,
+        typer.Option(
+            "--continue", help="After the save, continue automatically (requeue) instead of ending."
+        ),
+    ] = False,
+) -> None:
+    """Stop a running run gracefully: every rank stops at the same step and saves a checkpoint.
+
+    Continue later with 'hpclaunch submit --resume RUN' (a foreground run: the same 'hpclaunch train'
+    command with --resume), or at once with --continue. A sweep's root: every point still running.
+
+    Example: hpclaunch stop runs/tiny
+    """
+    from ..orchestrator.status import running_attempt
+    from ..rundir.control import write_user_stop
+
+    root, targets, points = _in_flight(run, "stop")
+    for target in targets:
+        attempt = running_attempt(read_events(target).events)
+        write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
+        Ledger(target, role="cli").append(
+            STOP_REQUESTED,
+            cause=Cause.USER,
+            source="hpclaunch stop",
+            continue_=continue_,
+            attempt_seen=attempt,
+        )
+    what = f"{len(targets)} of the {points} points of sweep {root}" if points else str(root)
+    console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)
+
+
+def cancel(run: RunArg) -> None:
+    """Cancel the run's job at once (scancel / qdel / local kill); no checkpoint is guaranteed.
+
+    A sweep's root: every point still pending or running.
+
+    Example: hpclaunch cancel runs/tiny
+    """
+    _, targets, _ = _in_flight(run, "cancel")
+    for target in targets:
+        _cancel_job(target)
+
+
+def _cancel_job(paths: RunPaths) -> None:
+    from ..orchestrator.status import current_job_id
+    from ..schedulers.chain import settle_followers
+    from ..schedulers.registry import get_scheduler
+    from ..schedulers.rescue import withdraw_rescues
+
+    job_id = current_job_id(read_events(paths).events)
+    kind = plan_scheduler(paths)
+    if not job_id or not kind:
+        raise UserInputError("this run has no submitted job", where=str(paths.root))
+    # Recorded first: the agent reads it to tell this cancellation from a preemption.
+    Ledger(paths, role="cli").append(CANCELLED, job_id=job_id, by="hpclaunch cancel")
+    # Its rescue first: a cancelled job ends "not ok", which would start it (to do nothing).
+    withdraw_rescues(paths, get_scheduler(kind), role="cli")
+    get_scheduler(kind).cancel(paths, job_id)
+    console.print(f"cancelled job {job_id} ({paths.root.name})", highlight=False)
+    for follower, _ in settle_followers(paths, by="hpclaunch cancel"):
+        console.print(f"cancelled {follower.run} (chained after this run)", highlight=False)

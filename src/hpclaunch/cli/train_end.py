@@ -1,0 +1,65 @@
+"""What a foreground ``hpclaunch train`` says last, and the exit code it ends with.
+
+The exit code names how the run ended: 0 finished, 1 failed, 3 ended by the user (``hpclaunch
+stop`` from any shell, Ctrl-C, or ``hpclaunch cancel``), 4 stopped at the time limit, 5 preempted.
+The decision, not only the trainer's outcome, says which: a cancel reaches the ranks as a SIGTERM,
+which the trainer alone cannot tell from a preemption.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..rundir import RunPaths
+from ..rundir.cause import Cause
+from ..rundir.outcome import AttemptOutcome
+from .common import console, err_console
+
+_STOP_EXIT = {Cause.USER: 3, Cause.CANCELLED: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
+
+
+def last_word(paths: RunPaths, config: list[Path], overrides: list[str] | None, agent_code: int) -> int:
+    """Print how the run ended (one line; a failure's reason on stderr) and return the exit code."""
+    from .. import rundir  # (looked up at the call: tests stand in for the outcome)
+
+    outcome = rundir.latest_outcome(paths)
+    if _cancelled(paths) and outcome is not None:
+        outcome = AttemptOutcome("stopped", Cause.CANCELLED, outcome.step)
+    if outcome is not None and outcome.status == "failed":
+        # The reason is the last line; the rank host's own report stays in the node log.
+        console.print(
+            f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
+            highlight=False,
+        )
+        err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
+    elif outcome is not None and outcome.status != "stopped":
+        console.print(f"{outcome.status} at step {outcome.step}", highlight=False)
+    elif outcome is not None:
+        # What continues a foreground run is this command, not `submit --resume`.
+        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
+        how = "cancelled" if outcome.cause is Cause.CANCELLED else "stopped"
+        console.print(
+            f"{how} at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
+            highlight=False,
+            soft_wrap=True,  # a command to copy: never broken across lines
+        )
+    return exit_code(outcome, agent_code)
+
+
+def exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
+    if outcome is None:
+        return agent_code or 1
+    if outcome.status == "finished":
+        return 0
+    if outcome.status == "stopped":
+        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
+    return 1
+
+
+def _cancelled(paths: RunPaths) -> bool:
+    """The last attempt's decision was a cancellation (``hpclaunch cancel``)."""
+    from ..orchestrator.status import attempts_from_events
+    from ..rundir import read_events
+
+    attempts = attempts_from_events(read_events(paths).events)
+    return bool(attempts) and attempts[-1].end == "cancelled"

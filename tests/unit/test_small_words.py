@@ -1,0 +1,69 @@
+"""The small things a new user trips on (issue 39, 11): piped output whole, the words of status,
+the help every command gives, a unit-less time limit."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.cli import main
+from hpclaunch.config import load_config
+from hpclaunch.errors import ConfigError
+
+pytestmark = pytest.mark.fast
+
+RECORDED = Path(__file__).resolve().parent / "recorded" / "requeued_run"  # a finished local run
+
+
+@pytest.fixture(autouse=True)
+def _quiet(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("HPCLAUNCH_DEBUG", raising=False)
+    yield
+
+
+def test_piped_status_keeps_each_line_whole_and_says_what_the_queue_wait_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpclaunch.cli import common, run_cmd
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    monkeypatch.setattr(run_cmd, "console", common.stdout_console())  # as the CLI makes it, piped
+    run = tmp_path / ("a-run-directory-with-a-long-name-" * 2 + "x")
+    shutil.copytree(RECORDED, run)
+    assert main(["status", str(run)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{run}  state: finished  job: local9687 (unknown)", lines[
+        :3
+    ]  # one line, > 80 columns
+    said = next(line for line in lines if line.startswith("goodput "))
+    assert said.endswith("s waiting in the queue, not counted as allocated"), said
+    assert main(["status", str(run), "--watch"]) == 0  # piped: the final status once, ended by a newline
+    assert capsys.readouterr().out.endswith("\n")
+
+
+def test_a_time_limit_without_a_unit_gets_the_unit_it_probably_meant() -> None:
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["scheduler.time_limit=90"])
+    assert "scheduler.time_limit: 90 has no unit" in e.value.one_line()
+    assert "(did you mean '90m', 01:30:00?)" in e.value.one_line()
+
+
+@pytest.mark.parametrize("command", [["train"], ["status"], ["config", "schema"], []])
+def test_dash_h_is_help(command: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*command, "-h"]) == 0
+    assert "Usage: hpclaunch" in capsys.readouterr().out
+
+
+def test_train_help_lists_its_exit_codes_and_schema_names_where_its_table_lives(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["train", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for said in ("3 ended by the user", "4 stopped at the time limit", "5 preempted"):
+        assert said in text, text
+    assert main(["config", "schema", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "docs/configuration.md" in text and "README" not in text
