@@ -37,11 +37,33 @@ def test_inductors_default_is_replaced_by_this_users_node_local_directory(
     assert expected.is_dir() and (expected.parent.stat().st_mode & 0o777) == 0o700
 
 
-def test_a_directory_the_user_chose_is_kept(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setenv(CACHE_VAR, str(tmp_path / "mine"))
+def test_a_directory_the_user_chose_is_kept_and_its_parent_untouched(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o1777)  # like /tmp
+    monkeypatch.setenv(CACHE_VAR, str(shared / "mine"))
     cache = CompileCache(RunPaths(tmp_path / "run"), enabled=True, rank=0, device_kind="cpu")
     cache.prepare()
-    assert cache.directory == tmp_path / "mine" and os.environ[CACHE_VAR] == str(tmp_path / "mine")
+    assert cache.directory == shared / "mine" and os.environ[CACHE_VAR] == str(shared / "mine")
+    assert shared.stat().st_mode & 0o7777 == 0o1777
+
+
+def test_a_node_local_root_that_is_not_this_users_is_refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from hpclaunch.errors import FilesystemError
+
+    monkeypatch.setenv(CACHE_VAR, default_cache_dir())
+    root = tmp_path / "node-tmp" / f"hpclaunch-{os.getuid()}"
+    root.mkdir(mode=0o755)
+    root.chmod(0o755)  # readable by everyone: another user could plant compiled code
+    cache = CompileCache(RunPaths(tmp_path / "run"), enabled=True, rank=0, device_kind="cpu")
+    with pytest.raises(FilesystemError, match="not a private directory"):
+        cache.prepare()
 
 
 def test_a_torn_artifact_is_not_loaded_and_does_not_fail_the_rank(

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import tempfile
 from pathlib import Path
 
+from ..errors import FilesystemError
 from ..fsutil import atomic_write_bytes
 from ..rundir import RunPaths
 
@@ -36,6 +38,18 @@ def node_cache_dir() -> Path:
     """This user's node-local cache directory, shared by the user's runs (inductor keys every entry
     by what it compiled, so another run of the same model is warm too)."""
     return Path(tempfile.gettempdir()) / f"hpclaunch-{os.getuid()}" / "compile"
+
+
+def private_dir(path: Path) -> None:
+    """``path`` made 0700 if missing; refused unless it is a real directory of this user, 0700."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.lstat()
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise FilesystemError(
+            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})",
+            where=str(path),
+            hint="remove it, or set TORCHINDUCTOR_CACHE_DIR to a directory of your own",
+        )
 
 
 def artifact_name(device_kind: str) -> str:
@@ -66,12 +80,13 @@ class CompileCache:
         # the rank host's that forked it): only another value is the user's choice.
         chosen = os.environ.get(CACHE_VAR)
         if chosen and chosen != default_cache_dir():
-            self.directory = Path(chosen)
+            self.directory = Path(chosen)  # the user's: left as it is
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         else:
             self.directory = node_cache_dir()
             os.environ[CACHE_VAR] = str(self.directory)
-        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.directory.parent.chmod(0o700)  # this user's: compiled code is run from here
+            private_dir(self.directory.parent)  # this user's alone: compiled code is run from here
+            self.directory.mkdir(exist_ok=True, mode=0o700)
         if self.artifact is not None and self.artifact.is_file():
             import torch
 

@@ -35,10 +35,11 @@ def shard_group(params: list[torch.nn.Parameter]) -> Any:
     """The process group over which FSDP shards the parameters (None: not sharded, or one rank)."""
     for p in params:
         if is_dtensor(p):
-            import torch.distributed as dist
-
-            group = p.device_mesh.get_group("shard")  # type: ignore[attr-defined]
-            return group if dist.get_world_size(group) > 1 else None
+            mesh = p.device_mesh  # type: ignore[attr-defined]
+            dim = mesh.mesh_dim_names.index("shard") if mesh.mesh_dim_names else 0
+            # (one rank: no group to resolve; a process that made several one-rank groups in turn,
+            # as tests do, may hold a mesh whose group name has since been reused)
+            return mesh.get_group(dim) if mesh.size(dim) > 1 else None
     return None
 
 
