@@ -577,8 +577,25 @@ class MemoryTierConfig(_Section):
     )
     dir: str | None = Field(
         None,
-        description="Where the snapshots go (a tmpfs on the node); null = /dev/shm/hpclaunch/<run id>.",
+        description="The node's tmpfs the snapshots go to, an absolute path that exists on every node "
+        "(never created): under it each user has a private directory, hpclaunch-<uid>/<run id>; "
+        "null = /dev/shm.",
     )
+    wait_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a snapshot may still be moving when training must wait for it (the next "
+        "snapshot, a stop's save), counted from its start; past it the tier steps aside for the rest "
+        "of the attempt (a peer is gone or stuck) and the disk tier serves.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path: name the node's tmpfs, e.g. /dev/shm")
+        return v
 
 
 class CheckpointConfig(_Section):

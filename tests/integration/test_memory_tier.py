@@ -35,6 +35,7 @@ from tests.runlib import (
 from hpclaunch.config import load_config
 from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
+from hpclaunch.rundir.shm import run_root
 from hpclaunch.trainer.checkpoint import ENV_KILL
 from hpclaunch.trainer.memory_tier import snapshot_dir
 
@@ -74,8 +75,16 @@ def resumed(run: Path, attempt: str) -> dict[str, Any]:
     return event
 
 
+def base_of(run: Path) -> Path:
+    """The run's own tmpfs stand-in (``checkpoint.memory.dir``: it must exist, it is never made)."""
+    base = Path(str(run) + "-shm")
+    base.mkdir(exist_ok=True)
+    return base
+
+
 def shm_of(run: Path) -> Path:
-    return Path(str(run) + "-shm")
+    """Where the run's snapshots live: one directory per node below it."""
+    return run_root(load_config(run / "config.yaml"), RunPaths(run))
 
 
 def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[Path, int, int]:
@@ -83,7 +92,7 @@ def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[
     rank, phase ``write``), then resumed as attempt a2, which must finish; with the step of the
     half-made snapshot and the newest that rank 0 had noted as saved when the rank died."""
     run = h.make_run(
-        root, name, data, [*TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm_of(root / name)}"]
+        root, name, data, [*TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={base_of(root / name)}"]
     )
     crashed = subprocess.run(
         h.command(run), env=h.env_for("a1", {ENV_KILL: kill}), capture_output=True, text=True, timeout=300
@@ -190,13 +199,15 @@ def _nodes(
 
 
 def _on_nodes(root: Path, name: str, data: Path, nodes: int) -> tuple[Path, Path]:
-    shm = shm_of(root / name)
     layout = ["scheduler.kind=slurm", f"scheduler.nodes={nodes}", "scheduler.procs_per_node=1"]
     batch = ["train.global_batch=24", "train.micro_batch=4"] if nodes == 3 else []
     run = h.make_run(
-        root, name, data, [*layout, *batch, *TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={shm}"]
+        root,
+        name,
+        data,
+        [*layout, *batch, *TIERS, *DISK_AT_ONCE, f"checkpoint.memory.dir={base_of(root / name)}"],
     )
-    return run, shm
+    return run, shm_of(run)
 
 
 def test_a_snapshot_whose_rank_died_sending_it_to_its_buddy_is_never_restored(

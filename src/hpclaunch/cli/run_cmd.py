@@ -12,6 +12,7 @@ from ..errors import PreflightFailed, RunNotFoundError, RunStateError, Scheduler
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.memory_tier_view import describe_memory_tier
 from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import CANCELLED, STOP_REQUESTED, SUBMITTED, Ledger, RunPaths, read_events, read_plan
@@ -134,8 +135,10 @@ def submit(
         from .train_checks import refuse_other_model_shape
 
         refuse_other_model_shape(cfg, prepared.plan.paths().root)
-    from .train_checks import refuse_bad_init_from
+    from .train_checks import refuse_bad_init_from, refuse_missing_memory_dir
 
+    if prepared.plan.scheduler == "local":  # (elsewhere the tmpfs is the nodes', not this machine's)
+        refuse_missing_memory_dir(cfg)
     # Chained after the run it starts from: that run may have no checkpoint yet.
     pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
     refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
@@ -287,7 +290,12 @@ def train(
     from ..rundir import STOP_DROPPED, Heartbeat, RunLock, latest_outcome
     from ..rundir.control import drop_user_stop
     from .live_progress import live_progress
-    from .train_checks import refuse_bad_data, refuse_bad_init_from, refuse_other_model_shape
+    from .train_checks import (
+        refuse_bad_data,
+        refuse_bad_init_from,
+        refuse_missing_memory_dir,
+        refuse_other_model_shape,
+    )
 
     cfg = load(config, overrides)
     raw = cfg.to_dict()
@@ -302,6 +310,7 @@ def train(
             hint="add --resume to continue it, or change name/run_dir",
         )
     refuse_bad_data(cfg)
+    refuse_missing_memory_dir(cfg)
     if resume:
         refuse_other_model_shape(cfg, paths.root)
     refuse_bad_init_from(cfg, paths.root)
@@ -487,6 +496,8 @@ def _status_table(data: StatusView) -> Any:
     parts += [Text(note) for note in rescue.notes]
     if interval := describe_interval(data.checkpoint_interval):
         parts.append(Text(interval))
+    for i, line in enumerate(describe_memory_tier(data.memory_tier)):
+        parts.append(Text(line, style="yellow" if i else ""))
     if failed := describe_failed_saves(data.failed_saves):
         parts.append(Text(failed, style="yellow"))
     for line in describe_experiment_logs(data.experiment_logs):

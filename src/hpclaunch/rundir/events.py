@@ -429,9 +429,13 @@ class SnapshotSaved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotFailed(Event):
+    """Said once per rank and attempt (each rank writes its own): later failures are only counted."""
+
     KIND = SNAPSHOT_FAILED
     step: int | None = None
     error: str | None = None
+    rank: int | None = None
+    node_name: str | None = None  # the node as the scheduler names it
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -103,6 +103,10 @@ class Layout:
     def pinned(self) -> bool:
         return self._pinned
 
+    def view(self) -> memoryview:
+        """The buffer's bytes, read in place (the memory tier's checksum)."""
+        return memoryview(self._mm)[: self.nbytes]
+
     def describe(self) -> dict[str, Any]:
         """The layout as the writer process needs it (JSON; the fd travels beside it)."""
         return {
