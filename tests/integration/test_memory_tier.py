@@ -11,6 +11,7 @@ The same through the node agent and the local scheduler: an in-place restart aft
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -31,6 +32,7 @@ from tests.runlib import (
     wait_for,
     wait_run_done,
 )
+from tests.shm_fixtures import small_tmpfs
 
 from hpclaunch.config import load_config
 from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
@@ -174,9 +176,9 @@ def test_a_crash_restarted_in_place_resumes_from_memory_not_the_disk(tmp_path: P
     assert not snapshot_dir(cfg, RunPaths(run)).exists()  # freed at the end
 
 
-def _nodes(
+def _start_nodes(
     run: Path, attempt: str, names: list[str], kill: str | None = None
-) -> list[subprocess.CompletedProcess[str]]:
+) -> list[subprocess.Popen[str]]:
     """The run as one node of one rank per name on this machine (a torchrun each, static
     rendezvous), each naming its node as the node agent would: as many stores in one tmpfs."""
     with socket.socket() as s:
@@ -191,11 +193,48 @@ def _nodes(
         ]  # fmt: skip
         extra = {NODE_NAME_VAR: name, **({ENV_KILL: kill} if kill else {})}
         procs.append(subprocess.Popen(cmd, env=h.env_for(attempt, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
+    return procs
+
+
+def _ended(
+    procs: list[subprocess.Popen[str]], timeout: float = 300
+) -> list[subprocess.CompletedProcess[str]]:
     done = []
     for p in procs:
-        out, _ = p.communicate(timeout=300)
+        out, _ = p.communicate(timeout=timeout)
         done.append(subprocess.CompletedProcess(p.args, p.returncode, out, ""))
     return done
+
+
+def _nodes(
+    run: Path, attempt: str, names: list[str], kill: str | None = None
+) -> list[subprocess.CompletedProcess[str]]:
+    return _ended(_start_nodes(run, attempt, names, kill))
+
+
+def test_a_run_that_fails_leaves_nothing_in_shared_memory(tmp_path: Path) -> None:
+    """A rank SIGKILLed with no retry left: the run fails, and the node agent frees what the run
+    held in /dev/shm (its ranks died without freeing; before, the snapshots stayed until the same
+    run landed on the same node again)."""
+    data = synth_data(tmp_path / "data")
+    overrides = tiny_overrides(
+        tmp_path, data, "fails", "testing.step_sleep_s=0.1", *TIERS, "scheduler.max_failure_retries=0"
+    )
+    run = tmp_path / "runs" / "fails"
+    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=tmp_path)
+    wait_for(
+        lambda: any(e["event"] == SNAPSHOT_SAVED for e in events(run)),
+        timeout=240,
+        poll=0.1,
+        what="a snapshot",
+    )
+    cfg = load_config(TINY, [o for o in overrides if o != "--set"], base=tmp_path)
+    held = snapshot_dir(cfg, RunPaths(run))
+    assert [*held.glob("*/alloc-*/step-*/rank-*.bin")]
+    rank_process(run, 0).send_signal(signal.SIGKILL)
+    s = wait_run_done(run, tmp_path, timeout=300)
+    assert s["state"] == "failed", json.dumps(s, indent=1)[-3000:]
+    assert not held.exists(), [*held.rglob("*")]
 
 
 def _on_nodes(root: Path, name: str, data: Path, nodes: int) -> tuple[Path, Path]:
@@ -251,3 +290,63 @@ def test_three_nodes_a_node_lost_with_its_memory_is_restored_from_its_buddy(root
     assert r["shards_from"] == {"nb": [0, 1], "nc": [2]}
     assert h.outcome(run, "a2")["params_sha256"] == h.outcome(ref)["params_sha256"]
     assert not shm.exists()
+
+
+# The tiny model's shard is ~4.0 MiB (348k parameters, fp32, AdamW's two moments): on a 10 MiB tmpfs
+# both "nodes'" own shards of the first snapshot fit, their buddies' copies do not, and the next
+# snapshots' own shards no longer fit either (keep_last 1: the one kept is still there).
+FULL = ["checkpoint.memory.keep_last=1"]
+
+
+def _on_a_full_tmpfs(root: Path, name: str, data: Path, shm: Path, *extra: str) -> Path:
+    layout = ["scheduler.kind=slurm", "scheduler.nodes=2", "scheduler.procs_per_node=1"]
+    return h.make_run(root, name, data, [*layout, *TIERS, *FULL, *extra, f"checkpoint.memory.dir={shm}"])
+
+
+def _said(run: Path) -> list[dict[str, Any]]:
+    return [e for e in h.events(run) if e["event"] == "snapshot_failed"]
+
+
+def test_a_run_whose_tmpfs_is_full_finishes_as_one_without_the_tier_and_says_so_once_per_rank(
+    reference: str, root: Path, data: Path, tmp_path: Path
+) -> None:
+    """The review's reproduction: room for the own shards, not for the buddies' copies. No snapshot
+    stalls the loop: the run finishes, bitwise equal to one without the tier, and each rank says
+    once, in its words, what the tier could not do. (Before: gloo received into a sparse file, and
+    EFAULT broke the link; rank 0 alone said gloo's transport error at every snapshot; on the real
+    SLURM cluster the run failed after 283 s.)"""
+    with small_tmpfs(tmp_path / "shm", "10m") as shm:
+        run = _on_a_full_tmpfs(root, "full-tmpfs", data, shm)
+        done = _nodes(run, "a1", ["na", "nb"])
+        assert all(p.returncode == 0 for p in done), [p.stdout[-3000:] for p in done]
+        assert h.outcome(run)["params_sha256"] == reference
+        said = _said(run)
+        assert sorted(e["rank"] for e in said) == [0, 1], said  # once per rank, not per snapshot
+        for e in said:
+            assert "no room for a snapshot shard of" in e["error"] and f"in {shm} (" in e["error"], e
+            assert e["error"].endswith("training goes on, the disk tier serves"), e
+        out = "".join(p.stdout for p in done)
+        assert out.count("hpclaunch: rank 0 on na: ") == 1 and out.count("hpclaunch: rank 1 on nb: ") == 1
+        assert not [*run_root(load_config(run / "config.yaml"), RunPaths(run)).parent.glob("*/*")]  # freed
+
+
+def test_a_stop_while_the_tmpfs_is_full_saves_at_once_and_loses_nothing(
+    reference: str, root: Path, data: Path, tmp_path: Path
+) -> None:
+    with small_tmpfs(tmp_path / "shm", "10m") as shm:
+        run = _on_a_full_tmpfs(root, "full-tmpfs-stop", data, shm, "testing.step_sleep_s=0.1")
+        procs = _start_nodes(run, "a1", ["na", "nb"])
+        wait_for(
+            lambda: len(_said(run)) == 2, timeout=240, poll=0.1, what="both ranks saying the tier failed"
+        )
+        rank1 = json.loads((run / "attempts" / "a1" / "rank1.progress.json").read_text())["pid"]
+        os.kill(int(rank1), signal.SIGTERM)  # a preemption's signal, reaching one rank
+        done = _ended(procs)
+        assert all(p.returncode == 0 for p in done), [p.stdout[-3000:] for p in done]
+        stopped = h.outcome(run)
+        assert stopped["status"] == "stopped" and stopped["step"] < 60, stopped
+        saved = [e["step"] for e in h.events(run) if e["event"] == "checkpoint_saved"]
+        assert saved[-1] == stopped["step"], saved  # the stop's own save, not one before it
+        second = _nodes(run, "a2", ["na", "nb"])
+        assert all(p.returncode == 0 for p in second), [p.stdout[-3000:] for p in second]
+        assert h.outcome(run, "a2")["params_sha256"] == reference

@@ -170,3 +170,78 @@ def test_a_full_tmpfs_fails_the_own_write_at_once_and_the_buddy_waits_for_nothin
             assert kept is False and first.startswith("writing the snapshot of step 5: no room"), out
             assert second.startswith("writing the snapshot of step 10: no room"), out
         assert not [*user_root(shm).rglob("rank-*")]
+
+
+def _rss_anon() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no RssAnon in /proc/self/status")
+
+
+def _rank_in_a_restore(rank: int, port: int, root: str, nbytes: int, out: str) -> None:
+    """Three ranks: rank 0's node holds ranks 1's and 2's shards (their nodes died) and sends both;
+    each rank's peak anonymous memory while the pulls move, sampled by a thread."""
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from hpclaunch.rundir.shm import user_root
+    from hpclaunch.trainer.snapshots.plan import Pull
+    from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
+    from hpclaunch.trainer.snapshots.transfer import exchange_pulls, open_sends
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
+    store = NodeStore(user_root(Path(root)) / "run", Path(root), f"n{rank}", "1.0")
+    meta = describe_json({"nbytes": nbytes})
+    if rank == 0:
+        for shard in (1, 2):
+            pending = store.begin(35, 3, shard, nbytes)
+            pending.payload()[:] = bytes([shard]) * nbytes
+            pending.publish(meta)
+    pulls = tuple(Pull(shard, "n0", 0, shard, nbytes, len(meta)) for shard in (1, 2))
+    dist.barrier()
+    base, peak, moving = _rss_anon(), [0], [True]
+
+    def sample() -> None:
+        while moving[0]:
+            peak[0] = max(peak[0], _rss_anon() - base)
+            time.sleep(0.002)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    sends = open_sends(pulls, store, 35, 3, rank)
+    got = exchange_pulls(pulls, sends, rank, None)
+    moving[0] = False
+    sampler.join()
+    whole = got is None or bytes(got[1][:4].numpy()) == bytes([rank]) * 4
+    Path(out).write_text(repr([peak[0], whole]))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_restore_sends_from_the_tmpfs_and_a_receiver_holds_one_copy(tmp_path: Path) -> None:
+    """Measured as the review did (200 MiB shards: the sender grew 600 MiB for two): the sender of two
+    shards grows by nothing near a shard (it sends the tmpfs's own pages), each receiver by its one
+    shard."""
+    nbytes = 64 << 20
+    (tmp_path / "shm").mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outs = [tmp_path / f"out{r}" for r in range(3)]
+    ctx = mp.get_context("spawn")
+    args = (str(tmp_path / "shm"), nbytes)
+    procs = [ctx.Process(target=_rank_in_a_restore, args=(r, port, *args, str(outs[r]))) for r in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(180)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    (sender, _), *receivers = [ast.literal_eval(o.read_text()) for o in outs]
+    assert sender < nbytes // 4, (
+        f"the sender grew {sender / 2**20:.0f} MiB sending two {nbytes >> 20} MiB shards"
+    )
+    for grew, whole in receivers:
+        assert whole and grew < nbytes * 5 // 4, f"a receiver grew {grew / 2**20:.0f} MiB for one shard"

@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from ...rundir.shm import TierPlaceError
-from ..checkpoint.faults import kill_hook
+from ..checkpoint.faults import kill_hook, snapshot_copy_delay_hook
 from ..checkpoint.staging import Staged
 from .plan import Pull
 from .store import HeldShard, NodeStore, PendingShard
@@ -164,6 +164,7 @@ class SnapshotJob:
         if self.staged is None or self.finish is None:
             return None  # (staging failed in the training loop: ``error`` says so)
         try:
+            snapshot_copy_delay_hook()
             self.finish()  # the staging copy, which the optimizer's next update waits for
         except FAILURES as e:
             self.error = f"staging the snapshot of step {self.step}: {type(e).__name__}: {e}"
