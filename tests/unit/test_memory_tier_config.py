@@ -101,9 +101,32 @@ def test_status_says_the_tier_is_on_what_it_kept_and_its_first_failure(tmp_path:
     ]
     lines = describe_memory_tier(memory_tier_view(paths, events))  # type: ignore[arg-type]
     assert lines == [
-        "memory tier: on, a snapshot every 5 steps (keep 2, 1 copy on the next node); 2 complete",
+        "memory tier: on, a snapshot every 5 steps, keep 2, 1 copy on the next node; 2 complete",
         "memory tier: rank 1 on n2 in attempt a1: writing the snapshot of step 15: no room ...; "
         "training goes on, the disk tier serves",
         "memory tier: attempt a2 resumed from the disk: no whole snapshot: step 15 misses rank 1's "
         "shard on every node left",
     ]
+
+
+def test_status_says_what_auto_chose_and_what_a_snapshot_costs(tmp_path: Path) -> None:
+    from hpclaunch.orchestrator.memory_tier_view import describe_memory_tier, memory_tier_view
+
+    paths = RunPaths(tmp_path / "run").ensure()
+    paths.config.write_text(load_config(None, ["checkpoint.memory.every_steps=auto"]).to_yaml())
+    assert describe_memory_tier(memory_tier_view(paths, [])) == [
+        "memory tier: on, a snapshot at an interval still to be measured (auto), keep 2, 1 copy on the "
+        "next node; 0 complete"
+    ]
+    events = [
+        parse_event({"event": "snapshot_saved", "step": 5, "stall_s": 0.002, "whole_s": 0.012}),
+        parse_event(
+            {"event": "snapshot_interval", "step": 15, "next_step": 135, "interval_steps": 120,
+             "whole_cost_s": 0.012, "mtbf_s": 1800.0}
+        ),
+    ]  # fmt: skip
+    (line,) = describe_memory_tier(memory_tier_view(paths, events))  # type: ignore[arg-type]
+    assert line == (
+        "memory tier: on, a snapshot every 120 steps (auto: whole cost 12.0 ms, MTBF 0.5 h), keep 2, "
+        "1 copy on the next node; 1 complete, each costing training 12.0 ms (2.0 ms stalled)"
+    )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..rundir import RunPaths
-from ..rundir.events import Event, Resumed, SnapshotFailed, SnapshotSaved, of_kind
+from ..rundir.events import Event, Resumed, SnapshotFailed, SnapshotInterval, SnapshotSaved, of_kind
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,9 @@ class MemoryTierView:
     keep_last: int | None = None
     replicas: int | None = None
     saved: int = 0  # snapshots rank 0 saw complete
+    whole_s: float | None = None  # their mean whole cost (stall + the slowdown beside the job)
+    stall_s: float | None = None  # their mean stall
+    auto: dict[str, Any] | None = None  # the last ``snapshot_interval`` (every_steps: auto)
     failures: list[SnapshotFailure] = field(default_factory=list)
     fallbacks: list[tuple[str, str]] = field(default_factory=list)  # (attempt, why the disk served)
 
@@ -41,11 +44,16 @@ def memory_tier_view(paths: RunPaths, events: Sequence[Event]) -> MemoryTierView
     memory = _configured(paths)
     if memory.get("every_steps") is None:
         return MemoryTierView(None)
+    saved = of_kind(events, SnapshotSaved)
+    decided = of_kind(events, SnapshotInterval)
     return MemoryTierView(
         memory.get("every_steps"),
         memory.get("keep_last"),
         memory.get("replicas"),
-        saved=len(of_kind(events, SnapshotSaved)),
+        saved=len(saved),
+        whole_s=_mean([e.whole_s for e in saved]),
+        stall_s=_mean([e.stall_s for e in saved]),
+        auto=dict(decided[-1].record) if decided else None,
         failures=[
             SnapshotFailure(e.attempt, e.rank, e.node_name, e.step, e.error)
             for e in of_kind(events, SnapshotFailed)
@@ -63,9 +71,16 @@ def describe_memory_tier(view: MemoryTierView | None) -> list[str]:
     if view is None or not view.on:
         return []
     copies = "" if not view.replicas else f", {view.replicas} copy on the next node"
+    every = f"every {view.every_steps} steps"
+    if view.auto is not None:
+        every = f"every {view.auto.get('interval_steps')} steps (auto{_why(view.auto)})"
+    elif view.every_steps == "auto":
+        every = "at an interval still to be measured (auto)"
+    cost = ""
+    if view.whole_s is not None:
+        cost = f", each costing training {view.whole_s * 1000:.1f} ms ({(view.stall_s or 0) * 1000:.1f} ms stalled)"
     lines = [
-        f"memory tier: on, a snapshot every {view.every_steps} steps (keep {view.keep_last}{copies}); "
-        f"{view.saved} complete"
+        f"memory tier: on, a snapshot {every}, keep {view.keep_last}{copies}; {view.saved} complete{cost}"
     ]
     if view.failures:
         f = view.failures[0]
@@ -75,6 +90,18 @@ def describe_memory_tier(view: MemoryTierView | None) -> list[str]:
     for attempt, why in view.fallbacks[-1:]:
         lines.append(f"memory tier: attempt {attempt} resumed from the disk: {why}")
     return lines
+
+
+def _why(decision: dict[str, Any]) -> str:
+    cost, mtbf = decision.get("whole_cost_s"), decision.get("mtbf_s")
+    if cost is None or mtbf is None:
+        return ": measuring a snapshot's cost"
+    return f": whole cost {cost * 1000:.1f} ms, MTBF {mtbf / 3600:.3g} h"
+
+
+def _mean(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _configured(paths: RunPaths) -> dict[str, Any]:

@@ -25,19 +25,22 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
-from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths
+from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths, read_events
 from ..rundir.env import ALLOCATION_VAR, ATTEMPT_VAR, NODE_NAME_VAR
+from ..rundir.kinds import SNAPSHOT_INTERVAL
 from ..rundir.shm import TierPlaceError, base_of, run_root, sweep
+from .checkpoint.interval import ledger_failures, run_mtbf_s
 from .checkpoint.manifest import newest_valid
 from .checkpoint.staging import SharedStager, Staged
-from .dist import DistContext, all_gather_json
+from .dist import DistContext, all_gather_json, broadcast_json
 from .snapshots import shard
+from .snapshots.interval import CostMeter, SnapshotSchedule
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
 from .snapshots.store import HeldShard, NodeStore, describe_json
@@ -96,7 +99,8 @@ class MemoryTier:
     ) -> None:
         m = cfg.checkpoint.memory
         assert m.every_steps is not None
-        self.every, self.keep_last, self.wait_s = m.every_steps, m.keep_last, float(m.wait_s)
+        self.keep_last, self.wait_s = m.keep_last, float(m.wait_s)
+        self.cfg = cfg
         self.ctx = ctx
         self.paths = paths
         self.ledger = ledger
@@ -125,6 +129,23 @@ class MemoryTier:
         self._stall: StallFields | None = None
         self._sections: set[str] = set()
         self._copy_wait: float | None = None  # what the update after a snapshot waited for its copies
+        self.meter = CostMeter()
+        self.schedule: SnapshotSchedule | None = None  # made at the attempt's first step (``start``)
+
+    def start(self, step: int) -> None:
+        """The attempt trains from ``step`` on: its snapshot schedule (``auto``: the MTBF, with the
+        failures rank 0's ledger has seen)."""
+        c = self.cfg.checkpoint
+        every = c.memory.every_steps
+        failures, trained_s = 0, 0.0
+        if every == "auto" and self.ctx.is_main:
+            failures, trained_s = ledger_failures(
+                read_events(self.paths).events, current_attempt=self.attempt
+            )
+        mtbf = run_mtbf_s(c.mtbf_hours, self.cfg.scheduler.nodes, failures=failures, trained_s=trained_s)
+        self.schedule = SnapshotSchedule(
+            None if every == "auto" else int(every or 1), mtbf_s=mtbf, start_step=step
+        )
 
     # ---- while training -----------------------------------------------------------------------
 
@@ -138,16 +159,32 @@ class MemoryTier:
         """Every rank, after every step: settle a finished snapshot, start one when due. A snapshot
         still moving when the next is due is waited for, up to its deadline (every rank starts each
         due one, so every send has its receive); one that failed is said and dropped: the disk tier
-        is still there."""
+        is still there. The loop's period from one call to the next is what the cost meter reads."""
+        self.meter.period_ended(time.perf_counter())
+        try:
+            self._after_step(step, state, disk_save_now)
+        finally:
+            in_flight = self.job is not None and not self.job.done()
+            self.meter.period_begins(time.perf_counter(), job_in_flight=in_flight)
+
+    def _after_step(self, step: int, state: Callable[[], State], disk_save_now: bool) -> None:
+        if self.schedule is None:
+            self.start(step - 1)
+        assert self.schedule is not None
         if self.job is not None and self.job.done():
             self._settle()
-        if step % self.every or disk_save_now or self.off is not None:
+        if not self.schedule.due(step):
+            return
+        if disk_save_now:  # (the disk has this step)
+            self.schedule.postpone(step)
             return
         begun = time.perf_counter()
-        if self.job is not None:
-            if not self._join():
-                return
+        if self.job is not None and self.off is None and self._join():
             self._settle()
+        if self.schedule.auto:  # collective: every rank, its tier off or not
+            self._decide(step)
+        if self.off is not None:
+            return
         waited = time.perf_counter()
         staged: Staged | None = None
         finish, failed = None, None
@@ -159,6 +196,7 @@ class MemoryTier:
             # (a job all the same, with nothing of its own: its buddy and its ward wait for it)
             failed, built = f"staging the snapshot of step {step}: {e}", time.perf_counter()
         staged_at = time.perf_counter()
+        self.meter.job_started()
         self.job = self.jobs.submit(
             SnapshotJob(
                 self.store,
@@ -179,6 +217,16 @@ class MemoryTier:
             "stall_parts": {k: round(v, 5) for k, v in parts.items()},
             "bytes": staged.layout.nbytes if staged is not None else 0,
         }
+
+    def _decide(self, step: int) -> None:
+        """``auto``: rank 0 picks the next snapshot step from its measurements, every rank adopts it."""
+        assert self.schedule is not None
+        main = self.ctx.is_main
+        decision: Mapping[str, Any] = self.schedule.propose(step, self.meter) if main else {}
+        if self.ctx.initialized:
+            decision = broadcast_json(decision, self.ctx.host_group(), is_source=main)
+        self.schedule.adopt(decision)
+        self._note(SNAPSHOT_INTERVAL, **decision)
 
     def _describe(self, step: int, staged: Staged, crc32: int) -> bytes:
         meta = shard.describe(
@@ -218,6 +266,8 @@ class MemoryTier:
         else:
             cost: dict[str, object] = dict(self._stall or {})
             cost["copy_wait_s"] = round(self._copy_wait or 0.0, 5)
+            beside, whole = self.meter.job_settled(float(cost.get("stall_s") or 0.0))  # type: ignore[arg-type]
+            cost["beside_s"], cost["whole_s"] = round(beside, 5), round(whole, 5)
             if job.replica_kept is not None:
                 cost["replica"] = job.replica_kept
             self._note(SNAPSHOT_SAVED, step=job.step, seconds=round(job.seconds or 0.0, 4), **cost)
