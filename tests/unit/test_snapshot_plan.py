@@ -267,3 +267,17 @@ def test_a_damaged_torn_or_foreign_shard_is_a_reason_and_changes_nothing(damage:
     why = shard.check(live, meta, payload, EXPECT)
     assert isinstance(why, str) and said in why, why
     assert all(torch.equal(live["model"][k], v) for k, v in before.items())  # type: ignore[index]
+
+
+def test_the_description_encoded_in_parts_is_the_whole_one() -> None:
+    """The layout's part is encoded once per layout (it cost 1.5 ms of every snapshot's job)."""
+    staged = SharedStager().stage(_state(7))
+    args: dict[str, Any] = {
+        "step": 35,
+        "rank": 0,
+        "world_size": 2,
+        "hashes": {"model_hash": "m", "config_hash": "c"},
+    }
+    for crc in (1, 2):  # the second from the cached part
+        whole = json.loads(describe_json(shard.describe(staged, **args, crc32=crc)))
+        assert json.loads(shard.describe_bytes(staged, **args, crc32=crc)) == whole

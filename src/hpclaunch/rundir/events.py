@@ -423,7 +423,7 @@ class SnapshotSaved(Event):
     step: int | None = None
     seconds: float | None = None  # the background job: own copy written, buddy's sent, published
     stall_s: float | None = None  # what training waited for: the previous job, the state dict, staging
-    stall_parts: dict[str, float] | None = None  # wait, state, layout (seconds)
+    stall_parts: dict[str, float] | None = None  # wait, state, layout, decide (auto) (seconds)
     copy_wait_s: float | None = None  # what the next optimizer update waited for the staging copies
     beside_s: float | None = None  # the slowdown of the steps its job ran beside (copy_wait_s included)
     whole_s: float | None = None  # its whole cost: stall_s + beside_s

@@ -43,7 +43,7 @@ from .snapshots import shard
 from .snapshots.interval import CostMeter, SnapshotSchedule
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
-from .snapshots.store import HeldShard, NodeStore, describe_json
+from .snapshots.store import HeldShard, NodeStore
 from .snapshots.transfer import FAILURES, JobThread, SnapshotJob, exchange_pulls, new_link, open_sends
 
 
@@ -181,6 +181,7 @@ class MemoryTier:
         begun = time.perf_counter()
         if self.job is not None and self.off is None and self._join():
             self._settle()
+        joined = time.perf_counter()
         if self.schedule.auto:  # collective: every rank, its tier off or not
             self._decide(step)
         if self.off is not None:
@@ -211,7 +212,9 @@ class MemoryTier:
                 error=failed,
             )
         )
-        parts = {"wait": waited - begun, "state": built - waited, "layout": staged_at - built}
+        parts = {"wait": joined - begun, "state": built - waited, "layout": staged_at - built}
+        if self.schedule.auto:
+            parts["decide"] = waited - joined  # (auto: rank 0's decision, broadcast)
         self._stall = {
             "stall_s": round(time.perf_counter() - begun, 5),
             "stall_parts": {k: round(v, 5) for k, v in parts.items()},
@@ -229,7 +232,7 @@ class MemoryTier:
         self._note(SNAPSHOT_INTERVAL, **decision)
 
     def _describe(self, step: int, staged: Staged, crc32: int) -> bytes:
-        meta = shard.describe(
+        return shard.describe_bytes(
             staged,
             step=step,
             rank=self.ctx.rank,
@@ -237,7 +240,6 @@ class MemoryTier:
             hashes=self.hashes,
             crc32=crc32,
         )
-        return describe_json(meta)
 
     def _join(self) -> bool:
         """Wait for the job in flight until ``wait_s`` after it began; False (said, and the tier

@@ -50,6 +50,40 @@ class ShardMeta(TypedDict):
     crc32: int  # zlib.crc32 of the payload
 
 
+def describe_bytes(
+    staged: Staged, *, step: int, rank: int, world_size: int, hashes: dict[str, str], crc32: int
+) -> bytes:
+    """``describe`` as the JSON a shard's ``.json`` holds. The layout's part (every slot, the
+    flattening paths) is encoded once per layout: encoding it at every snapshot cost 1.5 ms of the
+    job's CPU under the GIL (the tiny model's 242 slots)."""
+    layout = staged.layout
+    cached = _ENCODED.get(layout.id)
+    if cached is None:
+        d = layout.describe()
+        cached = _json({"slots": d["slots"], "mappings": d["mappings"]})[1:-1]
+        _ENCODED.clear()  # (one layout at a time per process: the stager replaces it)
+        _ENCODED[layout.id] = cached
+    rest = {
+        "format": FORMAT,
+        "step": step,
+        "rank": rank,
+        "world_size": world_size,
+        "nbytes": layout.nbytes,
+        "objects": staged.objects,
+        "config_hash": hashes["config_hash"],
+        "model_hash": hashes["model_hash"],
+        "crc32": crc32,
+    }
+    return b"{" + _json(rest)[1:-1] + b"," + cached + b"}"
+
+
+_ENCODED: dict[str, bytes] = {}  # layout id -> its slots and mappings, encoded
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
+
+
 def describe(
     staged: Staged, *, step: int, rank: int, world_size: int, hashes: dict[str, str], crc32: int
 ) -> dict[str, Any]:
