@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
 from hpclaunch.rundir.shm import run_root
 from hpclaunch.trainer.checkpoint import ENV_KILL
+from hpclaunch.trainer.checkpoint.faults import ENV_SNAPSHOT_DELAY_COPY
 from hpclaunch.trainer.memory_tier import snapshot_dir
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
@@ -177,7 +179,11 @@ def test_a_crash_restarted_in_place_resumes_from_memory_not_the_disk(tmp_path: P
 
 
 def _start_nodes(
-    run: Path, attempt: str, names: list[str], kill: str | None = None
+    run: Path,
+    attempt: str,
+    names: list[str],
+    kill: str | None = None,
+    env: dict[str, dict[str, str]] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """The run as one node of one rank per name on this machine (a torchrun each, static
     rendezvous), each naming its node as the node agent would: as many stores in one tmpfs."""
@@ -191,7 +197,7 @@ def _start_nodes(
             "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
             "-m", "hpclaunch.trainer", str(run),
         ]  # fmt: skip
-        extra = {NODE_NAME_VAR: name, **({ENV_KILL: kill} if kill else {})}
+        extra = {NODE_NAME_VAR: name, **({ENV_KILL: kill} if kill else {}), **(env or {}).get(name, {})}
         procs.append(subprocess.Popen(cmd, env=h.env_for(attempt, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
     return procs
 
@@ -210,6 +216,52 @@ def _nodes(
     run: Path, attempt: str, names: list[str], kill: str | None = None
 ) -> list[subprocess.CompletedProcess[str]]:
     return _ended(_start_nodes(run, attempt, names, kill))
+
+
+def test_a_node_agent_sweeps_what_ended_allocations_of_its_user_left(tmp_path: Path) -> None:
+    """Snapshots that an allocation killed outright left (its agent SIGKILLed too: nobody freed
+    them) are freed by the next agent of the same user on the node, whatever the run; those a live
+    process holds are not."""
+    from hpclaunch.rundir.shm import DEFAULT_BASE, Hold, user_root
+
+    tag = uuid.uuid4().hex[:8]
+    left = user_root(DEFAULT_BASE) / f"test-{tag}-left" / "node" / "alloc-1.0"
+    held = user_root(DEFAULT_BASE) / f"test-{tag}-held" / "node" / "alloc-1.0"
+    Hold(left, DEFAULT_BASE).release()  # (made, then its process gone)
+    (left / "step-00000005-w2").mkdir()
+    (left / "step-00000005-w2" / "rank-00000.bin").write_bytes(b"x" * 4096)
+    alive = Hold(held, DEFAULT_BASE)
+    try:
+        data = synth_data(tmp_path / "data")
+        overrides = tiny_overrides(tmp_path, data, "sweeps", *TIERS, "train.steps=6", "train.warmup_steps=1")
+        hpclaunch("submit", str(TINY), *overrides, "--no-preflight", "--wait", cwd=tmp_path)
+        assert not left.exists() and not left.parent.parent.exists()
+        assert held.is_dir()
+    finally:
+        alive.free()
+
+
+def test_a_peer_stuck_past_wait_s_makes_the_tier_step_aside_and_the_run_goes_on(
+    reference: str, root: Path, data: Path
+) -> None:
+    """Node nb's snapshot jobs are held 2 s before their copies (a test hook): its buddy does not
+    hear from it within ``wait_s`` (1 s, gloo's timeout on the tier's link), the link breaks, and
+    the tier steps aside on both ranks, each saying so once; the run finishes as one without the
+    tier (before: every join
+    waited as long as the job took, and a stop's save behind it for gloo's 30 minutes; a broken link
+    failed every later snapshot, each said in gloo's words)."""
+    run, _ = _on_nodes(root, "stuck-peer", data, 2)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("wait_s: 30.0", "wait_s: 1.0"))
+    assert "wait_s: 1.0" in config.read_text()
+    done = _ended(_start_nodes(run, "a1", ["na", "nb"], env={"nb": {ENV_SNAPSHOT_DELAY_COPY: "2"}}))
+    assert all(p.returncode == 0 for p in done), [p.stdout[-6000:] for p in done]
+    assert h.outcome(run)["params_sha256"] == reference
+    said = [e for e in h.events(run) if e["event"] == "snapshot_failed"]
+    assert sorted(e["rank"] for e in said) == [0, 1], said  # once each, not at every snapshot
+    assert all("the memory tier is off for the rest of this attempt" in e["error"] for e in said), said
+    assert any("did not answer within 1 s (checkpoint.memory.wait_s)" in e["error"] for e in said), said
+    assert not any("[/" in e["error"] or "GLHF" in e["error"] for e in said), said  # the user's words
 
 
 def test_a_run_that_fails_leaves_nothing_in_shared_memory(tmp_path: Path) -> None:

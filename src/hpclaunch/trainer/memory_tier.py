@@ -46,6 +46,10 @@ from .snapshots.shard import State
 from .snapshots.store import HeldShard, NodeStore
 from .snapshots.transfer import FAILURES, JobThread, SnapshotJob, exchange_pulls, new_link, open_sends
 
+# A job's waits on its peers, each ended by gloo's timeout: the sizes, the word, the shards, and one
+# for its own staging and writes.
+DRAIN_WAITS = 4
+
 
 def snapshot_dir(cfg: RunConfig, paths: RunPaths) -> Path:
     """Where this run's snapshots live: the user's private root in the tmpfs, one directory per run
@@ -249,21 +253,28 @@ class MemoryTier:
         assert job is not None
         if job.join(max(0.0, job.submitted + self.wait_s - time.monotonic())):
             return True
-        if self.off is not None:
-            return False
-        self.off = (
+        self._step_aside(
+            job.step,
             f"the snapshot of step {job.step} was still moving {self.wait_s:g} s after it began "
-            "(checkpoint.memory.wait_s): its buddy or ward is gone or stuck"
+            "(checkpoint.memory.wait_s): its buddy or ward is gone or stuck",
         )
-        self._say(job.step, f"{self.off}; the memory tier is off for the rest of this attempt")
         return False
+
+    def _step_aside(self, step: int, why: str) -> None:
+        """The tier is off for the rest of the attempt (said once, whatever was said before)."""
+        if self.off is None:
+            self.off = why
+            self._say(step, f"{why}; the memory tier is off for the rest of this attempt")
 
     def _settle(self) -> None:
         job, self.job = self.job, None
         assert job is not None
         if job.crash is not None:
             raise job.crash  # a bug, not a failed snapshot: the rank fails and says so
-        if job.error is not None:
+        if job.link_broken:  # (gloo's link is unusable after an error: every later one would fail)
+            self.failures += 1
+            self._step_aside(job.step, job.error or f"the snapshot of step {job.step}: its link broke")
+        elif job.error is not None:
             self._fail(job.step, job.error)
         else:
             cost: dict[str, object] = dict(self._stall or {})
@@ -382,14 +393,18 @@ class MemoryTier:
             self._settle()
 
     def close(self, *, remove: bool) -> None:
-        """Let the snapshot in flight finish, up to its deadline; ``remove``: the last save is on
-        disk, so this node's memory of this run's snapshots is freed (by the node's first rank).
-        A job that has not ended keeps its staging buffer (freed when the process exits): closing
-        it under the job would let it copy from whatever reuses the descriptor."""
-        ended = self.job is None or self.job.join(
-            max(0.0, self.job.submitted + self.wait_s - time.monotonic())
+        """Let the snapshot in flight end; ``remove``: the last save is on disk, so this node's
+        memory of this run's snapshots is freed (by the node's first rank). A job the tier stepped
+        aside from still ends by itself (each of its waits on a peer ends at gloo's timeout,
+        ``wait_s``): it is given until ``DRAIN_WAITS`` of them have passed, so that no rank tears the
+        link down while a peer's job still talks on it (that aborts the process; the trainer's
+        collectives after this call keep every rank here until all have). A job that has not ended
+        even then keeps its staging buffer (freed when the process exits): closing it under the job
+        would let it copy from whatever reuses the descriptor."""
+        job, self.job = self.job, None
+        ended = job is None or job.join(
+            max(0.0, job.submitted + DRAIN_WAITS * self.wait_s - time.monotonic())
         )
-        self.job = None
         self.jobs.close()
         if ended:
             self.stager.close()

@@ -20,8 +20,10 @@ The job, for snapshot ``s`` on rank ``r`` with buddy ``b`` and ward ``w``:
 
 Everything that can fail on this rank fails before step 2 or is said in step 3, so a peer is never
 left waiting for a message this rank will not send. The link's gloo timeout (the tier's
-``wait_s``) ends a wait on a peer that died. Operating-system and transport errors are a failed
-snapshot (the disk tier is still there); anything else is a bug, re-raised in the training loop.
+``wait_s``) ends a wait on a peer that died or is stuck; after a transport error gloo's link is
+unusable, so the job says ``link_broken`` and the tier steps aside for the rest of the attempt.
+Operating-system and transport errors are a failed snapshot (the disk tier is still there);
+anything else is a bug, re-raised in the training loop.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from __future__ import annotations
 import datetime
 import os
 import queue
+import re
 import threading
 import time
 import zlib
@@ -56,6 +59,7 @@ class Link:
     buddy: int | None
     ward: int | None
     group: Any = None
+    timeout_s: float = 1800.0  # what one wait on a peer may last (gloo's timeout on the group)
 
 
 LAZY_GLOO = "TORCH_GLOO_LAZY_INIT"
@@ -80,7 +84,7 @@ def new_link(buddy: int | None, ward: int | None, timeout_s: float = 1800.0) -> 
             del os.environ[LAZY_GLOO]
         else:
             os.environ[LAZY_GLOO] = before
-    return Link(buddy, ward, group)
+    return Link(buddy, ward, group, timeout_s)
 
 
 def _bytes_tensor(buf: Any) -> torch.Tensor:
@@ -117,6 +121,7 @@ class SnapshotJob:
         self.step, self.world, self.rank, self.link, self.keep_last = step, world, rank, link, keep_last
         self.error = error  # (given: staging failed in the training loop; the job still trades sizes)
         self.crash: BaseException | None = None
+        self.link_broken = False  # a transport error: the link is unusable for the rest of the attempt
         self.replica_kept: bool | None = None  # the buddy kept this rank's copy (None: no buddy)
         self.seconds: float | None = None
         self.submitted = time.monotonic()
@@ -144,7 +149,12 @@ class SnapshotJob:
         kill_hook(self.step, self.rank, "write")
         try:
             if self.link.buddy is not None:  # (always: the buddy and the ward wait for this rank)
-                self._exchange(own)
+                try:
+                    self._exchange(own)
+                except RuntimeError as e:  # gloo's: a peer gone, stuck past the timeout, a reset
+                    self.link_broken = True
+                    self.error = self._transport_words(e)
+                    raise
             if own is not None:
                 own.publish(self.meta)
                 own = None
@@ -152,7 +162,8 @@ class SnapshotJob:
                 ward = {self.link.ward} if self.link.ward is not None else set()
                 self.store.prune(sorted({self.rank, *ward}), self.keep_last, self.step)
         except FAILURES as e:  # (a peer that died, a tmpfs gone: the disk tier is still there)
-            self.error = self.error or f"snapshot of step {self.step}: {type(e).__name__}: {e}"
+            if not self.link_broken:
+                self.error = self.error or f"snapshot of step {self.step}: {type(e).__name__}: {e}"
         finally:
             if own is not None:
                 own.drop()
@@ -230,6 +241,19 @@ class SnapshotJob:
         finally:
             if replica is not None:
                 replica.drop()
+
+    def _transport_words(self, e: RuntimeError) -> str:
+        """Gloo's error in the user's words: which peers, and what happened (its file and line and
+        its boilerplate left out)."""
+        text = re.sub(r"^\[[^\]]*\]\s*", "", str(e).split("\n")[0])
+        text = text.split(". This is typically")[0]
+        peers = f"its buddy (rank {self.link.buddy}) or its ward (rank {self.link.ward})"
+        if "Timed out" in text:
+            return (
+                f"the snapshot of step {self.step}: {peers} did not answer within {self.link.timeout_s:g} s "
+                "(checkpoint.memory.wait_s): gone or stuck"
+            )
+        return f"the snapshot of step {self.step}: the link to {peers} broke ({text})"
 
     def _room_for_ward(self, nbytes: int) -> PendingShard | None:
         """Step 3: the ward's copy, its room reserved; None (said) when there is none."""
