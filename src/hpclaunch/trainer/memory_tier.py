@@ -194,6 +194,8 @@ class MemoryTier:
         staged: Staged | None = None
         finish, failed = None, None
         try:
+            if self.store is None:  # (said once: the job only tells the buddy and hears the ward)
+                raise OSError("the memory tier has no place on this node")
             snapshot = state()
             built = time.perf_counter()
             staged, finish = self.stager.stage_later(snapshot)  # the copies: in the job (see before_update)
