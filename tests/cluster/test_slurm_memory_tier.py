@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +65,15 @@ MEMORY = ("checkpoint.memory.every_steps=5", "scheduler.spare_nodes=1")
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("memory-tier")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bases_removed(work: Path) -> Iterator[None]:
+    """The tests' tmpfs stand-ins in /dev/shm go with the module (their snapshots are freed by the
+    runs themselves: what the tests check)."""
+    yield
+    for base in Path("/dev/shm").glob(f"hpclaunch-test-{work.name}-*"):
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
