@@ -12,7 +12,13 @@ beside the steps lost with it (minus the step resumed from). The stall is the le
 staging layout after the step, the staging copies at the next optimizer update), against the median
 step; and the step after a snapshot against the others (the snapshot's job runs beside it).
 
-    .venv/bin/python bench/memory_tier.py --kills 4 [--nodes 2]
+The whole cost is what the tier takes from training: the stall plus the slowdown of the steps its
+job ran beside (``snapshot_saved.whole_s``, measured by rank 0's trainer against its steady steps),
+per snapshot, per step (over the interval) and as a share of the training time.
+``--memory auto`` lets the trainer choose the interval from that cost and the MTBF
+(``--mtbf-hours``, per node).
+
+    .venv/bin/python bench/memory_tier.py --kills 4 [--nodes 2] [--memory auto --mtbf-hours 0.05]
 """
 
 from __future__ import annotations
@@ -104,7 +110,8 @@ def main() -> None:
     ap.add_argument("--kills", type=int, default=4)
     ap.add_argument("--steps", type=int, default=240)
     ap.add_argument("--disk", type=int, default=40, help="checkpoint.every_steps")
-    ap.add_argument("--memory", type=int, default=5, help="checkpoint.memory.every_steps")
+    ap.add_argument("--memory", default="5", help="checkpoint.memory.every_steps (a number, or auto)")
+    ap.add_argument("--mtbf-hours", type=float, default=5000.0, help="checkpoint.mtbf_hours (per node)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="testing.step_sleep_s (the math unchanged)")
     ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: each snapshot also to a buddy")
     ap.add_argument("--seed", type=int, default=0)
@@ -122,10 +129,12 @@ def main() -> None:
             "train.global_batch=16", "train.micro_batch=8", "train.log_every=1",
             "preflight.distributed_smoke=false", f"checkpoint.every_steps={args.disk}",
             f"checkpoint.memory.every_steps={args.memory}", f"checkpoint.memory.dir={root / 'shm'}",
+            f"checkpoint.mtbf_hours={args.mtbf_hours}",
             f"testing.step_sleep_s={args.step_sleep}", f"data.token_dir={data / 'tokens'}",
             f"data.latent_dir={data / 'latents'}", f"run_dir={run}",
         ]  # fmt: skip
         cfg = load_config(None, sets, base=root)
+        (root / "shm").mkdir(exist_ok=True)
         RunPaths(run).ensure()
         (run / "config.yaml").write_text(cfg.to_yaml())
         killed_at: dict[str, int] = {}
@@ -153,9 +162,12 @@ def main() -> None:
             with_tier.append(died - int(r["step"]))
             without.append(died - int(r.get("disk_step") or 0))
         snapshot_events = [e.record for e in events if e.event == "snapshot_saved"]
+        snapshot_steps = {int(e["step"]) for e in snapshot_events}
         # what training waited for: after the step (state dict, layout) and at the next update (copies)
         jobs = [e["seconds"] for e in snapshot_events if e.get("seconds") is not None]
         stalls = [e["stall_s"] + (e.get("copy_wait_s") or 0.0) for e in snapshot_events if e.get("stall_s")]
+        wholes = [e["whole_s"] for e in snapshot_events if e.get("whole_s") is not None]
+        intervals = [e.record["interval_steps"] for e in events if e.event == "snapshot_interval"]
         parts: dict[str, list[float]] = {}
         for e in snapshot_events:
             for k, v in {**(e.get("stall_parts") or {}), "copy_wait": e.get("copy_wait_s") or 0.0}.items():
@@ -168,27 +180,33 @@ def main() -> None:
         ]
         steps = [t for _, t in timed]
         # the step after a snapshot, while its job (own copy, the buddy's) runs beside training
-        after = [t for n, t in timed if n % args.memory == 1 and (n - 1) % args.disk]
-        others = [t for n, t in timed if n % args.memory not in (0, 1)]
+        after = [t for n, t in timed if n - 1 in snapshot_steps]
+        others = [t for n, t in timed if n not in snapshot_steps and n - 1 not in snapshot_steps]
         finished = (run / "attempts" / f"a{args.kills + 1}.json").exists()
     step = statistics.median(steps)
     stall = statistics.median(stalls) if stalls else float("nan")
     where = (
         "2 nodes of 1 rank (each snapshot also sent to the buddy)" if args.nodes == 2 else "1 node, 2 ranks"
     )
-    print(f"{where}; {args.kills} kills, disk every {args.disk} steps, memory every {args.memory}, "
+    every = f"{args.memory}" if args.memory != "auto" else f"auto ({', '.join(map(str, intervals[-3:]))}...)"
+    print(f"{where}; {args.kills} kills, disk every {args.disk} steps, memory every {every}, "
           f"load {os.getloadavg()[0]:.1f}")  # fmt: skip
     print(f"  steps lost per failure: with the memory tier {statistics.mean(with_tier):.1f} {with_tier}")
     print(f"                          without it (disk only) {statistics.mean(without):.1f} {without}")
     print(f"  snapshot stall {stall * 1000:.2f} ms (median of {len(stalls)}), median step {step * 1000:.1f} ms: "
           f"{stall / step:.1%} of a step")  # fmt: skip
+    # the whole cost over the steps trained: every snapshot's, spread over the steps between them
+    per_snapshot = statistics.mean(wholes)
+    per_step = per_snapshot * len(wholes) / len(steps)
+    print(f"  whole cost {per_snapshot * 1000:.1f} ms a snapshot (stall and the slowdown of the steps beside "
+          f"its job; mean of {len(wholes)}): {per_step * 1000:.2f} ms a step, {per_step / step:.1%} of training time")  # fmt: skip
     slower = statistics.median(after) / statistics.median(others) - 1
     print(f"  the step after a snapshot (its job runs beside it): {statistics.median(after) * 1000:.1f} ms "
           f"against {statistics.median(others) * 1000:.1f} ms ({slower:+.1%})")  # fmt: skip
     shown = ", ".join(f"{k} {statistics.median(v) * 1000:.2f}" for k, v in parts.items())
     print(f"  the stall's parts, medians in ms: {shown}")
     print(
-        f"  a snapshot's job (copies, description, own write, buddy's send and receive): median {statistics.median(jobs) * 1000:.1f} ms"
+        f"  a snapshot's job (copies, checksum, description, own write, buddy's send and receive): median {statistics.median(jobs) * 1000:.1f} ms"
     )
     assert finished
 

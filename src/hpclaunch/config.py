@@ -578,13 +578,22 @@ def _whole_or_auto(v: Any, most: int | None, what: str) -> int | str:
 
 
 class MemoryTierConfig(_Section):
-    every_steps: int | None = Field(
+    every_steps: int | Literal["auto"] | None = Field(
         None,
-        ge=1,
         description="Snapshot the state into the node's shared memory every this many steps, between "
         "disk checkpoints: a crash or hang restarted in place resumes from the newest complete snapshot "
-        "when it is newer than the newest checkpoint on disk; null = off.",
+        "when it is newer than the newest checkpoint on disk; auto = the interval that loses the least "
+        "expected time (sqrt(2 x a snapshot's measured whole cost x MTBF), as checkpoint.every_steps: "
+        "auto); null = off.",
     )
+
+    @field_validator("every_steps", mode="before")
+    @classmethod
+    def _steps_auto_or_off(cls, v: Any) -> int | str | None:
+        if v is None:
+            return None
+        return _whole_or_auto(v, None, "a step count: use a whole number >= 1, auto, or null (off)")
+
     keep_last: int = Field(2, ge=1, description="Snapshots kept in memory, newest first.")
     replicas: int = Field(
         1,
@@ -596,8 +605,25 @@ class MemoryTierConfig(_Section):
     )
     dir: str | None = Field(
         None,
-        description="Where the snapshots go (a tmpfs on the node); null = /dev/shm/hpclaunch/<run id>.",
+        description="The node's tmpfs the snapshots go to, an absolute path that exists on every node "
+        "(never created): under it each user has a private directory, hpclaunch-<uid>/<run id>; "
+        "null = /dev/shm.",
     )
+    wait_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="Longest a snapshot may still be moving when training must wait for it (the next "
+        "snapshot, a stop's save), counted from its start; past it the tier steps aside for the rest "
+        "of the attempt (a peer is gone or stuck) and the disk tier serves.",
+    )
+
+    @field_validator("dir")
+    @classmethod
+    def _absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path: name the node's tmpfs, e.g. /dev/shm")
+        return v
 
 
 class CheckpointConfig(_Section):

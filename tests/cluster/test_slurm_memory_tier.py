@@ -8,13 +8,19 @@ tier (disk every 20 steps, memory every 5) restores in place from memory, not fr
   n3 takes n2's place and its ranks are sent their shards by n1, which kept them as n2's buddy.
 
 Both finish bitwise equal to a run never interrupted, under one job id, and the ledger says which
-node served each shard."""
+node served each shard. And issue 38 on the same cluster:
+
+* the review's reproduction: a snapshot tmpfs with room for the ranks' own shards but not for their
+  buddies' copies (it turned a 23-second run into one that failed after 283 s): the run finishes,
+  bitwise equal, under one job, each rank saying once what the tier could not do;
+* a run that fails through the scheduler leaves nothing of its snapshots on any node."""
 
 from __future__ import annotations
 
 import json
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +36,11 @@ from tests.runlib import (
     wait_for,
     wait_run_done,
 )
+from tests.shm_fixtures import small_tmpfs
 
-from hpclaunch.rundir import SNAPSHOT_SAVED
+from hpclaunch.config import load_config
+from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths
+from hpclaunch.rundir.shm import run_root
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import SlurmCluster
@@ -58,6 +67,15 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("memory-tier")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _bases_removed(work: Path) -> Iterator[None]:
+    """The tests' tmpfs stand-ins in /dev/shm go with the module (their snapshots are freed by the
+    runs themselves: what the tests check)."""
+    yield
+    for base in Path("/dev/shm").glob(f"hpclaunch-test-{work.name}-*"):
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def data(work: Path) -> Path:
     return synth_data(work / "data")
@@ -73,11 +91,20 @@ def reference(slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path) -> str
     return final_params_sha(work / "runs" / "reference")
 
 
-def _submit(work: Path, name: str, data: Path) -> tuple[Path, Path]:
-    shm = Path("/dev/shm") / f"hpclaunch-test-{work.name}-{name}"
-    overrides = tiny_overrides(work, data, name, *COMMON, *MEMORY, f"checkpoint.memory.dir={shm}")
+def _base(work: Path, name: str) -> Path:
+    """The test's own tmpfs stand-in in /dev/shm (the nodes share this machine's)."""
+    base = Path("/dev/shm") / f"hpclaunch-test-{work.name}-{name}"
+    base.mkdir(exist_ok=True)
+    return base
+
+
+def _submit(work: Path, name: str, data: Path, *extra: str, base: Path | None = None) -> tuple[Path, Path]:
+    """The run submitted, and where its snapshots live (one directory per node below it)."""
+    base = base or _base(work, name)
+    overrides = tiny_overrides(work, data, name, *COMMON, *MEMORY, *extra, f"checkpoint.memory.dir={base}")
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
-    return work / "runs" / name, shm
+    run = work / "runs" / name
+    return run, run_root(load_config(run / "config.yaml"), RunPaths(run))
 
 
 def _after_snapshot_35(run: Path) -> None:
@@ -110,6 +137,7 @@ def test_a_rank_killed_resumes_in_place_from_its_nodes_memory(
     _one_job_no_requeue(slurm_cluster_3nodes, run)
     assert final_params_sha(run) == reference
     assert not shm.exists()  # the run ended with its last save on disk: every node's memory freed
+    assert not [*shm.parent.iterdir()]
 
 
 def test_a_dead_node_is_replaced_by_the_spare_which_restores_from_the_buddys_copy(
@@ -134,3 +162,41 @@ def test_a_dead_node_is_replaced_by_the_spare_which_restores_from_the_buddys_cop
     _one_job_no_requeue(slurm_cluster_3nodes, run)
     assert final_params_sha(run) == reference
     assert not shm.exists()
+
+
+def test_a_tmpfs_without_room_for_the_buddies_copies_never_stalls_the_run(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+) -> None:
+    """4 ranks' own shards of ~4 MiB fit the 18 MiB tmpfs (the nodes share it here), their copies
+    on the buddies do not, nor the next snapshots (keep_last 1)."""
+    with small_tmpfs(Path("/dev/shm") / f"hpclaunch-test-{work.name}-full", "18m") as base:
+        run, shm = _submit(
+            work, "full-tmpfs", data, "testing.step_sleep_s=0", "checkpoint.memory.keep_last=1", base=base
+        )
+        s = wait_run_done(run, work, timeout=600)
+        assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+        _one_job_no_requeue(slurm_cluster_3nodes, run)
+        assert final_params_sha(run) == reference
+        said = [e for e in events(run) if e["event"] == "snapshot_failed"]
+        assert sorted(e["rank"] for e in said) == [0, 1, 2, 3], said  # once per rank, in its words
+        assert all("no room for a snapshot shard" in e["error"] for e in said), said
+        assert not shm.exists() and not [*shm.parent.iterdir()]
+
+
+def test_a_run_that_fails_leaves_no_snapshot_on_any_node(
+    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path
+) -> None:
+    """A rank SIGKILLed with no retry left: every node's agent frees what its node held (the ranks
+    died without freeing; before, the snapshots stayed in the nodes' memory)."""
+    run, shm = _submit(work, "fails", data, "scheduler.max_failure_retries=0")
+    wait_for(
+        lambda: any(e["event"] == SNAPSHOT_SAVED for e in events(run)),
+        timeout=300,
+        poll=0.1,
+        what="a snapshot",
+    )
+    assert [*shm.glob("n*/alloc-*/step-*/rank-*.bin")]
+    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    s = wait_run_done(run, work, timeout=600)
+    assert s["state"] == "failed", json.dumps(s, indent=1)[-3000:]
+    assert not shm.exists(), [*shm.rglob("*")]

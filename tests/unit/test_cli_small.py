@@ -27,6 +27,20 @@ def test_init_into_a_missing_folder_creates_nothing(
     assert main(["init", str(tmp_path / "x.yaml")]) == 0 and (tmp_path / "x.yaml").is_file()
 
 
+def test_init_shows_the_memory_tiers_keys_under_their_own_header(tmp_path: Path) -> None:
+    """Uncommenting the memory tier's ``every_steps`` in what init wrote set the disk's interval to 5
+    and left the tier off: its keys were shown under ``checkpoint:`` with no ``memory:`` header."""
+    from hpclaunch.config import load_config
+
+    target = tmp_path / "x.yaml"
+    assert main(["init", str(target)]) == 0
+    text = target.read_text()
+    assert "\n  memory:\n" in text and "\n    every_steps: null\n" in text
+    target.write_text(text.replace("\n    every_steps: null\n", "\n    every_steps: 5\n"))
+    cfg = load_config(target)
+    assert cfg.checkpoint.memory.every_steps == 5 and cfg.checkpoint.every_steps == 50
+
+
 @pytest.mark.parametrize("command", ["train", "logs", "preflight"])
 def test_help_does_not_name_torchrun_where_the_rank_host_replaced_it(
     command: str, capsys: pytest.CaptureFixture[str]

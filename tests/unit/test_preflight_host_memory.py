@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.shm_fixtures import small_tmpfs
+
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.preflight.base import CheckContext
 from hpclaunch.preflight.layout import check_config
@@ -104,3 +106,28 @@ def test_the_memory_tier_counts_its_staging_copy_and_the_snapshots_the_node_keep
     refused = outcome(cfg(f"scheduler.mem_gb={mem_gb}", "checkpoint.memory.every_steps=5"))
     assert refused.status.value == "fail" and "memory tier" in refused.finding
     assert refused.hint is not None and "checkpoint.memory.keep_last" in refused.hint
+
+
+def test_the_memory_tier_counts_its_own_its_wards_and_a_restores_shard(tmp_path: Path) -> None:
+    from hpclaunch.preflight.sizes import snapshot_bytes_per_rank, snapshot_shard_bytes
+
+    one = cfg("checkpoint.memory.every_steps=5")
+    shard = snapshot_shard_bytes(one, PARAMS)
+    assert shard == run_checkpoint_bytes(one, PARAMS)  # DDP: each rank's snapshot holds it all
+    # keep_last 2 and one being written, and the staging copy (or a restore's received shard)
+    assert snapshot_bytes_per_rank(one, PARAMS) == shard * 3 + shard
+    two = cfg("checkpoint.memory.every_steps=5", "scheduler.kind=slurm", "scheduler.nodes=2")
+    assert snapshot_bytes_per_rank(two, PARAMS) == shard * 3 * 2 + shard  # and the ward's copies
+    assert estimate_host_memory(two, PARAMS).parts["snapshots"] == snapshot_bytes_per_rank(two, PARAMS)
+
+
+def test_a_tmpfs_too_small_for_the_snapshots_is_a_warning_naming_both_figures(tmp_path: Path) -> None:
+    with small_tmpfs(tmp_path / "shm", "1m") as shm:
+        out = outcome(cfg("checkpoint.memory.every_steps=5", f"checkpoint.memory.dir={shm}"))
+    assert out.status.value == "warn", out
+    assert f"in {shm} does not fit its 1.0 MiB free: the tier would step aside" in out.finding
+    assert out.hint is not None and "checkpoint.memory.keep_last" in out.hint
+    roomy = outcome(
+        cfg("checkpoint.memory.every_steps=5", "model.depth=1", f"checkpoint.memory.dir={tmp_path}")
+    )
+    assert "memory tier ~" in roomy.finding and "fits its" in roomy.finding

@@ -141,3 +141,19 @@ def test_the_sweep_figures_point_names_do_not_run_into_the_left_panel() -> None:
     labels = [t.get_window_extent(renderer).x0 for t in right.get_yticklabels() if t.get_text()]
     plt.close(fig)
     assert labels and min(labels) > left_edge
+
+
+def test_the_report_says_the_memory_tier_is_on_and_which_tier_each_attempt_resumed_from(
+    tmp_path: Path,
+) -> None:
+    run = make_run(tmp_path / "runs" / "mem", extra=False)
+    (run / "config.yaml").write_text("train:\n  steps: 70\ncheckpoint:\n  memory:\n    every_steps: 5\n")
+    last = [e for e in EVENTS if e["event"] == "resumed"][-1]  # attempt 7.2's, from the disk
+    resumed = {**last, "tier": "disk", "disk_step": last["step"]}
+    resumed["memory_reason"] = "no snapshot in memory on this attempt's nodes"
+    with (run / "events" / "all-host-1.jsonl").open("a") as f:
+        f.write(json.dumps(resumed) + "\n")
+    page = build_report(run, tmp_path / "out").page.read_text()
+    assert "memory tier: on, a snapshot every 5 steps" in page
+    assert "attempt 7.2 resumed from the disk: no snapshot in memory on this attempt&#x27;s nodes" in page
+    assert "(disk)" in page

@@ -90,6 +90,17 @@ CASES = [
         ["train.fsdp_shard_size=2"],
         "train.fsdp_shard_size: only applies to train.parallel: fsdp",
     ),
+    (  # (it made /nonexistent at the filesystem root: checked below)
+        "memory tier on a tmpfs that does not exist",
+        ["checkpoint.memory.every_steps=5", "checkpoint.memory.dir=/nonexistent/shm"],
+        "checkpoint.memory.dir: /nonexistent/shm does not exist: the memory tier's snapshots go to an "
+        "existing tmpfs, which is never created",
+    ),
+    (
+        "memory tier on a relative path",
+        ["checkpoint.memory.every_steps=5", "checkpoint.memory.dir=shm"],
+        "checkpoint.memory.dir: 'shm' is not an absolute path",
+    ),
 ]
 
 
@@ -103,7 +114,7 @@ def test_bad_trainer_input_is_one_line_exit_2_and_nothing_written(
     lines = [line for line in err.splitlines() if line.strip()]
     assert lines[0].startswith("hpclaunch: error: ") and message.format(data=data) in lines[0], err
     assert len(lines) <= 2 and "Traceback" not in err  # the error and its hint
-    assert not (tmp_path / "runs").exists()
+    assert not (tmp_path / "runs").exists() and not Path("/nonexistent").exists()
 
 
 def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_settings(

@@ -95,7 +95,8 @@ def _optional_sections() -> list[str]:
 def commented_example() -> str:
     """Every key with its default, each preceded by its description as a comment."""
     out = ["# hpclaunch run config. Every key is shown with its default; delete what you do not change.", ""]
-    section = None
+    section, subsection = None, None
+    optional = set(_optional_sections())
     for key, _type, default, description in iter_reference_rows():
         parts = key.split(".")
         if len(parts) == 1:
@@ -103,10 +104,18 @@ def commented_example() -> str:
             out.append(f"{key}: {default if default != 'null' else 'null'}")
             continue
         if parts[0] != section:
-            section = parts[0]
+            section, subsection = parts[0], None
             out += ["", f"{section}:"]
-        if len(parts) > 2:  # a key of an optional section (off by default): shown commented out
+        if len(parts) > 2 and ".".join(parts[:2]) in optional:
+            # a key of an optional section (off by default): shown commented out under its own row
             out.append(f"  #   {parts[2]}: {default}  # {description}")
+            continue
+        if len(parts) > 2:  # a nested section that is always there (checkpoint.memory): its header,
+            if parts[1] != subsection:  # so that uncommenting a key sets it there, not one level up
+                subsection = parts[1]
+                out.append(f"  {subsection}:")
+            out.append(f"    # {description}")
+            out.append(f"    {parts[2]}: {default}")
             continue
         out.append(f"  # {description}")
         if default == "null" and key.endswith(tuple(_optional_sections())):

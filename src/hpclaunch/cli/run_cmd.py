@@ -13,6 +13,7 @@ from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
 from ..orchestrator.launch import submit as submit_run
+from ..orchestrator.memory_tier_view import describe_memory_tier
 from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import SUBMITTED, Ledger, RunPaths
@@ -136,8 +137,10 @@ def submit(
         from .train_checks import refuse_other_model_shape
 
         refuse_other_model_shape(cfg, prepared.plan.paths().root)
-    from .train_checks import refuse_bad_init_from
+    from .train_checks import refuse_bad_init_from, refuse_missing_memory_dir
 
+    if prepared.plan.scheduler == "local":  # (elsewhere the tmpfs is the nodes', not this machine's)
+        refuse_missing_memory_dir(cfg)
     # Chained after the run it starts from: that run may have no checkpoint yet.
     pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
     refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
@@ -246,7 +249,12 @@ def train(
     from ..rundir.control import drop_user_stop
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
-    from .train_checks import refuse_bad_data, refuse_bad_init_from, refuse_other_model_shape
+    from .train_checks import (
+        refuse_bad_data,
+        refuse_bad_init_from,
+        refuse_missing_memory_dir,
+        refuse_other_model_shape,
+    )
 
     if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
         config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
@@ -261,6 +269,7 @@ def train(
             hint="add --resume to continue it, or change name/run_dir",
         )
     refuse_bad_data(cfg)
+    refuse_missing_memory_dir(cfg)
     if resume:
         refuse_other_model_shape(cfg, paths.root)
     refuse_bad_init_from(cfg, paths.root)
@@ -405,6 +414,8 @@ def _status_table(data: StatusView) -> Any:
         parts.append(Text(interval))
     if advice := interval_advice(data.checkpoint_interval):
         parts.append(Text(advice, style="yellow"))
+    for i, line in enumerate(describe_memory_tier(data.memory_tier)):
+        parts.append(Text(line, style="yellow" if i else ""))
     if failed := describe_failed_saves(data.failed_saves):
         parts.append(Text(failed, style="yellow"))
     for line in describe_experiment_logs(data.experiment_logs):

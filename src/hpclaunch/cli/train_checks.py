@@ -3,7 +3,10 @@
 - data that cannot be read as the model expects: the training shards and, when configured, the
   validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size);
 - a resume whose newest checkpoint was written for another model shape: the run would fail in
-  every rank after minutes of start-up, so it is refused here, naming the settings that differ.
+  every rank after minutes of start-up, so it is refused here, naming the settings that differ;
+- a memory tier whose tmpfs (``checkpoint.memory.dir``) does not exist where the ranks run (this
+  machine: ``train``, the local scheduler): it is never created, and the tier would only say so
+  from every rank at start-up.
 
 Bad values within one config (a pad id outside the vocabulary, an FSDP shard size the rank count
 cannot satisfy) are refused when the config is loaded. Torch-free.
@@ -40,6 +43,20 @@ def refuse_bad_data(cfg: RunConfig) -> None:
     validate_dataset(d.token_dir, d.latent_dir, cfg.model, max_shards=0)
     if d.val_token_dir and d.val_latent_dir:
         validate_dataset(d.val_token_dir, d.val_latent_dir, cfg.model, max_shards=0)
+
+
+def refuse_missing_memory_dir(cfg: RunConfig) -> None:
+    """UserInputError when the memory tier is on and its tmpfs is not a directory on this machine."""
+    from ..rundir.shm import base_of
+
+    base = base_of(cfg)
+    if cfg.checkpoint.memory.every_steps is None or base.is_dir():
+        return
+    raise UserInputError(
+        f"{base} does not exist: the memory tier's snapshots go to an existing tmpfs, which is never created",
+        where="checkpoint.memory.dir",
+        hint="set checkpoint.memory.dir to the nodes' tmpfs (e.g. /dev/shm), or null for /dev/shm",
+    )
 
 
 def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:

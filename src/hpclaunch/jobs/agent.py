@@ -62,6 +62,7 @@ from .attempt_env import rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
+from .node_memory import NodeMemory
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
 from .watchdog import Verdict, stop_workers
@@ -87,6 +88,7 @@ class NodeAgent:
             paths, plan, cfg, ctx, scheduler, alloc=self.alloc, relay=self.relay, ledger=self.ledger
         )
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
+        self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
         self.sink = LogSink()
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
@@ -103,6 +105,7 @@ class NodeAgent:
         self.alloc.start_beating()
         beat: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         try:
+            self.memory.start()
             self._record_started()
             barrier = StartBarrier(self.paths, self.attempt)
             if self.ctx.is_head:
@@ -120,6 +123,7 @@ class NodeAgent:
                     return started
                 return self._attempts()
         finally:
+            self.memory.free()  # (the allocation ends on this node: its snapshots with it)
             self.alloc.stop_beating()
             self.decider.close()
             if self.host is not None:
@@ -165,12 +169,18 @@ class NodeAgent:
         """Attempts in this allocation until a decision sends the run through the scheduler; each
         one restarted in place begins with the node checks of the nodes the run is using."""
         while True:
-            result = self._run_attempt() if self.ctx.hostname in self.roster.training else {"state": "spare"}
+            training = self.ctx.hostname in self.roster.training
+            if training:
+                self.memory.hold()
+            result = self._run_attempt() if training else {"state": "spare"}
             self.alloc.report(self.attempt, self.ctx.node_rank, result)
             decision = self._agree(result)
             if not decision.get("in_place"):
+                self.memory.free()  # the run goes on through the scheduler, or ends
                 return int(decision.get("exit_code", 0)) if self.decider.leads else 0
             self._next_in_place(decision)
+            if self.ctx.hostname not in self.roster.training:
+                self.memory.free()  # this node's memory serves no rank of the next attempt
             if self.ctx.hostname in self.roster.nodes:
                 started = self._start(StartBarrier(self.paths, self.attempt))
                 if started is not None:

@@ -23,6 +23,7 @@ from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.readers import sweep_roots
 from ..schedulers.base import ACTIVE_STATES
 from .accounting import PHASES, AttemptTime, RunTime, fmt_seconds
+from .memory_tier_view import describe_memory_tier
 from .status import StatusView, steps_text, summarize
 from .stragglers import work_per_step
 
@@ -124,6 +125,7 @@ def _run_page(summary: StatusView, pngs: dict[str, bytes], notes: list[str]) -> 
             f"{fmt_seconds(spent.allocated_s)} allocated; {fmt_seconds(spent.queue_s)} waiting in the queue, "
             "not counted as allocated</p>"
         )
+    head += [f"<p>{_e(line)}</p>" for line in describe_memory_tier(summary.memory_tier)]
     gp = summary.step_counts
     head.append(
         f"<p>steps: {gp.useful_steps} kept of {gp.computed_steps} computed; "

@@ -43,6 +43,7 @@ from .accounting import RunTime, metrics_steps_by_attempt
 from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost
 from .lineage import ChainView, WeightsSource, chain_view, weights_from
+from .memory_tier_view import MemoryTierView, memory_tier_view
 from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
 
@@ -85,13 +86,15 @@ class Attempt:
 
 
 def steps_text(a: Attempt, arrow: str = "→") -> str:
-    """An attempt's steps for a table: "35→90", with the tier it resumed from when the memory
-    tier served it ("35→90 (memory, +15)": 15 steps past the newest checkpoint on disk)."""
+    """An attempt's steps for a table: "35→90", with the tier it resumed from when the memory tier
+    is on ("35→90 (memory, +15)": 15 steps past the newest checkpoint on disk; "40→90 (disk)")."""
     if a.resumed_step is None:
         return "-"
     text = f"{a.resumed_step}{arrow}{a.last_step}"
     if a.resumed_from == "memory" and a.memory_saved_steps is not None:
         text += f" (memory, +{a.memory_saved_steps})"
+    elif a.resumed_from == "disk":  # (the memory tier on, and the disk served)
+        text += " (disk)"
     return text
 
 
@@ -440,6 +443,7 @@ class StatusView:
     rescue: RescueView
     failed_saves: FailedSaves | None
     experiment_logs: list[ExperimentLogFailure]
+    memory_tier: MemoryTierView | None = None
 
     @property
     def run_name(self) -> str:
@@ -493,6 +497,7 @@ class StatusView:
             "rescue": asdict(self.rescue),
             "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
             "experiment_logs": [asdict(f) for f in self.experiment_logs],
+            "memory_tier": asdict(self.memory_tier) if self.memory_tier is not None else None,
         }
 
 
@@ -547,6 +552,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         rescue=rescue,
         failed_saves=failed_saves(events),
         experiment_logs=experiment_log_failures(events),
+        memory_tier=memory_tier_view(paths, events),
     )
 
 

@@ -13,7 +13,10 @@ Host memory per node: a background save stages a copy of each rank's state in ho
 on GPUs; on CPU ranks beside the training state itself), so a node needs ranks x (staging copy +
 training state on CPU + an assumed runtime) (``sizes.estimate_host_memory``), against
 ``scheduler.mem_gb``, else this machine's memory where it is the node (the local scheduler, or on a
-node); it fails the check when it does not fit, naming both figures.
+node); it fails the check when it does not fit, naming both figures. With the memory tier, its
+snapshots (own, the ward's copies, one being written) and its staging or restore buffer count there
+too, and where this machine is the node the snapshots are sized against the tmpfs's free space
+(a warning: a tier without room steps aside).
 
 Memory per GPU (GPU runs): parameters, gradients, optimizer state, EMA and activations under the
 chosen sharding (``sizes.estimate_memory``), against ``train.memory_budget_gb`` or the smallest GPU
@@ -24,9 +27,12 @@ after its queue wait. With no budget to compare against (a login node without GP
 
 from __future__ import annotations
 
+import os
+
 from ..config import RunConfig
 from ..nccl import validate_nccl_env
 from ..rundir.clock import stop_lead_s
+from ..rundir.shm import base_of
 from .base import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
@@ -38,6 +44,7 @@ from .sizes import (
     largest_micro_batch,
     planned_save_s,
     run_checkpoint_bytes,
+    snapshot_tmpfs_bytes_per_rank,
 )
 
 MIN_TRAIN_S = 60  # an attempt that trains less than this per time limit mostly restarts
@@ -108,6 +115,7 @@ def check_config(ctx: CheckContext) -> Outcome:
     f.ok(f"{layout}; {lead_text}; {est}; {_save_interval_text(cfg)}")
     _check_memory(ctx, f, params, exact)
     _check_host_memory(ctx, f, params, exact)
+    _check_snapshot_tmpfs(ctx, f, params, exact)
     return f.outcome()
 
 
@@ -157,6 +165,34 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
         f.fail(f"{text} does not fit {human_bytes(budget)} ({source})", _host_memory_hint(cfg))
     else:
         f.ok(f"{text} fits {human_bytes(budget)} ({source})")
+
+
+def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bool) -> None:
+    """The memory tier's snapshots against the node's tmpfs, where this machine is the node. Not
+    fitting is a warning: the tier then says so and steps aside, the run goes on with the disk."""
+    cfg = ctx.cfg
+    if cfg.checkpoint.memory.every_steps is None:
+        return
+    need = cfg.scheduler.nprocs * snapshot_tmpfs_bytes_per_rank(cfg, params)
+    base = base_of(cfg)
+    text = f"memory tier ~{human_bytes(need)} per node in {base}{'' if exact else ' [parameters estimated]'}"
+    if not ctx.sees_compute_hardware:
+        f.ok(f"{text}, not checked here (the nodes' tmpfs)")
+        return
+    try:
+        st = os.statvfs(base)
+    except OSError:
+        f.warn(f"{text}: {base} does not exist here", "set checkpoint.memory.dir to the nodes' tmpfs")
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        f.warn(
+            f"{text} does not fit its {human_bytes(free)} free: the tier would step aside (the disk serves)",
+            "fewer snapshots kept (checkpoint.memory.keep_last), no copy on the next node "
+            "(checkpoint.memory.replicas: 0), or a larger tmpfs (checkpoint.memory.dir)",
+        )
+    else:
+        f.ok(f"{text} fits its {human_bytes(free)} free")
 
 
 def _host_memory_hint(cfg: RunConfig) -> str:

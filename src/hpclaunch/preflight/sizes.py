@@ -208,19 +208,30 @@ def staged_bytes_per_rank(cfg: RunConfig, params: int) -> int:
     return run_checkpoint_bytes(cfg, params) // shard
 
 
-def snapshot_bytes_per_rank(cfg: RunConfig, params: int) -> int:
-    """The memory tier on one rank (``checkpoint.memory``): its own staging copy, and the snapshots
-    the node's tmpfs holds for it (``keep_last`` and one being written), its own and, on several
-    nodes, its ward's copies (``replicas``). A snapshot is rank-local: under DDP every rank's holds
-    the whole state, under FSDP its shard. None when off."""
-    m = cfg.checkpoint.memory
-    if m.every_steps is None:
+def snapshot_shard_bytes(cfg: RunConfig, params: int) -> int:
+    """One rank's snapshot (rank-local: under DDP every rank's holds the whole state, under FSDP its
+    shard); 0 when the memory tier is off."""
+    if cfg.checkpoint.memory.every_steps is None:
         return 0
     t = cfg.train
     shard = (t.fsdp_shard_size or cfg.scheduler.world_size) if t.parallel == "fsdp" else 1
-    mine = run_checkpoint_bytes(cfg, params) // shard
+    return run_checkpoint_bytes(cfg, params) // shard
+
+
+def snapshot_tmpfs_bytes_per_rank(cfg: RunConfig, params: int) -> int:
+    """What the node's tmpfs holds for one rank: ``keep_last`` snapshots and the one being written,
+    its own and, on several nodes, its ward's copies (``replicas``)."""
+    m = cfg.checkpoint.memory
     kept = 1 + (m.replicas if cfg.scheduler.nodes > 1 else 0)
-    return mine + mine * (m.keep_last + 1) * kept
+    return snapshot_shard_bytes(cfg, params) * (m.keep_last + 1) * kept
+
+
+def snapshot_bytes_per_rank(cfg: RunConfig, params: int) -> int:
+    """The memory tier on one rank, in host memory: its part of the tmpfs (``snapshot_tmpfs_bytes_per_rank``),
+    and one shard more: its staging copy while training, or, at a restore, the one shard it receives
+    (a spare's rank; a sender sends from the tmpfs's own pages). Never both at once: the staging
+    buffer is made at the first snapshot after the restore. None when off."""
+    return snapshot_shard_bytes(cfg, params) + snapshot_tmpfs_bytes_per_rank(cfg, params)
 
 
 def estimate_host_memory(cfg: RunConfig, params: int) -> HostMemoryEstimate:

@@ -53,6 +53,7 @@ from .kinds import (
     RESCUE_SUBMITTED,
     RESUMED,
     SNAPSHOT_FAILED,
+    SNAPSHOT_INTERVAL,
     SNAPSHOT_SAVED,
     STARTED,
     STOP_DROPPED,
@@ -422,16 +423,38 @@ class SnapshotSaved(Event):
     step: int | None = None
     seconds: float | None = None  # the background job: own copy written, buddy's sent, published
     stall_s: float | None = None  # what training waited for: the previous job, the state dict, staging
-    stall_parts: dict[str, float] | None = None  # wait, state, layout (seconds)
+    stall_parts: dict[str, float] | None = None  # wait, state, layout, decide (auto) (seconds)
     copy_wait_s: float | None = None  # what the next optimizer update waited for the staging copies
+    beside_s: float | None = None  # the slowdown of the steps its job ran beside (copy_wait_s included)
+    whole_s: float | None = None  # its whole cost: stall_s + beside_s
     bytes: int | None = None  # this rank's shard (rank 0's, who writes the ledger)
 
 
 @dataclass(frozen=True, kw_only=True)
+class SnapshotInterval(Event):
+    """The memory tier's next snapshot (``every_steps: auto``; ``trainer.snapshots.interval``)."""
+
+    KIND = SNAPSHOT_INTERVAL
+    step: int | None = None
+    next_step: int | None = None
+    interval_steps: int | None = None
+    interval_s: float | None = None
+    step_time_s: float | None = None
+    whole_cost_s: float | None = None
+    mtbf_s: float | None = None
+    expected_loss_per_failure_s: float | None = None
+    expected_waste_share: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class SnapshotFailed(Event):
+    """Said once per rank and attempt (each rank writes its own): later failures are only counted."""
+
     KIND = SNAPSHOT_FAILED
     step: int | None = None
     error: str | None = None
+    rank: int | None = None
+    node_name: str | None = None  # the node as the scheduler names it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -482,6 +505,7 @@ KINDS: dict[str, type[Event]] = {
     cls.KIND: cls
     for cls in (
         SnapshotSaved,
+        SnapshotInterval,
         SnapshotFailed,
         Submitting,
         Submitted,

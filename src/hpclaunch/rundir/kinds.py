@@ -15,7 +15,8 @@ CHECKPOINT_FAILED = "checkpoint_failed"  # trainer rank 0: a save failed (what, 
 # a background save still writing when a stop saved a newer step: dropped, not waited for
 CHECKPOINT_SUPERSEDED = "checkpoint_superseded"
 SNAPSHOT_SAVED = "snapshot_saved"  # trainer rank 0: a memory-tier snapshot is complete (step, stall)
-SNAPSHOT_FAILED = "snapshot_failed"  # trainer rank 0: a snapshot failed; training goes on (disk tier)
+SNAPSHOT_INTERVAL = "snapshot_interval"  # trainer rank 0: the memory tier's next snapshot (every_steps: auto)
+SNAPSHOT_FAILED = "snapshot_failed"  # trainer, any rank, once an attempt: its snapshots fail; disk serves
 CHECKPOINT_WRITER_STARVED = "checkpoint_writer_starved"  # a save restarted at writer_nice (CPU starved)
 EXPERIMENT_LOG_FAILED = "experiment_log_failed"  # trainer rank 0: W&B/TensorBoard failed (what was done)
 CHECKPOINT_INTERVAL = "checkpoint_interval"  # trainer rank 0: the save interval chosen, and why

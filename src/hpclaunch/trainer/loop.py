@@ -309,13 +309,13 @@ class Trainer:
         grads = local_grads(self.params)
         norm = total_norm(grads, self.shard_group, dev)
         applied = bool(torch.isfinite(norm).item())  # the one host sync of a step
+        if self.memory is not None:  # (every step: a skipped one's evaluation swaps the EMA in)
+            self.memory.before_update()
         if applied:
             if t.grad_clip is not None:
                 clip_(grads, t.grad_clip, norm)
             if self.checkpointer is not None:  # CUDA: a save's staging copies finish first (on the GPU)
                 self.checkpointer.before_update()
-            if self.memory is not None:
-                self.memory.before_update()
             self.opt.step()
             if self.ema is not None:
                 self.ema.update()

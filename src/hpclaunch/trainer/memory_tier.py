@@ -20,38 +20,41 @@ trainer ends with its last save on disk.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
 import os
 import socket
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict
 
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
-from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths
-from ..rundir.env import ALLOCATION_VAR, NODE_NAME_VAR
+from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths, read_events
+from ..rundir.env import ALLOCATION_VAR, ATTEMPT_VAR, NODE_NAME_VAR
+from ..rundir.kinds import SNAPSHOT_INTERVAL
+from ..rundir.shm import TierPlaceError, base_of, run_root, sweep
+from .checkpoint.interval import ledger_failures, run_mtbf_s
 from .checkpoint.manifest import newest_valid
 from .checkpoint.staging import SharedStager, Staged
-from .dist import DistContext, all_gather_json
+from .dist import DistContext, all_gather_json, broadcast_json
 from .snapshots import shard
+from .snapshots.interval import CostMeter, SnapshotSchedule
 from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
-from .snapshots.store import NodeStore, describe_json
-from .snapshots.transfer import JobThread, SnapshotJob, exchange_pulls, new_link
+from .snapshots.store import HeldShard, NodeStore
+from .snapshots.transfer import FAILURES, JobThread, SnapshotJob, exchange_pulls, new_link, open_sends
 
-SHM_ROOT = Path("/dev/shm/hpclaunch")
+# A job's waits on its peers, each ended by gloo's timeout: the sizes, the word, the shards, and one
+# for its own staging and writes.
+DRAIN_WAITS = 4
 
 
 def snapshot_dir(cfg: RunConfig, paths: RunPaths) -> Path:
-    """Where this run's snapshots live: one directory per run directory, one below it per node."""
-    if cfg.checkpoint.memory.dir:
-        return Path(cfg.checkpoint.memory.dir)
-    run_id = hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
-    return SHM_ROOT / run_id
+    """Where this run's snapshots live: the user's private root in the tmpfs, one directory per run
+    directory, one below it per node (``rundir.shm``)."""
+    return run_root(cfg, paths)
 
 
 def node_name() -> str:
@@ -86,31 +89,67 @@ class Restored(NamedTuple):
 
 
 class MemoryTier:
-    """One rank's memory tier: when to snapshot, its node's store, its buddy, what they cost."""
+    """One rank's memory tier: when to snapshot, its node's store, its buddy, what they cost.
+
+    The tier never stalls training for long and never fails it: a snapshot that cannot be written
+    (no room, no place, a peer gone) is said once per rank and attempt (``snapshot_failed`` and a line
+    on the rank's stderr) and the disk tier serves; a job still running ``wait_s`` after it began when
+    the loop must wait for it (the next snapshot, a stop's save) makes the tier step aside for the
+    rest of the attempt. Only a bug in a job (not an operating-system or transport error) fails the
+    rank, re-raised in the loop."""
 
     def __init__(
         self, cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None, *, ranks_on_node: int
     ) -> None:
         m = cfg.checkpoint.memory
         assert m.every_steps is not None
-        self.every, self.keep_last = m.every_steps, m.keep_last
+        self.keep_last, self.wait_s = m.keep_last, float(m.wait_s)
+        self.cfg = cfg
         self.ctx = ctx
+        self.paths = paths
         self.ledger = ledger
+        self.attempt = ledger.attempt if ledger is not None else os.environ.get(ATTEMPT_VAR) or "local"
         self.root = snapshot_dir(cfg, paths)
-        self.store = NodeStore(self.root, node_name(), os.environ.get(ALLOCATION_VAR))
-        if ctx.local_rank == 0:  # (memory does not outlive an allocation: a new one uses the disk)
-            self.store.forget_other_allocations()
+        self.node = node_name()
+        self.failures = 0  # snapshots of this rank that failed in this attempt (the first is said)
+        self.off: str | None = None  # why the tier stepped aside for the rest of the attempt
+        self.store: NodeStore | None = None
+        base = base_of(cfg)
+        try:
+            self.store = NodeStore(self.root, base, self.node, os.environ.get(ALLOCATION_VAR))
+            if ctx.local_rank == 0:  # memory does not outlive an allocation: what ended ones of this
+                sweep(base, self.store.directory.parent)  # run left on this node (the agent: all)
+        except (OSError, TierPlaceError) as e:  # (the rank still trades with its buddy and ward)
+            self._fail(None, f"the memory tier has no place on node {self.node}: {_words(e)}")
         self.hashes = {"config_hash": cfg.config_hash(), "model_hash": cfg.model_hash()}
         replicated = m.replicas > 0
         buddy = buddy_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
         ward = ward_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
-        self.link = new_link(buddy, ward)  # collective: every rank builds its tier at the same point
+        # collective: every rank builds its tier at the same point
+        self.link = new_link(buddy, ward, timeout_s=self.wait_s)
         self.stager = SharedStager()
         self.job: SnapshotJob | None = None
         self.jobs = JobThread()
         self._stall: StallFields | None = None
         self._sections: set[str] = set()
         self._copy_wait: float | None = None  # what the update after a snapshot waited for its copies
+        self.meter = CostMeter()
+        self.schedule: SnapshotSchedule | None = None  # made at the attempt's first step (``start``)
+
+    def start(self, step: int) -> None:
+        """The attempt trains from ``step`` on: its snapshot schedule (``auto``: the MTBF, with the
+        failures rank 0's ledger has seen)."""
+        c = self.cfg.checkpoint
+        every = c.memory.every_steps
+        failures, trained_s = 0, 0.0
+        if every == "auto" and self.ctx.is_main:
+            failures, trained_s = ledger_failures(
+                read_events(self.paths).events, current_attempt=self.attempt
+            )
+        mtbf = run_mtbf_s(c.mtbf_hours, self.cfg.scheduler.nodes, failures=failures, trained_s=trained_s)
+        self.schedule = SnapshotSchedule(
+            None if every == "auto" else int(every or 1), mtbf_s=mtbf, start_step=step
+        )
 
     # ---- while training -----------------------------------------------------------------------
 
@@ -122,20 +161,41 @@ class MemoryTier:
         disk_save_now: bool,
     ) -> None:
         """Every rank, after every step: settle a finished snapshot, start one when due. A snapshot
-        still moving when the next is due is waited for (every rank starts each due one, so every
-        send has its receive); one that failed is said and dropped: the disk tier is still there."""
+        still moving when the next is due is waited for, up to its deadline (every rank starts each
+        due one, so every send has its receive); one that failed is said and dropped: the disk tier
+        is still there. The loop's period from one call to the next is what the cost meter reads."""
+        self.meter.period_ended(time.perf_counter())
+        try:
+            self._after_step(step, state, disk_save_now)
+        finally:
+            in_flight = self.job is not None and not self.job.done()
+            self.meter.period_begins(time.perf_counter(), job_in_flight=in_flight)
+
+    def _after_step(self, step: int, state: Callable[[], State], disk_save_now: bool) -> None:
+        if self.schedule is None:
+            self.start(step - 1)
+        assert self.schedule is not None
         if self.job is not None and self.job.done():
             self._settle()
-        if step % self.every or disk_save_now:
+        if not self.schedule.due(step):
+            return
+        if disk_save_now:  # (the disk has this step)
+            self.schedule.postpone(step)
             return
         begun = time.perf_counter()
-        if self.job is not None:
-            self.job.join()
+        if self.job is not None and self.off is None and self._join():
             self._settle()
+        joined = time.perf_counter()
+        if self.schedule.auto:  # collective: every rank, its tier off or not
+            self._decide(step)
+        if self.off is not None:
+            return
         waited = time.perf_counter()
         staged: Staged | None = None
         finish, failed = None, None
         try:
+            if self.store is None:  # (said once: the job only tells the buddy and hears the ward)
+                raise OSError("the memory tier has no place on this node")
             snapshot = state()
             built = time.perf_counter()
             staged, finish = self.stager.stage_later(snapshot)  # the copies: in the job (see before_update)
@@ -143,6 +203,7 @@ class MemoryTier:
             # (a job all the same, with nothing of its own: its buddy and its ward wait for it)
             failed, built = f"staging the snapshot of step {step}: {e}", time.perf_counter()
         staged_at = time.perf_counter()
+        self.meter.job_started()
         self.job = self.jobs.submit(
             SnapshotJob(
                 self.store,
@@ -157,32 +218,93 @@ class MemoryTier:
                 error=failed,
             )
         )
-        parts = {"wait": waited - begun, "state": built - waited, "layout": staged_at - built}
+        parts = {"wait": joined - begun, "state": built - waited, "layout": staged_at - built}
+        if self.schedule.auto:
+            parts["decide"] = waited - joined  # (auto: rank 0's decision, broadcast)
         self._stall = {
             "stall_s": round(time.perf_counter() - begun, 5),
             "stall_parts": {k: round(v, 5) for k, v in parts.items()},
             "bytes": staged.layout.nbytes if staged is not None else 0,
         }
 
-    def _describe(self, step: int, staged: Staged) -> bytes:
-        meta = shard.describe(
-            staged, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size, hashes=self.hashes
+    def _decide(self, step: int) -> None:
+        """``auto``: rank 0 picks the next snapshot step from its measurements, every rank adopts it."""
+        assert self.schedule is not None
+        main = self.ctx.is_main
+        decision: Mapping[str, Any] = self.schedule.propose(step, self.meter) if main else {}
+        if self.ctx.initialized:
+            decision = broadcast_json(decision, self.ctx.host_group(), is_source=main)
+        self.schedule.adopt(decision)
+        self._note(SNAPSHOT_INTERVAL, **decision)
+
+    def _describe(self, step: int, staged: Staged, crc32: int) -> bytes:
+        return shard.describe_bytes(
+            staged,
+            step=step,
+            rank=self.ctx.rank,
+            world_size=self.ctx.world_size,
+            hashes=self.hashes,
+            crc32=crc32,
         )
-        return describe_json(meta)
+
+    def _join(self) -> bool:
+        """Wait for the job in flight until ``wait_s`` after it began; False (said, and the tier
+        off for the rest of the attempt) when it is still running then: a peer is gone or stuck,
+        and waiting longer would stall training or a stop's save."""
+        job = self.job
+        assert job is not None
+        if job.join(max(0.0, job.submitted + self.wait_s - time.monotonic())):
+            return True
+        self._step_aside(
+            job.step,
+            f"the snapshot of step {job.step} was still moving {self.wait_s:g} s after it began "
+            "(checkpoint.memory.wait_s): its buddy or ward is gone or stuck",
+        )
+        return False
+
+    def _step_aside(self, step: int, why: str) -> None:
+        """The tier is off for the rest of the attempt (said once, whatever was said before)."""
+        if self.off is None:
+            self.off = why
+            self._say(step, f"{why}; the memory tier is off for the rest of this attempt")
 
     def _settle(self) -> None:
         job, self.job = self.job, None
         assert job is not None
-        if job.error is not None:
-            self._note(SNAPSHOT_FAILED, step=job.step, error=job.error)
+        if job.crash is not None:
+            raise job.crash  # a bug, not a failed snapshot: the rank fails and says so
+        if job.link_broken:  # (gloo's link is unusable after an error: every later one would fail)
+            self.failures += 1
+            self._step_aside(job.step, job.error or f"the snapshot of step {job.step}: its link broke")
+        elif job.error is not None:
+            self._fail(job.step, job.error)
         else:
             cost: dict[str, object] = dict(self._stall or {})
             cost["copy_wait_s"] = round(self._copy_wait or 0.0, 5)
+            beside, whole = self.meter.job_settled(float(cost.get("stall_s") or 0.0))  # type: ignore[arg-type]
+            cost["beside_s"], cost["whole_s"] = round(beside, 5), round(whole, 5)
+            if job.replica_kept is not None:
+                cost["replica"] = job.replica_kept
             self._note(SNAPSHOT_SAVED, step=job.step, seconds=round(job.seconds or 0.0, 4), **cost)
         self._copy_wait = None
 
+    def _fail(self, step: int | None, error: str) -> None:
+        """A snapshot that failed: the first of the attempt is said, the others counted."""
+        self.failures += 1
+        if self.failures == 1:
+            self._say(step, error)
+
+    def _say(self, step: int | None, error: str) -> None:
+        """Once per rank and what: the ledger (this rank's own writer: another node's failure is
+        seen by none of rank 0's jobs) and this rank's stderr, in the user's words."""
+        words = f"{error}; training goes on, the disk tier serves"
+        ledger = self.ledger or Ledger(self.paths, role="trainer", attempt=self.attempt)
+        self.ledger = ledger
+        ledger.append(SNAPSHOT_FAILED, step=step, error=words, rank=self.ctx.rank, node_name=self.node)
+        print(f"hpclaunch: rank {self.ctx.rank} on {self.node}: {words}", file=sys.stderr, flush=True)
+
     def _note(self, event: str, **fields: Any) -> None:
-        if self.ledger is not None:
+        if self.ledger is not None and self.ctx.is_main:
             self.ledger.append(event, **fields)
 
     # ---- resume -------------------------------------------------------------------------------
@@ -190,13 +312,14 @@ class MemoryTier:
     def restore(self, state: State, disk: Path, group: Any) -> tuple[Restored | None, TierFields]:
         """Collective: fill ``state`` from the newest whole snapshot newer than the newest checkpoint
         on ``disk``; (what was restored or None, what the ledger's ``resumed`` says of the tiers)."""
+        held = self.store.holdings() if self.ctx.local_rank == 0 and self.store is not None else {}
         report = {
-            "node": self.store.node,
+            "node": self.node,
             "disk": _newest_step(disk) if self.ctx.is_main else None,
             # (one rank per node says what the node holds: the others would repeat it)
             "holds": [
                 [s, w, r, n, m]
-                for s, worlds in (self.store.holdings() if self.ctx.local_rank == 0 else {}).items()
+                for s, worlds in held.items()
                 for w, ranks in worlds.items()
                 for r, (n, m) in ranks.items()
             ],
@@ -206,9 +329,9 @@ class MemoryTier:
         hosts = [r["node"] for r in reports]
         holdings: dict[str, dict[int, dict[int, dict[int, tuple[int, int]]]]] = {}
         for r in reports:
-            held = holdings.setdefault(r["node"], {})
+            node_holds = holdings.setdefault(r["node"], {})
             for s, w, rank, n, m in r["holds"]:
-                held.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
+                node_holds.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
         plan = plan_restore(hosts, holdings, on_disk)
         tier: TierFields = {"disk_step": on_disk}
         if plan.step is None:
@@ -216,76 +339,98 @@ class MemoryTier:
         why = self._fill(state, plan, group)
         if why is not None:
             return None, {**tier, "memory_reason": why}
-        sections = self._sections
-        path = str(self.store.step_dir(plan.step, self.ctx.world_size))
-        return Restored(plan.step, sections, path), {
+        path = str(self.store.step_dir(plan.step, self.ctx.world_size)) if self.store else "pulled"
+        return Restored(plan.step, self._sections, path), {
             **tier,
             "tier": "memory",
             "shards_from": plan.shards_from(),
         }
 
     def _fill(self, state: State, plan: RestorePlan, group: Any) -> str | None:
-        """Collective: this rank's shard (read here, or pulled), checked on every rank, then copied;
-        the reason when any rank's does not fit (nothing is copied then, on any rank)."""
+        """Collective: this rank's shard (mapped here, or pulled), checked whole on every rank, then
+        copied; the reason when any rank's cannot serve (nothing is copied then, on any rank). Every
+        failure is agreed on before the next collective, so no rank waits on one that gave up."""
         assert plan.step is not None
-        pulled = exchange_pulls(plan.pulls, self.store, plan.step, self.ctx.world_size, self.ctx.rank, group)
+        step, world, rank = plan.step, self.ctx.world_size, self.ctx.rank
+        sends: list[HeldShard] = []
+        local: HeldShard | None = None
         why: str | None = None
-        meta: shard.ShardMeta | None = None
-        payload = b""
         try:
-            if pulled is None:
-                meta_bytes, payload = self.store.read(plan.step, self.ctx.world_size, self.ctx.rank)
-            else:
-                meta_bytes, payload = pulled
-            meta = shard.parse(meta_bytes)
-            expect = {
-                "step": plan.step,
-                "rank": self.ctx.rank,
-                "world_size": self.ctx.world_size,
-                **self.hashes,
-            }
-            why = shard.misfit(state, meta, expect)
-        except (OSError, ValueError) as e:
-            why = f"rank {self.ctx.rank}'s snapshot cannot be read: {e}"
-        whys = all_gather_json(why, group)
-        first = next((w for w in whys if w is not None), None)
-        if first is not None:
-            return first
-        assert meta is not None
-        self._sections = shard.fill(state, meta, payload)
-        return None
+            if self.store is None:
+                raise OSError("this node's tier has no place")
+            sends = open_sends(plan.pulls, self.store, step, world, rank)
+            if not any(p.receiver == rank for p in plan.pulls):
+                local = self.store.open(step, world, rank)
+        except FAILURES as e:
+            why = f"rank {rank}'s node cannot read the snapshot of step {step}: {_words(e)}"
+        try:
+            first = _first(all_gather_json(why, group))
+            if first is not None:
+                return first
+            pulled = exchange_pulls(plan.pulls, sends, rank, group)
+            for h in sends:
+                h.close()
+            meta, payload = pulled if pulled is not None else (local.meta, local.payload())  # type: ignore[union-attr]
+            expect = {"step": step, "rank": rank, "world_size": world, **self.hashes}
+            checked = shard.check(state, meta, payload, expect)
+            why = f"rank {rank}'s snapshot of step {step}: {checked}" if isinstance(checked, str) else None
+            first = _first(all_gather_json(why, group))
+            if first is not None:
+                return first
+            assert not isinstance(checked, str)
+            self._sections = shard.fill(state, checked)
+            return None
+        finally:
+            for h in sends:
+                h.close()
+            if local is not None:
+                local.close()
 
     # ---- end ----------------------------------------------------------------------------------
 
     def drop_pending(self) -> None:
         """Every rank, before a stop's or the end's save to disk: the snapshot still moving finishes
-        (its peer is alive and waits for it), and is said."""
-        if self.job is not None:
-            self.job.join()
+        (its peer is alive and waits for it), up to its deadline, and is said."""
+        if self.job is not None and self._join():
             self._settle()
 
     def close(self, *, remove: bool) -> None:
-        """Let the snapshot in flight finish for a moment; ``remove``: the last save is on disk, so
-        this node's memory of this run's snapshots is freed (by the node's first rank)."""
-        if self.job is not None:
-            self.job.join(timeout=30)
-            self.job = None
+        """Let the snapshot in flight end; ``remove``: the last save is on disk, so this node's
+        memory of this run's snapshots is freed (by the node's first rank). A job the tier stepped
+        aside from still ends by itself (each of its waits on a peer ends at gloo's timeout,
+        ``wait_s``): it is given until ``DRAIN_WAITS`` of them have passed, so that no rank tears the
+        link down while a peer's job still talks on it (that aborts the process; the trainer's
+        collectives after this call keep every rank here until all have). A job that has not ended
+        even then keeps its staging buffer (freed when the process exits): closing it under the job
+        would let it copy from whatever reuses the descriptor."""
+        job, self.job = self.job, None
+        ended = job is None or job.join(
+            max(0.0, job.submitted + DRAIN_WAITS * self.wait_s - time.monotonic())
+        )
         self.jobs.close()
-        self.stager.close()
-        if remove and self.ctx.local_rank == 0:  # (every job of the node has ended: see the stop)
-            self.store.remove()
-            with contextlib.suppress(OSError):
-                self.root.rmdir()  # the last node out (where nodes share a /dev/shm)
+        if ended:
+            self.stager.close()
+        if self.store is not None:
+            self.store.close(remove=remove and ended and self.ctx.local_rank == 0)
 
     def before_update(self) -> None:
-        """Before the optimizer changes the live tensors: the snapshot's staging copies are done (on
-        CPU the job copies while forward and backward run; on CUDA the GPU waits, not the host)."""
+        """Before anything changes the live tensors (the optimizer, an evaluation's EMA swap): the
+        snapshot's staging copies are done (on CPU the job copies while forward and backward run; on
+        CUDA the GPU waits, not the host). Called after every step's backward, applied or not."""
         if self.job is not None and self.job.staged is not None:
             started = time.perf_counter()
             self.job.staged.copied.wait()
             if self._copy_wait is None:
                 self._copy_wait = time.perf_counter() - started
         self.stager.before_update()
+
+
+def _first(whys: list[Any]) -> str | None:
+    return next((w for w in whys if w is not None), None)
+
+
+def _words(e: BaseException) -> str:
+    return e.one_line() if isinstance(e, TierPlaceError) else str(e)
 
 
 def _newest_step(directory: Path) -> int | None:

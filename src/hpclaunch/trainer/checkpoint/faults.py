@@ -19,6 +19,9 @@ Test hooks (environment variables, read at call time; never set them in producti
     training process dies (under the process writer, its writer kills it at that point and dies
     with it); with the suffix ``:writer``, only the writer process dies (under the thread writer,
     writer and rank are one process).
+``HPCLAUNCH_TEST_SNAPSHOT_DELAY_COPY_S=<seconds>``
+    a memory-tier snapshot's job sleeps this long before its staging copies (the copies a training
+    step must not race: the optimizer's update, an evaluation's EMA swap, a close).
 ``HPCLAUNCH_TEST_CKPT_FAIL=<errno name>@<step>[+][:<rank>]``
     DCP's filesystem writer raises that ``OSError`` (e.g. ``ENOSPC``, ``EACCES``) when it writes
     step ``<step>`` (``+``: and every later step) on ``<rank>`` (default: every rank): a disk that
@@ -46,6 +49,7 @@ log = logging.getLogger("hpclaunch.trainer.checkpoint")
 ENV_DELAY_WRITE = "HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S"
 ENV_KILL = "HPCLAUNCH_TEST_CKPT_KILL"
 ENV_FAIL = "HPCLAUNCH_TEST_CKPT_FAIL"
+ENV_SNAPSHOT_DELAY_COPY = "HPCLAUNCH_TEST_SNAPSHOT_DELAY_COPY_S"
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EACCES, errno.EPERM)
@@ -184,6 +188,13 @@ def kill_requested(step: int, rank: int, phase: str) -> bool:
         at, sep, rest = spec[2:].partition(":")
         return bool(sep) and at.isdigit() and step >= int(at) and rest == f"{rank}:{phase}"
     return spec == f"{step}:{rank}:{phase}"
+
+
+def snapshot_copy_delay_hook() -> None:
+    """Sleep as ``ENV_SNAPSHOT_DELAY_COPY`` asks before a snapshot's staging copies (see the module)."""
+    delay = os.environ.get(ENV_SNAPSHOT_DELAY_COPY, "")
+    if delay:
+        time.sleep(float(delay))
 
 
 def kill_hook(step: int, rank: int, phase: str, *, in_writer_process: bool = False) -> None:

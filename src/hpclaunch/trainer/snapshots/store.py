@@ -1,10 +1,14 @@
-"""One node's snapshot files: ``<root>/<node>/alloc-<id>/step-<step>-w<world>/rank-<r>.bin`` and
-``.json``.
+"""One node's snapshot files: ``<allocation dir>/step-<step>-w<world>/rank-<r>.bin`` and ``.json``
+(the allocation's directory and the private root above it: ``rundir.shm``).
 
-A shard is written under temporary names and published by two renames, the payload first and its
-description (``.json``) last: a description names its payload's size, and only a shard whose
-description exists and whose payload has that size is held. So a rank killed while writing or
-receiving leaves temporary files that nothing reads (they are removed with the step's directory).
+A shard's space is reserved before a byte is written (``posix_fallocate``: on a full tmpfs it fails at
+once with ENOSPC, where a file sized with ``ftruncate`` is sparse and a write into its mapping dies of
+SIGBUS or, received into by gloo, never completes). Files are made with ``O_EXCL | O_NOFOLLOW``, 0600,
+in directories checked to be this user's own. A shard is written under temporary names and published
+by two renames, the payload first and its description (``.json``) last: a description names its
+payload's size and checksum, and only a shard whose description exists and whose payload has that
+size is held; the checksum is checked before a restore uses it. So a rank killed while writing or
+receiving leaves temporary files that nothing reads (removed with the step's directory).
 
 The directory is named after the node (the scheduler's name for it), so that nodes that share a
 ``/dev/shm`` (the local test clusters) still keep apart what each holds: a node reads only its own.
@@ -13,34 +17,96 @@ The directory is named after the node (the scheduler's name for it), so that nod
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import mmap
 import os
 import re
-import shutil
+import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from ...rundir.shm import Hold, TierPlaceError, allocation_dir, check_private, remove_tree
+
 _STEP_DIR = re.compile(r"^step-(\d+)-w(\d+)$")
 _SHARD = re.compile(r"^rank-(\d+)\.json$")
+_NEW = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class NoRoom(OSError):
+    """The tmpfs has no room for a shard: said in the user's words."""
+
+    def __str__(self) -> str:
+        return self.strerror or super().__str__()
+
+
+def mount_of(path: Path) -> Path:
+    """The mount point ``path`` lies on (what a user knows the tmpfs by: /dev/shm)."""
+    dev = os.stat(path).st_dev
+    while path.parent != path and os.stat(path.parent).st_dev == dev:
+        path = path.parent
+    return path
+
+
+def human(nbytes: int) -> str:
+    return f"{nbytes / 2**20:.1f} MiB"
+
+
+def _new_file(path: Path) -> int:
+    """A new private file at ``path`` (a stale one of the same name, left by a killed rank, is
+    removed first: the directory is this user's own)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return os.open(path, _NEW, 0o600)
+
+
+def reserve(fd: int, nbytes: int, where: Path) -> None:
+    """Allocate ``nbytes`` for ``fd`` now, or raise ``NoRoom`` saying how much the tmpfs has."""
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, 0, nbytes)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        try:
+            st = os.statvfs(where)
+            free = f"{human(st.f_bavail * st.f_frsize)} free of {human(st.f_blocks * st.f_frsize)}"
+            where = mount_of(where)
+        except OSError:
+            free = "its free space unknown"
+        raise NoRoom(
+            e.errno, f"no room for a snapshot shard of {human(nbytes)} in {where} ({free})"
+        ) from None
+
+
+def private_subdir(d: Path) -> Path:
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(d, 0o700)
+    check_private(d)
+    return d
 
 
 class PendingShard:
-    """One shard being written: its payload mapped for writing, published or dropped."""
+    """One shard being written: its space reserved, its payload mapped for writing, published or dropped."""
 
     def __init__(self, directory: Path, rank: int, nbytes: int) -> None:
-        directory.mkdir(parents=True, exist_ok=True)
-        self.directory = directory
+        self.directory = private_subdir(directory)
         self.rank = rank
         self.nbytes = nbytes
         self._bin_tmp = directory / f".rank-{rank:05d}.bin.tmp"
         self._json_tmp = directory / f".rank-{rank:05d}.json.tmp"
-        self._fd = os.open(self._bin_tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.ftruncate(self._fd, nbytes)
         self._mm: mmap.mmap | None = None
+        self._fd = _new_file(self._bin_tmp)
+        try:
+            reserve(self._fd, nbytes, directory)
+        except BaseException:
+            self.drop()
+            raise
 
     def payload(self) -> memoryview:
-        """The payload's bytes, mapped (to receive into, or to copy into)."""
+        """The payload's bytes, mapped (to receive into, or to send from)."""
         if self._mm is None:
             self._mm = mmap.mmap(self._fd, max(self.nbytes, 1))
         return memoryview(self._mm)[: self.nbytes]
@@ -57,7 +123,9 @@ class PendingShard:
     def publish(self, meta: bytes) -> None:
         """The description, then both renames (the description last: it makes the shard held)."""
         self._release()
-        self._json_tmp.write_bytes(meta)
+        fd = _new_file(self._json_tmp)
+        with os.fdopen(fd, "wb") as f:
+            f.write(meta)
         os.replace(self._bin_tmp, self.directory / f"rank-{self.rank:05d}.bin")
         os.replace(self._json_tmp, self.directory / f"rank-{self.rank:05d}.json")
 
@@ -77,31 +145,47 @@ class PendingShard:
             self._fd = -1
 
 
+class HeldShard:
+    """A published shard opened for a restore: its description, and its payload mapped read-only
+    (the tmpfs's own pages: reading or sending it copies nothing)."""
+
+    def __init__(self, directory: Path, rank: int) -> None:
+        with open(os.open(directory / f"rank-{rank:05d}.json", _READ), "rb") as f:
+            self.meta = f.read()
+        fd = os.open(directory / f"rank-{rank:05d}.bin", _READ)
+        try:
+            size = os.fstat(fd).st_size
+            self._mm = mmap.mmap(fd, size, prot=mmap.PROT_READ) if size else None
+        finally:
+            os.close(fd)
+
+    def payload(self) -> memoryview:
+        return memoryview(self._mm) if self._mm is not None else memoryview(b"")
+
+    def close(self) -> None:
+        if self._mm is not None:
+            with contextlib.suppress(BufferError):  # (a view still held elsewhere: GC frees it)
+                self._mm.close()
+            self._mm = None
+
+
 class NodeStore:
     """What this node holds for this allocation (job id and the scheduler's restart count), under
-    ``root/node/alloc-<id>``. Memory does not outlive an allocation: what an earlier allocation of the
-    run left on the node (a requeue, a continuation job) is never read, the disk serves, and
-    ``forget_other_allocations`` frees it."""
+    ``root/node/alloc-<id>``, held (``rundir.shm.Hold``) while the store is open. Memory does not
+    outlive an allocation: what an earlier allocation of the run left on the node (a requeue, a
+    continuation job) is never read, the disk serves, and the node agent's sweep frees it."""
 
-    def __init__(self, root: Path, node: str, allocation: str | None) -> None:
+    def __init__(self, root: Path, base: Path, node: str, allocation: str | None) -> None:
         self.root = root
         self.node = node
-        self.directory = root / node / f"alloc-{_safe(allocation or 'unknown')}"
-
-    def forget_other_allocations(self) -> list[str]:
-        """Remove what other allocations of this run left on this node; the names removed."""
-        gone = []
-        with contextlib.suppress(OSError):
-            for d in (self.root / self.node).iterdir():
-                if d != self.directory and d.name.startswith("alloc-"):
-                    shutil.rmtree(d, ignore_errors=True)
-                    gone.append(d.name)
-        return gone
+        self.directory = allocation_dir(root, node, allocation)
+        self._hold: Hold | None = Hold(self.directory, base)
 
     def step_dir(self, step: int, world: int) -> Path:
         return self.directory / f"step-{step:08d}-w{world}"
 
     def begin(self, step: int, world: int, rank: int, nbytes: int) -> PendingShard:
+        check_private(self.directory)
         return PendingShard(self.step_dir(step, world), rank, nbytes)
 
     def holdings(self) -> dict[int, dict[int, dict[int, tuple[int, int]]]]:
@@ -115,42 +199,57 @@ class NodeStore:
                     continue
                 rank = int(m.group(1))
                 try:
-                    meta_bytes = meta_path.stat().st_size
-                    nbytes = int(json.loads(meta_path.read_bytes())["nbytes"])
-                    if (d / f"rank-{rank:05d}.bin").stat().st_size != nbytes:
+                    with open(os.open(meta_path, _READ), "rb") as f:
+                        text = f.read()
+                    nbytes = int(json.loads(text)["nbytes"])
+                    payload = os.lstat(d / f"rank-{rank:05d}.bin")
+                    if not stat.S_ISREG(payload.st_mode) or payload.st_size != nbytes:
                         continue
                 except (OSError, ValueError, KeyError, TypeError):
                     continue
-                out.setdefault(step, {}).setdefault(world, {})[rank] = (nbytes, meta_bytes)
+                out.setdefault(step, {}).setdefault(world, {})[rank] = (nbytes, len(text))
         return out
 
-    def read(self, step: int, world: int, rank: int) -> tuple[bytes, bytes]:
-        """(description, payload) of a held shard."""
-        d = self.step_dir(step, world)
-        return (d / f"rank-{rank:05d}.json").read_bytes(), (d / f"rank-{rank:05d}.bin").read_bytes()
+    def open(self, step: int, world: int, rank: int) -> HeldShard:
+        """A held shard, for a restore (``HeldShard.close`` when done)."""
+        check_private(self.directory)
+        return HeldShard(self.step_dir(step, world), rank)
 
-    def prune(self, ranks: list[int], keep_last: int) -> None:
-        """Remove ``ranks``' shards beyond the newest ``keep_last`` steps (each rank prunes what it
-        wrote, so no two ranks remove the same file), and the step directories left empty."""
+    def prune(self, ranks: list[int], keep_last: int, step: int) -> None:
+        """Remove ``ranks``' shards beyond the newest ``keep_last`` steps up to ``step`` (the one just
+        written), and every one newer than it: those are of a timeline the run left (it resumed from
+        an older step), and counted as newest they would make each new snapshot pruned at once. Each
+        rank prunes what it wrote, so no two ranks remove the same file; step directories left
+        empty go too."""
         dirs = sorted(self._step_dirs(), reverse=True)
-        for _, _, d in dirs[keep_last:]:
-            for rank in ranks:  # (description first; and what a killed rank left half-written)
-                for name in (
-                    f"rank-{rank:05d}.json",
-                    f"rank-{rank:05d}.bin",
-                    f".rank-{rank:05d}.json.tmp",
-                    f".rank-{rank:05d}.bin.tmp",
-                ):
-                    with contextlib.suppress(OSError):
-                        (d / name).unlink()
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        newer = [d for s, _, d in dirs if s > step]
+        older = [d for s, _, d in dirs if s <= step]
+        for d in newer + older[keep_last:]:
+            self._remove_ranks(d, ranks)
 
-    def remove(self) -> None:
-        """This allocation's directory on the node (and the node's, when it is left empty)."""
-        shutil.rmtree(self.directory, ignore_errors=True)
+    def _remove_ranks(self, d: Path, ranks: list[int]) -> None:
+        for rank in ranks:  # (description first; and what a killed rank left half-written)
+            for name in (
+                f"rank-{rank:05d}.json",
+                f"rank-{rank:05d}.bin",
+                f".rank-{rank:05d}.json.tmp",
+                f".rank-{rank:05d}.bin.tmp",
+            ):
+                with contextlib.suppress(OSError):
+                    (d / name).unlink()
         with contextlib.suppress(OSError):
-            self.directory.parent.rmdir()
+            d.rmdir()
+
+    def close(self, *, remove: bool) -> None:
+        """Let go of the allocation's directory; ``remove``: free it too (the run's last save is on
+        disk), with the node's and the run's directories when they are left empty."""
+        if self._hold is None:
+            return
+        if remove:
+            self._hold.free()
+        else:
+            self._hold.release()
+        self._hold = None
 
     def _step_dirs(self) -> list[tuple[int, int, Path]]:
         try:
@@ -160,14 +259,21 @@ class NodeStore:
         found = []
         for d in entries:
             m = _STEP_DIR.match(d.name)
-            if m is not None and d.is_dir():
+            if m is not None and stat.S_ISDIR(os.lstat(d).st_mode):
                 found.append((int(m.group(1)), int(m.group(2)), d))
         return found
 
 
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)
-
-
 def describe_json(meta: Mapping[str, object]) -> bytes:
     return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+
+
+__all__ = [
+    "HeldShard",
+    "NoRoom",
+    "NodeStore",
+    "PendingShard",
+    "TierPlaceError",
+    "describe_json",
+    "remove_tree",
+]
