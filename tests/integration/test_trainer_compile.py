@@ -3,6 +3,7 @@ MMDiT block): it trains, and its losses are those of the eager run up to roundin
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +16,12 @@ from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.loop import Trainer
 
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import trainer_helpers as h
+
 pytestmark = pytest.mark.slow  # inductor's first compile of a block takes most of a minute on CPU
 
-MODEL = ["model.depth=1", "model.dim_text=32", "model.dim_latent=32", "model.dim_cond=32", "model.heads=2"]
-MODEL += ["model.text_len=16", "model.latent_len=4", "model.latent_dim=8", "model.vocab_size=64"]
+MODEL = h.ONE_BLOCK
 
 
 @pytest.fixture(autouse=True)

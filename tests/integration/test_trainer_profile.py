@@ -4,6 +4,7 @@ unchanged (same losses as without), and a run that ends inside the profiled step
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.loop import Trainer
 
-SMALL = ["model.depth=1", "model.dim_text=32", "model.dim_latent=32", "model.dim_cond=32", "model.heads=2"]
-SMALL += ["model.text_len=16", "model.latent_len=4", "model.latent_dim=8", "model.vocab_size=64"]
+sys.path.insert(0, str(Path(__file__).parent / "helpers"))
+import trainer_helpers as h
+
+SMALL = h.ONE_BLOCK
 
 
 @pytest.fixture(autouse=True)

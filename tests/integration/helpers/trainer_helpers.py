@@ -33,6 +33,17 @@ BASE = [
 ]
 
 
+# One narrow block: the smallest MMDiT worth compiling or profiling in one process.
+ONE_BLOCK = [
+    "model.depth=1",
+    "model.dim_text=32",
+    "model.dim_latent=32",
+    "model.dim_cond=32",
+    "model.heads=2",
+]
+ONE_BLOCK += ["model.text_len=16", "model.latent_len=4", "model.latent_dim=8", "model.vocab_size=64"]
+
+
 def make_data(root: Path, samples: int = 512, seed: int = 0) -> Path:
     out = root / "data"
     if not (out / "tokens").exists():
