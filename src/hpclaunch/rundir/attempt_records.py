@@ -56,6 +56,14 @@ class HostReady(TypedDict):
     forkserver: int
 
 
+# How the rank host's replies stand out in its stderr (its own reports and torch's logs go there
+# too): a line holding this mark, then the reply's JSON. Stderr, not a pipe of their own, because
+# every container runtime carries a process's stderr, where not every one passes another
+# descriptor (srun's steps for pyxis pass none, podman only from 3 on, each named).
+REPLY_MARK = "\x1ehpclaunch-rank-host "
+REPLY_MAX_BYTES = 4000  # one write() of at most PIPE_BUF (4096) bytes is never split by another's
+
+
 class HostReply(TypedDict, total=False):
     """One line from the rank host: ready once, then one ``done`` per attempt."""
 
