@@ -965,6 +965,7 @@ class RunConfig(_Section):
             if rank >= world:
                 raise KeyedValueError(key, f"rank {rank} does not exist (world size {world})")
         self._check_data_and_parallel()
+        self._check_container_paths()
         if self.container.runtime == "pyxis" and s.kind != "slurm":
             raise KeyedValueError(
                 "container.runtime",
@@ -973,6 +974,24 @@ class RunConfig(_Section):
                 related=("scheduler.kind",),
             )
         return self
+
+    def _check_container_paths(self) -> None:
+        """What is mounted into the container goes into mount lists that ',' and ':' separate."""
+        if not self.container.enabled:
+            return
+        d = self.data
+        paths = [("run_dir", self.run_dir), ("checkpoint.dir", self.checkpoint.dir)]
+        paths += [("data.token_dir", d.token_dir), ("data.latent_dir", d.latent_dir)]
+        paths += [("data.val_token_dir", d.val_token_dir), ("data.val_latent_dir", d.val_latent_dir)]
+        paths.append(("train.init_from", self.train.init_from))
+        for key, path in paths:
+            if path and ("," in str(path) or ":" in str(path)):
+                raise KeyedValueError(
+                    key,
+                    f"{str(path)!r} cannot be mounted into the container (',' and ':' separate mounts); "
+                    "use a path without them",
+                    related=("container.runtime",),
+                )
 
     def _check_data_and_parallel(self) -> None:
         d, t, m = self.data, self.train, self.model

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from .. import __version__
-from .base import CheckContext, Findings, Outcome
+from .base import CheckContext, Findings, Outcome, skip
+from .container import probe_blocker
 from .probe import ProbeError, TorchInfo
 
 MIN_TORCH = (2, 4)
@@ -21,6 +22,11 @@ def check_env(ctx: CheckContext) -> Outcome:
     f = Findings()
     cfg = ctx.cfg
     python = cfg.launch.python or "this interpreter"
+    if cfg.container.enabled:  # the ranks' Python is the image's (the agent's stays launch.python)
+        python = f"{cfg.container.python} in the image"
+        blocked = probe_blocker(cfg, ctx.which)
+        if blocked is not None:
+            return skip(f"the image's Python is not probed: {blocked}")
     try:
         info = ctx.probe.result()
     except ProbeError as e:

@@ -92,6 +92,12 @@ class ContainerPlan(BaseModel):
             gpus=cfg.scheduler.gpus_per_node,
         )
 
+    def for_probe(self) -> ContainerPlan:
+        """The same image for preflight's probe, before the run exists: only what exists is mounted
+        (a runtime refuses a mount whose source is missing), started at the image's root."""
+        mounts = [m for m in self.mounts if Path(m.src).exists()]
+        return self.model_copy(update={"mounts": mounts, "workdir": "/"})
+
     @property
     def runs_outside_an_allocation(self) -> bool:
         """The runtime can start the image on the login node (pyxis exists only inside srun steps)."""
