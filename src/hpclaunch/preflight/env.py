@@ -37,7 +37,8 @@ def check_env(ctx: CheckContext) -> Outcome:
                 "make sure scheduler.setup puts it on PATH in the job",
             )
             return f.outcome()
-        f.fail(f"cannot probe {python}: {e}", "check launch.python and that it can import torch")
+        key = "container.python" if cfg.container.enabled else "launch.python"
+        f.fail(f"cannot probe {python}: {e}", f"check {key} and that it can import torch")
         return f.outcome()
 
     torch = info.get("torch", {})

@@ -158,7 +158,7 @@ class ContainerPlan(BaseModel):
         # /dev/shm); no signal proxy (the agent relays stops itself); stdin open (the agent's
         # requests).
         out = [self.command, "run", "--rm", "-i", "--pid=host", "--network=host", "--ipc=host"]
-        out += ["--sig-proxy=false", "--log-driver=none"]
+        out.append("--sig-proxy=false")
         if self.gpus:
             out += ["--device", "nvidia.com/gpu=all"]
         for m in self.mounts:
