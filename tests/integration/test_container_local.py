@@ -132,3 +132,8 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
         ("finished", None),
     ]
     assert final_params_sha(run) == final_params_sha(work / "runs" / "outside")
+    # the node checks ran on the node (the agent's side) before both attempts, the container's too
+    checks = [
+        {c["name"]: c["status"] for c in e["checks"]} for e in events(run) if e["event"] == "node_preflight"
+    ]
+    assert len(checks) == 2 and all(c["container"] == "pass" and c["disk"] == "pass" for c in checks), checks
