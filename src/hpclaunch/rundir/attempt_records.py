@@ -1,5 +1,5 @@
 """The records one attempt's processes pass to each other, as JSON: the agent's request to its rank
-host and the answer (a pipe), the node's report, the roster (files in the attempt's directory).
+host (its stdin) and the answer (marked lines of its stderr), the node's report, the roster (files in the attempt's directory).
 
 Typed here, below both sides: the rank host's code is the trainer's (``trainer/launcher.py``), which
 imports nothing of ``jobs`` but its stop protocol, and the agent's is ``jobs``. Plain dicts at run
