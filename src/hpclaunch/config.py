@@ -759,6 +759,125 @@ class WatchdogConfig(_Section):
     )
 
 
+ContainerRuntime = Literal["none", "pyxis", "apptainer", "singularity", "podman", "charliecloud"]
+# A mount: an absolute host path, optionally the absolute path inside, optionally :ro or :rw. No
+# commas (pyxis and Apptainer separate mounts by them) and nothing a runtime would read as syntax.
+_MOUNT_PART_RE = re.compile(r"^/[A-Za-z0-9._+@%=/-]*$")
+
+
+class ContainerConfig(_Section):
+    """Run each node's rank host and its ranks inside an image (the node agent stays on the node)."""
+
+    runtime: ContainerRuntime = Field(
+        "none",
+        description="Run the ranks in an image: pyxis (srun --container-image, SLURM only), apptainer, "
+        "singularity, podman, charliecloud (ch-run); none = directly on the node.",
+    )
+    image: str | None = Field(
+        None,
+        description="The image: a path (.sif or squashfs file, Charliecloud or podman rootfs directory) or "
+        "a registry reference (docker://..., nvcr.io#nvidia/pytorch:24.05-py3, docker.io/...).",
+    )
+    python: str = Field(
+        "python3",
+        description="The image's Python; it must import hpclaunch (the same version), torch and mmdit.",
+    )
+    mounts: list[str] = Field(
+        default_factory=list,
+        description="More host paths in the container: /path (same path), /src:/dst, :ro for read-only; the "
+        "run directory, checkpoints and data are mounted at their own paths always.",
+    )
+    workdir: str | None = Field(None, description="Working directory inside; null = the run directory.")
+    env: list[str] = Field(
+        default_factory=list,
+        description="Names of variables passed from the node into the container, the node's value winning "
+        "over the image's; launch.env and launch.pass_env always pass. Values are never written.",
+    )
+    flags: list[str] = Field(
+        default_factory=list,
+        description="The runtime's own extra options, one argument each (e.g. [--writable-tmpfs]).",
+    )
+    command: str | None = Field(
+        None,
+        description="The runtime's executable; null = srun, apptainer, singularity, podman or ch-run "
+        "(e.g. podman-hpc at NERSC).",
+    )
+
+    @field_validator("runtime", mode="before")
+    @classmethod
+    def _null_is_none(cls, v: Any) -> Any:
+        return "none" if v is None else v
+
+    @field_validator("mounts")
+    @classmethod
+    def _mounts_are_paths(cls, v: list[str]) -> list[str]:
+        for i, mount in enumerate(v):
+            parts = mount.split(":")
+            mode_ok = len(parts) < 3 or (len(parts) == 3 and parts[2] in ("ro", "rw"))
+            if not (mode_ok and all(_MOUNT_PART_RE.fullmatch(p) for p in parts[:2])):
+                raise ValueError(
+                    f"entry {i} {mount!r} is not a mount: use /host/path, /host/path:/path/inside or "
+                    "/host/path:/path/inside:ro (absolute paths; letters, digits and ._+@%=/- only)"
+                )
+        return v
+
+    @field_validator("workdir")
+    @classmethod
+    def _workdir_absolute(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"{v!r} is not an absolute path inside the container")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not ENV_NAME_RE.fullmatch(name):
+                raise ValueError(
+                    f"{name!r} is not a variable name (give names only; values pass from the node)"
+                )
+        return v
+
+    @field_validator("python", "command")
+    @classmethod
+    def _one_word(cls, v: str | None, info: Any) -> str | None:
+        if v is not None and (not v.strip() or any(c.isspace() for c in v)):
+            raise ValueError(f"{v!r} is not one executable (a name or a path, no spaces)")
+        return v
+
+    @model_validator(mode="after")
+    def _image_with_runtime(self) -> ContainerConfig:
+        if self.runtime != "none" and not self.image:
+            raise KeyedValueError(
+                "image",
+                f"is missing: container.runtime {self.runtime} needs the image to run",
+                related=("runtime",),
+            )
+        if self.runtime == "none" and self.image:
+            raise KeyedValueError(
+                "runtime",
+                "is none but container.image is set: name the runtime that runs it "
+                "(pyxis, apptainer, singularity, podman, charliecloud)",
+                related=("image",),
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.runtime != "none"
+
+    @property
+    def image_is_path(self) -> bool:
+        """The image is a file or directory (not a registry reference): it can be looked at here,
+        and a relative path is resolved like the data directories."""
+        image = self.image or ""
+        if self.runtime == "charliecloud":
+            return True
+        if self.runtime in ("apptainer", "singularity"):
+            return "://" not in image
+        return image.startswith(("/", ".", "~"))  # podman, pyxis: a reference otherwise
+
+
 class HangKnob(_Section):
     """One injected hang: ``rank`` stops forever when it enters ``phase`` (of ``step``, when given)."""
 
@@ -825,6 +944,7 @@ class RunConfig(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
+    container: ContainerConfig = Field(default_factory=ContainerConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
     # Where the values came from, for checks made after loading (a data directory that does not
@@ -909,7 +1029,33 @@ class RunConfig(_Section):
             if rank >= world:
                 raise KeyedValueError(key, f"rank {rank} does not exist (world size {world})")
         self._check_data_and_parallel()
+        self._check_container_paths()
+        if self.container.runtime == "pyxis" and s.kind != "slurm":
+            raise KeyedValueError(
+                "container.runtime",
+                f"pyxis is a SLURM plugin (srun --container-image); with scheduler.kind {s.kind} use "
+                "apptainer, podman or charliecloud",
+                related=("scheduler.kind",),
+            )
         return self
+
+    def _check_container_paths(self) -> None:
+        """What is mounted into the container goes into mount lists that ',' and ':' separate."""
+        if not self.container.enabled:
+            return
+        d = self.data
+        paths = [("run_dir", self.run_dir), ("checkpoint.dir", self.checkpoint.dir)]
+        paths += [("data.token_dir", d.token_dir), ("data.latent_dir", d.latent_dir)]
+        paths += [("data.val_token_dir", d.val_token_dir), ("data.val_latent_dir", d.val_latent_dir)]
+        paths.append(("train.init_from", self.train.init_from))
+        for key, path in paths:
+            if path and ("," in str(path) or ":" in str(path)):
+                raise KeyedValueError(
+                    key,
+                    f"{str(path)!r} cannot be mounted into the container (',' and ':' separate mounts); "
+                    "use a path without them",
+                    related=("container.runtime",),
+                )
 
     def _check_data_and_parallel(self) -> None:
         d, t, m = self.data, self.train, self.model
@@ -988,6 +1134,9 @@ class RunConfig(_Section):
             update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
         if self.train.init_from:
             update["train"] = self.train.model_copy(update={"init_from": absolute(self.train.init_from)})
+        image = self.container.image
+        if image and self.container.image_is_path and not image.startswith("/"):
+            update["container"] = self.container.model_copy(update={"image": absolute(image)})
         out = self.model_copy(update=update)
         given = {
             "run_dir": self.run_dir,

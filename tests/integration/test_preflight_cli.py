@@ -49,7 +49,7 @@ def test_good_tiny_config_passes_or_skips_with_reasons(workdir: Path) -> None:
     report = json.loads(result.stdout)  # stdout holds the JSON and nothing else
     assert report["ok"] is True
     names = [c["name"] for c in report["checks"]]
-    assert names == ["env", "gpu", "data", "disk", "network", "scheduler", "config", "fds"]
+    assert names == ["env", "gpu", "data", "disk", "network", "scheduler", "config", "fds", "container"]
     for c in report["checks"]:
         assert c["status"] in ("pass", "skip"), c
         assert c["finding"], c

@@ -575,7 +575,16 @@ def test_run_node_checks_names_the_failing_check(tmp_path: Path, dataset: Path) 
         probe=StaticProbe(probe_answer()),
     )
     assert report.where == f"node {host}"
-    assert [c.name for c in report.checks] == ["node", "env", "gpu", "data", "disk", "network", "fds"]
+    assert [c.name for c in report.checks] == [
+        "node",
+        "env",
+        "gpu",
+        "data",
+        "disk",
+        "network",
+        "fds",
+        "container",
+    ]
     assert [c.name for c in report.failed] == ["node"]
     assert report.get("node").finding.endswith("no reason given")
 

@@ -27,7 +27,18 @@ CASES = [
     ("slurm-8xh100-as-pbs.pbs", "examples/slurm-8xh100.yaml", "pbs", None, ["run_dir=/runs/mmdit-8xh100"]),
     ("tiny.local.sh", "examples/tiny.yaml", None, None, ["run_dir=/runs/tiny"]),
     ("tiny-as-slurm.sbatch", "examples/tiny.yaml", "slurm", None, ["run_dir=/runs/tiny"]),
-]
+    # Containers (issue 37): each runtime's command line, as the agent runs it, in a comment.
+    ("slurm-8xh100-pyxis.sbatch", "examples/slurm-8xh100.yaml", None, None, ["run_dir=/runs/mmdit-8xh100",
+        "container.runtime=pyxis", "container.image=nvcr.io#nvidia/pytorch:24.05-py3", "container.python=python",
+        "container.mounts=[/scratch]", "container.env=[HF_HOME]"]),
+    ("slurm-8xh100-apptainer.sbatch", "examples/slurm-8xh100.yaml", None, None, ["run_dir=/runs/mmdit-8xh100",
+        "container.runtime=apptainer", "container.image=/images/mmdit.sif", "container.env=[HF_HOME]"]),
+    ("pbs-pro-apptainer.pbs", "examples/pbs-pro.yaml", None, None, ["run_dir=/runs/mmdit-pbs",
+        "container.runtime=apptainer", "container.image=/images/mmdit.sif"]),
+    ("tiny-charliecloud.local.sh", "examples/tiny.yaml", None, None, ["run_dir=/runs/tiny",
+        "data.token_dir=/data/tiny/tokens", "data.latent_dir=/data/tiny/latents",
+        "container.runtime=charliecloud", "container.image=/images/mmdit", "container.python=/opt/venv/bin/python"]),
+]  # fmt: skip
 
 
 def render(example: str, scheduler: str | None, dialect: str | None, overrides: list[str]) -> str:

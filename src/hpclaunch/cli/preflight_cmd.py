@@ -77,17 +77,11 @@ def preflight(
 
 def _start_probe(cfg: Any) -> Any:
     """The checks' probe, asked to time the estimate's steps once it has answered them."""
+    from ..preflight.container import job_probe
     from ..preflight.estimate import step_env, step_request
-    from ..preflight.probe import Probe, job_python
     from ..preflight.runner import PROBE_TIMEOUT_S
 
-    return Probe(
-        job_python(cfg.launch.python),
-        model=cfg.model.model_dump(mode="json"),
-        timeout_s=PROBE_TIMEOUT_S,
-        estimate=step_request(cfg),
-        env=step_env(cfg),
-    )
+    return job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, estimate=step_request(cfg), env=step_env(cfg))
 
 
 def _estimate(cfg: Any, probe: Any) -> EstimateJSON | CannotEstimate:

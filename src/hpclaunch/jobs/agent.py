@@ -58,7 +58,7 @@ from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_records import started_fields
 from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
-from .attempt_env import rank_host_environment, rank_request
+from .attempt_env import rank_host_command, rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
@@ -220,9 +220,12 @@ class NodeAgent:
 
     def _start_host(self) -> RankHost:
         quiet = os.environ.get(FOREGROUND_VAR) == "1"
+        argv, env = rank_host_command(self.plan, self.ctx, self.paths)
         return RankHost(
-            self.plan.python,
-            rank_host_environment(self.plan, self.cfg, self.ctx, self.scheduler, self.paths, self.ledger),
+            argv,
+            env(
+                rank_host_environment(self.plan, self.cfg, self.ctx, self.scheduler, self.paths, self.ledger)
+            ),
             self.paths.root,
             self.sink,
             echo_stderr=not quiet,

@@ -5,6 +5,7 @@ ranks see)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from ..config import RunConfig
 from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
@@ -48,6 +49,19 @@ def rank_host_environment(
         env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
     env.pop("SUBMITIT_EXECUTOR", None)
     return env
+
+
+def rank_host_command(
+    plan: JobPlan, ctx: NodeContext, paths: RunPaths
+) -> tuple[list[str], Callable[[dict[str, str]], dict[str, str]]]:
+    """The command that starts this node's rank host (in the run's image, when it has one) and
+    what the runtime's own environment is for the ranks' (``ContainerPlan.environment``)."""
+    container = plan.container
+    if container is None:
+        return plan.rank_host_argv(), dict
+    # A container runtime mounts only what exists: the checkpoint directory may not yet.
+    paths.checkpoints.mkdir(parents=True, exist_ok=True)
+    return plan.rank_host_argv(node=ctx.hostname), container.environment
 
 
 def _nccl_env(plan: JobPlan, cfg: RunConfig, ledger: Ledger) -> dict[str, str]:

@@ -2,8 +2,10 @@
 that ``jobs`` never imports the trainer).
 
 One rank host per node per allocation, started as the agent starts (it warms up, importing the
-trainer into its forkserver, while the node checks run). Each attempt is a request; while it runs,
-the agent keeps polling (its relay, its watchdog) and asks ``result()``. The ranks' output and the
+trainer into its forkserver, while the node checks run), with the plan's command
+(``JobPlan.rank_host_argv``: in the run's container image when it has one). Each attempt is a
+request on its stdin; while it runs, the agent keeps polling (its relay, its watchdog) and asks
+``result()``; the host's replies are the marked lines of its stderr. The ranks' output and the
 host's own go through ``LogSink`` into the current attempt's node log (and to the terminal).
 """
 
@@ -11,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import queue
 import signal
 import subprocess
@@ -21,10 +22,11 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from ..rundir.attempt_records import AttemptEnd, HostReady, HostReply, RankRequest
+from ..rundir.attempt_records import REPLY_MARK, AttemptEnd, HostReady, HostReply, RankRequest
+from ..rundir.plan import LAUNCHER_MODULE  # noqa: F401  (re-exported: where tests look for it)
 from .helper_signals import launcher_preexec
 
-LAUNCHER_MODULE = "hpclaunch.trainer.launcher"
+_MARK = REPLY_MARK.encode()
 
 
 class LogSink:
@@ -59,27 +61,25 @@ class LogSink:
 class RankHost:
     """A started ``hpclaunch.trainer.launcher`` process and the pipes to it."""
 
-    def __init__(self, python: str, env: dict[str, str], cwd: Path, sink: LogSink, *, echo_stderr: bool):
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, sink: LogSink, *, echo_stderr: bool):
         self.sink = sink
-        reply_r, reply_w = os.pipe()
+        self.argv = argv
         self.proc = subprocess.Popen(
-            [python, "-u", "-m", LAUNCHER_MODULE, str(reply_w)],
+            argv,
             env=env,
             cwd=str(cwd),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
-            pass_fds=(reply_w,),
             preexec_fn=launcher_preexec,
         )
-        os.close(reply_w)
         self.started_at = time.time()
         self._replies: queue.Queue[HostReply] = queue.Queue()
         self.forkserver_pid: int | None = None
+        self.host_pid: int | None = None  # the launcher's own (a runtime may stand between: podman, srun)
         self._threads = [
-            threading.Thread(target=self._read_replies, args=(os.fdopen(reply_r, "rb"),), daemon=True),
             threading.Thread(target=self._tee, args=(self.proc.stdout, True), daemon=True),
-            threading.Thread(target=self._tee, args=(self.proc.stderr, echo_stderr), daemon=True),
+            threading.Thread(target=self._tee, args=(self.proc.stderr, echo_stderr, True), daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -100,6 +100,7 @@ class RankHost:
             if "ready" in message:
                 self._ready = message["ready"]
                 self.forkserver_pid = int(self._ready.get("forkserver") or 0) or None
+                self.host_pid = int(self._ready.get("pid") or 0) or None
                 return True
         return False
 
@@ -147,17 +148,21 @@ class RankHost:
                 self.proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 self.kill()
-        for thread in self._threads[1:]:
+        for thread in self._threads:
             thread.join(timeout=5)
 
     def kill(self) -> None:
-        """SIGKILL the host, its forkserver and every rank (nothing of it may outlive the agent)."""
+        """SIGKILL the host, its forkserver and every rank (nothing of it may outlive the agent): the
+        process started here and all below it, and the launcher and all below it where a container
+        runtime started it elsewhere (podman's conmon, srun's step)."""
         import psutil
 
-        try:
-            family = [psutil.Process(self.proc.pid), *psutil.Process(self.proc.pid).children(recursive=True)]
-        except psutil.NoSuchProcess:
-            family = []
+        family: list[psutil.Process] = []
+        for pid in dict.fromkeys(p for p in (self.proc.pid, self.host_pid) if p):
+            try:
+                family += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
         for p in family:
             with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGKILL)
@@ -166,15 +171,17 @@ class RankHost:
 
     # ---- pipes -----------------------------------------------------------------------------------
 
-    def _read_replies(self, source: BinaryIO) -> None:
-        for line in iter(source.readline, b""):
-            with contextlib.suppress(json.JSONDecodeError):
-                self._replies.put(json.loads(line))
-
-    def _tee(self, source: BinaryIO | None, echo: bool) -> None:
+    def _tee(self, source: BinaryIO | None, echo: bool, replies: bool = False) -> None:
         if source is None:
             return
         for line in iter(source.readline, b""):
+            if replies and (at := line.find(_MARK)) >= 0:
+                # (a line another process left unfinished may stand before the reply)
+                with contextlib.suppress(json.JSONDecodeError):
+                    self._replies.put(json.loads(line[at + len(_MARK) :]))
+                line = line[:at] + b"\n" if at else b""
+                if not line:
+                    continue
             self.sink.write(line)
             if echo:
                 try:

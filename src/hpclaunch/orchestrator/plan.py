@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import __version__
 from ..config import RunConfig
 from ..preflight.sizes import planned_save_s
+from ..rundir.container import ContainerPlan
 from ..rundir.plan import JobPlan, TorchrunPlan
 
 
@@ -79,4 +80,5 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         config_hash=cfg.config_hash(),
         hpclaunch_version=__version__,
         array_parallelism=s.array_parallelism,
+        container=ContainerPlan.from_config(cfg, env_names=list(env)),
     )

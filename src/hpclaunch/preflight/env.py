@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 from .. import __version__
-from .base import CheckContext, Findings, Outcome
+from .base import CheckContext, Findings, Outcome, skip
+from .container import probe_blocker
 from .probe import ProbeError, TorchInfo
 
 MIN_TORCH = (2, 4)
@@ -21,6 +22,11 @@ def check_env(ctx: CheckContext) -> Outcome:
     f = Findings()
     cfg = ctx.cfg
     python = cfg.launch.python or "this interpreter"
+    if cfg.container.enabled:  # the ranks' Python is the image's (the agent's stays launch.python)
+        python = f"{cfg.container.python} in the image"
+        blocked = probe_blocker(cfg, ctx.which)
+        if blocked is not None:
+            return skip(f"the image's Python is not probed: {blocked}")
     try:
         info = ctx.probe.result()
     except ProbeError as e:
@@ -31,7 +37,8 @@ def check_env(ctx: CheckContext) -> Outcome:
                 "make sure scheduler.setup puts it on PATH in the job",
             )
             return f.outcome()
-        f.fail(f"cannot probe {python}: {e}", "check launch.python and that it can import torch")
+        key = "container.python" if cfg.container.enabled else "launch.python"
+        f.fail(f"cannot probe {python}: {e}", f"check {key} and that it can import torch")
         return f.outcome()
 
     torch = info.get("torch", {})

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TypedDict, cast
 
 from ..fsutil import JSONObject
+from ..rundir.container import ContainerPlan
 
 # Run as a script by path (never imported here): it lives with the trainer, whose model it builds.
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
@@ -154,7 +155,9 @@ class Probe:
         timeout_s: float,
         estimate: StepRequest | None = None,
         env: dict[str, str] | None = None,
+        container: ContainerPlan | None = None,
     ):
+        """``container``: run ``python`` (the image's) in the run's image, through its runtime."""
         self.python = python
         self.timeout_s = timeout_s
         self.estimating = estimate is not None
@@ -174,11 +177,15 @@ class Probe:
         penv.pop("PYTHONPROFILEIMPORTTIME", None)
         penv["PYTHONDONTWRITEBYTECODE"] = "1"
         penv.update(env or {})
+        # -c, not the file path: a script's directory goes first on sys.path, and this one holds
+        # modules (env, data, network, ...) that would shadow real ones in the probe; and in an
+        # image the text needs no file of this machine's.
+        argv = [python, "-c", _SCRIPT.read_text()]
+        if container is not None:
+            argv, penv = container.wrap(argv), container.environment(penv)
         try:
-            # -c, not the file path: a script's directory goes first on sys.path, and this one
-            # holds modules (env, data, network, ...) that would shadow real ones in the probe.
             self._proc = subprocess.Popen(
-                [python, "-c", _SCRIPT.read_text()],
+                argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
@@ -332,6 +339,9 @@ class StaticProbe:
         if self._result is None:
             raise ProbeError(self._error)
         return self._result
+
+    def step_estimate(self, timeout_s: float) -> StepMeasure:
+        return {"error": self._error}
 
     def close(self) -> None:
         pass

@@ -8,6 +8,7 @@ outlives its timeout becomes a fail saying so.
 
 from __future__ import annotations
 
+import shutil
 import sys
 import threading
 import time
@@ -20,6 +21,7 @@ from ..config import RunConfig
 from ..errors import HpclaunchError, UserInputError, debug_enabled, did_you_mean
 from ..schedulers.base import NodeContext
 from .base import CheckContext, Outcome, RunCommand, run_command
+from .container import check_container, job_probe
 from .data import check_data
 from .disk import check_disk
 from .env import check_env
@@ -28,7 +30,7 @@ from .gpu import check_gpu
 from .layout import check_config
 from .network import check_network
 from .node import check_node
-from .probe import Probe, StaticProbe, job_python
+from .probe import Probe, StaticProbe
 from .report import CheckResult, Report, Status
 from .scheduler import check_scheduler
 
@@ -59,10 +61,11 @@ CHECKS: dict[str, Check] = {
         Check("config", check_config, PROBE_TIMEOUT_S + 5, needs_probe=True),
         Check("node", check_node, 10),
         Check("fds", check_fds, 5),
+        Check("container", check_container, PROBE_TIMEOUT_S + 5, needs_probe=True),
     )
 }
-LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config", "fds")
-NODE_CHECKS = ("node", "env", "gpu", "data", "disk", "network", "fds")
+LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config", "fds", "container")
+NODE_CHECKS = ("node", "env", "gpu", "data", "disk", "network", "fds", "container")
 
 
 def select(names: Iterable[str], only: Iterable[str] | None, *, where: str) -> list[Check]:
@@ -148,11 +151,7 @@ def _context(
 ) -> CheckContext:
     if probe is None:
         if any(c.needs_probe for c in checks):
-            probe = Probe(
-                job_python(cfg.launch.python),
-                model=cfg.model.model_dump(mode="json"),
-                timeout_s=PROBE_TIMEOUT_S,
-            )
+            probe = job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, which=which or shutil.which)
         else:
             probe = StaticProbe(error="not needed by the selected checks")
     ctx = CheckContext(cfg=cfg, node=node, probe=probe, sysfs_root=sysfs_root, run=run or run_command)

@@ -1,5 +1,5 @@
 """The records one attempt's processes pass to each other, as JSON: the agent's request to its rank
-host and the answer (a pipe), the node's report, the roster (files in the attempt's directory).
+host (its stdin) and the answer (marked lines of its stderr), the node's report, the roster (files in the attempt's directory).
 
 Typed here, below both sides: the rank host's code is the trainer's (``trainer/launcher.py``), which
 imports nothing of ``jobs`` but its stop protocol, and the agent's is ``jobs``. Plain dicts at run
@@ -54,6 +54,14 @@ class HostReady(TypedDict):
 
     pid: int
     forkserver: int
+
+
+# How the rank host's replies stand out in its stderr (its own reports and torch's logs go there
+# too): a line holding this mark, then the reply's JSON. Stderr, not a pipe of their own, because
+# every container runtime carries a process's stderr, where not every one passes another
+# descriptor (srun's steps for pyxis pass none, podman only from 3 on, each named).
+REPLY_MARK = "\x1ehpclaunch-rank-host "
+REPLY_MAX_BYTES = 4000  # one write() of at most PIPE_BUF (4096) bytes is never split by another's
 
 
 class HostReply(TypedDict, total=False):

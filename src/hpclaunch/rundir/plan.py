@@ -15,10 +15,12 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from .clock import AttemptClock, stop_lead_s
+from .container import NODE, ContainerPlan
 from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
 TRAINER_MODULE = "hpclaunch.trainer"
+LAUNCHER_MODULE = "hpclaunch.trainer.launcher"  # the rank host (started by the agent, by module name)
 
 
 # Where per-job rendezvous ports come from: below Linux's ephemeral range (32768-60999), so a port
@@ -108,6 +110,7 @@ class JobPlan(BaseModel):
     hpclaunch_version: str
     sweep: list[SweepPoint] = []
     array_parallelism: int | None = None
+    container: ContainerPlan | None = None  # the image the rank host and the ranks run in
 
     # ---- derived, formatted once ---------------------------------------------------------------
 
@@ -150,6 +153,13 @@ class JobPlan(BaseModel):
     def agent_argv(self, run_dir: str | None = None) -> list[str]:
         """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""
         return [self.python, "-u", "-m", AGENT_MODULE, run_dir or self.run_dir]
+
+    def rank_host_argv(self, *, node: str = NODE) -> list[str]:
+        """The command a node agent starts its rank host with: in the container's image when the run
+        has one (``node``: this node's name, which pyxis's step names), else with the job's Python."""
+        if self.container is None:
+            return [self.python, "-u", "-m", LAUNCHER_MODULE]
+        return self.container.wrap([self.container.python, "-u", "-m", LAUNCHER_MODULE], node=node)
 
     def torchrun_argv(
         self, *, run_dir: str, node_rank: int, job_id: str, head_addr: str | None, local_addr: str | None

@@ -32,6 +32,7 @@ from ..rundir import Heartbeat, JobPlan, RunLock, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
+from ..templates.container import container_lines
 from ..templates.shell import Raw, export_line, join
 from . import foreground, local_slots
 from .base import (
@@ -60,6 +61,7 @@ def render_local(plan: JobPlan) -> RenderedJob:
         setup=plan.setup,
         exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
+        container=container_lines(plan),
     )
     return RenderedJob(text=text, filename=SCRIPT_NAME)
 

@@ -28,6 +28,7 @@ from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
 from ..templates import jinja, lint
+from ..templates.container import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import pbs_json
 from .base import (
@@ -111,6 +112,7 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
         task_cmd=Raw(_task_cmd(plan)),
         select=Raw(select_spec(plan, mem)),
+        container=container_lines(plan),
     )
     generated = max(
         i for i, line in enumerate(text.splitlines(), 1) if line.startswith("#PBS") and line not in extra

@@ -29,6 +29,7 @@ from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import JobPlan, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..templates import lint
+from ..templates.container import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import submitit_adapter
 from .base import (
@@ -94,6 +95,7 @@ def _setup_lines(plan: JobPlan) -> list[str]:
             "# passed from the submitting environment by name (values are never written here): "
             + " ".join(plan.pass_env)
         )
+    lines += container_lines(plan)
     return lines
 
 

@@ -12,14 +12,17 @@ per attempt, ``max_restarts=0``): whether an attempt is followed by another, and
 the node agent's decision (``jobs.decide``), never a restart counter's.
 
 Protocol: the agent writes one JSON request per line on stdin (``{"attempt": {...}}`` or
-``{"exit": true}``); replies go to the file descriptor named on the command line (``{"ready": ...}``
-once the forkserver runs, ``{"done": ...}`` after each attempt). The ranks' output and the launcher's own go
-to stdout and stderr, which the agent writes into the attempt's node log.
+``{"exit": true}``); replies are marked lines on stderr (``rundir.attempt_records.REPLY_MARK``:
+``{"ready": ...}`` once the forkserver runs, ``{"done": ...}`` after each attempt), since every
+container runtime carries stdin, stdout and stderr and not every one another descriptor. The ranks'
+output and the launcher's own go to stdout and stderr, which the agent writes into the attempt's
+node log.
 
 Scheduler signals are ignored here as they were by torchrun (the agent starts this process with
-USR1/USR2/TERM/INT ignored; the forkserver and the ranks inherit that, the ranks then install their
-own handlers): a preemption's SIGTERM reaches the ranks through the agent's relay, never kills the
-host mid-save.
+USR1/USR2/TERM/INT ignored, and it ignores them itself first thing, since a container runtime
+between the two may not pass the dispositions on; the forkserver and the ranks inherit that, the
+ranks then install their own handlers): a preemption's SIGTERM reaches the ranks through the
+agent's relay, never kills the host mid-save.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from ..rundir.attempt_records import AttemptEnd, RankRequest
+from ..jobs.helper_signals import ignore_stop_signals
+from ..rundir.attempt_records import REPLY_MARK, REPLY_MAX_BYTES, AttemptEnd, RankRequest
 from ..rundir.env import PRELOAD_COMPILE_VAR
 
 PRELOAD = ["hpclaunch.trainer.preload"]  # torch, mmdit, DCP and the trainer: imported once, forked after
@@ -103,7 +107,7 @@ def run_attempt(request: RankRequest) -> AttemptEnd:
         return {"state": "failed", "returncode": 1, "error": f"{type(e).__name__}: {e}"}
 
 
-def _fork_forkserver(*, keep_fds: tuple[int, ...]) -> bool:
+def _fork_forkserver() -> bool:
     """Import PRELOAD here and fork the forkserver from this process (``forkserver_fork``): one
     import of torch per node instead of two. False: start it the standard way."""
     import importlib
@@ -117,18 +121,23 @@ def _fork_forkserver(*, keep_fds: tuple[int, ...]) -> bool:
             importlib.import_module(name)
     except ImportError:
         return False  # (the standard forkserver skips it; the ranks then say what is missing)
-    return forkserver_fork.start(keep_fds=keep_fds)
+    return forkserver_fork.start()
 
 
-def serve(reply_fd: int) -> int:
-    reply = os.fdopen(reply_fd, "w", buffering=1)
+def send(**message: Any) -> None:
+    """One reply to the agent: one marked line, written whole in one call (``REPLY_MAX_BYTES``)."""
+    line = json.dumps(message)
+    if len(line) > REPLY_MAX_BYTES and "done" in message:  # only an error text can be that long
+        done = dict(message["done"])
+        done["error"] = str(done.get("error", ""))[: REPLY_MAX_BYTES // 2]
+        line = json.dumps({"done": done})
+    os.write(2, f"{REPLY_MARK}{line}\n".encode())
 
-    def send(**message: Any) -> None:
-        reply.write(json.dumps(message) + "\n")
-        reply.flush()
 
+def serve() -> int:
+    ignore_stop_signals()
     multiprocessing.set_forkserver_preload(PRELOAD)
-    if not _fork_forkserver(keep_fds=(reply_fd,)):
+    if not _fork_forkserver():
         forkserver.ensure_running()  # a new interpreter that imports PRELOAD meanwhile
     # torch's log formatter imports torch._dynamo the first time it formats an exception, which the
     # elastic agent does when a rank fails: 1.5 s between a crash and the decision, unless done now.
@@ -147,7 +156,10 @@ def serve(reply_fd: int) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or not sys.argv[1].isdigit():
-        print("usage: python -m hpclaunch.trainer.launcher REPLY_FD", file=sys.stderr)
+    if len(sys.argv) != 1:
+        print(
+            "usage: python -m hpclaunch.trainer.launcher  (requests on stdin, replies on stderr)",
+            file=sys.stderr,
+        )
         sys.exit(2)
-    sys.exit(serve(int(sys.argv[1])))
+    sys.exit(serve())

@@ -1,0 +1,169 @@
+"""Issue 37 on the real local SLURM: runs whose ranks live in a real container image (Charliecloud's
+``ch-run``, an image made on this machine: ``tests/containerlib.py``) while each node's agent stays
+on the node. Two jobs side by side meet both kinds of recovery: in one a rank SIGKILLed is restarted
+in place (the warm rank host in the image kept); the other the one-minute time limit stops, saves
+and requeues until it finishes. Both end bitwise equal to the same run without a container. (One
+job cannot meet both: an attempt is restarted in place only with more than a minute left.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+from tests.containerlib import IMAGE_PYTHON, charliecloud_available, charliecloud_image
+from tests.runlib import (
+    TINY,
+    events,
+    final_params_sha,
+    hpclaunch,
+    rank_process,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
+
+if TYPE_CHECKING:
+    from tests.cluster.conftest import SlurmCluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+# More work than a one-minute limit holds on any machine (54 s of sleep alone).
+RUN = (
+    "train.steps=360",
+    "testing.step_sleep_s=0.15",
+    "train.log_every=10",
+    "checkpoint.every_steps=50",
+    "launch.stop_margin_s=4",
+    "scheduler.max_failure_retries=1",
+    "nccl.env.NCCL_DEBUG=WARN",  # (in the plan's environment: it must reach the ranks in the image)
+)
+
+
+class ContainerRuns:
+    """The two runs, finished: their status, what was seen of the crash run's ranks, the reference."""
+
+    def __init__(self, paths: dict[str, Path]):
+        self.paths = paths
+        self.status: dict[str, dict[str, Any]] = {}
+        self.seen: dict[str, Any] = {}
+        self.reference = ""
+
+
+@pytest.fixture(scope="module")
+def container_runs(
+    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ContainerRuns]:
+    why = charliecloud_available()
+    if why is not None:
+        if os.environ.get("HPCLAUNCH_REQUIRE_CONTAINER") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+    image = charliecloud_image()
+    work = tmp_path_factory.mktemp("slurm-container")
+    data = synth_data(work / "data")
+    inside = (
+        "container.runtime=charliecloud",
+        f"container.image={image}",
+        f"container.python={IMAGE_PYTHON}",
+    )
+    limits = {"crash": "scheduler.time_limit=00:10:00", "timeout": "scheduler.time_limit=00:01:00"}
+    runs = ContainerRuns({name: work / "runs" / name for name in limits})
+    for name, limit in limits.items():
+        overrides = tiny_overrides(work, data, name, *RUN, "scheduler.kind=slurm", limit, *inside)
+        hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
+    # The same run outside any container, in the foreground meanwhile (no sleep: the math is the same).
+    outside = tiny_overrides(work, data, "outside", *RUN, "testing.step_sleep_s=0")
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "hpclaunch", "train", str(TINY), *outside],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        runs.seen = _crash_a_rank(runs.paths["crash"])
+        for name, path in runs.paths.items():
+            runs.status[name] = wait_run_done(path, work, timeout=600)
+        _, err = reference.communicate(timeout=600)
+        assert reference.returncode == 0, err[-3000:]
+        runs.reference = final_params_sha(work / "runs" / "outside")
+        yield runs
+    finally:
+        if reference.poll() is None:
+            reference.kill()
+        for path in runs.paths.values():
+            slurm_cluster.cancel(*{str(e["job_id"]) for e in events(path) if e["event"] == "submitted"})
+
+
+def _crash_a_rank(run: Path) -> dict[str, Any]:
+    """Once the first attempt saved, look at a rank (where it runs, what it was given), kill another."""
+    wait_for(
+        lambda: any(e["event"] == "checkpoint_saved" and e.get("step") == 50 for e in events(run)),
+        timeout=240,
+        poll=0.2,
+        what="the checkpoint at step 50",
+    )
+    rank = rank_process(run, 0)
+    environ = Path(f"/proc/{rank.pid}/environ").read_bytes().split(b"\0")
+    seen = {
+        "cmdline": rank.cmdline(),
+        "mnt": os.readlink(f"/proc/{rank.pid}/ns/mnt"),
+        "forkserver": rank.ppid(),
+        "environ": [v.decode(errors="replace") for v in environ],
+    }
+    rank_process(run, 1).send_signal(signal.SIGKILL)
+    wait_for(lambda: len(_started(run)) >= 2, timeout=120, poll=0.2, what="the attempt in place")
+    again = rank_process(run, 0)
+    seen["forkserver_after"], seen["cmdline_after"] = again.ppid(), again.cmdline()
+    return seen
+
+
+def _started(run: Path) -> list[dict[str, Any]]:
+    return [e for e in events(run) if e["event"] == "started" and e.get("node", 0) == 0]
+
+
+def test_container_ranks_run_in_the_image_with_the_plans_environment(container_runs: ContainerRuns) -> None:
+    seen = container_runs.seen
+    assert seen["cmdline"][:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.trainer.launcher"]
+    assert not Path(IMAGE_PYTHON).exists()  # (the image's own Python: no such file on the node)
+    assert seen["mnt"] != os.readlink("/proc/self/ns/mnt")
+    assert "NCCL_DEBUG=WARN" in seen["environ"] and "OMP_NUM_THREADS=1" in seen["environ"]
+    assert any(v.startswith("HPCLAUNCH_RUN_DIR=") for v in seen["environ"])
+
+
+def test_container_crashed_rank_is_restarted_in_place_from_the_warm_rank_host_bitwise_equal(
+    container_runs: ContainerRuns,
+) -> None:
+    s = container_runs.status["crash"]
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert [(a["end"], a["cause"]) for a in s["attempts"]] == [
+        ("restarted in place", "crash"),
+        ("finished", None),
+    ]
+    assert s["attempts"][1]["in_place"] and len({a["job_id"] for a in s["attempts"]}) == 1
+    # the ranks of the attempt in place were forked from the same forkserver, in the image
+    assert container_runs.seen["forkserver_after"] == container_runs.seen["forkserver"]
+    assert container_runs.seen["cmdline_after"][0] == IMAGE_PYTHON
+    assert final_params_sha(container_runs.paths["crash"]) == container_runs.reference
+
+
+def test_container_run_stops_at_the_time_limit_requeues_and_ends_bitwise_equal_to_outside(
+    container_runs: ContainerRuns,
+) -> None:
+    s = container_runs.status["timeout"]
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    causes = [(a["end"], a["cause"]) for a in s["attempts"]]
+    assert len(causes) >= 2 and all(c == ("requeued", "timeout") for c in causes[:-1]), causes
+    assert causes[-1] == ("finished", None)
+    assert len({a["job_id"] for a in s["attempts"]}) == 1  # scontrol requeue: the same job came back
+    assert [a["restart_count"] for a in s["attempts"]] == list(range(len(causes)))
+    assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
+    assert final_params_sha(container_runs.paths["timeout"]) == container_runs.reference
