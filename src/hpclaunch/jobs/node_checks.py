@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
@@ -36,6 +39,9 @@ from ..rundir.events import CheckRow
 from ..schedulers.base import NodeContext
 
 GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
+# How long one node's checks may take in all (HPCLAUNCH_NODE_CHECKS_S: tests make a stuck one short).
+CHECKS_DEADLINE_S = float(os.environ.get("HPCLAUNCH_NODE_CHECKS_S") or 120.0)
+T = TypeVar("T")
 POLL_S = 0.2
 LOOK_S = 1.0  # how often the gather looks at a silent node's heartbeat
 
@@ -75,7 +81,17 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
     # No probe at all: the disk check sizes checkpoints by formula and the GPU check counts GPUs
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")
-    report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe)
+    report = within_deadline(
+        lambda: run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe), CHECKS_DEADLINE_S
+    )
+    if report is None:
+        finding = (
+            f"the node checks did not finish within {CHECKS_DEADLINE_S:.0f} s (a stuck filesystem or driver)"
+        )
+        print(f"hpclaunch: node {ctx.hostname} failed its checks: {finding}", file=sys.stderr, flush=True)
+        return NodeVerdict(ctx.node_rank, ctx.hostname, False, "deadline", finding), [
+            {"name": "deadline", "status": "fail", "finding": finding}
+        ]
     rows: list[CheckRow] = [
         {"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks
     ]
@@ -89,6 +105,31 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
         flush=True,
     )
     return NodeVerdict(ctx.node_rank, ctx.hostname, False, first.name, first.finding), rows
+
+
+def within_deadline(work: Callable[[], T], deadline_s: float) -> T | None:
+    """``work()``'s answer, or None when it has none within ``deadline_s``. Every command a check
+    starts has its own deadline (``proc``), but a check can also block in the kernel (``statvfs`` of
+    a hung mount, a driver's sysfs file): it runs in a daemon thread that is left behind, and the
+    node counts as failed, so a spare takes its place instead of the allocation waiting."""
+    answer: list[T] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            answer.append(work())
+        except BaseException as e:  # raised again in the caller's thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="hpclaunch-node-checks", daemon=True).start()
+    if not done.wait(deadline_s):
+        return None
+    if failed:
+        raise failed[0]
+    return answer[0]
 
 
 def _forced_failure(cfg: RunConfig, ctx: NodeContext) -> NodeVerdict | None:
