@@ -39,7 +39,6 @@ from typing import Any
 from ..config import RunConfig
 from ..errors import HpclaunchError
 from ..rundir import (
-    FAILED,
     NODE_PREFLIGHT,
     NODE_REPLACED,
     STARTED,
@@ -51,10 +50,10 @@ from ..rundir import (
     read_plan,
 )
 from ..rundir.attempt_records import AttemptEnd
-from ..rundir.cause import Cause
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
+from .agent_exit import agent_failed
 from .agent_records import started_fields
 from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_environment, rank_request
@@ -334,6 +333,7 @@ def agent_main(run_dir: str) -> int:
     plan = read_plan(paths)
     scheduler = get_scheduler(plan.scheduler)
     node = 0
+    agent: NodeAgent | None = None
     try:
         ctx = scheduler.node_context(plan, os.environ, now=time.time())
         node = ctx.node_rank
@@ -346,16 +346,10 @@ def agent_main(run_dir: str) -> int:
         if agent.decider.leads:  # a run that ended here releases or cancels the runs chained after it
             after_attempt(paths)
         return code
-    except HpclaunchError as e:
-        ledger = Ledger(paths, role="agent", node=node)
-        # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
-        if node == 0:
-            ledger.append(FAILED, cause=Cause.CRASH, error=e.one_line(), reason=e.one_line())
-            after_attempt(paths)
-        else:
-            ledger.append("agent_error", error=e.one_line())
-        print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)
-        return 1
+    except (HpclaunchError, OSError) as e:
+        # (only the agent that decides ends the run, and only for the run's own error: agent_exit)
+        decides = agent.decider.leads if agent is not None else None
+        return agent_failed(paths, node, e, decides=decides, attempt=agent.attempt if agent else None)
 
 
 def _sweep_point(plan: JobPlan, ctx: NodeContext) -> tuple[JobPlan, RunPaths]:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from ..fsutil import atomic_write_json, create_exclusive
+from ..fsutil import atomic_write_json, create_exclusive, poll_exists, poll_json, retry_transient
 from ..rundir import RunPaths
 from ..rundir.attempt_records import AttemptEnd, RosterJSON
 
@@ -242,21 +242,24 @@ class Allocation:
     def signal_end(self, attempt: str, why: str) -> None:
         """This attempt is over (for whoever sees it first): every agent stops its ranks."""
         path = self._dir(attempt) / "end"
-        if not path.exists():
+        if not poll_exists(path):
             with contextlib.suppress(OSError):
                 create_exclusive(path, json.dumps({"by": self.host, "why": why, "ts": time.time()}))
 
     def ended(self, attempt: str) -> bool:
-        return (self._dir(attempt) / "end").exists()
+        return poll_exists(self._dir(attempt) / "end")
 
     def report(self, attempt: str, node_rank: int, result: AttemptEnd) -> None:
-        atomic_write_json(self._dir(attempt) / f"node{node_rank}.done.json", {"host": self.host, **result})
+        path = self._dir(attempt) / f"node{node_rank}.done.json"
+        retry_transient(lambda: atomic_write_json(path, {"host": self.host, **result}))
 
     def reports(self, attempt: str, node_ranks: Iterable[int]) -> dict[int, AttemptEnd]:
+        """The reports found now (one that cannot be read for now is looked for again next time)."""
         found: dict[int, AttemptEnd] = {}
         for rank in node_ranks:
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                found[rank] = json.loads((self._dir(attempt) / f"node{rank}.done.json").read_text())
+            data = poll_json(self._dir(attempt) / f"node{rank}.done.json")
+            if isinstance(data, dict):
+                found[rank] = cast(AttemptEnd, data)
         return found
 
     def publish(self, attempt: str, record: DecisionRecord) -> bool:
@@ -264,10 +267,7 @@ class Allocation:
         return create_exclusive(self._dir(attempt) / "decision.json", json.dumps(record, indent=1) + "\n")
 
     def decision(self, attempt: str) -> DecisionRecord | None:
-        try:
-            data = json.loads((self._dir(attempt) / "decision.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        data = poll_json(self._dir(attempt) / "decision.json")
         return cast(DecisionRecord, data) if isinstance(data, dict) else None  # as ``publish`` wrote it
 
 

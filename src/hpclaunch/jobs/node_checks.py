@@ -20,8 +20,6 @@ some nodes only (a missing mount), those nodes are the problem.
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import sys
 import threading
@@ -32,7 +30,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from ..config import RunConfig
-from ..fsutil import atomic_write_json
+from ..fsutil import atomic_write_json, poll_json, retry_transient
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
@@ -189,7 +187,7 @@ class StartBarrier:
         return self.dir / f"node{rank}.json"
 
     def report(self, verdict: NodeVerdict) -> None:
-        atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict))
+        retry_transient(lambda: atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict)))
 
     def gather(
         self,
@@ -241,8 +239,8 @@ class StartBarrier:
         a stop."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                data = json.loads((self.dir / "go.json").read_text())
+            data = poll_json(self.dir / "go.json")
+            if isinstance(data, dict):
                 return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
             if take_over is not None and take_over():
                 return Word(False, take_over=True)
@@ -250,8 +248,8 @@ class StartBarrier:
         return Word(False, f"the deciding node gave no word within {timeout_s:.0f} s")
 
     def _read(self, rank: int) -> NodeVerdict | None:
+        data = poll_json(self._node_file(rank))
         try:
-            data = json.loads(self._node_file(rank).read_text())
-            return NodeVerdict(**data)
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return NodeVerdict(**data) if isinstance(data, dict) else None
+        except TypeError:
             return None
