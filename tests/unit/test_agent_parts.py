@@ -261,6 +261,8 @@ class Relay:
 
 def _decider(tmp_path: Path, rank: int = 0, relay: Relay | None = None) -> Decider:
     paths = RunPaths(tmp_path)
+    if RunLock(paths).read() is None:  # node 0's agent adopted the run lock at its admission
+        RunLock(paths).adopt(job_id="7", role="agent")
     c = ctx(rank=rank)
     return Decider(
         paths,

@@ -93,7 +93,9 @@ def test_the_end_file_and_a_report_are_read_through_a_burst_injected(
     assert alloc.reports("7.0", [1])[1]["state"] == "failed"
 
 
-def test_the_start_barrier_reads_through_a_burst_injected(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_start_barrier_reads_through_a_burst_injected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before: ``wait_go`` and the gather's reads let ESTALE through (node_checks.py:203, 211-216)."""
     barrier = StartBarrier(RunPaths(tmp_path).ensure(), "7.0")
     barrier.report(NodeVerdict(1, "n2", True))

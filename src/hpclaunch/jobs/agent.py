@@ -26,7 +26,6 @@ role over (and the run lock), during the checks, an attempt or a decision alike.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -34,7 +33,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
 from ..errors import HpclaunchError
@@ -42,7 +40,6 @@ from ..rundir import (
     NODE_PREFLIGHT,
     NODE_REPLACED,
     STARTED,
-    Heartbeat,
     JobPlan,
     Ledger,
     RunPaths,
@@ -59,7 +56,7 @@ from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_
 from .attempt_env import rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
-from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
+from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
 from .watchdog import Verdict, stop_workers
@@ -102,7 +99,6 @@ class NodeAgent:
     def run(self) -> int:
         self.relay.install()
         self.alloc.start_beating()
-        beat: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         try:
             self._record_started()
             barrier = StartBarrier(self.paths, self.attempt)
@@ -112,14 +108,11 @@ class NodeAgent:
                     if self.ctx.num_nodes > 1:
                         barrier.announce(go=False, reason=refusal)
                     return 0
-                if self.decider.holder is not None:
-                    beat = Heartbeat(self.decider.lock, self.decider.holder)
-            with beat:
-                self.host = self._start_host()
-                started = self._start(barrier)
-                if started is not None:
-                    return started
-                return self._attempts()
+            self.host = self._start_host()
+            started = self._start(barrier)
+            if started is not None:
+                return started
+            return self._attempts()
         finally:
             self.alloc.stop_beating()
             self.decider.close()
@@ -136,31 +129,36 @@ class NodeAgent:
                 None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
             )
         barrier.report(verdict)
-        if not self.decider.leads:
-            word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
-            if not word.take_over:
-                if not word.go:
-                    print(
-                        f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr
-                    )
-                    return 0
-                self.roster = Roster.from_json(word.roster) if word.roster else self.roster
-                self.decider.follow(self.roster)
-                return None
-            self.decider.take_over()  # the decider died during the checks: this agent gathers and announces
-        verdicts = barrier.gather(
-            node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
-        )
-        roster = self.roster.without(verdicts.failed_nodes)
-        covered = not (set(roster.training) & set(verdicts.failed_nodes))
-        if verdicts.data_error is None and covered:
-            self._record_replacements(self.roster, roster, verdicts)
-            self.roster = roster
-            barrier.announce(go=True, roster=roster.to_json())
-            self.decider.follow(self.roster)
-            return None
-        barrier.announce(go=False, reason="a node failed its checks")
-        return self.decider.carry_out(self.decider.after_checks(verdicts))
+        while True:
+            if not self.decider.leads:
+                word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
+                if not word.take_over:
+                    return self._heard(word)
+                if not self.decider.take_over():  # (the decider died during the checks; lost: wait on)
+                    continue
+            verdicts = barrier.gather(
+                node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
+            )
+            roster = self.roster.without(verdicts.failed_nodes)
+            go = verdicts.data_error is None and not (set(roster.training) & set(verdicts.failed_nodes))
+            said = self.decider.announce(barrier, go=go, roster=roster, reason="a node failed its checks")
+            if said is None:
+                continue  # deposed before it could announce: the word comes from the one that decides
+            if not said.ours or said.go:
+                if said.ours:
+                    self._record_replacements(self.roster, roster, verdicts)
+                return self._heard(said)  # (another decider's word stands: every node follows it)
+            return self.decider.carry_out(self.decider.after_checks(verdicts))
+
+    def _heard(self, word: Word) -> int | None:
+        """The start's word: None when this node goes on to the attempt (on the roster it names),
+        else the agent's exit code."""
+        if not word.go:
+            print(f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr)
+            return 0
+        self.roster = Roster.from_json(word.roster) if word.roster else self.roster
+        self.decider.follow(self.roster)
+        return None
 
     def _attempts(self) -> int:
         """Attempts in this allocation until a decision sends the run through the scheduler; each
@@ -190,7 +188,7 @@ class NodeAgent:
             lock=self.decider.lock,
             record=self.decider.record,
         )
-        self.decider.holder = admission.holder
+        self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------

@@ -130,6 +130,11 @@ class DecisionRecord(_DecisionRequired, total=False):
 
     next: str  # in place: the next attempt
     roster: RosterJSON  # in place: the roster it runs on
+    epoch: int  # the run lock's epoch its decider held (``jobs.fenced``)
+    nonce: str  # this very publication (a retried link() that says EEXIST is still ours)
+    reason: str  # the decision in words, and what carrying it out needs (another decider may)
+    exclude: list[str]
+    counts_as: str
     exit_code: int  # never published: the decider's own exit code, once it carried the decision out
 
 

@@ -20,6 +20,7 @@ some nodes only (a missing mount), those nodes are the problem.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -27,10 +28,10 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from ..config import RunConfig
-from ..fsutil import atomic_write_json, poll_json, retry_transient
+from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_transient
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
@@ -149,6 +150,7 @@ class Word:
     reason: str = ""
     roster: RosterJSON | None = None
     take_over: bool = False
+    ours: bool = False  # (the decider's ``announce``) this word is the one it created
 
 
 @dataclass(frozen=True)
@@ -229,9 +231,23 @@ class StartBarrier:
             [found.get(r) or dead.get(r) or NodeVerdict.missing(r, h, waited) for r, h in nodes.items()]
         )
 
-    def announce(self, *, go: bool, reason: str = "", roster: RosterJSON | None = None) -> None:
-        """The decider's word to every node: go or not, and who trains (the roster) when it goes."""
-        atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
+    def announce(
+        self, *, go: bool, reason: str = "", roster: RosterJSON | None = None, epoch: int = 0
+    ) -> Word:
+        """The decider's word to every node: go or not, and who trains (the roster) when it goes;
+        made with the run lock's ``epoch`` its decider holds. Created exclusively: when a word stands
+        already (another decider's, one deposed meanwhile included), that one is returned and holds
+        for every node (``Word.ours`` false): two rosters can never be announced."""
+        word = {"go": go, "reason": reason, "roster": roster, "epoch": epoch}
+        if create_exclusive(self.dir / "go.json", json.dumps(word, indent=2, sort_keys=True) + "\n"):
+            return Word(go, reason, roster, ours=True)
+        while (data := poll_json(self.dir / "go.json")) is None:
+            time.sleep(POLL_S)
+        return self._word(data)
+
+    @staticmethod
+    def _word(data: Any) -> Word:
+        return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
 
     def wait_go(self, *, timeout_s: float, take_over: Callable[[], bool] | None = None) -> Word:
         """A waiting node: the decider's word; ``take_over()`` true (the decider is gone and this node
@@ -241,7 +257,7 @@ class StartBarrier:
         while self.clock() < deadline:
             data = poll_json(self.dir / "go.json")
             if isinstance(data, dict):
-                return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
+                return self._word(data)
             if take_over is not None and take_over():
                 return Word(False, take_over=True)
             time.sleep(POLL_S)
