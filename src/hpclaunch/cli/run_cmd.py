@@ -259,9 +259,6 @@ def _scheduler_status(paths: RunPaths) -> Any:
 
 def _status_view(paths: RunPaths) -> StatusView:
     from ..orchestrator.status import summarize
-    from ..schedulers.chain import settle_around
-
-    settle_around(paths, by="hpclaunch status")  # a chain release that failed is retried here
 
     return summarize(paths.root, scheduler_status=_scheduler_status(paths))
 

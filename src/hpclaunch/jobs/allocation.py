@@ -60,8 +60,11 @@ from ..rundir.attempt_records import AttemptEnd, RosterJSON
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
 DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
 # A host that has not beaten yet is starting, not gone, for this long after an observer first looked
-# for it: launchers start the agents of one allocation seconds apart (MPICH's hydra, a loaded node).
-START_GRACE_S = float(os.environ.get("HPCLAUNCH_AGENT_START_S") or 60.0)
+# for it: launchers start the agents of one allocation seconds apart (MPICH's hydra, a loaded node),
+# and at 512 nodes minutes apart (a cold Python on a shared filesystem). As long as the start
+# barrier's gather waits for a node's verdict (``node_checks.GATHER_TIMEOUT_S`` is this): shorter,
+# and a node still starting was called gone and replaced before the gather gave up on it.
+START_GRACE_S = float(os.environ.get("HPCLAUNCH_AGENT_START_S") or 180.0)
 _NEVER = "\0never"  # the token of a host not seen beating yet
 BEAT_WIDTH = 32  # "<pid> <count>" padded: rewritten in place, never shorter than before
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides

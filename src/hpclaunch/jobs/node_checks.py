@@ -36,8 +36,9 @@ from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
 from ..schedulers.base import NodeContext
+from .allocation import START_GRACE_S
 
-GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
+GATHER_TIMEOUT_S = START_GRACE_S  # how long the decider waits for every node's verdict (one window)
 # How long one node's checks may take in all (HPCLAUNCH_NODE_CHECKS_S: tests make a stuck one short).
 CHECKS_DEADLINE_S = float(os.environ.get("HPCLAUNCH_NODE_CHECKS_S") or 120.0)
 T = TypeVar("T")
