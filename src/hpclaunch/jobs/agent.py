@@ -26,6 +26,7 @@ role over (and the run lock), during the checks, an attempt or a decision alike.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -99,6 +100,9 @@ class NodeAgent:
     def run(self) -> int:
         self.relay.install()
         self.alloc.start_beating()
+        if self.ctx.num_nodes > 1:  # (the other agents see this one's death at once: ``links``)
+            with contextlib.suppress(HpclaunchError, OSError):
+                self.alloc.listen(self.scheduler.node_address(self.ctx.hostname))
         try:
             self._record_started()
             barrier = StartBarrier(self.paths, self.attempt)

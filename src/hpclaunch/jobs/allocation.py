@@ -56,6 +56,7 @@ from typing import TypedDict, cast
 from ..fsutil import atomic_write_json, create_exclusive, poll_exists, poll_json, retry_transient
 from ..rundir import RunPaths
 from ..rundir.attempt_records import AttemptEnd, RosterJSON
+from .links import Links, Listener
 
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
 DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
@@ -163,6 +164,26 @@ class Allocation:
         self._seen: dict[str, tuple[str, float]] = {}  # host -> (its last token, when it changed here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.links: Links | None = None  # the first evidence of a death (``links``), once listening
+        self._listener: Listener | None = None
+
+    # ---- the first evidence: connections the kernel closes when an agent dies (``links``) ----------
+
+    def listen(self, address: str) -> None:
+        """Accept the other agents' connections at ``address`` (this node's), and watch theirs."""
+        folder = self.beats / "links"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._listener = Listener(folder, self.host, address)
+        self.links = Links(folder, self.host)
+
+    def watch(self, hosts: Iterable[str]) -> None:
+        """Hold a connection to each of ``hosts`` (their death is then known at once)."""
+        if self.links is not None:
+            self.links.watch(hosts)
+
+    def known_dead(self, host: str) -> bool:
+        """``host``'s agent is dead by the first evidence (its connection ended, nothing listens)."""
+        return self.links is not None and self.links.ended(host)
 
     # ---- heartbeats ------------------------------------------------------------------------------
 
@@ -177,6 +198,9 @@ class Allocation:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._close()
+        for end in (self._listener, self.links):
+            if end is not None:
+                end.close()
 
     def beat(self) -> None:
         """One beat: the counter changes (written in place at a fixed width, so a reader never sees
@@ -220,6 +244,8 @@ class Allocation:
         now = self.clock() if now is None else now
         if host == self.host and not self._stop.is_set():
             return True  # this agent is alive by definition while it beats
+        if self.links is not None and self.links.dead(host):
+            return False  # the first evidence: its connection ended and nothing listens there
         try:
             token = self._token(host)
         except OSError:
@@ -313,8 +339,10 @@ def await_reports(
         if look:  # one read per silent node per beat, not per poll
             next_look = now + BEAT_S
             dead = [h for h in silent if not alloc.alive(h, now)]
-            if len(dead) == len(silent):
-                return tuple(dead), ()
+        else:  # the first evidence (a connection that ended) costs no read: every poll
+            dead = [h for h in silent if h in dead or alloc.known_dead(h)]
+        if dead and len(dead) == len(silent):
+            return tuple(dead), ()
         if over_since is not None and now - over_since >= grace_s:
             return tuple(dead), tuple(h for h in silent if h not in dead)
         poll()

@@ -115,12 +115,16 @@ class Decider:
     # ---- the role --------------------------------------------------------------------------------
 
     def gone(self, roster: Roster, every_s: float = BEAT_S) -> bool:
-        """The deciding agent stopped beating and this agent is next in roster order (looked at once
-        per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
-        where the decider's death also breaks the ranks' collectives, once per beat otherwise)."""
+        """The deciding agent is gone and this agent is next in roster order: its connection ended
+        (``links``: the first evidence, looked at every time), or its heartbeat stopped (looked at
+        once per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
+        once per beat otherwise)."""
         now = time.monotonic()
-        if now < self._next_look:
-            return False
+        ahead = (
+            roster.nodes[: roster.nodes.index(self.ctx.hostname)] if self.ctx.hostname in roster.nodes else ()
+        )
+        if now < self._next_look and not any(self.alloc.known_dead(h) for h in ahead):
+            return False  # (a connection that ended is looked at every time: it costs no read)
         self._next_look = now + every_s
         return self.alloc.decider(roster) == self.ctx.hostname
 

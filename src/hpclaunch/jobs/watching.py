@@ -60,6 +60,9 @@ class AttemptWatch:
             )
             self.watchdog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
+        # The first evidence of a death (``links``): the decider holds a connection to every node
+        # it waits for, the others one to the decider.
+        alloc.watch(roster.training if decider.leads else roster.nodes[:1])
 
     def poll(self, pids: Callable[[], list[int]]) -> None:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
