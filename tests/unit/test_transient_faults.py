@@ -152,3 +152,25 @@ def test_only_the_agent_that_decides_ends_the_run(
     paths = RunPaths(tmp_path).ensure()
     agent_failed(paths, node, ConfigError("bad sweep point"), decides=decides)
     assert kinds(paths) == (["failed"] if ends_run else ["agent_error"])
+
+
+def test_a_report_is_written_through_a_long_burst_injected(
+    alloc: Allocation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's report (and a decision, a verdict) must land: its writes try for about 20 s, not
+    5 times (the 512-agent fault bench lost agents to ESTALE on their report before)."""
+    real = os.replace
+
+    class Burst:
+        left = 8
+
+    def replace(src: Any, dst: Any) -> None:
+        if "node1.done.json" in os.fspath(dst) and Burst.left > 0:
+            Burst.left -= 1
+            raise OSError(errno.ESTALE, os.strerror(errno.ESTALE))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr("hpclaunch.fsutil.time.sleep", lambda s: None)
+    alloc.report("7.0", 1, {"state": "failed", "returncode": 1})
+    assert alloc.reports("7.0", [1])[1]["state"] == "failed" and Burst.left == 0

@@ -57,10 +57,12 @@ from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_
 from .attempt_env import rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
+from .hang_evidence import stop_workers
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks
+from .node_progress import remove_local_dirs
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
-from .watchdog import Verdict, stop_workers
+from .watchdog import Verdict
 from .watching import AttemptWatch
 
 POLL_S = 0.2
@@ -120,6 +122,7 @@ class NodeAgent:
         finally:
             self.alloc.stop_beating()
             self.decider.close()
+            remove_local_dirs(self.paths.root, self.ctx.hostname)  # (its ranks' heartbeats)
             if self.host is not None:
                 self.host.close()
             self.sink.close()

@@ -30,9 +30,11 @@ is one metadata operation, a write or flush on an open descriptor a data operati
 
 While the ranks train, an agent that does not decide makes three metadata operations per
 ``LOOK_S`` (4 s): the ``end`` file, the decider's heartbeat, the watchdog's verdict file
-(``watchdog.Watchdog.follow_s``): 0.75 per second, the same at any N. The decider leads the
-watchdog: it reads every rank's progress (and step-time) file per ``watchdog.poll_s``, the one cost
-that grows with N (one node's, per job: about 2 x ranks / ``poll_s`` operations per second).
+(``watchdog.Watchdog.follow_s``): 0.75 per second, the same at any N; its node's progress file is
+rewritten in place (a data write). The decider leads the watchdog: a listing of the stalled nodes
+per look, rank 0's outcome per look, and one other node's progress file per second in turn
+(``node_progress.LEAD_READS_PER_S``): under 2 per second at any N (every node's file at once only
+when a node says a rank stalled).
 
 Who decides (a role, not a host): the first live agent among the nodes the run is using, in
 roster order (the training nodes, then the spares): node 0's at the start; after a replacement or a
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from ..fsutil import atomic_write_json, create_exclusive, poll_exists, poll_json, retry_transient
+from ..fsutil import atomic_write_json, create_exclusive, poll_exists, poll_json, retry_patiently
 from ..rundir import RunPaths
 from ..rundir.attempt_records import AttemptEnd, RosterJSON
 from .links import Links, Listener
@@ -285,7 +287,7 @@ class Allocation:
 
     def report(self, attempt: str, node_rank: int, result: AttemptEnd) -> None:
         path = self._dir(attempt) / f"node{node_rank}.done.json"
-        retry_transient(lambda: atomic_write_json(path, {"host": self.host, **result}))
+        retry_patiently(lambda: atomic_write_json(path, {"host": self.host, **result}))
 
     def reports(self, attempt: str, node_ranks: Iterable[int]) -> dict[int, AttemptEnd]:
         """The reports found now (one that cannot be read for now is looked for again next time)."""
@@ -298,7 +300,8 @@ class Allocation:
 
     def publish(self, attempt: str, record: DecisionRecord) -> bool:
         """The decision for ``attempt``; False when another agent decided first (theirs stands)."""
-        return create_exclusive(self._dir(attempt) / "decision.json", json.dumps(record, indent=1) + "\n")
+        path = self._dir(attempt) / "decision.json"
+        return retry_patiently(lambda: create_exclusive(path, json.dumps(record, indent=1) + "\n"))
 
     def decision(self, attempt: str) -> DecisionRecord | None:
         data = poll_json(self._dir(attempt) / "decision.json")

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..config import RunConfig
-from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_transient
+from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_patiently
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
@@ -190,7 +190,7 @@ class StartBarrier:
         return self.dir / f"node{rank}.json"
 
     def report(self, verdict: NodeVerdict) -> None:
-        retry_transient(lambda: atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict)))
+        retry_patiently(lambda: atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict)))
 
     def gather(
         self,
@@ -240,7 +240,8 @@ class StartBarrier:
         already (another decider's, one deposed meanwhile included), that one is returned and holds
         for every node (``Word.ours`` false): two rosters can never be announced."""
         word = {"go": go, "reason": reason, "roster": roster, "epoch": epoch}
-        if create_exclusive(self.dir / "go.json", json.dumps(word, indent=2, sort_keys=True) + "\n"):
+        text = json.dumps(word, indent=2, sort_keys=True) + "\n"
+        if retry_patiently(lambda: create_exclusive(self.dir / "go.json", text)):
             return Word(go, reason, roster, ours=True)
         while (data := poll_json(self.dir / "go.json")) is None:
             time.sleep(POLL_S)

@@ -14,3 +14,5 @@ JOIN_STDERR_VAR = "HPCLAUNCH_JOIN_STDERR"  # set by the node agent: ranks write 
 NODE_NAME_VAR = "HPCLAUNCH_NODE_NAME"  # set by the node agent: this node, as the scheduler names it
 PRELOAD_COMPILE_VAR = "HPCLAUNCH_PRELOAD_COMPILE"  # set by the node agent for train.compile runs
 ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the scheduler's restart count
+# Set by the node agent: the node-local folder its ranks write their progress to (``rundir.progress``).
+PROGRESS_DIR_VAR = "HPCLAUNCH_PROGRESS_DIR"
