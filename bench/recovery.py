@@ -239,11 +239,19 @@ def main() -> None:
         "--ranks-per-node", type=int, default=8, help="agree: ranks whose progress the decider reads"
     )
     ap.add_argument("--steady-s", type=float, default=8.0, help="agree: the measured steady window")
+    ap.add_argument(
+        "--fault-agents",
+        type=int,
+        default=None,
+        help="agree: agents in the fault table (default: the largest N)",
+    )
     args = ap.parse_args()
     if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
         torch_s = import_torch_s()
         print(f'python -c "import torch": {torch_s:.2f} s (median of 3, this run)')
-    with tempfile.TemporaryDirectory(prefix="hpclaunch-recovery-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="hpclaunch-recovery-", dir="/tmp", ignore_cleanup_errors=True
+    ) as tmp:
         work = Path(tmp)
         rows: list[tuple[str, dict[str, Any]]] = []
         if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
@@ -270,6 +278,13 @@ def main() -> None:
                 )
                 print(f"{'':48s} start-up parts: {r['startup_parts']}")
             by_label = dict(rows)
+            crash = by_label.get("SLURM 2+1 nodes, crash, in place (same nodes)")
+            for label, r in rows if crash is not None else ():
+                if "dead" in label:  # issue 36: a node's death against a crash, side by side (goal: <= 2x)
+                    print(
+                        f"{label}: {r['total']:.2f} s against the crash in place's {crash['total']:.2f} s: "
+                        f"{r['total'] / crash['total']:.2f}x (detection and decision {r['decision']:.2f} s)"
+                    )
             off = by_label.get("local, crash, in place, compile off")
             if off is not None:
                 for kind in ("cold", "warm"):
@@ -303,7 +318,7 @@ def main() -> None:
                 )
             from control_plane_faults import faults
 
-            n = max(args.agents)
+            n = args.fault_agents or max(args.agents)
             print(
                 f"\nfaults at {n} agents, through the agents' own code (bench/control_plane_faults.py): one "
                 "decision (or start word) each, the run continued, the time to decide, metadata ops while it lasted"
