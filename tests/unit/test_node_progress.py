@@ -29,7 +29,7 @@ HOSTS = ("n1", "n2")
 def _local_dirs(tmp_path: Path) -> Iterator[None]:
     yield
     for host in HOSTS:  # (the nodes' local folders live outside tmp_path, as on a real node)
-        remove_local_dirs(RunPaths(tmp_path).root, host)
+        remove_local_dirs(RunPaths(tmp_path).root, host, "j.0")
 
 
 def heartbeat(
@@ -103,3 +103,13 @@ def test_the_decider_reads_other_nodes_in_turn_and_finds_a_straggler(tmp_path: P
     lead.check(lambda: [], now=101.0)
     (found,) = [e.record for e in read_events(paths).named("straggler")]
     assert (found["rank"], found["rank_node"], found["windows"]) == (3, "n2", 3)
+
+
+def test_an_agent_leaving_removes_its_own_attempts_heartbeats_only(tmp_path: Path) -> None:
+    """The agent of the job that continues the run may already run beside it on this node."""
+    paths = RunPaths(tmp_path).ensure()
+    mine = [prepare_local_dir(paths.root, "n1", a) for a in ("j.0", "j.0.1")]
+    theirs = prepare_local_dir(paths.root, "n1", "j.1")
+    remove_local_dirs(paths.root, "n1", "j.0")
+    assert not any(p.exists() for p in mine) and theirs.is_dir()
+    remove_local_dirs(paths.root, "n1", "j.1")

@@ -122,7 +122,7 @@ class NodeAgent:
         finally:
             self.alloc.stop_beating()
             self.decider.close()
-            remove_local_dirs(self.paths.root, self.ctx.hostname)  # (its ranks' heartbeats)
+            remove_local_dirs(self.paths.root, self.ctx.hostname, self.ctx.allocation)
             if self.host is not None:
                 self.host.close()
             self.sink.close()

@@ -209,6 +209,12 @@ def prepare_local_dir(root: Path, host: str, attempt: str) -> Path:
     return path
 
 
-def remove_local_dirs(root: Path, host: str) -> None:
-    """This node's rank heartbeats of the run, when its agent leaves (they are in the node files)."""
-    shutil.rmtree(local_progress_dir(root, host, "x").parent, ignore_errors=True)
+def remove_local_dirs(root: Path, host: str, allocation: str) -> None:
+    """This node's rank heartbeats of ``allocation``'s attempts, when its agent leaves (they are in
+    the node files). Only its own: the agent of the job that continues the run may already be
+    writing beside them on this node."""
+    folder = local_progress_dir(root, host, allocation).parent
+    with contextlib.suppress(OSError):
+        for attempt in folder.iterdir():
+            if attempt.name == allocation or attempt.name.startswith(f"{allocation}."):
+                shutil.rmtree(attempt, ignore_errors=True)
