@@ -4,9 +4,11 @@ one run directory, each driven through the agent's own parts (``AttemptWatch.pol
 filesystem call under the run directory counted per agent (``fsops.Counter``).
 
 Steady training: every agent polls as ``NodeAgent._run_attempt`` does while its ranks train (its
-heartbeat, the ``end`` file, the decider's heartbeat, the watchdog: the decider leads it and reads
-every rank's progress; the others read the verdict file). No ranks run: their progress files are
-written once, before, and are not counted (the ranks' own writes are the trainer's, not the agents').
+heartbeat, the ``end`` file, the decider's heartbeat, the watchdog: each agent reads its own ranks'
+heartbeats on its node and keeps its node's file; the decider leads the watchdog: it looks whether
+a node says a rank stalled and reads a few node files per second for the stragglers; the others
+read the verdict file). No ranks run: their heartbeats are written once, before, in each node's
+local folder (outside the run directory: not on the shared filesystem, so not counted).
 
 One recovery: the last node's ranks fail; its agent creates ``end`` and reports; every other agent
 sees ``end`` at its next look (the backstop path: ranks that would wait in a collective), reports
@@ -25,7 +27,7 @@ from typing import Any
 from fsops import Counter
 
 
-def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int) -> Any:
+def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, scheduler: Any = None) -> Any:
     """What a NodeAgent's poll loop touches (no plan, rank host or scheduler): its decider's part,
     its watch over the attempt (with the watchdog) and the one the decider polls while it waits for
     the reports (without)."""
@@ -37,6 +39,7 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int) -> 
     from hpclaunch.jobs.watchdog import Watchdog
     from hpclaunch.jobs.watching import AttemptWatch
     from hpclaunch.rundir import Ledger
+    from hpclaunch.rundir.progress import local_progress_dir
     from hpclaunch.schedulers.base import NodeContext
 
     ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
@@ -44,12 +47,22 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int) -> 
     relay = StopRelay(paths, None, ctx, None, ledger)  # type: ignore[arg-type]
     alloc = Allocation(paths, ctx.allocation, ctx.hostname, hosts)
     roster = Roster(hosts)
-    decider = Decider(paths, None, None, ctx, None, alloc=alloc, relay=relay, ledger=ledger)  # type: ignore[arg-type]
+    decider = Decider(paths, None, None, ctx, scheduler, alloc=alloc, relay=relay, ledger=ledger)  # type: ignore[arg-type]
     parts = {"ledger": ledger, "alloc": alloc, "relay": relay, "decider": decider, "roster": roster}
     watch = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
     watch.watchdog = Watchdog(
-        cfg, paths, ctx, world_size=world, nccl=False, ledger=ledger, lead=decider.leads
+        cfg,
+        paths,
+        ctx,
+        world_size=world,
+        nccl=False,
+        ledger=ledger,
+        lead=decider.leads,
+        local_dir=local_progress_dir(paths.root, ctx.hostname, ctx.attempt),
+        local_ranks=world // len(hosts),
+        alone=len(hosts) == 1,
     )
+    watch.watchdog.ack_nodes = list(range(len(hosts)))
     waiting = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
     return SimpleNamespace(ctx=ctx, watch=watch, waiting=waiting, **parts)
 
@@ -63,8 +76,8 @@ def simulate(
     from hpclaunch.config import WatchdogConfig
     from hpclaunch.jobs.agent import POLL_S
     from hpclaunch.jobs.allocation import BEAT_S, LOOK_S, await_reports
+    from hpclaunch.jobs.node_progress import prepare_local_dir
     from hpclaunch.rundir import RunPaths
-    from hpclaunch.rundir.progress import progress_file
 
     paths = RunPaths(root / f"agents-{n}")
     hosts = tuple(f"n{i}" for i in range(n))
@@ -72,8 +85,9 @@ def simulate(
     attempt = "9.0"
     paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
     now = time.time()
-    for rank in range(world):  # the ranks' heartbeats, as the trainer leaves them (not counted)
-        progress_file(paths, attempt, rank).write_text(
+    for rank in range(world):  # the ranks' heartbeats, on their node as the trainer leaves them
+        local = prepare_local_dir(paths.root, hosts[rank // ranks_per_node], attempt)
+        (local / f"rank{rank}.progress.json").write_text(
             json.dumps(
                 {
                     "rank": rank,

@@ -16,6 +16,10 @@ What counts as what, on a shared filesystem (NFS, Lustre, GPFS):
   opened with ``open()`` is counted as one data operation per open.
 
 ``fstat`` and ``close`` are not counted separately (part of the open).
+
+Faults: ``Counter.inject(errno, rate)`` makes that share of the counted path calls (``stat``,
+``open`` and the like, by tagged threads) fail with ``errno`` before they reach the filesystem, as
+an NFS client's ESTALE after a server restart does (``bench/control_plane_faults.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import builtins
 import io
 import os
+import random
 import threading
 from collections import Counter as _Tally
 from collections.abc import Callable, Iterator
@@ -56,6 +61,13 @@ class Counter:
         self.data: _Tally[str] = _Tally()
         self.calls: _Tally[tuple[str, str]] = _Tally()  # (tag, call): what the metadata ops were
         self._fds: set[int] = set()
+        self._fail: tuple[int, float] | None = None  # (errno, share of the counted path calls)
+        self._rng = random.Random(0)
+        self.failed = 0
+
+    def inject(self, err: int | None, rate: float = 0.0) -> None:
+        """Make ``rate`` of the counted path calls fail with ``err`` from now on (None: stop)."""
+        self._fail = (err, rate) if err is not None else None
 
     # ---- attribution -----------------------------------------------------------------------------
 
@@ -87,6 +99,10 @@ class Counter:
                 self.calls[(tag, call)] += 1
             else:
                 self.data[tag] += 1
+            fail = self._fail if kind == "meta" else None
+            if fail is not None and self._rng.random() < fail[1]:
+                self.failed += 1
+                raise OSError(fail[0], os.strerror(fail[0]))
 
     # ---- the wrappers ----------------------------------------------------------------------------
 

@@ -24,7 +24,6 @@ per snapshot, per step (over the interval) and as a share of the training time.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -40,6 +39,7 @@ from hpclaunch.config import load_config
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
+from hpclaunch.rundir.progress import read_progress
 from hpclaunch.shards import synth_dataset
 
 
@@ -92,17 +92,14 @@ def resumes_so_far(run: Path) -> dict[str, int]:
 
 def rank_pid(run: Path, attempt: str, rank: int) -> int:
     """The pid rank ``rank`` of ``attempt`` names in its progress heartbeat."""
-    record = json.loads((RunPaths(run).root / "attempts" / attempt / f"rank{rank}.progress.json").read_text())
-    return int(record["pid"])
+    record = read_progress(RunPaths(run), attempt)[rank]  # (its node agent's file)
+    return int(record.pid or 0)
 
 
 def last_step(run: Path, attempt: str) -> int:
     """The last step rank 0 of ``attempt`` finished, by its progress heartbeat (metrics are buffered)."""
-    try:
-        record = json.loads((RunPaths(run).root / "attempts" / attempt / "rank0.progress.json").read_text())
-    except (OSError, ValueError):
-        return 0
-    return int(record.get("step") or 0)
+    record = read_progress(RunPaths(run), attempt).get(0)
+    return record.step if record is not None else 0
 
 
 def main() -> None:

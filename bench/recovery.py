@@ -36,7 +36,6 @@ switch the layout they need: 1 node for ``slurm``, 3 for ``spare``).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -90,11 +89,13 @@ def ended(run: Path) -> bool:
 
 def rank_on(run: Path, node: str | None = None, rank: int | None = None) -> int:
     """The pid of a rank of the current attempt (by node or by rank) from its progress heartbeat."""
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.progress import read_progress
+
     attempt = attempts(run)[-1]
-    for path in sorted((run / "attempts" / attempt).glob("rank*.progress.json")):
-        record = json.loads(path.read_text())
-        if (node is None or record.get("node") == node) and (rank is None or record.get("rank") == rank):
-            return int(record["pid"])
+    for r, record in sorted(read_progress(RunPaths(run), attempt).items()):  # (the node agents' files)
+        if (node is None or record.node == node) and (rank is None or r == rank) and record.pid:
+            return int(record.pid)
     raise LookupError(f"no rank on {node} in {attempt}")
 
 
@@ -238,11 +239,19 @@ def main() -> None:
         "--ranks-per-node", type=int, default=8, help="agree: ranks whose progress the decider reads"
     )
     ap.add_argument("--steady-s", type=float, default=8.0, help="agree: the measured steady window")
+    ap.add_argument(
+        "--fault-agents",
+        type=int,
+        default=None,
+        help="agree: agents in the fault table (default: the largest N)",
+    )
     args = ap.parse_args()
     if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
         torch_s = import_torch_s()
         print(f'python -c "import torch": {torch_s:.2f} s (median of 3, this run)')
-    with tempfile.TemporaryDirectory(prefix="hpclaunch-recovery-", dir="/tmp") as tmp:
+    with tempfile.TemporaryDirectory(
+        prefix="hpclaunch-recovery-", dir="/tmp", ignore_cleanup_errors=True
+    ) as tmp:
         work = Path(tmp)
         rows: list[tuple[str, dict[str, Any]]] = []
         if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
@@ -269,6 +278,13 @@ def main() -> None:
                 )
                 print(f"{'':48s} start-up parts: {r['startup_parts']}")
             by_label = dict(rows)
+            crash = by_label.get("SLURM 2+1 nodes, crash, in place (same nodes)")
+            for label, r in rows if crash is not None else ():
+                if "dead" in label:  # issue 36: a node's death against a crash, side by side (goal: <= 2x)
+                    print(
+                        f"{label}: {r['total']:.2f} s against the crash in place's {crash['total']:.2f} s: "
+                        f"{r['total'] / crash['total']:.2f}x (detection and decision {r['decision']:.2f} s)"
+                    )
             off = by_label.get("local, crash, in place, compile off")
             if off is not None:
                 for kind in ("cold", "warm"):
@@ -285,7 +301,7 @@ def main() -> None:
             print(
                 "\nthe control plane's metadata operations on the shared filesystem (counted, bench/fsops.py),"
                 f"\n{args.ranks_per_node} ranks per node, steady window {args.steady_s:.0f} s; ops/s per agent: the"
-                " non-deciding agents' mean (max); the decider leads the watchdog (reads every rank's progress)"
+                " non-deciding agents' mean (max); the decider leads the watchdog (one node file per second in turn)"
             )
             print(
                 f"{'agents':>6s} {'steady ops/s per agent':>23s} {'decider':>8s} {'per node':>9s} "
@@ -298,6 +314,23 @@ def main() -> None:
                     f"{c['steady_per_node']:9.2f} {c['recovery_per_agent']:15.1f} ({c['recovery_max_agent']:4d}) "
                     f"{c['recovery_decider']:8d} {c['fault_to_decision_s']:14.2f} s {c['publish_to_last_s']:18.2f} s"
                     + (f"  ({c['hung']} agents never saw the decision)" if c["hung"] else ""),
+                    flush=True,
+                )
+            from control_plane_faults import faults
+
+            n = args.fault_agents or max(args.agents)
+            print(
+                f"\nfaults at {n} agents, through the agents' own code (bench/control_plane_faults.py): one "
+                "decision (or start word) each, the run continued, the time to decide, metadata ops while it lasted"
+            )
+            print(
+                f"{'fault':16s} {'decisions':>9s} {'continued':>9s} {'to decide':>10s} {'decider ops':>11s} {'max agent ops':>13s}"
+            )
+            for f in faults(n, work, ranks_per_node=args.ranks_per_node):
+                lost = f"  lost: {f['lost']}" if f["lost"] else ""
+                print(
+                    f"{f['fault']:16s} {f['decisions']:9d} {'yes' if f['continued'] else 'NO':>9s} "
+                    f"{f['decide_s']:8.2f} s {f['decider_ops']:11d} {f['max_agent_ops']:13d}{lost}",
                     flush=True,
                 )
 

@@ -158,10 +158,15 @@ def rank_process(run: Path, rank: int, *, timeout: float = 180) -> Any:
         started = [e["attempt"] for e in events(run) if e["event"] == "started"]
         if not started:
             return None
-        path = run / "attempts" / started[-1] / f"rank{rank}.progress.json"
+        from hpclaunch.rundir import RunPaths
+        from hpclaunch.rundir.progress import read_progress
+
+        record = read_progress(RunPaths(run), started[-1]).get(rank)  # (its node's file, or its own)
         try:
-            proc = psutil.Process(int(json.loads(path.read_text())["pid"]))
-        except (OSError, ValueError, KeyError, psutil.Error):
+            proc = psutil.Process(int(record.pid)) if record is not None and record.pid else None
+        except psutil.Error:
+            return None
+        if proc is None:
             return None
         return proc if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE else None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -70,9 +71,12 @@ def unique_suffix() -> str:
     return f"{socket.gethostname().split('.')[0]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
 
 
-def retry_transient(read: Callable[[], T], *, attempts: int = 5, first_delay_s: float = 0.2) -> T:
-    """``read()``, retried with a growing pause while it fails with a transient ``OSError`` (see
-    ``TRANSIENT_ERRNOS``); the last such error is raised. Other errors pass through at once."""
+def retry_transient(
+    read: Callable[[], T], *, attempts: int = 5, first_delay_s: float = 0.2, max_delay_s: float = 60.0
+) -> T:
+    """``read()``, retried with a growing pause (at most ``max_delay_s``) while it fails with a
+    transient ``OSError`` (see ``TRANSIENT_ERRNOS``); the last such error is raised. Other errors
+    pass through at once."""
     delay = first_delay_s
     for i in range(attempts):
         try:
@@ -81,23 +85,64 @@ def retry_transient(read: Callable[[], T], *, attempts: int = 5, first_delay_s: 
             if e.errno not in TRANSIENT_ERRNOS or i == attempts - 1:
                 raise
         time.sleep(delay)
-        delay *= 2
+        delay = min(2 * delay, max_delay_s)
     raise AssertionError("unreachable")
+
+
+def retry_patiently(write: Callable[[], T]) -> T:
+    """``write()`` that the control plane cannot do without (a node's report, its check's verdict,
+    a decision): transient errors retried for about 20 s (12 tries, pauses up to 2 s)."""
+    return retry_transient(write, attempts=12, max_delay_s=2.0)
+
+
+# What a poll makes of a transient error: read again a few times (about 0.6 s), then "not yet" (the
+# next poll reads again). A control-plane read must never end the agent that polls.
+POLL_ATTEMPTS = 3
+
+
+def poll_json(path: Path, *, attempts: int = POLL_ATTEMPTS) -> Any | None:
+    """The JSON in ``path`` as a poll sees it: None while it is absent, half-written or unreadable
+    for now (a transient error read again ``attempts`` times first: NFS's ESTALE after a server
+    restart, EIO); never raises for those."""
+    try:
+        return json.loads(retry_transient(Path(path).read_text, attempts=attempts))
+    except (FileNotFoundError, NotADirectoryError, ValueError):
+        return None
+    except OSError as e:
+        if e.errno in TRANSIENT_ERRNOS:
+            return None
+        raise
+
+
+def poll_exists(path: Path, *, attempts: int = POLL_ATTEMPTS) -> bool:
+    """Whether ``path`` exists, as a poll sees it: a transient error read again, then "not yet"."""
+    try:
+        retry_transient(lambda: os.stat(path), attempts=attempts)
+        return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError as e:
+        if e.errno in TRANSIENT_ERRNOS:
+            return False
+        raise
 
 
 def create_exclusive(path: Path, text: str) -> bool:
     """Create ``path`` holding ``text`` unless it exists; False when it does. ``link()`` of a fully
     written temporary file: atomic, and exclusive over NFS too (where O_EXCL was not always)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    retry_transient(lambda: path.parent.mkdir(parents=True, exist_ok=True))
     tmp = path.with_name(f".{path.name}.{unique_suffix()}")
-    tmp.write_text(text)
+    retry_transient(lambda: tmp.write_text(text))
     try:
-        os.link(tmp, path)
+        # A LINK that failed with ESTALE or EIO may still have been made on the server: the retry
+        # then gets EEXIST for our own link, which ``_linked_anyway`` recognises.
+        retry_transient(lambda: os.link(tmp, path))
         return True
     except FileExistsError:
         return _linked_anyway(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _linked_anyway(tmp: Path, path: Path) -> bool:

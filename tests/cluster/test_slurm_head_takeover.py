@@ -113,8 +113,14 @@ def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
     assert [e["nodes"] for e in excluded] == [["n1"]]
     said = [e for e in events(run) if e["event"] == "rescue"]
     if who == "rescue":
-        assert "n1: the batch host" in (first["error"] or "") and decided[0]["for_job"] == first_job
-        assert said == []
+        assert decided[0]["for_job"] == first_job and said == []
+        # Issue 36: the agent that took the role over may have published its decision before SLURM
+        # killed it (its carry-out held by the test's pause): the rescue carries that one out.
+        published = run / "attempts" / first["attempt"] / "decision.json"
+        if published.exists() and json.loads(published.read_text())["by"] != "rescue":
+            assert "n1: its agent and ranks are gone" in (first["error"] or "")
+        else:
+            assert "n1: the batch host" in (first["error"] or "")
     else:
         assert "n1: its agent and ranks are gone" in (first["error"] or "")
         assert [e["action"] for e in said] == ["nothing"] and "was decided" in said[0]["reason"]

@@ -88,11 +88,13 @@ def _rank_on(run: Path, node: str) -> psutil.Process:
     """A running rank of the current attempt on ``node`` (the pid its progress heartbeat names)."""
 
     def found() -> psutil.Process | None:
+        from hpclaunch.rundir import RunPaths
+        from hpclaunch.rundir.progress import read_progress
+
         attempt = _attempts(run)[-1]
-        for path in sorted((run / "attempts" / attempt).glob("rank*.progress.json")):
-            with_pid = json.loads(path.read_text())
-            if with_pid.get("node") == node:
-                return psutil.Process(int(with_pid["pid"]))
+        for _, record in sorted(read_progress(RunPaths(run), attempt).items()):
+            if record.node == node and record.pid:
+                return psutil.Process(record.pid)
         return None
 
     return wait_for(found, timeout=120, poll=0.2, what=f"a rank on {node}")

@@ -125,9 +125,12 @@ def _check_one_hang(run: Path, hang: dict[str, Any], host: str) -> None:
     assert hang["window_s"] == WINDOWS[hang["phase"]], hang
     assert hang["culprit"] == f"rank {culprit} on {host}" and hang["culprit_node"] == host
     # detection: from the moment the hung rank entered its phase (its own report) to the verdict
-    progress = json.loads((run / "attempts" / attempt / f"rank{culprit}.progress.json").read_text())
-    assert progress["phase"] == hang["phase"]
-    took = hang["detected_at"] - progress["phase_since"]
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.progress import read_progress
+
+    progress = read_progress(RunPaths(run), attempt)[culprit]  # (its node's file)
+    assert progress.phase == hang["phase"]
+    took = hang["detected_at"] - progress.phase_since
     assert hang["window_s"] <= took <= hang["window_s"] + DETECTION_SLACK_S, (took, hang)
     # both ranks' stacks, in the attempt's log directory; the hung one names the function it hangs in
     logs = run / "logs" / f"attempt-{attempt}"

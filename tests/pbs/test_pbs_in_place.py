@@ -84,10 +84,12 @@ def test_a_crash_on_a_worker_node_restarts_in_place(
     wait_for(lambda: _last_step(run) >= 25, timeout=900, poll=0.2, what="step 25")
     attempt = [e["attempt"] for e in events(run) if e["event"] == "started"][-1]
     victim = None
-    for path in sorted((run / "attempts" / attempt).glob("rank*.progress.json")):
-        record = json.loads(path.read_text())
-        if record.get("node") == "pbsn2":
-            victim = int(record["pid"])
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.progress import read_progress
+
+    for _, record in sorted(read_progress(RunPaths(run), attempt).items()):
+        if record.node == "pbsn2" and record.pid:
+            victim = record.pid
     assert victim is not None
     psutil.Process(victim).send_signal(signal.SIGKILL)
     s = wait_run_done(pbs_server_3nodes, run, timeout=900)

@@ -24,7 +24,7 @@ from hpclaunch.jobs.watching import AttemptWatch
 from hpclaunch.orchestrator.plan import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
-from hpclaunch.rundir.env import ATTEMPT_VAR
+from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
 from hpclaunch.schedulers.base import NodeContext
 
 pytestmark = pytest.mark.fast
@@ -237,7 +237,9 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
     assert request["rdzv_endpoint"].startswith("10.0.0.3:")  # the roster's first node hosts it, not node 0
     host = request_of(2)
     assert host["rdzv_configs"]["is_host"] is True
-    assert attempt_env("7.1", plan, cfg, ctx(), paths) == {ATTEMPT_VAR: "7.1"}  # no clock, gloo
+    env = attempt_env("7.1", plan, cfg, ctx(), paths)  # no clock, gloo: its key, its heartbeats' folder
+    assert env[ATTEMPT_VAR] == "7.1" and set(env) == {ATTEMPT_VAR, PROGRESS_DIR_VAR}
+    assert Path(env[PROGRESS_DIR_VAR]).is_dir() and not Path(env[PROGRESS_DIR_VAR]).is_relative_to(paths.root)
 
 
 # ---- the decider's role ---------------------------------------------------------------------------
@@ -261,6 +263,8 @@ class Relay:
 
 def _decider(tmp_path: Path, rank: int = 0, relay: Relay | None = None) -> Decider:
     paths = RunPaths(tmp_path)
+    if RunLock(paths).read() is None:  # node 0's agent adopted the run lock at its admission
+        RunLock(paths).adopt(job_id="7", role="agent")
     c = ctx(rank=rank)
     return Decider(
         paths,

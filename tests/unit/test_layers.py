@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "fsutil": set(),
+    "proc": set(),
     "estimate": set(),
     "nccl": {"errors"},
     "config": {"errors", "nccl"},
@@ -27,7 +28,7 @@ ALLOWED: dict[str, set[str]] = {
     "rundir": {"config", "errors", "fsutil"},
     "shards": {"config", "errors", "fsutil"},
     "templates": {"config", "errors", "rundir"},
-    "schedulers": {"config", "errors", "fsutil", "rundir", "templates"},
+    "schedulers": {"config", "errors", "fsutil", "proc", "rundir", "templates"},
     "preflight": {
         "config",
         "errors",
@@ -35,11 +36,12 @@ ALLOWED: dict[str, set[str]] = {
         "fsutil",
         "modelmath",
         "nccl",
+        "proc",
         "rundir",
         "schedulers",
         "shards",
     },
-    "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "rundir", "schedulers"},
+    "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "proc", "rundir", "schedulers"},
     "trainer": {"config", "errors", "fsutil", "jobs", "modelmath", "rundir", "shards"},
     "orchestrator": {
         "config",

@@ -315,7 +315,7 @@ def test_slurmctld_down_is_not_a_finished_job(monkeypatch: pytest.MonkeyPatch) -
             return Done(1, err="slurm_load_jobs error: Unable to contact slurm controller (connect failure)")
         return Done(1, err="sacct: error: Problem talking to the database: Connection refused")
 
-    monkeypatch.setattr(slurm.subprocess, "run", run)
+    monkeypatch.setattr(slurm.proc, "run", run)
     answer = slurm.slurm_status("77")
     assert answer.active is None and not answer.answered and "Unable to contact" in answer.reason
 
@@ -324,7 +324,7 @@ def test_slurmctld_down_is_not_a_finished_job(monkeypatch: pytest.MonkeyPatch) -
             return Done(1, err="slurm_load_jobs error: Invalid job id specified")
         return Done(0, out=json.dumps({"jobs": []}))
 
-    monkeypatch.setattr(slurm.subprocess, "run", gone)
+    monkeypatch.setattr(slurm.proc, "run", gone)
     assert slurm.slurm_status("77").active is False  # a job SLURM has forgotten really is over
 
 

@@ -68,7 +68,7 @@ def test_slurm_node_list_is_expanded_by_scontrol_not_by_hand(monkeypatch: pytest
             return subprocess.CompletedProcess(argv, 0, "", "Invalid hostlist: n[1-2]x\n")
         return subprocess.CompletedProcess(argv, 0, "rack1-n01\nrack1-n02\nrack2-n01\nrack2-n02\n", "")
 
-    monkeypatch.setattr(slurm.subprocess, "run", fake_run)
+    monkeypatch.setattr(slurm.proc, "run", fake_run)
     assert slurm.scontrol_hostnames("rack[1-2]-n[01-02]") == [
         "rack1-n01",
         "rack1-n02",

@@ -127,7 +127,7 @@ def test_kill_grace_is_the_queue_kill_delay(monkeypatch: pytest.MonkeyPatch) -> 
 
     monkeypatch.setenv("PBS_JOBID", "39.pbshead")
     monkeypatch.setattr(pbs, "own_job", lambda job_id: job(queue="short"))
-    monkeypatch.setattr(pbs.subprocess, "run", lambda *a, **k: Done())
+    monkeypatch.setattr(pbs.proc, "run", lambda *a, **k: Done())
     assert pbs.PbsScheduler().kill_grace_s(plan()) == 1.0
     monkeypatch.setattr(pbs, "own_job", lambda job_id: None)
     assert pbs.PbsScheduler().kill_grace_s(plan()) == 10.0  # no queue known: PBS's default

@@ -151,6 +151,16 @@ class FakeScheduler:
         holder = RunLock(paths).read()
         self.calls.append(("release", job_id, holder.job_id if holder else None))
         assert any(e["event"] == "requeued" for e in Ledger(paths, role="t").events())
+        if self.release_fails > 0:
+            self.release_fails -= 1
+            from hpclaunch.errors import SchedulerError
+
+            raise SchedulerError("scontrol release failed: Unable to contact slurm controller")
+
+    def cancel(self, paths: RunPaths, job_id: str) -> None:
+        self.calls.append(("cancel", job_id))
+
+    release_fails = 0
 
 
 def a_run(tmp_path: Path, events: list[dict[str, Any]], *, lock_job: str = "21") -> RunPaths:
@@ -295,3 +305,140 @@ def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None
         "job 21 FAILED: its batch host died after its attempt was decided (node_failure); the run "
         "continued as job 22"
     ]
+
+
+# ---- issue 36: the rescue reads the scheduler's end, the outcome and any decision; release retried --
+
+
+@pytest.mark.parametrize(
+    ("word", "cause"),
+    [
+        ("TIMEOUT", "timeout"),
+        ("DEADLINE", "timeout"),
+        ("PREEMPTED", "preemption"),
+        ("OUT_OF_MEMORY", "crash"),
+    ],
+)
+def test_an_end_that_is_not_the_batch_hosts_fault_spends_no_node(word: str, cause: str) -> None:
+    """Before: every end but a cancel became "exclude the batch host" (rescue.py:131-146), spending
+    the node-exclusion budget on a healthy node."""
+    found = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word=word)
+    d = found.decision
+    assert d is not None and (d.action, d.cause, d.exclude) == (Action.CONTINUE, cause, ())
+    assert found.gone == () and d.counts_as != "node"
+    assert word in d.reason or "came before the attempt could save" in d.reason
+
+
+def test_a_run_that_finished_before_its_job_died_is_finished() -> None:
+    from hpclaunch.rundir import AttemptOutcome
+
+    done = AttemptOutcome("finished", None, 80)
+    d = find(
+        as_events(running()),
+        "21",
+        budgets=BUDGETS,
+        beats=BEATS_TOGETHER,
+        scheduler_word="FAILED",
+        outcome=done,
+    ).decision
+    assert d is not None and (d.action, d.reason) == (Action.FINISH, "finished at step 80")
+
+
+def test_the_batch_hosts_agent_that_left_on_a_filesystem_error_is_not_its_nodes_death() -> None:
+    """Before: an ESTALE that killed node 0's agent ended the job, and the rescue excluded n1."""
+    events = [
+        *running(),
+        ev(
+            "agent_error",
+            30,
+            attempt="21.0",
+            node=0,
+            host="n1",
+            error="filesystem error ESTALE",
+            errno="ESTALE",
+        ),
+    ]
+    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    d = found.decision
+    assert d is not None and (d.action, d.cause, d.exclude) == (Action.CONTINUE, Cause.FILESYSTEM, ())
+    assert "the agent on n1 (the batch host) left: filesystem error ESTALE" in d.reason
+
+
+def test_a_decision_an_agent_published_and_could_not_carry_out_is_the_one_carried_out() -> None:
+    published = {
+        "attempt": "21.0",
+        "action": "exclude",
+        "cause": "hang",
+        "in_place": False,
+        "by": "n2",
+        "epoch": 3,
+        "reason": "rank 3 hung in compute; continuing without n2",
+        "exclude": ["n2"],
+        "counts_as": "hang",
+    }
+    found = find(
+        as_events(running()),
+        "21",
+        budgets=BUDGETS,
+        beats=BEATS_TOGETHER,
+        published=published,  # type: ignore[arg-type]
+    )
+    d = found.decision
+    assert d is not None and (d.action, d.cause, d.exclude, d.counts_as) == (
+        Action.EXCLUDE,
+        Cause.HANG,
+        ("n2",),
+        "hang",
+    )
+    assert found.gone == ("n2",) and "rank 3 hung" in d.reason
+
+
+def _rescue(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_word: str = "FAILED"
+) -> tuple[RunPaths, FakeScheduler]:
+    paths = a_run(tmp_path, running())
+    fake = FakeScheduler(paths, fake_word)
+    monkeypatch.setattr(rescue_mod, "get_scheduler", lambda kind: fake)
+    monkeypatch.setattr(rescue_mod, "RELEASE_PAUSES_S", (0.0, 0.0, 0.0))
+    monkeypatch.setenv("SLURM_JOB_ID", "99")
+    return paths, fake
+
+
+def test_a_release_that_fails_once_is_tried_again_fake_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: one failed ``scontrol release`` (rescue.py:270-271) left the continuation held, owning
+    the lock, the ledger saying "requeued": nothing would ever start it."""
+    paths, fake = _rescue(tmp_path, monkeypatch)
+    fake.release_fails = 2
+    assert Rescue(paths, "21").run() == 0
+    assert [c for c in fake.calls if c[0] == "release"] == [("release", "22", "22")] * 3
+    holder = RunLock(paths).read()
+    assert holder is not None and (holder.job_id, holder.role) == ("22", "job")
+    published = json.loads((paths.attempt_dir("21.0") / "decision.json").read_text())
+    assert (published["by"], published["action"]) == ("rescue", "exclude")  # one decision, the rescue's
+
+
+def test_a_continuation_that_can_never_be_released_is_withdrawn_and_the_run_left_resumable_fake_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, fake = _rescue(tmp_path, monkeypatch)
+    fake.release_fails = 10**6
+    assert Rescue(paths, "21").run() == 1
+    assert len([c for c in fake.calls if c[0] == "release"]) == 4 and ("cancel", "22") in fake.calls
+    events = Ledger(paths, role="t").events()
+    (failed,) = [e for e in events if e["event"] == "failed"]
+    assert "could not be released" in failed["reason"] and "Unable to contact" in failed["reason"]
+    assert "resumed" in failed["reason"] and RunLock(paths).read() is None  # submit --resume can take it
+
+
+def test_a_time_limit_continues_through_a_held_job_on_every_node_fake_scheduler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    paths, fake = _rescue(tmp_path, monkeypatch, fake_word="TIMEOUT")
+    assert Rescue(paths, "21").run() == 0
+    assert fake.calls[0] == ("continue_held", ())  # no node kept off
+    events = Ledger(paths, role="t").events()
+    (decided,) = [e for e in events if e["event"] == "requeued"]
+    assert (decided["cause"], decided["counts_as"], decided["job_id"]) == ("timeout", "requeue", "22")
+    assert not [e for e in events if e["event"] == "node_excluded"]

@@ -16,16 +16,15 @@ import pytest
 
 from hpclaunch.config import WatchdogConfig
 from hpclaunch.jobs.allocation import LOOK_S
+from hpclaunch.jobs.hang_evidence import dump_stacks, stop_workers
 from hpclaunch.jobs.watchdog import (
     RankState,
     Verdict,
     Watchdog,
     culprits,
-    dump_stacks,
     find_hang,
     read_verdict,
     startup_hang,
-    stop_workers,
     window_s,
 )
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
@@ -303,7 +302,7 @@ def test_stacks_are_dumped_from_a_stuck_process_and_it_is_stopped(tmp_path: Path
 
 
 def test_the_flight_recorder_variables_are_known_and_point_into_the_attempt_logs(tmp_path: Path) -> None:
-    from hpclaunch.jobs.watchdog import flight_recorder_env
+    from hpclaunch.jobs.hang_evidence import flight_recorder_env
     from hpclaunch.nccl import validate_nccl_env
 
     paths = RunPaths(tmp_path).ensure()

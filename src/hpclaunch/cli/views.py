@@ -33,9 +33,6 @@ def scheduler_status(paths: RunPaths) -> Any:
 
 def status_view(paths: RunPaths) -> StatusView:
     from ..orchestrator.status import summarize
-    from ..schedulers.chain import settle_around
-
-    settle_around(paths, by="hpclaunch status")  # a chain release that failed is retried here
 
     return summarize(paths.root, scheduler_status=scheduler_status(paths))
 

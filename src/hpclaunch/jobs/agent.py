@@ -34,16 +34,13 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from ..config import RunConfig
 from ..errors import HpclaunchError
 from ..rundir import (
-    FAILED,
     NODE_PREFLIGHT,
     NODE_REPLACED,
     STARTED,
-    Heartbeat,
     JobPlan,
     Ledger,
     RunPaths,
@@ -51,21 +48,23 @@ from ..rundir import (
     read_plan,
 )
 from ..rundir.attempt_records import AttemptEnd
-from ..rundir.cause import Cause
 from ..rundir.env import FOREGROUND_VAR  # `hpclaunch train`: keep the launcher's report off the terminal
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
+from .agent_exit import agent_failed
 from .agent_records import started_fields
 from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_command, rank_host_environment, rank_request
 from .chain import after_attempt
 from .decider import Decider
-from .node_checks import NodeVerdict, StartBarrier, Verdicts, run_checks
+from .hang_evidence import stop_workers
+from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks
 from .node_memory import NodeMemory
+from .node_progress import remove_local_dirs
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
-from .watchdog import Verdict, stop_workers
+from .watchdog import Verdict
 from .watching import AttemptWatch
 
 POLL_S = 0.2
@@ -103,7 +102,9 @@ class NodeAgent:
     def run(self) -> int:
         self.relay.install()
         self.alloc.start_beating()
-        beat: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.ctx.num_nodes > 1:  # (the other agents see this one's death at once: ``links``)
+            with contextlib.suppress(HpclaunchError, OSError):
+                self.alloc.listen(self.scheduler.node_address(self.ctx.hostname))
         try:
             self.memory.start()
             self._record_started()
@@ -114,18 +115,16 @@ class NodeAgent:
                     if self.ctx.num_nodes > 1:
                         barrier.announce(go=False, reason=refusal)
                     return 0
-                if self.decider.holder is not None:
-                    beat = Heartbeat(self.decider.lock, self.decider.holder)
-            with beat:
-                self.host = self._start_host()
-                started = self._start(barrier)
-                if started is not None:
-                    return started
-                return self._attempts()
+            self.host = self._start_host()
+            started = self._start(barrier)
+            if started is not None:
+                return started
+            return self._attempts()
         finally:
             self.memory.free()  # (the allocation ends on this node: its snapshots with it)
             self.alloc.stop_beating()
             self.decider.close()
+            remove_local_dirs(self.paths.root, self.ctx.hostname, self.ctx.allocation)
             if self.host is not None:
                 self.host.close()
             self.sink.close()
@@ -139,31 +138,36 @@ class NodeAgent:
                 None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
             )
         barrier.report(verdict)
-        if not self.decider.leads:
-            word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
-            if not word.take_over:
-                if not word.go:
-                    print(
-                        f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr
-                    )
-                    return 0
-                self.roster = Roster.from_json(word.roster) if word.roster else self.roster
-                self.decider.follow(self.roster)
-                return None
-            self.decider.take_over()  # the decider died during the checks: this agent gathers and announces
-        verdicts = barrier.gather(
-            node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
-        )
-        roster = self.roster.without(verdicts.failed_nodes)
-        covered = not (set(roster.training) & set(verdicts.failed_nodes))
-        if verdicts.data_error is None and covered:
-            self._record_replacements(self.roster, roster, verdicts)
-            self.roster = roster
-            barrier.announce(go=True, roster=roster.to_json())
-            self.decider.follow(self.roster)
-            return None
-        barrier.announce(go=False, reason="a node failed its checks")
-        return self.decider.carry_out(self.decider.after_checks(verdicts))
+        while True:
+            if not self.decider.leads:
+                word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
+                if not word.take_over:
+                    return self._heard(word)
+                if not self.decider.take_over():  # (the decider died during the checks; lost: wait on)
+                    continue
+            verdicts = barrier.gather(
+                node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
+            )
+            roster = self.roster.without(verdicts.failed_nodes)
+            go = verdicts.data_error is None and not (set(roster.training) & set(verdicts.failed_nodes))
+            said = self.decider.announce(barrier, go=go, roster=roster, reason="a node failed its checks")
+            if said is None:
+                continue  # deposed before it could announce: the word comes from the one that decides
+            if not said.ours or said.go:
+                if said.ours:
+                    self._record_replacements(self.roster, roster, verdicts)
+                return self._heard(said)  # (another decider's word stands: every node follows it)
+            return self.decider.carry_out(self.decider.after_checks(verdicts))
+
+    def _heard(self, word: Word) -> int | None:
+        """The start's word: None when this node goes on to the attempt (on the roster it names),
+        else the agent's exit code."""
+        if not word.go:
+            print(f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr)
+            return 0
+        self.roster = Roster.from_json(word.roster) if word.roster else self.roster
+        self.decider.follow(self.roster)
+        return None
 
     def _attempts(self) -> int:
         """Attempts in this allocation until a decision sends the run through the scheduler; each
@@ -199,7 +203,7 @@ class NodeAgent:
             lock=self.decider.lock,
             record=self.decider.record,
         )
-        self.decider.holder = admission.holder
+        self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------
@@ -345,6 +349,7 @@ def agent_main(run_dir: str) -> int:
     plan = read_plan(paths)
     scheduler = get_scheduler(plan.scheduler)
     node = 0
+    agent: NodeAgent | None = None
     try:
         ctx = scheduler.node_context(plan, os.environ, now=time.time())
         node = ctx.node_rank
@@ -357,16 +362,10 @@ def agent_main(run_dir: str) -> int:
         if agent.decider.leads:  # a run that ended here releases or cancels the runs chained after it
             after_attempt(paths)
         return code
-    except HpclaunchError as e:
-        ledger = Ledger(paths, role="agent", node=node)
-        # Only node 0 ends a run; another node's error is its report (torchrun fails on node 0 too).
-        if node == 0:
-            ledger.append(FAILED, cause=Cause.CRASH, error=e.one_line(), reason=e.one_line())
-            after_attempt(paths)
-        else:
-            ledger.append("agent_error", error=e.one_line())
-        print(f"hpclaunch: agent error: {e.one_line()}", file=sys.stderr, flush=True)
-        return 1
+    except (HpclaunchError, OSError) as e:
+        # (only the agent that decides ends the run, and only for the run's own error: agent_exit)
+        decides = agent.decider.leads if agent is not None else None
+        return agent_failed(paths, node, e, decides=decides, attempt=agent.attempt if agent else None)
 
 
 def _sweep_point(plan: JobPlan, ctx: NodeContext) -> tuple[JobPlan, RunPaths]:

@@ -30,9 +30,11 @@ is one metadata operation, a write or flush on an open descriptor a data operati
 
 While the ranks train, an agent that does not decide makes three metadata operations per
 ``LOOK_S`` (4 s): the ``end`` file, the decider's heartbeat, the watchdog's verdict file
-(``watchdog.Watchdog.follow_s``): 0.75 per second, the same at any N. The decider leads the
-watchdog: it reads every rank's progress (and step-time) file per ``watchdog.poll_s``, the one cost
-that grows with N (one node's, per job: about 2 x ranks / ``poll_s`` operations per second).
+(``watchdog.Watchdog.follow_s``): 0.75 per second, the same at any N; its node's progress file is
+rewritten in place (a data write). The decider leads the watchdog: a listing of the stalled nodes
+per look, rank 0's outcome per look, and one other node's progress file per second in turn
+(``node_progress.LEAD_READS_PER_S``): under 2 per second at any N (every node's file at once only
+when a node says a rank stalled).
 
 Who decides (a role, not a host): the first live agent among the nodes the run is using, in
 roster order (the training nodes, then the spares): node 0's at the start; after a replacement or a
@@ -53,15 +55,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict, cast
 
-from ..fsutil import atomic_write_json, create_exclusive
+from ..fsutil import atomic_write_json, create_exclusive, poll_exists, poll_json, retry_patiently
 from ..rundir import RunPaths
 from ..rundir.attempt_records import AttemptEnd, RosterJSON
+from .links import Links, Listener
 
 BEAT_S = float(os.environ.get("HPCLAUNCH_AGENT_BEAT_S") or 1.0)
 DEAD_AFTER_S = float(os.environ.get("HPCLAUNCH_AGENT_DEAD_S") or 8.0)  # unchanged this long: gone
 # A host that has not beaten yet is starting, not gone, for this long after an observer first looked
-# for it: launchers start the agents of one allocation seconds apart (MPICH's hydra, a loaded node).
-START_GRACE_S = float(os.environ.get("HPCLAUNCH_AGENT_START_S") or 60.0)
+# for it: launchers start the agents of one allocation seconds apart (MPICH's hydra, a loaded node),
+# and at 512 nodes minutes apart (a cold Python on a shared filesystem). As long as the start
+# barrier's gather waits for a node's verdict (``node_checks.GATHER_TIMEOUT_S`` is this): shorter,
+# and a node still starting was called gone and replaced before the gather gave up on it.
+START_GRACE_S = float(os.environ.get("HPCLAUNCH_AGENT_START_S") or 180.0)
 _NEVER = "\0never"  # the token of a host not seen beating yet
 BEAT_WIDTH = 32  # "<pid> <count>" padded: rewritten in place, never shorter than before
 REPORT_GRACE_S = 60.0  # how long the decider waits for a live node's report before it decides
@@ -130,6 +136,11 @@ class DecisionRecord(_DecisionRequired, total=False):
 
     next: str  # in place: the next attempt
     roster: RosterJSON  # in place: the roster it runs on
+    epoch: int  # the run lock's epoch its decider held (``jobs.fenced``)
+    nonce: str  # this very publication (a retried link() that says EEXIST is still ours)
+    reason: str  # the decision in words, and what carrying it out needs (another decider may)
+    exclude: list[str]
+    counts_as: str
     exit_code: int  # never published: the decider's own exit code, once it carried the decision out
 
 
@@ -155,6 +166,26 @@ class Allocation:
         self._seen: dict[str, tuple[str, float]] = {}  # host -> (its last token, when it changed here)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.links: Links | None = None  # the first evidence of a death (``links``), once listening
+        self._listener: Listener | None = None
+
+    # ---- the first evidence: connections the kernel closes when an agent dies (``links``) ----------
+
+    def listen(self, address: str) -> None:
+        """Accept the other agents' connections at ``address`` (this node's), and watch theirs."""
+        folder = self.beats / "links"
+        folder.mkdir(parents=True, exist_ok=True)
+        self._listener = Listener(folder, self.host, address)
+        self.links = Links(folder, self.host)
+
+    def watch(self, hosts: Iterable[str]) -> None:
+        """Hold a connection to each of ``hosts`` (their death is then known at once)."""
+        if self.links is not None:
+            self.links.watch(hosts)
+
+    def known_dead(self, host: str) -> bool:
+        """``host``'s agent is dead by the first evidence (its connection ended, nothing listens)."""
+        return self.links is not None and self.links.ended(host)
 
     # ---- heartbeats ------------------------------------------------------------------------------
 
@@ -169,6 +200,9 @@ class Allocation:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._close()
+        for end in (self._listener, self.links):
+            if end is not None:
+                end.close()
 
     def beat(self) -> None:
         """One beat: the counter changes (written in place at a fixed width, so a reader never sees
@@ -212,6 +246,8 @@ class Allocation:
         now = self.clock() if now is None else now
         if host == self.host and not self._stop.is_set():
             return True  # this agent is alive by definition while it beats
+        if self.links is not None and self.links.dead(host):
+            return False  # the first evidence: its connection ended and nothing listens there
         try:
             token = self._token(host)
         except OSError:
@@ -242,32 +278,33 @@ class Allocation:
     def signal_end(self, attempt: str, why: str) -> None:
         """This attempt is over (for whoever sees it first): every agent stops its ranks."""
         path = self._dir(attempt) / "end"
-        if not path.exists():
+        if not poll_exists(path):
             with contextlib.suppress(OSError):
                 create_exclusive(path, json.dumps({"by": self.host, "why": why, "ts": time.time()}))
 
     def ended(self, attempt: str) -> bool:
-        return (self._dir(attempt) / "end").exists()
+        return poll_exists(self._dir(attempt) / "end")
 
     def report(self, attempt: str, node_rank: int, result: AttemptEnd) -> None:
-        atomic_write_json(self._dir(attempt) / f"node{node_rank}.done.json", {"host": self.host, **result})
+        path = self._dir(attempt) / f"node{node_rank}.done.json"
+        retry_patiently(lambda: atomic_write_json(path, {"host": self.host, **result}))
 
     def reports(self, attempt: str, node_ranks: Iterable[int]) -> dict[int, AttemptEnd]:
+        """The reports found now (one that cannot be read for now is looked for again next time)."""
         found: dict[int, AttemptEnd] = {}
         for rank in node_ranks:
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                found[rank] = json.loads((self._dir(attempt) / f"node{rank}.done.json").read_text())
+            data = poll_json(self._dir(attempt) / f"node{rank}.done.json")
+            if isinstance(data, dict):
+                found[rank] = cast(AttemptEnd, data)
         return found
 
     def publish(self, attempt: str, record: DecisionRecord) -> bool:
         """The decision for ``attempt``; False when another agent decided first (theirs stands)."""
-        return create_exclusive(self._dir(attempt) / "decision.json", json.dumps(record, indent=1) + "\n")
+        path = self._dir(attempt) / "decision.json"
+        return retry_patiently(lambda: create_exclusive(path, json.dumps(record, indent=1) + "\n"))
 
     def decision(self, attempt: str) -> DecisionRecord | None:
-        try:
-            data = json.loads((self._dir(attempt) / "decision.json").read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
-            return None
+        data = poll_json(self._dir(attempt) / "decision.json")
         return cast(DecisionRecord, data) if isinstance(data, dict) else None  # as ``publish`` wrote it
 
 
@@ -305,8 +342,10 @@ def await_reports(
         if look:  # one read per silent node per beat, not per poll
             next_look = now + BEAT_S
             dead = [h for h in silent if not alloc.alive(h, now)]
-            if len(dead) == len(silent):
-                return tuple(dead), ()
+        else:  # the first evidence (a connection that ended) costs no read: every poll
+            dead = [h for h in silent if h in dead or alloc.known_dead(h)]
+        if dead and len(dead) == len(silent):
+            return tuple(dead), ()
         if over_since is not None and now - over_since >= grace_s:
             return tuple(dead), tuple(h for h in silent if h not in dead)
         poll()

@@ -16,13 +16,15 @@ from ..rundir.env import (
     JOIN_STDERR_VAR,
     NODE_NAME_VAR,
     PRELOAD_COMPILE_VAR,
+    PROGRESS_DIR_VAR,
     RUN_DIR_VAR,
 )
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
 from .allocation import Roster
-from .watchdog import flight_recorder_env
+from .hang_evidence import flight_recorder_env
+from .node_progress import prepare_local_dir
 
 
 def rank_host_environment(
@@ -78,7 +80,8 @@ def attempt_env(
     attempt: str, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, paths: RunPaths
 ) -> dict[str, str]:
     """What only this attempt's ranks see: its key, its clock, where its flight record goes."""
-    env = {ATTEMPT_VAR: attempt}
+    # The ranks' heartbeats stay on this node; its agent keeps one file per node (``node_progress``).
+    env = {ATTEMPT_VAR: attempt, PROGRESS_DIR_VAR: str(prepare_local_dir(paths.root, ctx.hostname, attempt))}
     if ctx.clock is not None:
         env.update(ctx.clock.to_env())
     if plan.backend == "nccl" and cfg.nccl.preset != "none":

@@ -97,6 +97,9 @@ class Facts:
     # attempt is treated as a filesystem failure, retried like a crash.
     read_error: str | None = None
     dead_nodes: tuple[str, ...] = ()  # training nodes whose agent is gone (no report, no heartbeat)
+    # What ended an attempt that left no outcome, in words, when it is known (the rescue: how the
+    # scheduler ended the job, an agent's own error): the failure's reason instead of a guess.
+    ended_by: str = ""
     # The node a crash is attributed to (``jobs.attribution``), what says so, and whether that
     # evidence is enough to evict it at once (GPU/ECC/Xid text, a failed check) or only a hint
     # (its ranks died first): a hinted node is evicted when it is the suspect a second time.
@@ -283,7 +286,7 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
     if facts.read_error is not None and out is None:
         return _within(
             Cause.FILESYSTEM,
-            f"the attempt's outcome could not be read: {facts.read_error}",
+            facts.ended_by or f"the attempt's outcome could not be read: {facts.read_error}",
             used=history.crash_retries,
             budget=budgets.max_failure_retries,
             what="failure retries",
@@ -292,7 +295,7 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
     if out is None or out.status == "failed":
         cause = Cause.CRASH if out is None or out.cause is None else out.cause
         error = (out.error if out is not None else None) or (
-            f"torchrun exited with {facts.returncode} and the trainer left no outcome"
+            facts.ended_by or f"torchrun exited with {facts.returncode} and the trainer left no outcome"
         )
         if cause is Cause.HANG:
             hung = Facts(out, hang=error, in_place_ok=facts.in_place_ok)

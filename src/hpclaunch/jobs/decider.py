@@ -23,6 +23,7 @@ import time
 from typing import Any
 
 from ..config import RunConfig
+from ..errors import HpclaunchError
 from ..fsutil import retry_transient
 from ..rundir import (
     CANCELLED,
@@ -47,7 +48,8 @@ from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, Allocation, DecisionReco
 from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out
 from .decide import Action, Budgets, Decision, Facts, History, decide
-from .node_checks import Verdicts
+from .fenced import Deposed, as_decision, decision_record, recorded
+from .node_checks import StartBarrier, Verdicts, Word
 from .stop_relay import StopRelay
 from .watchdog import Verdict, startup_hang
 
@@ -101,7 +103,7 @@ class Decider:
         self.lock = RunLock(paths)
         self.holder: LockHolder | None = None  # the run lock, once admitted or taken over
         self.beat_every_s = HEARTBEAT_EVERY_S
-        self._beat: Heartbeat | None = None  # the lock's heartbeat, once this agent took the role over
+        self._beat: Heartbeat | None = None  # the lock's heartbeat, while this agent holds it
         self.leads = ctx.is_head  # node 0 decides at first; the role moves (``follow``)
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
@@ -119,46 +121,105 @@ class Decider:
     # ---- the role --------------------------------------------------------------------------------
 
     def gone(self, roster: Roster, every_s: float = BEAT_S) -> bool:
-        """The deciding agent stopped beating and this agent is next in roster order (looked at once
-        per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
-        where the decider's death also breaks the ranks' collectives, once per beat otherwise)."""
+        """The deciding agent is gone and this agent is next in roster order: its connection ended
+        (``links``: the first evidence, looked at every time), or its heartbeat stopped (looked at
+        once per ``every_s``: one small read of the decider's file; ``LOOK_S`` while an attempt runs,
+        once per beat otherwise)."""
         now = time.monotonic()
-        if now < self._next_look:
-            return False
+        ahead = (
+            roster.nodes[: roster.nodes.index(self.ctx.hostname)] if self.ctx.hostname in roster.nodes else ()
+        )
+        if now < self._next_look and not any(self.alloc.known_dead(h) for h in ahead):
+            return False  # (a connection that ended is looked at every time: it costs no read)
         self._next_look = now + every_s
         return self.alloc.decider(roster) == self.ctx.hostname
 
     def follow(self, roster: Roster) -> None:
         """The roster changed: the role goes to its first live agent (a node the roster left, or a
-        dead one, hands it on; the next takes it, with the run lock)."""
+        dead one, hands it on; the next takes it, with the run lock). An agent whose turn it is
+        again after it was deposed (it stalled past the window, another took the role, and now it
+        is the first live agent again) claims the role anew: a role without the lock's epoch can
+        write nothing."""
         mine = self.alloc.decider(roster) == self.ctx.hostname
-        if mine and not self.leads:
+        if mine and (not self.leads or not self.fenced()):
             self.take_over()
         elif not mine and self.leads:
             self.leads = False
         self.relay.lead = self.leads
 
-    def take_over(self) -> None:
-        """The deciding agent is gone (or its node left the roster): this one decides from now on
-        (and holds the run's lock)."""
-        self.leads = True
-        self.relay.lead = True
+    def take_over(self) -> bool:
+        """The deciding agent is gone (or its node left the roster): this one decides from now on,
+        when it claims the run lock's next epoch from its own job (``RunLock.take_role``). False:
+        another agent claimed it first, or the lock has gone to another job; this one follows."""
+        holder = None
+        with contextlib.suppress(OSError):
+            holder = self.lock.take_role(job_id=self.ctx.job_id)
+        self.leads = self.relay.lead = holder is not None
+        if holder is None:
+            print(
+                f"hpclaunch: node {self.ctx.hostname} does not take the decider's role: another agent "
+                "claimed it first, or the run's lock has gone to another job",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False
         print(
             f"hpclaunch: node {self.ctx.hostname} decides from now on (the deciding agent is gone or "
-            "its node left the roster)",
+            f"its node left the roster; the run lock's epoch {holder.epoch})",
             file=sys.stderr,
             flush=True,
         )
-        with contextlib.suppress(OSError):
-            self.holder = self.lock.adopt(job_id=self.ctx.job_id, role="agent")
-        if self.holder is not None and self._beat is None:
-            # (node 0's agent beats the lock it was admitted with; one that takes the role over
-            # beats the lock it adopted, or the lock goes stale and another submission could take
-            # the run while this allocation still trains it)
-            self._beat = Heartbeat(self.lock, self.holder, every_s=self.beat_every_s).__enter__()
+        self.hold(holder)
+        return True
+
+    def hold(self, holder: LockHolder | None) -> None:
+        """This agent holds the run lock as ``holder`` (admitted, or the role taken over) and beats
+        it (or the lock goes stale and another submission could take the run while this allocation
+        still trains it)."""
+        self.close()
+        self.holder = holder
+        if holder is not None:
+            self._beat = Heartbeat(self.lock, holder, every_s=self.beat_every_s).__enter__()
+
+    def fenced(self) -> bool:
+        """This decider's authority still holds: no later epoch of the run lock was claimed (it was
+        not deposed while it stalled). Asked right before each write only the decider may make.
+        Always true where it holds no lock (one node under the local controller or a foreground
+        ``train``, which hold it: nobody else can decide there)."""
+        if self.holder is None:
+            return True
+        try:
+            return self.lock.holds(self.holder)
+        except OSError:
+            return True  # cannot tell now: the exclusive files still keep one decision
+
+    def step_down(self, what: str) -> None:
+        """Deposed: another agent claimed the role while this one stalled; it follows from now on."""
+        self.leads = self.relay.lead = False
+        print(
+            f"hpclaunch: node {self.ctx.hostname} was deposed as the decider (another agent took the "
+            f"role while it stalled); it does not {what} and follows",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def announce(self, barrier: StartBarrier, *, go: bool, roster: Roster, reason: str) -> Word | None:
+        """The start's word under this decider's epoch: None when it was deposed before it could say
+        it (it follows from now on); else the word that stands (``go.json`` is created exclusively:
+        a second decider's word, a deposed one's included, never replaces the first; ``Word.ours``
+        says whether it is this one's)."""
+        if not self.fenced():
+            self.step_down("announce the start")
+            return None
+        return barrier.announce(
+            go=go,
+            reason="" if go else reason,
+            roster=roster.to_json() if go else None,
+            epoch=self.holder.epoch if self.holder is not None else 0,
+        )
 
     def close(self) -> None:
-        """Stop the lock's heartbeat this agent started when it took the role over."""
+        """Stop the lock's heartbeat this agent started."""
         if self._beat is not None:
             self._beat.__exit__(None, None, None)
             self._beat = None
@@ -171,8 +232,7 @@ class Decider:
             if published is not None:
                 return published
             self.relay.handle_signals()
-            if self.gone(roster):
-                self.take_over()
+            if self.gone(roster) and self.take_over():
                 break
             time.sleep(POLL_S)
         return None
@@ -272,42 +332,90 @@ class Decider:
     # ---- one decision for the whole allocation ---------------------------------------------------
 
     def publish(self, decision: Decision, roster: Roster) -> DecisionRecord:
-        """Record the decision and tell every agent of the allocation (exactly one decision per
-        attempt: a second decider's ``publish`` fails and it follows the first)."""
-        record: DecisionRecord = {
-            "attempt": self.attempt,
-            "action": decision.action.value,
-            "cause": decision.cause.value if decision.cause else None,
-            "in_place": decision.in_place,
-            "by": self.ctx.hostname,
-        }
-        if decision.in_place:
-            record["next"] = f"{self.ctx.allocation}.{self.ctx.in_place + 1}"
-            record["roster"] = roster.replaced(decision.replace).to_json()
+        """Record the decision and tell every agent of the allocation: exactly one decision per
+        attempt (``decision.json`` is created exclusively), made under this decider's epoch. A
+        decider deposed meanwhile follows whoever decides now; one that loses the race follows the
+        decision that stands, and carries it out when its publisher was deposed (``jobs.fenced``)."""
+        epoch = self.holder.epoch if self.holder is not None else 0
+        nxt = f"{self.ctx.allocation}.{self.ctx.in_place + 1}"
+        record = decision_record(
+            decision, attempt=self.attempt, by=self.ctx.hostname, epoch=epoch, roster=roster, next_attempt=nxt
+        )
+        if not self.fenced():
+            self.step_down("publish its decision")
+            again = self.await_decision(roster)  # (None: the role came back here; decide again)
+            return again if again is not None else self.publish(decision, roster)
         if not self.alloc.publish(self.attempt, record):
-            other = self.alloc.decision(self.attempt)
-            if other is not None:
-                return other
+            other = self.wait_published()
+            if other.get("nonce") != record["nonce"]:
+                return self.follow_published(other, epoch)
         if decision.in_place:
             for bad, spare in decision.replace:
                 self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=decision.reason)
-            self.record(decision, next_attempt=record["next"], roster=record["roster"])
+            with contextlib.suppress(Deposed):  # (every agent follows it: only the record is left out)
+                self.record(decision, next_attempt=record["next"], roster=record["roster"])
             return record
         return {**record, "exit_code": self.carry_out(decision)}
 
-    def carry_out(self, decision: Decision) -> int:
-        """Do what ``decision`` says through the scheduler; record it; the agent's exit code."""
-        return carry_out(
-            decision,
-            scheduler=self.scheduler,
-            plan=self.plan,
-            paths=self.paths,
-            ctx=self.ctx,
-            ledger=self.ledger,
-            recheck=self.unless_cancelled_meanwhile,
-            record=self.record,
-            release=self.release_lock,
+    def wait_published(self) -> DecisionRecord:
+        """The decision that stands on this attempt (it exists: this decider's publication lost to
+        it), once it can be read."""
+        while (published := self.alloc.decision(self.attempt)) is None:
+            time.sleep(POLL_S)
+        return published
+
+    def follow_published(self, published: DecisionRecord, epoch: int) -> DecisionRecord:
+        """Another decider's decision stands. When it was made under an older epoch than this
+        decider's (its publisher stalled and was deposed before it carried it out) and goes through
+        the scheduler, this decider carries it out (``complete``); else it follows."""
+        theirs = int(published.get("epoch") or 0)
+        if theirs > epoch:
+            self.step_down("decide this attempt")  # (its decider claimed the role after this one)
+        if published.get("in_place") or theirs >= epoch or not self.fenced():
+            return published
+        return {**published, "exit_code": self.complete(published)}
+
+    def complete(self, published: DecisionRecord) -> int:
+        """Carry out a decision that its deposed decider published but did not carry out; when the
+        ledger records it carried out already, only the lock's hand-over is left (to the job that
+        the record names)."""
+        decision = as_decision(published)
+        done = recorded(self.ledger.events(), self.attempt)
+        print(
+            f"hpclaunch: node {self.ctx.hostname} completes the decision of {published['by']} "
+            f"(deposed): {decision.action.value}, {'handing the lock on' if done else 'carrying it out'}",
+            file=sys.stderr,
+            flush=True,
         )
+        if done is None:
+            return self.carry_out(decision)
+        job = done.get("job_id") if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None
+        self.release_lock(str(job) if job else None)
+        return 0
+
+    def carry_out(self, decision: Decision) -> int:
+        """Do what ``decision`` says through the scheduler; record it; the agent's exit code. A
+        decider deposed on the way stops there: it records nothing more, withdraws a job its last
+        scheduler call made, and leaves the run to the decider that deposed it."""
+        try:
+            return carry_out(
+                decision,
+                scheduler=self.scheduler,
+                plan=self.plan,
+                paths=self.paths,
+                ctx=self.ctx,
+                ledger=self.ledger,
+                recheck=self.unless_cancelled_meanwhile,
+                record=self.record,
+                release=self.release_lock,
+            )
+        except Deposed as e:
+            self.step_down(e.what)
+            if e.job_id and e.job_id != self.ctx.job_id:
+                with contextlib.suppress(HpclaunchError, OSError):
+                    self.scheduler.cancel(self.paths, e.job_id)
+                    print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
+            return 0
 
     def record(
         self,
@@ -332,6 +440,8 @@ class Decider:
             note=note,
         )
         fields.update(extra)
+        if not self.fenced():
+            raise Deposed(f"record {decision.action.value}", job_id)
         written = ledger or self.ledger
         written.append(decision.event, **fields)
         line = f"hpclaunch: {decision.action.value}: {decision.reason}"
@@ -348,15 +458,25 @@ class Decider:
         """Hand the lock to the job that continues the run, or release it when the run stops here."""
         if self.holder is None:
             return
+        handed = True
         with contextlib.suppress(OSError):
             if next_job is not None and next_job != "":
-                self.lock.hand_over(self.holder, next_job)
+                handed = self.lock.hand_over(self.holder, next_job)
             else:
                 self.lock.release(self.holder)
+        if not handed:
+            print(
+                f"hpclaunch: the run lock was not handed to job {next_job}: it is not this agent's any "
+                "more (that job adopted it, or another agent took the decider's role)",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def unless_cancelled_meanwhile(self, decision: Decision) -> Decision:
         """The decision again right before the scheduler is asked: the SIGTERM of a cancellation
         (scancel, qdel) is read again here, and so is the ledger (``hpclaunch cancel``)."""
+        if not self.fenced():
+            raise Deposed(f"{decision.action.value} through the scheduler")
         if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
             return decision
         if self.cfg.testing.pause_before_continue_s:

@@ -20,22 +20,28 @@ some nodes only (a missing mount), those nodes are the problem.
 
 from __future__ import annotations
 
-import contextlib
 import json
+import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from ..config import RunConfig
-from ..fsutil import atomic_write_json
+from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_patiently
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
 from ..schedulers.base import NodeContext
+from .allocation import START_GRACE_S
 
-GATHER_TIMEOUT_S = 180.0  # how long node 0 waits for every node's verdict
+GATHER_TIMEOUT_S = START_GRACE_S  # how long the decider waits for every node's verdict (one window)
+# How long one node's checks may take in all (HPCLAUNCH_NODE_CHECKS_S: tests make a stuck one short).
+CHECKS_DEADLINE_S = float(os.environ.get("HPCLAUNCH_NODE_CHECKS_S") or 120.0)
+T = TypeVar("T")
 POLL_S = 0.2
 LOOK_S = 1.0  # how often the gather looks at a silent node's heartbeat
 
@@ -75,7 +81,17 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
     # No probe at all: the disk check sizes checkpoints by formula and the GPU check counts GPUs
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")
-    report = run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe)
+    report = within_deadline(
+        lambda: run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe), CHECKS_DEADLINE_S
+    )
+    if report is None:
+        finding = (
+            f"the node checks did not finish within {CHECKS_DEADLINE_S:.0f} s (a stuck filesystem or driver)"
+        )
+        print(f"hpclaunch: node {ctx.hostname} failed its checks: {finding}", file=sys.stderr, flush=True)
+        return NodeVerdict(ctx.node_rank, ctx.hostname, False, "deadline", finding), [
+            {"name": "deadline", "status": "fail", "finding": finding}
+        ]
     rows: list[CheckRow] = [
         {"name": c.name, "status": c.status.value, "finding": c.finding} for c in report.checks
     ]
@@ -89,6 +105,31 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
         flush=True,
     )
     return NodeVerdict(ctx.node_rank, ctx.hostname, False, first.name, first.finding), rows
+
+
+def within_deadline(work: Callable[[], T], deadline_s: float) -> T | None:
+    """``work()``'s answer, or None when it has none within ``deadline_s``. Every command a check
+    starts has its own deadline (``proc``), but a check can also block in the kernel (``statvfs`` of
+    a hung mount, a driver's sysfs file): it runs in a daemon thread that is left behind, and the
+    node counts as failed, so a spare takes its place instead of the allocation waiting."""
+    answer: list[T] = []
+    failed: list[BaseException] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            answer.append(work())
+        except BaseException as e:  # raised again in the caller's thread
+            failed.append(e)
+        finally:
+            done.set()
+
+    threading.Thread(target=target, name="hpclaunch-node-checks", daemon=True).start()
+    if not done.wait(deadline_s):
+        return None
+    if failed:
+        raise failed[0]
+    return answer[0]
 
 
 def _forced_failure(cfg: RunConfig, ctx: NodeContext) -> NodeVerdict | None:
@@ -110,6 +151,7 @@ class Word:
     reason: str = ""
     roster: RosterJSON | None = None
     take_over: bool = False
+    ours: bool = False  # (the decider's ``announce``) this word is the one it created
 
 
 @dataclass(frozen=True)
@@ -148,7 +190,7 @@ class StartBarrier:
         return self.dir / f"node{rank}.json"
 
     def report(self, verdict: NodeVerdict) -> None:
-        atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict))
+        retry_patiently(lambda: atomic_write_json(self._node_file(verdict.node_rank), asdict(verdict)))
 
     def gather(
         self,
@@ -190,9 +232,24 @@ class StartBarrier:
             [found.get(r) or dead.get(r) or NodeVerdict.missing(r, h, waited) for r, h in nodes.items()]
         )
 
-    def announce(self, *, go: bool, reason: str = "", roster: RosterJSON | None = None) -> None:
-        """The decider's word to every node: go or not, and who trains (the roster) when it goes."""
-        atomic_write_json(self.dir / "go.json", {"go": go, "reason": reason, "roster": roster})
+    def announce(
+        self, *, go: bool, reason: str = "", roster: RosterJSON | None = None, epoch: int = 0
+    ) -> Word:
+        """The decider's word to every node: go or not, and who trains (the roster) when it goes;
+        made with the run lock's ``epoch`` its decider holds. Created exclusively: when a word stands
+        already (another decider's, one deposed meanwhile included), that one is returned and holds
+        for every node (``Word.ours`` false): two rosters can never be announced."""
+        word = {"go": go, "reason": reason, "roster": roster, "epoch": epoch}
+        text = json.dumps(word, indent=2, sort_keys=True) + "\n"
+        if retry_patiently(lambda: create_exclusive(self.dir / "go.json", text)):
+            return Word(go, reason, roster, ours=True)
+        while (data := poll_json(self.dir / "go.json")) is None:
+            time.sleep(POLL_S)
+        return self._word(data)
+
+    @staticmethod
+    def _word(data: Any) -> Word:
+        return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
 
     def wait_go(self, *, timeout_s: float, take_over: Callable[[], bool] | None = None) -> Word:
         """A waiting node: the decider's word; ``take_over()`` true (the decider is gone and this node
@@ -200,17 +257,17 @@ class StartBarrier:
         a stop."""
         deadline = self.clock() + timeout_s
         while self.clock() < deadline:
-            with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
-                data = json.loads((self.dir / "go.json").read_text())
-                return Word(bool(data.get("go")), str(data.get("reason") or ""), data.get("roster"))
+            data = poll_json(self.dir / "go.json")
+            if isinstance(data, dict):
+                return self._word(data)
             if take_over is not None and take_over():
                 return Word(False, take_over=True)
             time.sleep(POLL_S)
         return Word(False, f"the deciding node gave no word within {timeout_s:.0f} s")
 
     def _read(self, rank: int) -> NodeVerdict | None:
+        data = poll_json(self._node_file(rank))
         try:
-            data = json.loads(self._node_file(rank).read_text())
-            return NodeVerdict(**data)
-        except (FileNotFoundError, json.JSONDecodeError, TypeError):
+            return NodeVerdict(**data) if isinstance(data, dict) else None
+        except TypeError:
             return None

@@ -2,18 +2,27 @@
 run without a person (``python -m hpclaunch.jobs.rescue RUN_DIR JOB_ID``; torch-free).
 
 The scheduler starts it only when ``JOB_ID`` ended in a failed state (``schedulers.rescue``). It
-reads the ledger: when the latest attempt of that job has a decision (an agent decided, or took
-over when node 0's agent died), or the run has ended, it does nothing and says so. Otherwise the
-job's batch host took the job with it (its batch script died: the OOM killer, the node's death):
-the attempt is decided here, once, by ``decide`` like any other, as the node failure of the batch
-host (and of any host whose agent fell silent well before the others), within
-``max_node_excludes``, and the continuation is submitted without that node: held, so that the run's
-lock (the dead job's) is handed to it and the attempt is recorded decided before it can start, and
-with its own rescue. A user's pending stop or a cancellation ends the run instead, as the agent
-would have.
+reads the ledger: when the latest attempt of that job has a decision recorded, or the run has
+ended, it does nothing and says so. When an agent published a decision (``decision.json``) and died
+carrying it out, the rescue carries that decision out. Otherwise it decides the attempt itself,
+with ``decide`` like any agent, from what it can know: the trainer's outcome (a run that finished
+just before the job died is finished), how the scheduler ended the job (a time limit, a deadline
+or a preemption is not the batch host's fault: the run continues as that stop; OUT_OF_MEMORY is the
+run's memory, a crash), an agent that recorded the error it left on (a filesystem error on the
+batch host is not its node's death), a user's pending stop or a cancellation; and only when none
+of these explains it, the batch host's node failure (and that of any host whose agent fell silent
+well before the others), within ``max_node_excludes``.
 
-The pure part, ``find``, is a function of the ledger's events, the agents' last heartbeats and the
-scheduler's word for the job; ``tests/unit/test_rescue.py`` holds its rows.
+The rescue's decision is published like an agent's (``decision.json``, created exclusively: an
+agent's decision published meanwhile wins, and is the one carried out) and the lock taken from the
+dead job claims its next epoch (``rundir.lock``). The continuation is submitted held, so that the
+run's lock is handed to it and the attempt recorded decided before it can start, with its own
+rescue; its release is tried a bounded number of times, and a continuation that cannot be released
+is withdrawn and the run left resumable, saying why (never a held job that nothing starts).
+
+The pure part, ``find``, is a function of the ledger's events, the agents' last heartbeats, the
+scheduler's word for the job, the trainer's outcome and a published decision;
+``tests/unit/test_rescue.py`` holds its rows.
 """
 
 from __future__ import annotations
@@ -22,15 +31,18 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ..errors import HpclaunchError
+from ..fsutil import create_exclusive, poll_json, retry_transient
 from ..rundir import (
     NODE_EXCLUDED,
     RESCUE,
+    AttemptOutcome,
     Ledger,
     LockHolder,
     RunLock,
@@ -38,17 +50,22 @@ from ..rundir import (
     read_events,
     read_plan,
 )
+from ..rundir.cause import Cause
 from ..rundir.control import take_user_stop
-from ..rundir.events import Cancelled, Event, Started, of_kind
+from ..rundir.events import AgentError, Cancelled, Event, Started, of_kind
 from ..rundir.lock import liveness
+from ..rundir.outcome import attempt_outcome
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue import leave_rescue, withdraw_rescues
-from .decide import Action, Budgets, Decision, Facts, History, decide, unended_attempt
+from .allocation import DecisionRecord, Roster
+from .decide import RESUMABLE, Action, Budgets, Decision, Facts, History, decide, unended_attempt
+from .fenced import as_decision, decision_record
 
 # An agent whose heartbeat stopped this long before the allocation's last one was gone before the
 # scheduler ended the job (its node died first); the others were ended with the job.
 GONE_BEFORE_S = 5.0
 SELF_VARS = ("SLURM_JOB_ID", "PBS_JOBID")
+RELEASE_PAUSES_S = (2.0, 5.0, 10.0, 20.0)  # between the tries of the continuation's release
 
 
 @dataclass(frozen=True)
@@ -104,6 +121,12 @@ def reported_hosts(paths: RunPaths, attempt: str) -> set[str]:
     return hosts
 
 
+# How the scheduler says a job ended that is no fault of the batch host: the attempt was stopped
+# (its time limit, its deadline, a preemption) before its agents could decide.
+STOPPED_BY_SCHEDULER = {"TIMEOUT": Cause.TIMEOUT, "DEADLINE": Cause.TIMEOUT, "PREEMPTED": Cause.PREEMPTION}
+OUT_OF_MEMORY = "OUT_OF_MEMORY"
+
+
 def find(
     events: Sequence[Event],
     job_id: str,
@@ -114,10 +137,13 @@ def find(
     scheduler_word: str = "",
     user_stop: bool = False,
     continue_requested: bool = False,
+    outcome: AttemptOutcome | None = None,
+    published: DecisionRecord | None = None,
 ) -> Finding:
     """The rescue's decision (pure). ``beats``: each host's last agent heartbeat (mtime) in the
     job's latest allocation; ``reported``: the hosts whose agents reported the attempt;
-    ``scheduler_word``: how the scheduler says the job ended."""
+    ``scheduler_word``: how the scheduler says the job ended; ``outcome``: the trainer's, if it
+    wrote one; ``published``: the decision an agent published on the attempt, if one did."""
     attempts = job_attempts(events, job_id)
     if not attempts:
         return Finding(f"job {job_id} ended before any of its agents started; nothing to decide")
@@ -127,23 +153,73 @@ def find(
         return Finding(f"attempt {attempt} of job {job_id} was decided; nothing to do", attempt)
     if history.ended is not None:
         return Finding(f"the run has already ended ({history.ended}); nothing to do", attempt)
-    started = min((float(e.ts or 0) for e in events if e.attempt == attempt), default=0.0)
-    cancelled = scheduler_word.upper().startswith("CANCEL") or any(
-        float(e.ts or 0) >= started for e in of_kind(events, Cancelled)
-    )
-    gone = gone_hosts(hosts_of(events, attempt), beats, reported)
-    ended = f" ({scheduler_word})" if scheduler_word else ""
-    why = f"the batch host: its job processes died and the scheduler ended job {job_id}{ended} undecided"
-    problems = {gone[0]: why} if gone else {}
-    facts = Facts(
-        outcome=None,
-        cancelled=cancelled,
+    if published is not None and not published.get("in_place"):
+        # Its decider died carrying it out: the decision stands, the rescue finishes what it began.
+        decision = as_decision(published)
+        return Finding("", attempt, decision, decision.exclude if decision.action is Action.EXCLUDE else ())
+    facts = rescue_facts(
+        events,
+        attempt,
+        job_id,
+        beats=beats,
+        reported=reported,
+        scheduler_word=scheduler_word,
+        outcome=outcome,
         user_stop=user_stop,
         continue_requested=continue_requested,
-        dead_nodes=gone,
-        node_problems=problems,
     )
-    return Finding("", attempt, decide(facts, history, budgets, can_exclude_nodes=True), gone)
+    return Finding("", attempt, decide(facts, history, budgets, can_exclude_nodes=True), facts.dead_nodes)
+
+
+def rescue_facts(
+    events: Sequence[Event],
+    attempt: str,
+    job_id: str,
+    *,
+    beats: Mapping[str, float],
+    reported: Iterable[str],
+    scheduler_word: str,
+    outcome: AttemptOutcome | None,
+    user_stop: bool,
+    continue_requested: bool,
+) -> Facts:
+    """What the rescue knows of an attempt nobody decided, as the facts an agent would gather."""
+    started = min((float(e.ts or 0) for e in events if e.attempt == attempt), default=0.0)
+    word = scheduler_word.split()[0].upper() if scheduler_word.strip() else ""
+    cancelled = word.startswith("CANCEL") or any(
+        float(e.ts or 0) >= started for e in of_kind(events, Cancelled)
+    )
+    ended = f" ({scheduler_word})" if scheduler_word else ""
+
+    def facts(**fields: Any) -> Facts:
+        return Facts(
+            outcome=outcome,
+            cancelled=cancelled,
+            user_stop=user_stop,
+            continue_requested=continue_requested,
+            **fields,
+        )
+
+    stopped = STOPPED_BY_SCHEDULER.get(word)
+    if stopped is not None:
+        return facts(interrupted=stopped, ended_by=f"the scheduler ended job {job_id}{ended}")
+    if word == OUT_OF_MEMORY:
+        return facts(
+            ended_by=f"the scheduler ended job {job_id} {OUT_OF_MEMORY}: a process of the job used more "
+            "memory than the job asked for (scheduler.mem_gb)"
+        )
+    hosts = hosts_of(events, attempt)
+    gone = gone_hosts(hosts, beats, reported)
+    errors = {e.host: e for e in of_kind(events, AgentError) if e.attempt == attempt and e.host}
+    left = errors.get(hosts[0]) if hosts else None
+    if left is not None:
+        # The batch host's agent left on an error of its own (a filesystem error that outlasted its
+        # retries): its node did not die and is not excluded; only hosts silent before it are.
+        why = f"the agent on {hosts[0]} (the batch host) left: {left.error}; the scheduler ended job {job_id}{ended}"
+        failure = left.error or "an agent error" if left.errno else None
+        return facts(read_error=failure, dead_nodes=gone[1:], ended_by=why)
+    why = f"the batch host: its job processes died and the scheduler ended job {job_id}{ended} undecided"
+    return facts(dead_nodes=gone, node_problems={gone[0]: why} if gone else {})
 
 
 def last_beats(paths: RunPaths, allocation: str) -> dict[str, float]:
@@ -179,11 +255,8 @@ class Rescue:
         events = read_events(self.paths).events
         word = self.word = self._scheduler_word()
         attempts = job_attempts(events, self.job_id)
-        user = (
-            take_user_stop(self.paths, attempts[-1])
-            if attempts and self._undecided(events, attempts[-1])
-            else None
-        )
+        undecided = bool(attempts) and self._undecided(events, attempts[-1])
+        user = take_user_stop(self.paths, attempts[-1]) if undecided else None
         finding = find(
             events,
             self.job_id,
@@ -193,6 +266,8 @@ class Rescue:
             scheduler_word=word,
             user_stop=user is not None,
             continue_requested=user is not None and user.continue_,
+            outcome=self._outcome(attempts[-1]) if undecided else None,
+            published=self._published(attempts[-1]) if undecided else None,
         )
         ledger = Ledger(self.paths, role="rescue", attempt=finding.attempt)
         if finding.decision is None:
@@ -204,7 +279,35 @@ class Rescue:
             ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=held)
             say(held)
             return 0
-        return self._carry_out(finding, held, ledger)
+        return self._carry_out(self._publish(finding, held), held, ledger)
+
+    def _outcome(self, attempt: str) -> AttemptOutcome | None:
+        """The trainer's outcome of ``attempt``, read again while the filesystem says "not now"."""
+        try:
+            return retry_transient(lambda: attempt_outcome(self.paths, attempt))
+        except OSError:
+            return None
+
+    def _published(self, attempt: str) -> DecisionRecord | None:
+        data = poll_json(self.paths.attempt_dir(attempt) / "decision.json", attempts=5)
+        return cast(DecisionRecord, data) if isinstance(data, dict) else None
+
+    def _publish(self, finding: Finding, holder: LockHolder) -> Finding:
+        """The rescue's decision, published as an agent's is (exclusively): when an agent's decision
+        was published meanwhile, that one stands and is the one carried out."""
+        decision, attempt = finding.decision, finding.attempt
+        assert decision is not None and attempt is not None
+        record = decision_record(
+            decision, attempt=attempt, by="rescue", epoch=holder.epoch, roster=Roster(()), next_attempt=""
+        )
+        folder = self.paths.attempt_dir(attempt)
+        if create_exclusive(folder / "decision.json", json.dumps(record, indent=1) + "\n"):
+            return finding
+        standing = self._published(attempt)
+        if standing is None or standing.get("in_place") or standing.get("nonce") == record["nonce"]:
+            return finding
+        theirs = as_decision(standing)
+        return Finding("", attempt, theirs, theirs.exclude if theirs.action is Action.EXCLUDE else ())
 
     def _undecided(self, events: Sequence[Event], attempt: str) -> bool:
         return unended_attempt(events, current="") == attempt
@@ -234,18 +337,20 @@ class Rescue:
     def _carry_out(self, finding: Finding, holder: LockHolder, ledger: Ledger) -> int:
         decision = finding.decision
         assert decision is not None
-        if decision.action is not Action.EXCLUDE:  # a cancellation, a user's stop, the budget spent
+        if decision.action not in (Action.EXCLUDE, Action.CONTINUE):  # an end: cancel, stop, budget spent
             record(ledger, decision, job_id=self.job_id)
             self.lock.release(holder)
-            return 0 if decision.action is Action.END else 1
+            return 0 if decision.action in (Action.END, Action.FINISH) else 1
         note = ""
         can_exclude = self.plan.scheduler == "slurm" or self.plan.pbs_dialect == "pro"
-        if not can_exclude:
+        avoid = list(decision.exclude) if decision.action is Action.EXCLUDE else []
+        if avoid and not can_exclude:
             note = f"{self.plan.scheduler} ({self.plan.pbs_dialect}) cannot keep a continuation off a node: it may run there again"
-        ledger.append(NODE_EXCLUDED, nodes=list(finding.gone), reason=decision.reason, by="rescue")
+        if avoid:
+            ledger.append(NODE_EXCLUDED, nodes=list(finding.gone), reason=decision.reason, by="rescue")
         try:
             plan, new_job = self.scheduler.continuation_held(
-                self.plan, self.paths, list(decision.exclude) if can_exclude else []
+                self.plan, self.paths, avoid if can_exclude else []
             )
             leave_rescue(self.scheduler, plan, self.paths, new_job, role="rescue")
         except HpclaunchError as e:
@@ -267,9 +372,43 @@ class Rescue:
             job_ended=self.word,
             rescue_job=self.own,
         )
-        self.lock.hand_over(holder, new_job)
-        self.scheduler.release(self.paths, new_job)
+        if not self.lock.hand_over(holder, new_job):
+            # Another writer took the run meanwhile (a resubmission): it is theirs now.
+            with contextlib.suppress(HpclaunchError, OSError):
+                self.scheduler.cancel(self.paths, new_job)
+            why = f"the run was taken by another writer meanwhile; its continuation (job {new_job}) withdrawn"
+            ledger.append(RESCUE, job_id=self.job_id, action="withdrawn", reason=why)
+            say(why)
+            return 1
+        error = self._release(new_job)
+        if error is not None:
+            self.lock.release(RunLock(self.paths).read())
+            return self._give_up(ledger, decision, new_job, f"it could not be released ({error})")
         return 0
+
+    def _release(self, job: str) -> str | None:
+        """Release the held continuation, tried again a few times (a scheduler's brief outage): the
+        last error in one line, or None."""
+        error = None
+        for pause in (*RELEASE_PAUSES_S, None):
+            try:
+                self.scheduler.release(self.paths, job)
+                return None
+            except HpclaunchError as e:
+                error = e.one_line()
+                say(f"releasing job {job} failed: {error}")
+            if pause is not None:
+                time.sleep(pause)
+        return error
+
+    def _give_up(self, ledger: Ledger, decision: Decision, job: str, why: str) -> int:
+        """The continuation cannot start: it is withdrawn and the run ends here, resumable, saying
+        why (a held job that nothing would ever release strands the run)."""
+        with contextlib.suppress(HpclaunchError, OSError):
+            self.scheduler.cancel(self.paths, job)
+        reason = f"{decision.reason}; the continuation (job {job}) was withdrawn: {why}; {RESUMABLE}"
+        record(ledger, Decision(Action.FAIL, decision.cause, reason), job_id=self.job_id)
+        return 1
 
 
 def record(ledger: Ledger, decision: Decision, *, job_id: str, note: str = "", **extra: Any) -> None:

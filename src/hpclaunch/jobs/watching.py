@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from ..config import RunConfig
 from ..rundir import JobPlan, Ledger, RunPaths
+from ..rundir.progress import local_progress_dir
 from ..schedulers.base import NodeContext
 from .allocation import LOOK_S, Allocation, Roster, node_ranks
 from .decider import Decider
@@ -57,9 +58,15 @@ class AttemptWatch:
                 ledger=ledger,
                 smoke_timeout_s=float(cfg.preflight.smoke_timeout_s),
                 lead=decider.leads,
+                local_dir=local_progress_dir(paths.root, ctx.hostname, ctx.attempt),
+                local_ranks=plan.torchrun.nproc_per_node if ctx.hostname in roster.training else 0,
+                alone=roster.training == (ctx.hostname,),
             )
             self.watchdog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
+        # The first evidence of a death (``links``): the decider holds a connection to every node
+        # it waits for, the others one to the decider.
+        alloc.watch(roster.training if decider.leads else roster.nodes[:1])
 
     def poll(self, pids: Callable[[], list[int]]) -> None:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's

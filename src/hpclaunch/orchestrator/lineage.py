@@ -9,7 +9,16 @@ from pathlib import Path
 from typing import Any
 
 from ..rundir import Event, RunPaths, of_kind, read_events
-from ..rundir.chain import SettleFailures, Settlement, failures, followers, predecessor, settlement, verdict
+from ..rundir.chain import (
+    MAX_PASSES,
+    SettleFailures,
+    Settlement,
+    failures,
+    followers,
+    predecessor,
+    settlement,
+    verdict,
+)
 from ..rundir.events import Initialized
 
 
@@ -20,7 +29,7 @@ class ChainPredecessor:
     run: str
     state: str
     job_id: str | None
-    outcome: str  # waiting | retrying | released | cancelled
+    outcome: str  # waiting | retrying | blocked | released | cancelled
     reason: str | None
 
 
@@ -100,9 +109,16 @@ def chain_view(paths: RunPaths) -> ChainView | None:
 
 def _outcome(settled: Settlement | None, failed: SettleFailures | None = None) -> str:
     if settled is None:
-        # A release or cancel that failed is retried by the next status of either run.
-        return "retrying" if failed is not None else "waiting"
+        # A release or cancel that failed: tried again by a later pass (never by status), up to
+        # MAX_PASSES; then blocked, for a person to release.
+        if failed is None:
+            return "waiting"
+        return "retrying" if failed.tries < MAX_PASSES else "blocked"
     return "released" if settled.action == "release" else "cancelled"
+
+
+def _by_hand(job_id: str | None) -> str:
+    return f"release job {job_id} by hand (scontrol release {job_id}; PBS: qrls {job_id})"
 
 
 def _reason(settled: Settlement | None, failed: SettleFailures | None) -> str | None:
@@ -135,8 +151,13 @@ def describe_chain(chain: ChainView | None) -> list[str]:
     if after:
         if after.outcome == "waiting":
             lines.append(f"chain: waits for {after.run} ({after.state}): starts when it finishes")
-        elif after.outcome == "retrying":
-            lines.append(f"chain: after {after.run}: {after.reason}; tried again at the next status")
+        elif after.outcome in ("retrying", "blocked"):
+            again = (
+                "tried again by the next cancel or submit --after, or " if after.outcome == "retrying" else ""
+            )
+            lines.append(
+                f"chain: after {after.run}: {after.reason}; still held: {again}{_by_hand(after.job_id)}"
+            )
         elif after.outcome == "released":
             lines.append(f"chain: after {after.run}: released ({after.reason})")
         else:
@@ -146,7 +167,8 @@ def describe_chain(chain: ChainView | None) -> list[str]:
             "waiting": "waits for this run",
             "released": "released",
             "cancelled": "cancelled",
-            "retrying": "still held, tried again at the next status",
+            "retrying": "still held, tried again by the next cancel or submit --after",
+            "blocked": f"still held: {_by_hand(n.job_id)}",
         }[n.outcome]
         why = f" ({n.reason})" if n.reason and n.outcome != "waiting" else ""
         lines.append(f"chain: next {n.run} (job {n.job_id}): {what}{why}")

@@ -9,17 +9,13 @@ from pathlib import Path
 
 from ..rundir import Event, RunPaths, read_events
 from ..rundir.metrics import MetricsLine, read_metrics
-from ..rundir.progress import ProgressRecord, progress_file
+from ..rundir.progress import ProgressRecord, read_progress
 from .accounting import RunTime, account, attempt_keys
 
 
 def read_rank0_progress(paths: RunPaths, attempt: str) -> ProgressRecord | None:
-    """Rank 0's last progress record of ``attempt`` (written about once a second by the trainer)."""
-    try:
-        data = json.loads(progress_file(paths, attempt, 0).read_text())
-        return ProgressRecord.from_json(data) if isinstance(data, dict) else None
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
+    """Rank 0's last progress record of ``attempt`` (its node agent's file, or its own)."""
+    return read_progress(paths, attempt).get(0)
 
 
 def time_limit_of(paths: RunPaths) -> float | None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import proc
 from ..config import RunConfig
 from ..schedulers.base import NodeContext
 from .probe import Probe, ProbeAnswer, ProbeError, StaticProbe
@@ -50,13 +51,12 @@ RunCommand = Callable[[Sequence[str], float], "CommandResult | None"]
 
 
 def run_command(argv: Sequence[str], timeout: float) -> CommandResult | None:
-    """Run a tool; None when it is not installed, returncode 124 when it timed out."""
+    """Run a tool; None when it is not installed, returncode 124 when it timed out (its whole process
+    group killed: a stuck ``nvidia-smi`` never holds the node checks past ``timeout``, ``proc``)."""
     if shutil.which(argv[0]) is None:
         return None
     try:
-        p = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL
-        )
+        p = proc.run(argv, timeout=timeout)
     except subprocess.TimeoutExpired:
         return CommandResult(124, "", f"{argv[0]} did not answer within {timeout:g} s")
     except OSError as e:

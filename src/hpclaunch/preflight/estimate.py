@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Literal, TypedDict
 
+from .. import proc
 from ..config import RunConfig
 from ..estimate import EstimateJSON, Measured, Progress, estimate
 from .probe import StepMeasure, StepRequest, job_python
@@ -61,14 +62,7 @@ def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> StepMeasure
     request = json.dumps(step_request(cfg))
     try:
         # -c, not the path: the script's directory would go first on sys.path (see probe.py).
-        out = subprocess.run(
-            [python, "-c", _SCRIPT.read_text()],
-            input=request,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            env=env,
-        )
+        out = proc.run([python, "-c", _SCRIPT.read_text()], input=request, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"the measured steps took longer than {timeout_s:.0f} s"}
     except OSError as e:

@@ -19,10 +19,11 @@ first *claims* it by creating ``settled-<job>.json`` with ``link()`` (atomic and
 too), and only the one that created it releases or cancels the job. So a release happens exactly
 once, however many of them race. ``schedulers.chain`` carries the verdict out.
 
-A scheduler call that fails (an ``scontrol release`` that times out) gives the claim back
-(``give_back``: ``failed-<job>.json`` counts the tries, then the claim file goes), so a later pass
-(the next ``status`` of either run, another agent) claims it again once its backoff has passed
-(``retry_due``): a stage 2 is never left held for good by one failed call.
+A scheduler call that fails (an ``scontrol release`` that times out, after the pass's own retries)
+gives the claim back (``give_back``: ``failed-<job>.json`` counts the failed passes, then the claim
+file goes), so a later pass (the next ``cancel`` or ``submit --after``) claims it again once its
+backoff has passed (``retry_due``), at most ``MAX_PASSES`` times in all: after that the chain says
+how to release the job by hand, and nothing calls the scheduler for it again.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ def claim(follower: Follower, v: Verdict, *, by: str) -> bool:
 
 RETRY_BACKOFF_S = 30.0  # the first retry after this, then twice as long each time
 RETRY_BACKOFF_MAX_S = 600.0
+MAX_PASSES = 3  # failed passes (each with its own tries) before nobody tries again
 
 
 def failed_file(paths: RunPaths, job_id: str) -> Path:
@@ -213,6 +215,8 @@ def retry_due(paths: RunPaths, job_id: str, *, now: float | None = None) -> bool
     failed = failures(paths, job_id)
     if failed is None:
         return True
+    if failed.tries >= MAX_PASSES:
+        return False  # given up: the chain says how to release it by hand
     tries = max(1, failed.tries or 1)
     wait = min(RETRY_BACKOFF_MAX_S, RETRY_BACKOFF_S * 2 ** (tries - 1))
     return (now if now is not None else time.time()) >= failed.ts + wait

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, TypedDict, TypeVar
 
 from .attempt_records import RosterJSON
 from .kinds import (
+    AGENT_ERROR,
     CANCELLED,
     CHAIN_BLOCKED,
     CHAIN_RELEASED,
@@ -353,6 +354,13 @@ class Rescue(Event):
     job_ended: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class AgentError(Event):
+    KIND = AGENT_ERROR
+    error: str | None = None
+    errno: str | None = None  # ESTALE, EIO, ...: a filesystem error that outlasted its retries
+
+
 # ---- the trainer's rank 0 -----------------------------------------------------------------------
 
 
@@ -535,6 +543,7 @@ KINDS: dict[str, type[Event]] = {
         Ended,
         Held,
         Rescue,
+        AgentError,
         Resumed,
         Initialized,
         CheckpointSaved,

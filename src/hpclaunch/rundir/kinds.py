@@ -42,6 +42,7 @@ RESCUE_SUBMITTED = "rescue_submitted"  # a rescue job left behind a job of the r
 RESCUE_NOT_SUBMITTED = "rescue_not_submitted"  # the scheduler refused the rescue job: nothing watches
 RESCUE = "rescue"  # the rescue job ran: what it found (an undecided attempt, or nothing to do)
 RESCUE_CANCELLED = "rescue_cancelled"  # the run ended for good: its waiting rescue jobs withdrawn
+AGENT_ERROR = "agent_error"  # an agent left on an error that is not the run's (jobs.agent_exit)
 
 # Events that end a run (until `submit --resume` starts it again).
 RUN_ENDS = (FINISHED, FAILED, CANCELLED, ENDED, HELD, SUBMIT_FAILED)

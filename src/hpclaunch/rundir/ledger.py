@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..fsutil import retry_transient
 from .events import Event, parse_event
 from .kinds import SUBMIT_FAILED, SUBMITTED, SUBMITTING
 from .paths import RunPaths
@@ -92,7 +93,7 @@ class Ledger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write() per line, to a file no other process writes: a reader sees whole lines or,
         # if this process dies mid-write, one torn last line that read_events reports.
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = retry_transient(lambda: os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
         try:
             os.write(fd, data)
         finally:
@@ -145,7 +146,9 @@ def read_events(paths: RunPaths) -> EventLog:
 
 def _read_lines(path: Path) -> Iterable[tuple[int, dict[str, Any] | None, str | None]]:
     try:
-        text = path.read_text(errors="replace")
+        # (read again while the filesystem says "not now": a writer's file missing from the merge
+        # would undercount the budgets that the decider reads from it)
+        text = retry_transient(lambda: path.read_text(errors="replace"))
     except OSError as e:
         yield 0, None, f"cannot read ({e.strerror})"
         return

@@ -17,20 +17,27 @@ A lock file that cannot be parsed (written by something else, truncated) has no 
 trust: its modification time stands in, so it goes stale like any silent holder instead of
 blocking the run forever. One that cannot be *read* now (EIO, ESTALE) is read again.
 
-Works on shared filesystems: the lock file is created by ``link()`` of a fully written temporary
-file (atomic, and it fails when the lock exists, over NFS too). A stale lock is taken over by one
-contender only: each contender first creates ``lock.json.takeover-<fingerprint of the stale
-holder>`` the same way; only the one whose link succeeds replaces the lock, the others find the
-winner's fresh lock when they read again. Updates replace the file atomically.
+Authority is fenced by an epoch. Every change of holder (a first acquisition, a takeover of a
+stale holder, a job's adoption of the lock its submission made, an agent taking the decider's role
+over, a hand-over to the job that continues the run, a release) claims the next epoch: it creates
+``lock.epochs/<N+1>`` (holding the new holder's record) by ``link()`` of a fully written temporary
+file, which is atomic and exclusive on every shared filesystem we meet, NFS included (O_EXCL was
+not always). Of two contenders moving from epoch N, one creates ``<N+1>``; the other fails and
+reads again. The holder carries its epoch, so a holder that was deposed while it stalled (a GC
+pause, a hung NFS client, SIGSTOP) finds its next hand-over or release refused, and its callers
+ask ``holds`` before they write what only the holder may write (``jobs.decider``: the start's
+go, the decision, its record). ``lock.json`` is the current holder's view with its heartbeat;
+a reader follows the epoch files past it (one ``stat`` of the next one), so a late write of an old
+view (a heartbeat that stalled past a claim) cannot bring a deposed holder back.
 
-Every read-modify-write of the lock (heartbeat, hand-over, release, adoption, the takeover's write)
-is a compare-and-swap: it runs while holding ``lock.json.writing``, a mutex created the same way
-(``link()``), so a heartbeat that read "mine" cannot write that back over a hand-over or a release
-made since. Not ``flock``: over NFS it depends on lockd (and on Lustre on a mount option), and a
-lock lost with a client goes unnoticed; ``link()`` is atomic on every shared filesystem we meet,
-and NFS's close-to-open consistency makes the read after taking the mutex see the last write. A
-mutex whose holder died inside its few milliseconds is broken by a waiter that saw the same token
-in it for ``MUTEX_STALE_S`` on its own monotonic clock (or whose holder's pid is gone on this host).
+Every rewrite of ``lock.json`` (heartbeat, the view after a claim, a release's removal) runs while
+holding ``lock.json.writing``, a mutex created the same way (``link()``), so a heartbeat that read
+"mine" does not write that back over a hand-over or a release made since. Not ``flock``: over NFS
+it depends on lockd (and on Lustre on a mount option), and a lock lost with a client goes
+unnoticed. A mutex whose holder died inside its few milliseconds is broken by a waiter that saw the
+same token in it for ``MUTEX_STALE_S`` on its own monotonic clock (or whose holder's pid is gone on
+this host): breaking it can at worst let a stalled holder's late rewrite land on ``lock.json``, and
+the epochs (never the mutex) say who holds the run.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ class LockHolder:
     pid: int
     acquired: float
     heartbeat: float
+    epoch: int = 0  # the fencing token: which claim of the lock this holder made (0: before epochs)
 
     def describe(self, now: float | None = None) -> str:
         age = (now or time.time()) - self.heartbeat
@@ -80,6 +88,15 @@ class LockHolder:
         who = "foreground train" if self.role == "train" else f"{self.scheduler} job {self.job_id}"
         where = f"{self.role} pid {self.pid} on {self.host}" if self.role in PROCESS_ROLES else "queued"
         return f"{who} ({where}, heartbeat {age:.0f} s ago)"
+
+    def same(self, other: LockHolder | None) -> bool:
+        """``other`` is this very holder (its heartbeat aside): the same process, the same claim."""
+        return other is not None and (self.job_id, self.pid, self.host, self.epoch) == (
+            other.job_id,
+            other.pid,
+            other.host,
+            other.epoch,
+        )
 
     def fingerprint(self) -> str:
         """Names this very holder record (a takeover of it is keyed by it)."""
@@ -144,37 +161,60 @@ def holder_alive(holder: LockHolder, *, is_active: ActiveCheck | None, now: floa
     return liveness(holder, is_active=is_active, now=now).alive
 
 
+_FIELDS = ("job_id", "scheduler", "role", "host", "pid", "acquired", "heartbeat")
+
+
+def _holder_of(data: object) -> LockHolder | None:
+    """A lock record as written (``epoch`` missing in a lock from before epochs: 0); None when it
+    is not one (a release's record, or something else)."""
+    if not isinstance(data, dict) or data.get("released"):
+        return None
+    return LockHolder(**{k: data[k] for k in _FIELDS}, epoch=int(data.get("epoch") or 0))
+
+
 class RunLock:
     def __init__(self, paths: RunPaths):
         self.paths = paths
         self.path = paths.lock
+        self.epochs = self.path.with_name("lock.epochs")
 
     def read(self) -> LockHolder | None:
-        try:
-            text = retry_transient(self.path.read_text)
-        except FileNotFoundError:
-            return None
-        try:
-            data = json.loads(text)
-            return LockHolder(**{k: data[k] for k in LockHolder.__dataclass_fields__})
-        except (ValueError, KeyError, TypeError):
-            # Written by something else: no heartbeat to trust; its mtime stands in for one.
-            try:
-                mtime = self.path.stat().st_mtime
-            except FileNotFoundError:
-                return None
-            return LockHolder(UNREADABLE, UNREADABLE, "job", UNREADABLE, 0, mtime, mtime)
+        """The current holder (None: nobody holds the run)."""
+        return self.state()[1]
+
+    def state(self) -> tuple[int, LockHolder | None]:
+        """The current epoch and its holder: ``lock.json``, unless a later epoch was claimed (then
+        that claim's record; a release's is None). One read and one ``stat`` while ``lock.json``
+        is there; a listing of the epochs where it is not."""
+        cached = self._read_view()
+        holder: LockHolder | None = cached
+        if cached is not None:
+            epoch = cached.epoch
+        else:
+            epoch = self._top_epoch()
+            holder = self._claimed(epoch)[1] if epoch > 0 else None
+        while True:
+            later, claimed = self._claimed(epoch + 1)
+            if not later:
+                return epoch, holder
+            epoch, holder = epoch + 1, claimed
+
+    def holds(self, holder: LockHolder) -> bool:
+        """``holder`` is still the run's holder: no later epoch was claimed (the fence a holder
+        checks before it writes what only the holder may write)."""
+        return holder.same(self.read())
 
     def acquire(self, *, job_id: str, scheduler: str, role: str, is_active: ActiveCheck | None) -> LockHolder:
         """Take the lock or raise RunLockedError naming the live holder."""
         now = time.time()
         mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), now, now)
         for _ in range(5):
-            if self._create(mine):
-                return mine
-            holder = self.read()
+            epoch, holder = self.state()
             if holder is None:
-                continue  # released meanwhile
+                claimed = self._claim(epoch, mine)
+                if claimed is not None:
+                    return claimed
+                continue  # another contender claimed it meanwhile: read again
             live = liveness(holder, is_active=is_active)
             if live.alive:
                 raise RunLockedError(
@@ -182,81 +222,87 @@ class RunLock:
                     where=str(self.paths.root),
                     hint=f"stop it first (hpclaunch stop {self.paths.root}), or wait until it ends",
                 )
-            if self.take_over(holder, mine):
-                return mine
+            claimed = self._take(holder, mine)
+            if claimed is not None:
+                return claimed
         raise RunLockedError("could not take the run-directory lock (contended)", where=str(self.path))
 
     def take_over(self, stale: LockHolder, mine: LockHolder) -> bool:
         """Replace the ``stale`` holder by ``mine``; False when another contender won (or the lock
-        changed meanwhile). Only the contender that creates the takeover marker may replace it."""
-        marker = self.path.with_name(f"{self.path.name}.takeover-{stale.fingerprint()}")
-        if not create_exclusive(marker, json.dumps(asdict(mine))):
-            with contextlib.suppress(FileNotFoundError):  # a contender that died mid-takeover
-                if time.time() - marker.stat().st_mtime > STALE_AFTER_S:
-                    marker.unlink()
-            return False
-        try:
-            with self._exclusive():
-                current = self.read()
-                if current is not None and current.fingerprint() != stale.fingerprint():
-                    return False  # not the holder we judged stale any more
-                self.set(mine)
-                return True
-        finally:
-            marker.unlink(missing_ok=True)
+        changed meanwhile)."""
+        return self._take(stale, mine) is not None
+
+    def _take(self, stale: LockHolder, mine: LockHolder) -> LockHolder | None:
+        # (a holder judged stale that beat since is not taken: its fingerprint changed)
+        epoch, current = self.state()
+        if current is None or current.fingerprint() != stale.fingerprint():
+            return None
+        return self._claim(epoch, mine)
 
     def set(self, holder: LockHolder) -> None:
-        """Replace the holder (the job's own agent adopting its lock, or handing it on)."""
+        """Write ``holder`` as the lock's view (its heartbeat, the job id a submission learned);
+        who holds the run is the epochs' to say, not this file's."""
         atomic_write_text(self.path, json.dumps(asdict(holder), indent=2) + "\n")
 
     def adopt(self, *, job_id: str, role: str) -> LockHolder:
-        """The job's running process takes over the lock its submission made (same job id)."""
-        with self._exclusive():
+        """The job's running process takes over the lock its submission made (same job id): the
+        next epoch is claimed whoever holds it now (the caller has judged that holder)."""
+        for _ in range(5):
+            epoch, holder = self.state()
             now = time.time()
-            holder = self.read()
             acquired = holder.acquired if holder is not None else now
             scheduler = holder.scheduler if holder is not None else "?"
             mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), acquired, now)
-            self.set(mine)
-            return mine
+            claimed = self._claim(epoch, mine)
+            if claimed is not None:
+                return claimed
+        raise RunLockedError("could not adopt the run-directory lock (contended)", where=str(self.path))
+
+    def take_role(self, *, job_id: str) -> LockHolder | None:
+        """An agent of job ``job_id`` takes the decider's role over: it claims the next epoch while
+        the lock is still its own job's (None when another job holds the run now, or another agent
+        of this job claimed it first: then that one decides)."""
+        epoch, holder = self.state()
+        if holder is None or holder.job_id != job_id:
+            return None
+        now = time.time()
+        mine = LockHolder(job_id, holder.scheduler, "agent", _this_host(), os.getpid(), holder.acquired, now)
+        return self._claim(epoch, mine)
 
     def heartbeat(self, holder: LockHolder) -> bool:
         """Refresh ``holder``'s heartbeat; False when the lock is no longer ours."""
         with self._exclusive():  # a hand-over or release between this read and the write wins
             current = self.read()
-            if current is None or (current.job_id, current.pid, current.host) != (
-                holder.job_id,
-                holder.pid,
-                holder.host,
-            ):
+            if not holder.same(current):
                 return False
+            assert current is not None
             self.set(replace(current, heartbeat=time.time()))
             return True
 
     def hand_over(self, holder: LockHolder, job_id: str) -> bool:
         """The lock now belongs to the job ``job_id`` (a continuation or a requeue) waiting in the
         queue; False when it is not ``holder``'s any more (that job started already and adopted it:
-        a released continuation can start before this attempt has finished handing over)."""
-        with self._exclusive():
-            current = self.read()
-            if current is not None and (current.job_id, current.pid, current.host) != (
-                holder.job_id,
-                holder.pid,
-                holder.host,
-            ):
-                return False
-            now = time.time()
-            self.set(replace(holder, job_id=job_id, role="job", pid=0, heartbeat=now))
-            return True
+        a released continuation can start before this attempt has finished handing over; or
+        ``holder`` was deposed while it stalled)."""
+        epoch, current = self.state()
+        if not holder.same(current):
+            return False
+        queued = replace(holder, job_id=job_id, role="job", pid=0, heartbeat=time.time())
+        return self._claim(epoch, queued) is not None
 
     def release(self, holder: LockHolder | None = None) -> None:
         """Remove the lock (only if ``holder`` still holds it, when given)."""
+        epoch, current = self.state()
+        if current is None or (holder is not None and not holder.same(current)):
+            return
+        if not create_exclusive(
+            self._epoch_file(epoch + 1), json.dumps({"released": True, "epoch": epoch + 1})
+        ):
+            return  # another claim came first: not ours to remove
         with self._exclusive():
-            current = self.read()
-            if current is None:
-                return
-            if holder is not None and (current.job_id, current.pid) != (holder.job_id, holder.pid):
-                return
+            view = self._read_view()
+            if view is not None and view.epoch > epoch + 1:
+                return  # claimed again since (a new submission): its view stays
             aside = self.path.with_name(f".lock.released-{unique_suffix()}")
             with contextlib.suppress(FileNotFoundError):
                 os.rename(self.path, aside)
@@ -264,8 +310,56 @@ class RunLock:
 
     # ---- internals ----------------------------------------------------------------------------
 
-    def _create(self, holder: LockHolder) -> bool:
-        return create_exclusive(self.path, json.dumps(asdict(holder), indent=2) + "\n")
+    def _claim(self, epoch: int, holder: LockHolder) -> LockHolder | None:
+        """``holder`` takes epoch ``epoch + 1`` if nobody else has (exclusive); then its view is
+        written. None when another claim came first."""
+        mine = replace(holder, epoch=epoch + 1)
+        if not create_exclusive(self._epoch_file(mine.epoch), json.dumps(asdict(mine)) + "\n"):
+            return None
+        try:
+            with self._exclusive():
+                self.set(mine)
+        except TimeoutError:
+            self.set(mine)  # the claim stands whatever the view says; readers follow the epochs
+        return mine
+
+    def _epoch_file(self, epoch: int) -> Path:
+        return self.epochs / str(epoch)
+
+    def _claimed(self, epoch: int) -> tuple[bool, LockHolder | None]:
+        """Whether anyone claimed ``epoch``, and its holder (None: a release)."""
+        try:
+            text = retry_transient(self._epoch_file(epoch).read_text)
+        except FileNotFoundError:
+            return False, None
+        try:
+            return True, _holder_of(json.loads(text))
+        except (ValueError, KeyError, TypeError):
+            return True, None  # (written whole by link(): only damage makes it unreadable)
+
+    def _top_epoch(self) -> int:
+        try:
+            names = retry_transient(lambda: os.listdir(self.epochs))
+        except FileNotFoundError:
+            return 0
+        return max((int(n) for n in names if n.isdigit()), default=0)
+
+    def _read_view(self) -> LockHolder | None:
+        """``lock.json`` as written (None when absent); one that cannot be parsed has no heartbeat
+        to trust: its modification time stands in for one."""
+        try:
+            text = retry_transient(self.path.read_text)
+        except FileNotFoundError:
+            return None
+        try:
+            return _holder_of(json.loads(text))
+        except (ValueError, KeyError, TypeError):
+            pass
+        try:
+            mtime = self.path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        return LockHolder(UNREADABLE, UNREADABLE, "job", UNREADABLE, 0, mtime, mtime)
 
     @property
     def _mutex(self) -> Path:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Protocol
 
+from .. import proc
 from ..errors import HpclaunchError, SchedulerError
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
@@ -203,7 +204,7 @@ def run_command(
 ) -> str:
     """Run a scheduler command (sbatch, scontrol, qsub, qdel...); its failure is a SchedulerError."""
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        out = proc.run(argv, timeout=timeout, cwd=cwd)
     except FileNotFoundError:
         raise SchedulerError(f"{argv[0]} not found", where=what, hint=hint) from None
     except subprocess.TimeoutExpired:

@@ -1,14 +1,16 @@
 """Carrying out a chain's verdict: the next stage's held job is released or cancelled through its
 own scheduler, exactly once (``rundir.chain`` holds the files and the claim).
 
-Called wherever the earlier run may have ended: its node-0 agent after every attempt
-(``jobs.chain``), ``submit --after`` right after it registered the next stage (the earlier run
-may have ended meanwhile), ``hpclaunch cancel`` of the earlier run, and ``hpclaunch status`` of
-either run (``settle_around``: where a failed call is retried). Each call reads the earlier run's
-ledger; while it has not ended, nothing happens. A follower's scheduler call that fails is tried
-again at once (``RETRY_NOW_S``), then recorded in its ledger (``chain_blocked`` with the error and
-``retry: true``) and its claim given back, so a later pass tries again after a backoff; it never
-raises: the caller is usually an agent deciding another run's fate, which must not change.
+Called wherever the earlier run may have ended: its deciding agent after its last decision
+(``jobs.chain``), ``submit --after`` right after it registered the next stage (the earlier run may
+have ended meanwhile) and ``hpclaunch cancel`` of the earlier run. Never by ``status``: looking at
+a run changes nothing in a scheduler. Each call reads the earlier run's ledger; while it has not
+ended, nothing happens. A follower's scheduler call that fails is tried again within the pass
+(``RETRY_NOW_S``: about 40 s, a scheduler's brief outage), then the claim is given back and both
+ledgers say so once (``chain_blocked``, ``retry: true``), for a later pass (the next ``cancel`` or
+``submit --after``); after ``MAX_PASSES`` failed passes nothing tries again, and the last record
+(``retry: false``) says how to release the job by hand. It never raises: the caller is usually an
+agent deciding another run's fate, which must not change.
 """
 
 from __future__ import annotations
@@ -18,19 +20,19 @@ import time
 from ..errors import HpclaunchError
 from ..rundir import CANCELLED, CHAIN_BLOCKED, CHAIN_RELEASED, Ledger, RunPaths, read_events
 from ..rundir.chain import (
+    MAX_PASSES,
     Follower,
     Verdict,
     claim,
     failures,
     followers,
     give_back,
-    predecessor,
     retry_due,
     verdict,
 )
 from .registry import get_scheduler
 
-RETRY_NOW_S = (1.0, 3.0)  # pauses between the tries of one pass (a scheduler's brief timeout)
+RETRY_NOW_S = (2.0, 5.0, 10.0, 20.0)  # pauses between the tries of one pass (a scheduler's brief outage)
 
 
 def settle_followers(
@@ -50,22 +52,6 @@ def settle_followers(
             carry_out(after, follower, v, by=by, pauses=pauses)
             done.append((follower, v))
     return done
-
-
-def settle_around(paths: RunPaths, *, by: str) -> None:
-    """The runs chained after ``paths``, and ``paths`` itself if it waits for another run: settled
-    if their earlier run has ended (a release that failed before is retried here, once per pass:
-    a `status` must not wait out several scheduler timeouts). Never raises."""
-    import contextlib
-    from pathlib import Path
-
-    with contextlib.suppress(OSError):
-        settle_followers(paths, by=by, pauses=())
-        before = predecessor(paths)
-        if before is not None:
-            after = RunPaths(Path(before.run))
-            if after.is_run():
-                settle_followers(after, by=by, pauses=())
 
 
 def carry_out(
@@ -93,10 +79,21 @@ def carry_out(
     }
     if error is not None:
         fields["error"] = f"could not {v.action} job {follower.job_id}: {error}"
-        fields["tries"] = give_back(follower, str(fields["error"]))
-        fields["retry"] = True  # by the next status of either run, or another agent
+        tries = give_back(follower, str(fields["error"]))
+        fields["tries"] = tries
+        fields["retry"] = tries < MAX_PASSES  # by the next cancel or submit --after
+        if tries >= MAX_PASSES:
+            fields["hint"] = by_hand(follower, v)
     mine.append(event, **fields)
     theirs.append(event, next=str(follower.run), **{k: v for k, v in fields.items() if k != "after"})
+
+
+def by_hand(follower: Follower, v: Verdict) -> str:
+    """The command that settles a follower nobody will try again."""
+    verb = {"slurm": ("scontrol release", "scancel"), "pbs": ("qrls", "qdel")}.get(follower.scheduler)
+    if verb is None:
+        return f"{v.action} job {follower.job_id} with its scheduler's own command"
+    return f"{verb[0] if v.action == 'release' else verb[1]} {follower.job_id}"
 
 
 def _call(paths: RunPaths, follower: Follower, v: Verdict) -> str | None:

@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 
+from .. import proc
 from ..config import format_hms
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
@@ -293,9 +294,7 @@ class PbsScheduler:
             queue = job.queue
         if queue:
             try:
-                out = subprocess.run(
-                    ["qstat", "-Q", "-f", "-F", "json", queue], capture_output=True, text=True, timeout=20
-                )
+                out = proc.run(["qstat", "-Q", "-f", "-F", "json", queue], timeout=20)
                 found = pbs_json.parse_queues(out.stdout).get(queue) if out.returncode == 0 else None
                 if found is not None and found.kill_delay_s is not None:
                     return float(found.kill_delay_s)
@@ -347,9 +346,7 @@ def own_job(job_id: str) -> pbs_json.PbsJob | None:
     """PBS's record of a job (``qstat -f -F json``); None where PBS has no JSON (Torque, Slurm's
     emulation) or does not answer: callers then know only what the signal and the clock say."""
     try:
-        out = subprocess.run(
-            ["qstat", "-f", "-F", "json", job_id], capture_output=True, text=True, timeout=20
-        )
+        out = proc.run(["qstat", "-f", "-F", "json", job_id], timeout=20)
         return pbs_json.find_job(pbs_json.parse_jobs(out.stdout), job_id) if out.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired, ValueError):
         return None
@@ -418,9 +415,7 @@ def pbs_status(job_id: str) -> SchedulerStatus:
     """``qstat -x -f -F json`` (finished jobs too; every state told apart, see ``pbs_json``); where
     PBS has no JSON (Torque, Slurm's emulation), the state letter of ``qstat -f``."""
     try:
-        out = subprocess.run(
-            ["qstat", "-x", "-f", "-F", "json", job_id], capture_output=True, text=True, timeout=30
-        )
+        out = proc.run(["qstat", "-x", "-f", "-F", "json", job_id], timeout=30)
         if out.returncode == 0 and out.stdout.lstrip().startswith("{"):
             job = pbs_json.find_job(pbs_json.parse_jobs(out.stdout), job_id)
             if job is not None:
@@ -430,7 +425,7 @@ def pbs_status(job_id: str) -> SchedulerStatus:
     except (FileNotFoundError, subprocess.TimeoutExpired, ValueError):
         pass
     try:
-        out = subprocess.run(["qstat", "-f", job_id], capture_output=True, text=True, timeout=30)
+        out = proc.run(["qstat", "-f", job_id], timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired) as e:
         return SchedulerStatus(JobState.UNKNOWN, "", f"cannot ask PBS: {e}", answered=False)
     m = re.search(r"job_state\s*=\s*(\w)", out.stdout)

@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .. import proc
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import JobPlan, RunPaths, read_plan
@@ -324,9 +325,7 @@ def scontrol_hostnames(nodelist: str) -> list[str]:
     if not nodelist:
         return []
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
-        )
+        out = proc.run(["scontrol", "show", "hostnames", nodelist], timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired) as e:
         raise NodeContextError(f"cannot expand SLURM_JOB_NODELIST={nodelist!r}: {e}") from None
     hosts = [line.strip() for line in out.stdout.splitlines() if line.strip()]
@@ -376,9 +375,7 @@ def slurm_node_addr(node: str, *, timeout: float = 10.0) -> str | None:
     import re
 
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=timeout
-        )
+        out = proc.run(["scontrol", "show", "node", "-o", node], timeout=timeout)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
     m = re.search(r"\bNodeAddr=(\S+)", out.stdout)
@@ -455,16 +452,14 @@ def parse_sacct_json(text: str, job_id: str) -> SchedulerStatus | None:
 
 def sacct_status(job_id: str) -> SchedulerStatus | None:
     """From accounting; None when there is none (no slurmdbd) or it does not know the job."""
-    out = subprocess.run(["sacct", "--json", "-j", job_id], capture_output=True, text=True, timeout=30)
+    out = proc.run(["sacct", "--json", "-j", job_id], timeout=30)
     return parse_sacct_json(out.stdout, job_id) if out.returncode == 0 else None
 
 
 def slurm_status(job_id: str) -> SchedulerStatus:
     """squeue first (live, and it keeps finished jobs for MinJobAge), then accounting."""
     try:
-        out = subprocess.run(
-            ["squeue", "--json", "--jobs", job_id], capture_output=True, text=True, timeout=30
-        )
+        out = proc.run(["squeue", "--json", "--jobs", job_id], timeout=30)
         if out.returncode == 0:
             found = parse_squeue_json(out.stdout, job_id)
             if found is not None:
@@ -489,9 +484,7 @@ def slurm_status(job_id: str) -> SchedulerStatus:
 def show_job(job_id: str) -> dict[str, str]:
     """``scontrol show job -o`` as a dict (empty when SLURM does not know the job)."""
     try:
-        out = subprocess.run(
-            ["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30
-        )
+        out = proc.run(["scontrol", "show", "job", "-o", job_id], timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return {}
     if out.returncode != 0:
@@ -507,7 +500,7 @@ def show_job(job_id: str) -> dict[str, str]:
 def kill_wait_s(default: int = 30) -> int:
     """``KillWait`` from ``scontrol show config`` (the seconds from SIGTERM to SIGKILL); 30 if unknown."""
     try:
-        out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=30)
+        out = proc.run(["scontrol", "show", "config"], timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return default
     for line in out.stdout.splitlines():
@@ -564,7 +557,7 @@ def partition_nodes(partition: str | None) -> list[str] | None:
     SLURM cannot say."""
     argv = ["sinfo", "-h", "-N", "-o", "%N %P %t"]
     try:
-        out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        out = proc.run(argv, timeout=30)
     except (FileNotFoundError, subprocess.TimeoutExpired):
         return None
     if out.returncode != 0:

@@ -41,7 +41,7 @@ from typing import IO
 from ..config import RunConfig
 from ..fsutil import append_line
 from ..rundir import RunPaths
-from ..rundir.env import NODE_NAME_VAR
+from ..rundir.env import NODE_NAME_VAR, PROGRESS_DIR_VAR
 from ..rundir.progress import (
     PHASES,
     STACK_SIGNAL,
@@ -120,6 +120,9 @@ class Progress:
         self._cpu0 = 0.0
         self._window: dict[str, float] = {}
         self._pending: list[StepTimes] = []  # step-time summaries the thread still has to write
+        # The last few summaries, in the heartbeat too: the node agent passes them on to the
+        # decider's straggler tracker without reading the shared steptimes files.
+        self._summaries: deque[StepTimes] = deque(maxlen=4)
         self._main = threading.get_ident()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -141,8 +144,10 @@ class Progress:
         hook = faults.on_phase if faults is not None else None
         if not (enabled and cfg.watchdog.enabled):
             return cls(None, rank=rank, attempt=attempt, on_phase=hook)
+        # On its node when its agent collects it (one file per node on the shared filesystem).
+        local = os.environ.get(PROGRESS_DIR_VAR)
         return cls(
-            progress_file(paths, attempt, rank),
+            Path(local) / f"rank{rank}.progress.json" if local else progress_file(paths, attempt, rank),
             rank=rank,
             attempt=attempt,
             steptimes=steptimes_file(paths, rank),
@@ -249,7 +254,7 @@ class Progress:
         assert self.path is not None
         while self._pending and self.steptimes is not None:
             append_line(self.steptimes, json.dumps(self._pending[0]))
-            self._pending.pop(0)
+            self._summaries.append(self._pending.pop(0))
         recent = tuple(self._recent)  # one C call: safe while the main thread appends
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         record = json.dumps(
@@ -266,6 +271,7 @@ class Progress:
                 "recent_max_step_s": max(recent) if recent else None,
                 "waiting": self._waiting_in(),
                 "updated": round(time.time(), 3),
+                "summaries": list(self._summaries),
             }
         )
         tmp.write_text(record)

@@ -1,0 +1,115 @@
+"""Issue 36, finding 6: each agent aggregates its own node's rank progress into one file per node,
+and the decider reads one file per node, all of them only when a node says a rank stalled. Real
+files (the ranks' heartbeats in each node's local folder, the node files in the run directory);
+the clock the watchdog judges with is the test's."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpclaunch.config import WatchdogConfig
+from hpclaunch.jobs.node_progress import prepare_local_dir, remove_local_dirs, stalled_dir
+from hpclaunch.jobs.watchdog import Watchdog
+from hpclaunch.rundir import Ledger, RunPaths, read_events
+from hpclaunch.rundir.progress import node_progress_file, read_progress
+from hpclaunch.schedulers.base import NodeContext
+
+pytestmark = pytest.mark.fast
+
+CFG = WatchdogConfig(launch_s=300, startup_s=120, checkpoint_s=600, step_min_s=60, step_factor=10, poll_s=1)
+HOSTS = ("n1", "n2")
+
+
+@pytest.fixture(autouse=True)
+def _local_dirs(tmp_path: Path) -> Iterator[None]:
+    yield
+    for host in HOSTS:  # (the nodes' local folders live outside tmp_path, as on a real node)
+        remove_local_dirs(RunPaths(tmp_path).root, host, "j.0")
+
+
+def heartbeat(
+    paths: RunPaths, host: str, rank: int, phase: str, step: int, since: float, **extra: object
+) -> None:
+    """A rank's heartbeat where the trainer leaves it under an agent: on its node."""
+    local = prepare_local_dir(paths.root, host, "j.0")
+    record = {"rank": rank, "node": host, "pid": None, "step": step, "phase": phase, "phase_since": since}
+    (local / f"rank{rank}.progress.json").write_text(json.dumps({**record, "updated": since, **extra}))
+
+
+def dog(paths: RunPaths, node: int, *, lead: bool) -> Watchdog:
+    ctx = NodeContext("slurm", "j", node, 2, HOSTS[node], HOSTS)
+    w = Watchdog(
+        CFG,
+        paths,
+        ctx,
+        world_size=4,
+        nccl=False,
+        ledger=Ledger(paths, role="agent", attempt="j.0", node=node),
+        launched_at=0.0,
+        lead=lead,
+        local_dir=prepare_local_dir(paths.root, HOSTS[node], "j.0"),
+        local_ranks=2,
+        alone=False,
+    )
+    w.ack_nodes = [0, 1]
+    return w
+
+
+def test_a_rank_stalled_on_another_node_is_judged_from_the_node_files(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path).ensure()
+    lead, other = dog(paths, 0, lead=True), dog(paths, 1, lead=False)
+    for rank, host in ((0, "n1"), (1, "n1"), (2, "n2")):
+        heartbeat(paths, host, rank, "collective", 12, 100.0, waiting="all_reduce", last_step_s=0.2)
+    heartbeat(paths, "n2", 3, "data", 12, 100.0, last_step_s=0.2)  # rank 3 is the one they wait for
+    assert other.check(lambda: [], now=101.0) is None and lead.check(lambda: [], now=101.0) is None
+    # The node files: one per node, every rank in its node's (status reads them).
+    assert sorted(read_progress(paths, "j.0")) == [0, 1, 2, 3]
+    assert not list(paths.attempt_dir("j.0").glob("rank*.progress.json"))  # no shared file per rank
+    assert lead.check(lambda: [], now=150.0) is None  # inside the window: no node says a stall
+    assert not stalled_dir(paths, "j.0").exists() or not os.listdir(stalled_dir(paths, "j.0"))
+    assert other.check(lambda: [], now=170.0) is None  # n2 sees rank 3 past its 60 s: it says so
+    assert os.listdir(stalled_dir(paths, "j.0")) == ["node1"]
+    (paths.attempt_dir("j.0") / "hang.node1.json").write_text("{}")  # n2 will have dumped its ranks
+    verdict = lead.check(lambda: [], now=175.0)
+    assert verdict is not None and verdict.ranks == (3,) and verdict.culprit_node == "n2"
+    assert verdict.stalled_s >= 60 and "rank 3 on n2" in verdict.reason
+    assert [e.record["culprit"] for e in read_events(paths).named("hang")] == ["rank 3 on n2"]
+
+
+def test_the_decider_reads_other_nodes_in_turn_and_finds_a_straggler(tmp_path: Path) -> None:
+    """The straggler tracker is fed from the node files (each rank's last summaries ride in its
+    heartbeat), not from every rank's steptimes file."""
+    paths = RunPaths(tmp_path).ensure()
+    lead, other = dog(paths, 0, lead=True), dog(paths, 1, lead=False)
+
+    def summaries(rank: int, work: float) -> list[dict[str, object]]:
+        node = "n1" if rank < 2 else "n2"
+        return [
+            {"attempt": "j.0", "rank": rank, "node": node, "step": step, "work_s": work, "step_s": 1.0}
+            for step in (50, 100, 150)
+        ]
+
+    for rank in range(4):
+        host = "n1" if rank < 2 else "n2"
+        work = 0.9 if rank == 3 else 0.3
+        heartbeat(paths, host, rank, "compute", 160, 100.0, last_step_s=1.0, summaries=summaries(rank, work))
+    other.check(lambda: [], now=101.0)
+    assert node_progress_file(paths, "j.0", 1).exists()
+    lead.check(lambda: [], now=101.0)
+    (found,) = [e.record for e in read_events(paths).named("straggler")]
+    assert (found["rank"], found["rank_node"], found["windows"]) == (3, "n2", 3)
+
+
+def test_an_agent_leaving_removes_its_own_attempts_heartbeats_only(tmp_path: Path) -> None:
+    """The agent of the job that continues the run may already run beside it on this node."""
+    paths = RunPaths(tmp_path).ensure()
+    mine = [prepare_local_dir(paths.root, "n1", a) for a in ("j.0", "j.0.1")]
+    theirs = prepare_local_dir(paths.root, "n1", "j.1")
+    remove_local_dirs(paths.root, "n1", "j.0")
+    assert not any(p.exists() for p in mine) and theirs.is_dir()
+    remove_local_dirs(paths.root, "n1", "j.1")
