@@ -64,7 +64,7 @@ def _attempt_faults(n: int, root: Path, *, fault: str, ranks_per_node: int) -> d
     from hpclaunch.config import WatchdogConfig
     from hpclaunch.jobs.agent import POLL_S
     from hpclaunch.jobs.allocation import LOOK_S, Roster, await_reports
-    from hpclaunch.jobs.decide import Action, Decision
+    from hpclaunch.jobs.decision_rules import Action, Decision
     from hpclaunch.rundir import RunLock, RunPaths
     from hpclaunch.rundir.cause import Budget, Cause
 

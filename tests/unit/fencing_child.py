@@ -21,9 +21,9 @@ from typing import Any
 
 from hpclaunch.config import RunConfig
 from hpclaunch.jobs.allocation import Allocation, Roster
-from hpclaunch.jobs.decide import Action, Decision
 from hpclaunch.jobs.decider import Decider
-from hpclaunch.orchestrator.plan import build
+from hpclaunch.jobs.decision_rules import Action, Decision
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.schedulers.base import Continuation, NodeContext

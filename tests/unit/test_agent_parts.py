@@ -18,10 +18,10 @@ from hpclaunch.jobs.agent_records import decision_fields, started_fields
 from hpclaunch.jobs.allocation import Allocation, Roster, node_ranks
 from hpclaunch.jobs.attempt_env import attempt_env, rank_request
 from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
-from hpclaunch.jobs.decide import Action, Decision
 from hpclaunch.jobs.decider import Decider, in_place_ok, started_at
+from hpclaunch.jobs.decision_rules import Action, Decision
 from hpclaunch.jobs.watching import AttemptWatch
-from hpclaunch.orchestrator.plan import build
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR

@@ -15,8 +15,8 @@ from tests.runlib import hpclaunch
 
 from hpclaunch.config import load_config
 from hpclaunch.jobs.stop import StopController
-from hpclaunch.orchestrator.plan import build
-from hpclaunch.preflight.base import CheckContext, StaticProbe
+from hpclaunch.orchestrator.plan_build import build
+from hpclaunch.preflight.check_context import CheckContext, StaticProbe
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from hpclaunch.rundir.clock import AttemptClock, allocation_start, attempt_end, stop_lead_s

@@ -1,4 +1,4 @@
-"""Chains (``rundir.chain``, ``schedulers.chain``): the verdict from the earlier run's ledger, the
+"""Chains (``rundir.chain``, ``schedulers.chain_release``): the verdict from the earlier run's ledger, the
 exactly-once claim, and the local scheduler's held controller released or cancelled for real."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from hpclaunch.rundir import (
 )
 from hpclaunch.rundir.chain import Follower, claim, followers, register, verdict
 from hpclaunch.rundir.events import as_events
-from hpclaunch.schedulers.chain import settle_followers
+from hpclaunch.schedulers.chain_release import settle_followers
 from hpclaunch.schedulers.local import LocalScheduler, read_state
 
 pytestmark = pytest.mark.fast
@@ -188,7 +188,7 @@ def test_a_release_that_fails_for_a_moment_is_retried_within_the_pass_quietly(
 ) -> None:
     """Issue 26: a failed release was never tried again. Issue 36: the pass itself tries again (a
     scheduler's brief outage), and says nothing of the tries that failed before one worked."""
-    import hpclaunch.schedulers.chain as schain
+    import hpclaunch.schedulers.chain_release as schain
 
     fake = FlakyScheduler(failures=3)
     monkeypatch.setattr(schain, "get_scheduler", lambda kind: fake)
@@ -207,10 +207,10 @@ def test_a_release_that_fails_for_a_moment_is_retried_within_the_pass_quietly(
 def test_chain_retries_are_bounded_and_status_never_calls_the_scheduler(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 36 (schedulers/chain.py): every ``status`` of either run retried a failed release
+    """Issue 36 (schedulers/chain_release.py): every ``status`` of either run retried a failed release
     (status changed the scheduler) and appended to both ledgers at most every 600 s, for ever."""
     import hpclaunch.rundir.chain as rchain
-    import hpclaunch.schedulers.chain as schain
+    import hpclaunch.schedulers.chain_release as schain
     from hpclaunch.cli.views import status_view
     from hpclaunch.orchestrator.lineage import chain_view, describe_chain
 

@@ -232,7 +232,7 @@ def test_a_background_save_that_keeps_failing_stops_the_run_at_the_next_step_wit
 
 
 def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpclaunch.trainer.checkpoint.faults import ENV_KILL, kill_requested
+    from hpclaunch.trainer.checkpoint.save_errors import ENV_KILL, kill_requested
 
     monkeypatch.setenv(ENV_KILL, "35:0:data:writer")
     assert kill_requested(35, 0, "data") and not kill_requested(45, 0, "data")

@@ -11,7 +11,7 @@ import pytest
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
 from hpclaunch.rundir.events import as_events
-from hpclaunch.trainer.checkpoint.interval import (
+from hpclaunch.trainer.checkpoint.save_interval import (
     CALIBRATION_STEPS,
     Policy,
     SaveSchedule,

@@ -16,7 +16,7 @@ import pytest
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
 from hpclaunch.orchestrator.launch import prepare
-from hpclaunch.orchestrator.plan import build
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir.container import ContainerPlan, Mount
 from hpclaunch.rundir.plan import JobPlan
 

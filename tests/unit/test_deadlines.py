@@ -24,7 +24,7 @@ from hpclaunch import proc
 from hpclaunch.config import RunConfig
 from hpclaunch.errors import SchedulerError
 from hpclaunch.jobs import node_checks
-from hpclaunch.preflight.base import run_command
+from hpclaunch.preflight.check_context import run_command
 from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.schedulers.base import run_command as scheduler_command
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.jobs.decide import (
+from hpclaunch.jobs.decision_rules import (
     Action,
     Budgets,
     Facts,
@@ -723,7 +723,7 @@ def test_budgets_are_an_enum_recorded_as_their_names_and_an_unknown_one_spends_n
     """Issue 27: retry budgets were strings ("requeue", "crash", ...) compared by hand."""
     import json
 
-    from hpclaunch.jobs.decide import History
+    from hpclaunch.jobs.decision_rules import History
     from hpclaunch.rundir.cause import Budget
 
     d = decide(Facts(None), History(), BUDGETS, can_exclude_nodes=True)

@@ -18,7 +18,7 @@ import torch
 
 from hpclaunch.config import load_config
 from hpclaunch.errors import DataError, FilesystemError, RunLockedError
-from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide, decide_start
+from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide, decide_start
 from hpclaunch.jobs.stop import StopController
 from hpclaunch.jobs.stop_relay import StopRelay
 from hpclaunch.jobs.watchdog import SLOW_IO_BPS, CheckpointScale, window_s
@@ -498,7 +498,7 @@ def test_the_rendezvous_port_is_chosen_per_job() -> None:
     assert rdzv_port_for("123_4", None) == rdzv_port_for("123_4", None)  # every node derives the same
     assert rdzv_port_for("123_4", 29500) == 29500
     cfg = load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2"])
-    from hpclaunch.orchestrator.plan import build
+    from hpclaunch.orchestrator.plan_build import build
 
     plan = build(cfg, python="python3")
     argv = plan.torchrun_argv(run_dir="/r", node_rank=0, job_id="88", head_addr="10.0.0.1", local_addr=None)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.config import RunConfig, load_config
-from hpclaunch.orchestrator.plan import build
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.schedulers import slurm
 from hpclaunch.schedulers.base import NodeContext, NodeContextError
 from hpclaunch.schedulers.local import LocalScheduler

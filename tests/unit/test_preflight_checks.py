@@ -17,10 +17,10 @@ from test_nccl import fake_sysfs  # same directory (rootdir-relative test import
 from hpclaunch import __version__
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight import Status, run_node_checks
-from hpclaunch.preflight.base import CheckContext, CommandResult
-from hpclaunch.preflight.data import check_data
+from hpclaunch.preflight.check_context import CheckContext, CommandResult
+from hpclaunch.preflight.data_check import check_data
 from hpclaunch.preflight.disk import check_disk
-from hpclaunch.preflight.env import check_env
+from hpclaunch.preflight.env_check import check_env
 from hpclaunch.preflight.gpu import GPU_FIELDS_OLD, check_gpu, parse_gpu_query, parse_remapped_rows
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.preflight.network import check_network, port_in_use, unreachable

@@ -14,11 +14,11 @@ import pytest
 
 import hpclaunch.preflight as preflight_pkg
 from hpclaunch.cli import main
-from hpclaunch.preflight import estimate as estimate_mod
+from hpclaunch.preflight import run_estimate as estimate_mod
 from hpclaunch.preflight import runner
-from hpclaunch.preflight.base import CheckContext, Outcome
+from hpclaunch.preflight.check_context import CheckContext, Outcome
 from hpclaunch.preflight.probe import Probe
-from hpclaunch.preflight.report import Status
+from hpclaunch.preflight.results import Status
 
 pytestmark = pytest.mark.spawns
 

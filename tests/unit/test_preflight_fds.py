@@ -10,9 +10,9 @@ import pytest
 
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight import fds
-from hpclaunch.preflight.base import CheckContext
+from hpclaunch.preflight.check_context import CheckContext
 from hpclaunch.preflight.probe import StaticProbe
-from hpclaunch.preflight.report import Status
+from hpclaunch.preflight.results import Status
 from hpclaunch.schedulers.base import NodeContext
 
 pytestmark = pytest.mark.fast

@@ -12,7 +12,7 @@ from typing import Any
 from tests.shm_fixtures import small_tmpfs
 
 from hpclaunch.config import RunConfig, load_config
-from hpclaunch.preflight.base import CheckContext
+from hpclaunch.preflight.check_context import CheckContext
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.sizes import (

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from hpclaunch.config import load_config
-from hpclaunch.preflight.base import CheckContext
+from hpclaunch.preflight.check_context import CheckContext
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters

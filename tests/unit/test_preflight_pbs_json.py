@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from hpclaunch.config import RunConfig
-from hpclaunch.preflight.base import CheckContext, CommandResult, Status
+from hpclaunch.preflight.check_context import CheckContext, CommandResult, Status
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.scheduler import check_scheduler
 

@@ -13,9 +13,9 @@ from rich.console import Console
 from hpclaunch.config import RunConfig
 from hpclaunch.errors import UserInputError
 from hpclaunch.preflight import LOGIN_CHECKS, NODE_CHECKS, Report, Status, print_report, run_login_checks
-from hpclaunch.preflight.base import CheckContext, Findings, Outcome
+from hpclaunch.preflight.check_context import CheckContext, Findings, Outcome
 from hpclaunch.preflight.probe import Probe, ProbeError, StaticProbe, send_request
-from hpclaunch.preflight.report import CheckResult
+from hpclaunch.preflight.results import CheckResult
 from hpclaunch.preflight.runner import Check, run_checks, select
 from hpclaunch.schedulers.base import NodeContextError
 

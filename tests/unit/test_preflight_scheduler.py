@@ -11,7 +11,7 @@ import pytest
 
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight import Status
-from hpclaunch.preflight.base import CheckContext, CommandResult
+from hpclaunch.preflight.check_context import CheckContext, CommandResult
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.scheduler import (
     check_scheduler,

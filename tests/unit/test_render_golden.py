@@ -106,7 +106,7 @@ def test_config_hash_ignores_where_the_checkout_and_data_live(tmp_path: Path) ->
     assert other_lr.config_hash() != here.config_hash()
 
 
-# The rescue job each SLURM/PBS job leaves behind (schedulers.rescue): `hpclaunch render --rescue`.
+# The rescue job each SLURM/PBS job leaves behind (schedulers.rescue_job): `hpclaunch render --rescue`.
 RESCUE_CASES = [
     ("slurm-8xh100.rescue.sbatch", "examples/slurm-8xh100.yaml", None, None, ["run_dir=/runs/mmdit-8xh100"]),
     ("pbs-pro.rescue.pbs", "examples/pbs-pro.yaml", None, None, ["run_dir=/runs/mmdit-pbs"]),

@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from hpclaunch.jobs import rescue as rescue_mod
-from hpclaunch.jobs.decide import Action, Budgets
+from hpclaunch.jobs.decision_rules import Action, Budgets
 from hpclaunch.jobs.rescue import Rescue, find, gone_hosts
 from hpclaunch.orchestrator.status import rescue_view
 from hpclaunch.rundir import Ledger, LockHolder, RunLock, RunPaths
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.events import as_events
-from hpclaunch.schedulers.rescue import run_has_ended, waiting_rescues
+from hpclaunch.schedulers.rescue_job import run_has_ended, waiting_rescues
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 HOSTS = ["n1", "n2", "n3"]

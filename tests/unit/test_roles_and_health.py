@@ -18,7 +18,7 @@ from hpclaunch.config import RunConfig
 from hpclaunch.jobs import allocation
 from hpclaunch.jobs.allocation import DEAD_AFTER_S, Allocation, Roster, await_reports
 from hpclaunch.jobs.attribution import suspect
-from hpclaunch.jobs.decide import Action, Budgets, Facts, History, decide
+from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide
 from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier, run_checks
 from hpclaunch.jobs.watchdog import Watchdog, read_verdict
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events

@@ -7,7 +7,7 @@ import pytest
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import ScriptLintError
 from hpclaunch.orchestrator.launch import prepare
-from hpclaunch.orchestrator.plan import build
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.templates.lint import lint_slurm, sbatch_directives
 
 pytestmark = pytest.mark.fast

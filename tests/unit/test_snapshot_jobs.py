@@ -188,7 +188,7 @@ def _rank_in_a_restore(rank: int, port: int, root: str, nbytes: int, out: str) -
     import torch.distributed as dist
 
     from hpclaunch.rundir.shm import user_root
-    from hpclaunch.trainer.snapshots.plan import Pull
+    from hpclaunch.trainer.snapshots.buddies import Pull
     from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
     from hpclaunch.trainer.snapshots.transfer import exchange_pulls, open_sends
 

@@ -15,7 +15,7 @@ import torch
 from hpclaunch.rundir.shm import sweep, user_root
 from hpclaunch.trainer.checkpoint.staging import SharedStager
 from hpclaunch.trainer.snapshots import shard
-from hpclaunch.trainer.snapshots.plan import buddy_of, plan_restore, ward_of
+from hpclaunch.trainer.snapshots.buddies import buddy_of, plan_restore, ward_of
 from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
 
 pytestmark = pytest.mark.fast

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.jobs.stragglers import StragglerTracker
+from hpclaunch.jobs.straggler_tracker import StragglerTracker
 from hpclaunch.orchestrator.stragglers import describe, straggler_summary
 from hpclaunch.rundir import Ledger, RunPaths, read_events
 from hpclaunch.rundir.progress import steptimes_file

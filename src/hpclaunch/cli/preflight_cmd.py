@@ -11,8 +11,8 @@ from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
 
 if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
     from ..estimate import EstimateJSON
-    from ..preflight.estimate import CannotEstimate
     from ..preflight.probe import StepMeasure
+    from ..preflight.run_estimate import CannotEstimate
 
 ONLY_HELP = "Run only these checks (comma-separated): env, gpu, data, disk, network, scheduler, config."
 
@@ -77,15 +77,15 @@ def preflight(
 
 def _start_probe(cfg: Any) -> Any:
     """The checks' probe, asked to time the estimate's steps once it has answered them."""
-    from ..preflight.container import job_probe
-    from ..preflight.estimate import step_env, step_request
+    from ..preflight.container_check import job_probe
+    from ..preflight.run_estimate import step_env, step_request
     from ..preflight.runner import PROBE_TIMEOUT_S
 
     return job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, estimate=step_request(cfg), env=step_env(cfg))
 
 
 def _estimate(cfg: Any, probe: Any) -> EstimateJSON | CannotEstimate:
-    from ..preflight.estimate import TIMEOUT_S, preflight_estimate
+    from ..preflight.run_estimate import TIMEOUT_S, preflight_estimate
 
     step: StepMeasure = probe.step_estimate(TIMEOUT_S)
     if probe.python is None:

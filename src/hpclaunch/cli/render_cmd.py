@@ -73,7 +73,7 @@ def scheduler_flags(kind: str | None, dialect: str | None) -> list[tuple[str, st
 
 
 def rescue_script(prepared: Prepared) -> RenderedJob:
-    """The rescue job's script, exactly as ``submit`` hands it over (``schedulers.rescue``)."""
+    """The rescue job's script, exactly as ``submit`` hands it over (``schedulers.rescue_job``)."""
     scheduler = get_scheduler(prepared.plan.scheduler)
     render_rescue = getattr(scheduler, "render_rescue", None)
     if render_rescue is None or prepared.plan.sweep:

@@ -58,7 +58,7 @@ def _preflight_or_refuse(cfg: Any) -> None:
 
     report = run_login_checks(cfg)
     if report.failed:
-        from ..preflight.report import print_report
+        from ..preflight.results import print_report
 
         print_report(report, console=err_console)
         first = next(c for c in report.checks if c.status == "fail")
@@ -129,7 +129,7 @@ def submit(
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
     after_paths = None
     if after is not None:
-        from ..orchestrator.chain import check_after
+        from ..orchestrator.chain_submit import check_after
 
         after_paths = check_after(after, prepared.plan.paths().root, sweep=bool(sweep))
     if resume is not None:
@@ -155,7 +155,7 @@ def submit(
     )
     typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
     if after_paths is not None:
-        from ..orchestrator.chain import register_and_settle
+        from ..orchestrator.chain_submit import register_and_settle
 
         verdict = register_and_settle(after_paths, paths, prepared.plan.scheduler, job_id)
         typer.echo(f"  chained after {after_paths.root}: {_chain_words(verdict.action, verdict.reason)}")

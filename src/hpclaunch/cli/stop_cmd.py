@@ -91,9 +91,9 @@ def cancel(run: RunArg) -> None:
 
 def _cancel_job(paths: RunPaths) -> None:
     from ..orchestrator.status import current_job_id
-    from ..schedulers.chain import settle_followers
+    from ..schedulers.chain_release import settle_followers
     from ..schedulers.registry import get_scheduler
-    from ..schedulers.rescue import withdraw_rescues
+    from ..schedulers.rescue_job import withdraw_rescues
 
     job_id = current_job_id(read_events(paths).events)
     kind = plan_scheduler(paths)

@@ -23,7 +23,7 @@ from ..rundir import REFUSED, JobPlan, Ledger, LockHolder, RunLock, RunPaths
 from ..rundir.lock import liveness
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
-from .decide import Action, Budgets, History, decide_start, decide_unended, unended_attempt
+from .decision_rules import Action, Budgets, History, decide_start, decide_unended, unended_attempt
 
 
 @dataclass

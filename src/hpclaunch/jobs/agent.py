@@ -56,7 +56,7 @@ from .agent_exit import agent_failed
 from .agent_records import started_fields
 from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_command, rank_host_environment, rank_request
-from .chain import after_attempt
+from .chain_end import after_attempt
 from .decider import Decider
 from .hang_evidence import stop_workers
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks

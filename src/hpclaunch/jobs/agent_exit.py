@@ -18,7 +18,7 @@ from ..errors import HpclaunchError
 from ..rundir import FAILED, Ledger, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.kinds import AGENT_ERROR
-from .chain import after_attempt
+from .chain_end import after_attempt
 
 
 def words(error: BaseException) -> str:

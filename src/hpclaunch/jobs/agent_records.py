@@ -13,7 +13,7 @@ from ..rundir.attempt_records import RosterJSON
 from ..rundir.cause import Cause
 from ..schedulers.base import NodeContext
 from .allocation import Roster
-from .decide import Action, Decision
+from .decision_rules import Action, Decision
 
 
 class _StartedRequired(TypedDict):

@@ -16,7 +16,7 @@ from ..rundir import NODE_EXCLUDED, JobPlan, Ledger, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.events import Cancelled, Event, as_events, of_kind
 from ..schedulers.base import NodeContext, Scheduler
-from .decide import Action, Decision
+from .decision_rules import Action, Decision
 
 
 class Recorder(Protocol):

@@ -47,7 +47,7 @@ from .agent_records import decision_fields
 from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, Allocation, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out
-from .decide import Action, Budgets, Decision, Facts, History, decide
+from .decision_rules import Action, Budgets, Decision, Facts, History, decide
 from .fenced import Deposed, as_decision, decision_record, recorded
 from .node_checks import StartBarrier, Verdicts, Word
 from .stop_relay import StopRelay

@@ -27,7 +27,7 @@ from typing import Any
 from ..rundir import CANCELLED, ENDED, FAILED, FINISHED, REQUEUED
 from ..rundir.cause import Budget, Cause
 from .allocation import DecisionRecord, Roster
-from .decide import Action, Decision
+from .decision_rules import Action, Decision
 
 _DECIDED = (REQUEUED, FINISHED, FAILED, ENDED, CANCELLED)
 

@@ -1,7 +1,7 @@
 """The rescue: decides an attempt that the scheduler ended before any agent could, and continues the
 run without a person (``python -m hpclaunch.jobs.rescue RUN_DIR JOB_ID``; torch-free).
 
-The scheduler starts it only when ``JOB_ID`` ended in a failed state (``schedulers.rescue``). It
+The scheduler starts it only when ``JOB_ID`` ended in a failed state (``schedulers.rescue_job``). It
 reads the ledger: when the latest attempt of that job has a decision recorded, or the run has
 ended, it does nothing and says so. When an agent published a decision (``decision.json``) and died
 carrying it out, the rescue carries that decision out. Otherwise it decides the attempt itself,
@@ -56,9 +56,9 @@ from ..rundir.events import AgentError, Cancelled, Event, Started, of_kind
 from ..rundir.lock import liveness
 from ..rundir.outcome import attempt_outcome
 from ..schedulers.registry import get_scheduler
-from ..schedulers.rescue import leave_rescue, withdraw_rescues
+from ..schedulers.rescue_job import leave_rescue, withdraw_rescues
 from .allocation import DecisionRecord, Roster
-from .decide import RESUMABLE, Action, Budgets, Decision, Facts, History, decide, unended_attempt
+from .decision_rules import RESUMABLE, Action, Budgets, Decision, Facts, History, decide, unended_attempt
 from .fenced import as_decision, decision_record
 
 # An agent whose heartbeat stopped this long before the allocation's last one was gone before the

@@ -62,7 +62,7 @@ from ..schedulers.base import NodeContext
 from .allocation import LOOK_S
 from .hang_evidence import dump_stacks, file_size, stop_workers, trigger_flight_recorder
 from .node_progress import LEAD_READS_PER_S, NodeFiles, OtherNodes
-from .stragglers import StragglerTracker
+from .straggler_tracker import StragglerTracker
 
 LONG_PHASES = ("load", "save", "eval", "done")
 LEDGER_STATES = 64  # ranks whose state the hang event lists (all of them are in hang.json)

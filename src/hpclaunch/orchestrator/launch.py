@@ -33,8 +33,8 @@ from ..rundir import (
 from ..rundir.control import drop_user_stop
 from ..schedulers.base import RenderedJob, Scheduler
 from ..schedulers.registry import get_scheduler
-from ..schedulers.rescue import leave_rescue
-from . import plan as plan_mod
+from ..schedulers.rescue_job import leave_rescue
+from . import plan_build as plan_mod
 
 
 @dataclass
@@ -169,7 +169,7 @@ def submit(
 ) -> tuple[RunPaths, str]:
     """Write the run directory (one per sweep point), take each run's lock and hand the rendered
     script to the scheduler. A run whose lock is held by a live writer is refused (nothing written).
-    ``held``: the job waits until released (a chain's next stage, see ``orchestrator.chain``)."""
+    ``held``: the job waits until released (a chain's next stage, see ``orchestrator.chain_submit``)."""
     plan, rendered = prepared.plan, prepared.rendered
     scheduler = get_scheduler(plan.scheduler)
     roots = [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]

@@ -303,7 +303,7 @@ def current_job_id(events: Sequence[Event]) -> str | None:
 
 
 def rescue_view(events: Sequence[Event]) -> RescueView:
-    """The rescue job waiting behind the run's current job (``schedulers.rescue``), and one line per
+    """The rescue job waiting behind the run's current job (``schedulers.rescue_job``), and one line per
     job the scheduler ended undecided that a rescue continued (why the scheduler calls it FAILED)."""
     waiting: dict[str, str] = {}  # watched job -> its rescue
     notes: list[str] = []
@@ -428,7 +428,7 @@ class StatusView:
     text_loss: float | None
     latent_loss: float | None
     samples_per_s: float | None
-    tflops_per_gpu: float | None  # GPU runs on a GPU whose peak is known (trainer.metrics)
+    tflops_per_gpu: float | None  # GPU runs on a GPU whose peak is known (trainer.metrics_window)
     mfu: float | None
     eta_s: float | None
     requeues: int

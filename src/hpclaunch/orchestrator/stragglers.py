@@ -1,7 +1,7 @@
 """What ``status`` says about stragglers: the slowest rank now, and the ranks the watchdog reported.
 
 Reads the per-rank step-time summaries (``RUN/steptimes/rank<r>.jsonl``, only their last lines) and
-the ledger's ``straggler`` events (written by node 0's watchdog, ``jobs.stragglers``). Own work per
+the ledger's ``straggler`` events (written by node 0's watchdog, ``jobs.straggler_tracker``). Own work per
 step is compared, never wall time: the collectives make every rank's step as long as the slowest.
 """
 

@@ -11,7 +11,7 @@ Nothing here imports torch: what torch knows comes from a probe subprocess in th
 
 from __future__ import annotations
 
-from .report import CheckResult, Report, Status, print_report
+from .results import CheckResult, Report, Status, print_report
 from .runner import CHECKS, LOGIN_CHECKS, NODE_CHECKS, run_login_checks, run_node_checks
 
 __all__ = [

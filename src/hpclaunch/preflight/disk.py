@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .base import CheckContext, Findings, Outcome
+from .check_context import CheckContext, Findings, Outcome
 from .sizes import human_bytes, human_count, kept_checkpoints, run_checkpoint_bytes
 
 

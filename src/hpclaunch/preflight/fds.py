@@ -16,8 +16,8 @@ from __future__ import annotations
 import resource
 
 from ..config import RunConfig
-from .base import CheckContext, Outcome
-from .report import Status
+from .check_context import CheckContext, Outcome
+from .results import Status
 
 # The interpreter, torch's libraries, CUDA's device files, logs, the data shards a loader holds: a
 # rank's descriptors that do not grow with W (a CPU rank holds about 60, a GPU rank a few hundred).

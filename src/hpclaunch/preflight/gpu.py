@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 from dataclasses import dataclass
 
-from .base import CheckContext, Findings, Outcome, skip
+from .check_context import CheckContext, Findings, Outcome, skip
 
 GPU_FIELDS = (
     "index",

@@ -33,7 +33,7 @@ from ..config import RunConfig
 from ..nccl import validate_nccl_env
 from ..rundir.clock import stop_lead_s
 from ..rundir.shm import base_of
-from .base import CheckContext, Findings, Outcome
+from .check_context import CheckContext, Findings, Outcome
 from .sizes import (
     ASSUMED_STARTUP_S,
     ASSUMED_WRITE_BPS,

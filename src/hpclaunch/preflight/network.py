@@ -18,7 +18,7 @@ from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContextError
 from ..schedulers.nodes import is_loopback, rendezvous_address, resolve_address
 from ..schedulers.registry import get_scheduler
-from .base import CheckContext, Findings, Outcome
+from .check_context import CheckContext, Findings, Outcome
 
 CONNECT_TIMEOUT_S = 3.0
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .base import CheckContext, Outcome, skip
-from .report import Status
+from .check_context import CheckContext, Outcome, skip
+from .results import Status
 
 MARKER_DIR_VAR = "HPCLAUNCH_NODE_MARKER_DIR"
 DEFAULT_MARKER_DIR = "/etc/hpclaunch"

@@ -140,7 +140,7 @@ class Probe:
     """One running probe; ``result()`` waits (bounded) and caches the answer for every check.
 
     With ``estimate`` (preflight's request for a few measured training steps, see
-    ``preflight/estimate.py``) the same process goes on, after its answer, to time those steps, so
+    ``preflight/run_estimate.py``) the same process goes on, after its answer, to time those steps, so
     that the estimate pays no second torch import and runs while the checks do: the answer is then
     the first JSON line (the checks need not wait for the steps), the steps' result the line
     ``{"step_estimate": {...}}`` after it, read by ``step_estimate()``. Without it the answer is

@@ -20,18 +20,18 @@ from pathlib import Path
 from ..config import RunConfig
 from ..errors import HpclaunchError, UserInputError, debug_enabled, did_you_mean
 from ..schedulers.base import NodeContext
-from .base import CheckContext, Outcome, RunCommand, run_command
-from .container import check_container, job_probe
-from .data import check_data
+from .check_context import CheckContext, Outcome, RunCommand, run_command
+from .container_check import check_container, job_probe
+from .data_check import check_data
 from .disk import check_disk
-from .env import check_env
+from .env_check import check_env
 from .fds import check_fds
 from .gpu import check_gpu
 from .layout import check_config
 from .network import check_network
 from .node import check_node
 from .probe import Probe, StaticProbe
-from .report import CheckResult, Report, Status
+from .results import CheckResult, Report, Status
 from .scheduler import check_scheduler
 
 PROBE_TIMEOUT_S = 60.0

@@ -25,7 +25,7 @@ from typing import TypeVar
 from ..config import format_hms
 from ..errors import did_you_mean
 from ..schedulers import pbs_json
-from .base import CheckContext, Findings, Outcome, skip
+from .check_context import CheckContext, Findings, Outcome, skip
 from .sizes import estimated_save_s, run_checkpoint_bytes
 
 T = TypeVar("T")

@@ -5,7 +5,7 @@ The value is what the run directory records (``"timeout"``, ``"crash"``, ...). P
 value is an error, never a guess: a cause that nobody defined cannot be retried or ended correctly.
 Every run directory ever written uses only these values, so old runs read unchanged.
 
-What a cause means for the run is decided in ``jobs.decide``; what is fixed here is only its
+What a cause means for the run is decided in ``jobs.decision_rules``; what is fixed here is only its
 vocabulary and which budget a continuation for it spends.
 """
 

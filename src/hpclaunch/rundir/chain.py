@@ -17,7 +17,7 @@ Whoever sees stage 1 ended (its node-0 agent after the final decision, the ``sub
 registered stage 2 after stage 1 had ended, ``hpclaunch cancel`` of stage 1) settles stage 2: it
 first *claims* it by creating ``settled-<job>.json`` with ``link()`` (atomic and exclusive, NFS
 too), and only the one that created it releases or cancels the job. So a release happens exactly
-once, however many of them race. ``schedulers.chain`` carries the verdict out.
+once, however many of them race. ``schedulers.chain_release`` carries the verdict out.
 
 A scheduler call that fails (an ``scontrol release`` that times out, after the pass's own retries)
 gives the claim back (``give_back``: ``failed-<job>.json`` counts the failed passes, then the claim

@@ -277,7 +277,7 @@ class Hang(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Straggler(Event):
-    """``jobs.stragglers.Straggler``: ``rank_node`` is where the rank runs (``node`` is the writer's)."""
+    """``jobs.straggler_tracker.Straggler``: ``rank_node`` is where the rank runs (``node`` is the writer's)."""
 
     KIND = STRAGGLER
     rank: int | None = None
@@ -440,7 +440,7 @@ class SnapshotSaved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotInterval(Event):
-    """The memory tier's next snapshot (``every_steps: auto``; ``trainer.snapshots.interval``)."""
+    """The memory tier's next snapshot (``every_steps: auto``; ``trainer.snapshots.snapshot_interval``)."""
 
     KIND = SNAPSHOT_INTERVAL
     step: int | None = None
@@ -475,7 +475,7 @@ class CheckpointWriterStarved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointInterval(Event):
-    """``trainer.checkpoint.interval``'s decision (``orchestrator.checkpoint_interval``)."""
+    """``trainer.checkpoint.save_interval``'s decision (``orchestrator.checkpoint_interval``)."""
 
     KIND = CHECKPOINT_INTERVAL
     step: int | None = None

@@ -1,7 +1,7 @@
 """The JobPlan model: the resolved, validated run, as saved in ``RUN/plan.json``.
 
 Every number that appears in a job script, the torchrun command line or the job environment comes
-from here, once. ``orchestrator.plan.build`` makes it on the login side; renderers only format it;
+from here, once. ``orchestrator.plan_build.build`` makes it on the login side; renderers only format it;
 the node agent reads it back and only fills in what can be known inside the allocation (head
 address, node rank, job id).
 """

@@ -12,11 +12,11 @@ A scheduler module answers what only it knows, on both sides of a job:
   ``exclude_nodes`` (come back without some nodes, where the scheduler can express that) and
   ``withdraw`` (take back an attempt the scheduler started after the run had ended).
 
-SLURM and PBS also leave a rescue job behind every job of a run (``schedulers.rescue``:
+SLURM and PBS also leave a rescue job behind every job of a run (``schedulers.rescue_job``:
 ``render_rescue``, ``submit_rescue``, and ``continuation_held`` for the rescue's continuation);
 these are optional (looked up with ``getattr``): the local scheduler's controller outlives its job.
 
-What happens after an attempt is decided elsewhere (``jobs.decide``, pure); the agent carries the
+What happens after an attempt is decided elsewhere (``jobs.decision_rules``, pure); the agent carries the
 decision out through these methods. This package imports ``rundir``, ``config`` and ``templates``,
 never the agent, the trainer or the orchestrator.
 """
@@ -157,7 +157,7 @@ class Scheduler(Protocol):
 
     def cancel(self, paths: RunPaths, job_id: str) -> None: ...
 
-    # ---- chains (``schedulers.chain``): a next stage waits held until the run before it ends ----
+    # ---- chains (``schedulers.chain_release``): a next stage waits held until the run before it ends ----
     def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
         """``submit``, but the job does not start until ``release`` (SLURM ``sbatch --hold``, PBS
         ``qsub -h``, local: the controller waits); ``cancel`` takes it back."""

@@ -32,7 +32,7 @@ from ..rundir import Heartbeat, JobPlan, RunLock, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
-from ..templates.container import container_lines
+from ..templates.container_lines import container_lines
 from ..templates.shell import Raw, export_line, join
 from . import foreground, local_slots
 from .base import (

@@ -29,7 +29,7 @@ from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
 from ..templates import jinja, lint
-from ..templates.container import container_lines
+from ..templates.container_lines import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import pbs_json
 from .base import (
@@ -45,7 +45,7 @@ from .base import (
     run_command,
 )
 from .nodes import resolve_address
-from .rescue import RESCUE_MINUTES, leave_rescue, rescue_body
+from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
 
 SCRIPT_NAME = "job.pbs"
 RESCUE_SCRIPT_NAME = "rescue.pbs"
@@ -147,7 +147,7 @@ def rescue_qsub_args(job_id: str) -> list[str]:
 
 
 def render_rescue(plan: JobPlan) -> RenderedJob:
-    """The rescue job's script (``schedulers.rescue``): one chunk of one CPU, a few minutes, the
+    """The rescue job's script (``schedulers.rescue_job``): one chunk of one CPU, a few minutes, the
     run's queue and account; its output in the run's scheduler folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
     log = directive_value(str(Path(plan.run_dir) / "scheduler") + "/", what="run_dir")

@@ -30,7 +30,7 @@ from ..fsutil import atomic_write_json, atomic_write_text
 from ..rundir import JobPlan, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..templates import lint
-from ..templates.container import container_lines
+from ..templates.container_lines import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
 from . import submitit_adapter
 from .base import (
@@ -46,7 +46,7 @@ from .base import (
     run_command,
 )
 from .nodes import resolve_address
-from .rescue import RESCUE_MINUTES, leave_rescue, rescue_body
+from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
 
 SUBMITIT_DIR = "scheduler/submitit"
 SCRIPT_NAME = "job.sbatch"
@@ -160,7 +160,7 @@ def rescue_sbatch_args(job_id: str) -> list[str]:
 
 
 def render_rescue(plan: JobPlan) -> RenderedJob:
-    """The rescue job's script (``schedulers.rescue``): one task, a few minutes, the run's partition,
+    """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's partition,
     account and QOS; its output beside the submitit folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
     log = directive_value(str(Path(plan.run_dir) / "scheduler" / "rescue-%j.out"), what="run_dir")
@@ -284,7 +284,7 @@ class SlurmScheduler:
         if batch_host_died(job):
             # Nobody cancelled it: its batch script died (node 0 emptied, or dead) and SLURM ends
             # the job. The agents left save and decide (node 0's death); if SLURM kills them first,
-            # the job's rescue does (``schedulers.rescue``).
+            # the job's rescue does (``schedulers.rescue_job``).
             return Cause.PREEMPTION
         return Cause.CANCELLED
 

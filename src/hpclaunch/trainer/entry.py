@@ -33,7 +33,7 @@ from ..rundir.outcome import write_rank_outcome
 from .checkpoint.writer_process import prefork as prefork_writer
 from .loader import RankDataError
 from .loop import Trainer
-from .progress import drop_empty_stack_dump, register_stack_dump
+from .rank_progress import drop_empty_stack_dump, register_stack_dump
 from .smoke import StartupHang
 from .startup import StartupClock
 

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Protocol
 from ..config import RunConfig
 from ..errors import error_text
 
-if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
-    from .metrics import Window
+if TYPE_CHECKING:  # a type only: trainer.metrics_window imports torch
+    from .metrics_window import Window
 
 # (which log, what went wrong, what was done instead)
 OnFailure = Callable[[str, str, str], None]

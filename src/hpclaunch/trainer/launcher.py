@@ -9,7 +9,7 @@ the trainer modules itself), and each attempt's ranks are forked from it in mill
 attempt is one round of torch's own elastic launcher (``elastic_launch``: the
 ``LocalElasticAgent`` spawns, watches and tears down the ranks, c10d rendezvous with a fresh run id
 per attempt, ``max_restarts=0``): whether an attempt is followed by another, and on which nodes, is
-the node agent's decision (``jobs.decide``), never a restart counter's.
+the node agent's decision (``jobs.decision_rules``), never a restart counter's.
 
 Protocol: the agent writes one JSON request per line on stdin (``{"attempt": {...}}`` or
 ``{"exit": true}``); replies are marked lines on stderr (``rundir.attempt_records.REPLY_MARK``:

@@ -14,7 +14,7 @@ What happens, top to bottom (``Trainer.run``):
    the optimizer step, the EMA; metrics (``metrics.jsonl``, TensorBoard); validation every
    ``train.eval_every`` steps; a failed background save is acted on at the next step; the stop
    check after every step (but the last: a run that has done all its steps is finished);
-   periodic non-blocking saves when ``checkpoint.interval.SaveSchedule`` says (every
+   periodic non-blocking saves when ``checkpoint.save_interval.SaveSchedule`` says (every
    ``checkpoint.every_steps``, every ``checkpoint.every_minutes``, or at the interval that loses
    the least expected time: ``every_steps: auto``; a step that stops saves once, blocking);
 4. the end: finished (all steps done), stopped (a stop cause; blocking save, ``stopped`` event),
@@ -70,7 +70,7 @@ from .loader import micro_batches, raise_data_problem
 from .memory_tier import TierFields
 from .periodic_saves import PeriodicSaves
 from .profiling import StepProfiler
-from .progress import Progress
+from .rank_progress import Progress
 from .reports import Reports
 from .resume import record_resumed, take_up
 from .saving import CheckpointSaves

@@ -35,14 +35,14 @@ from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths, read_eve
 from ..rundir.env import ALLOCATION_VAR, ATTEMPT_VAR, NODE_NAME_VAR
 from ..rundir.kinds import SNAPSHOT_INTERVAL
 from ..rundir.shm import TierPlaceError, base_of, run_root, sweep
-from .checkpoint.interval import ledger_failures, run_mtbf_s
 from .checkpoint.manifest import newest_valid
+from .checkpoint.save_interval import ledger_failures, run_mtbf_s
 from .checkpoint.staging import SharedStager, Staged
 from .dist import DistContext, all_gather_json, broadcast_json
 from .snapshots import shard
-from .snapshots.interval import CostMeter, SnapshotSchedule
-from .snapshots.plan import RestorePlan, buddy_of, plan_restore, ward_of
+from .snapshots.buddies import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
+from .snapshots.snapshot_interval import CostMeter, SnapshotSchedule
 from .snapshots.store import HeldShard, NodeStore
 from .snapshots.transfer import FAILURES, JobThread, SnapshotJob, exchange_pulls, new_link, open_sends
 

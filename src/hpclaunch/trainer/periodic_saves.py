@@ -1,4 +1,4 @@
-"""When this rank saves periodically, and what it measures to decide (``checkpoint.interval``).
+"""When this rank saves periodically, and what it measures to decide (``checkpoint.save_interval``).
 
 The training loop tells it every step's time and whether a background save was in flight, asks it
 whether the step just done is a save step, and tells it when it started one. After a save settles
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ..config import RunConfig
 from ..rundir import Ledger, RunPaths, read_events
 from ..rundir.kinds import CHECKPOINT_INTERVAL
-from .checkpoint.interval import SaveSchedule, ledger_failures, policy_from_config
+from .checkpoint.save_interval import SaveSchedule, ledger_failures, policy_from_config
 from .dist import DistContext, broadcast_json
 
 if TYPE_CHECKING:

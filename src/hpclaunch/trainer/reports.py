@@ -22,7 +22,7 @@ from ..rundir.outcome import Status
 from .counters import Counters
 from .dist import DistContext, all_gather_json
 from .explog import ExperimentLogs, open_experiment_logs
-from .metrics import MetricsLog, MetricsWindow, Window, max_memory_gb
+from .metrics_window import MetricsLog, MetricsWindow, Window, max_memory_gb
 
 if TYPE_CHECKING:
     from .init_from import Initialized

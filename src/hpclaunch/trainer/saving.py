@@ -25,7 +25,7 @@ from ..jobs.stop import StopController
 from ..rundir import CHECKPOINT_FAILED, Ledger
 from .counters import Counters
 from .dist import DistContext
-from .progress import Progress
+from .rank_progress import Progress
 from .reports import Reports
 from .state import params_finite
 

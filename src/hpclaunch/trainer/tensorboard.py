@@ -18,8 +18,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
-    from .metrics import Window
+if TYPE_CHECKING:  # a type only: trainer.metrics_window imports torch
+    from .metrics_window import Window
 
 TAGS = {
     "loss": "loss/total",

@@ -28,8 +28,8 @@ from ..config import RunConfig
 from ..fsutil import atomic_write_json
 from .tensorboard import TAGS, step_of
 
-if TYPE_CHECKING:  # a type only: trainer.metrics imports torch
-    from .metrics import Window
+if TYPE_CHECKING:  # a type only: trainer.metrics_window imports torch
+    from .metrics_window import Window
 
 ID_FILE = "hpclaunch-id.json"
 

@@ -17,13 +17,13 @@ from ...errors import CheckpointError
 from ...rundir import Ledger
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir
-from .faults import estimated_bytes as _estimated_bytes
-from .faults import save_error
 from .group import checkpoint_group
 from .loading import load_latest
 from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
 from .safe_load import safe_load_parts
 from .save_decision import plan_save
+from .save_errors import estimated_bytes as _estimated_bytes
+from .save_errors import save_error
 from .save_plans import SavePlans
 from .save_report import report_saved
 from .writer_protocol import WriterSpec

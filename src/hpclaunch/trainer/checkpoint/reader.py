@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError, UserInputError
 from ..dist import all_gather_json
-from .faults import as_checkpoint_error
 from .manifest import (
     METADATA_NAME,
     RANK_LOCAL,
@@ -26,6 +25,7 @@ from .manifest import (
     verify_checkpoint,
 )
 from .safe_load import load_metadata_safely, safe_load_parts
+from .save_errors import as_checkpoint_error
 
 if TYPE_CHECKING:
     import torch.distributed as dist

@@ -26,7 +26,8 @@ from ...errors import CheckpointError
 from ...fsutil import atomic_write_json, fsync_dir
 from ..dist import all_gather_json, broadcast_json
 from .directory import CheckpointDir
-from .faults import (
+from .manifest import MANIFEST_NAME, METADATA_NAME, build_manifest, file_digest, move_aside_corrupt
+from .save_errors import (
     delay_write_hook,
     hooked_writer_class,
     injected_failure,
@@ -35,7 +36,6 @@ from .faults import (
     kill_requested,
     save_error,
 )
-from .manifest import MANIFEST_NAME, METADATA_NAME, build_manifest, file_digest, move_aside_corrupt
 from .save_plans import SavePlans
 
 if TYPE_CHECKING:

@@ -43,9 +43,9 @@ import torch
 import torch.distributed as dist
 
 from ...rundir.shm import TierPlaceError
-from ..checkpoint.faults import kill_hook, snapshot_copy_delay_hook
+from ..checkpoint.save_errors import kill_hook, snapshot_copy_delay_hook
 from ..checkpoint.staging import Staged
-from .plan import Pull
+from .buddies import Pull
 from .store import HeldShard, NodeStore, PendingShard
 
 # What a snapshot may fail of, as opposed to a bug: the disk tier then serves.

@@ -8,7 +8,7 @@ own (``CostMeter``): the loop's period from one ``after_step`` to the next, agai
 the periods with no job in flight.
 
 Interval. ``checkpoint.memory.every_steps: N`` snapshots every N steps; ``auto`` at the interval
-that loses the least expected time, as the disk tier's saves (``checkpoint.interval``: Young/Daly,
+that loses the least expected time, as the disk tier's saves (``checkpoint.save_interval``: Young/Daly,
 sqrt(2 x C x M)), with C the measured whole cost and M the run's MTBF (``checkpoint.mtbf_hours`` per
 node over the nodes, pooled with the failures the ledger has seen). Every rank must snapshot at the
 same steps (each one's buddy waits for it), so rank 0 decides and every rank adopts its decision at
@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any, TypedDict
 
-from ..checkpoint.interval import (
+from ..checkpoint.save_interval import (
     CALIBRATION_STEPS,
     expected_loss_per_failure_s,
     expected_waste_share,

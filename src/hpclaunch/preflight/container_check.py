@@ -16,7 +16,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..fsutil import JSONObject
 from ..rundir.container import ContainerPlan
-from .base import CheckContext, Findings, Outcome, skip
+from .check_context import CheckContext, Findings, Outcome, skip
 from .probe import Probe, ProbeError, StaticProbe, StepRequest, job_python
 
 # How to get each runtime, and how an image is made for it.

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from ..errors import DataError
-from .base import CheckContext, Findings, Outcome
+from .check_context import CheckContext, Findings, Outcome
 
 VALUE_CHECKED_SHARDS = 4  # shards whose token values are read in full (the rest: headers only)
 

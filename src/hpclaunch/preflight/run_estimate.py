@@ -43,7 +43,7 @@ def step_request(cfg: RunConfig) -> StepRequest:
 
 def step_env(cfg: RunConfig) -> dict[str, str]:
     """The environment the steps are timed in beyond this one: one rank's CPU threads, as the job
-    sets them (``orchestrator/plan.py``: the task's CPUs shared by its ranks, or ``launch.env``'s).
+    sets them (``orchestrator/plan_build.py``: the task's CPUs shared by its ranks, or ``launch.env``'s).
 
     It was the whole task's CPUs: two threads for one rank of the tiny example, whose ranks get one
     each; on two busy cores those two threads made the measured step 10 to 20 times slower.

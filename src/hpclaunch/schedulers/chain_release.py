@@ -2,7 +2,7 @@
 own scheduler, exactly once (``rundir.chain`` holds the files and the claim).
 
 Called wherever the earlier run may have ended: its deciding agent after its last decision
-(``jobs.chain``), ``submit --after`` right after it registered the next stage (the earlier run may
+(``jobs.chain_end``), ``submit --after`` right after it registered the next stage (the earlier run may
 have ended meanwhile) and ``hpclaunch cancel`` of the earlier run. Never by ``status``: looking at
 a run changes nothing in a scheduler. Each call reads the earlier run's ledger; while it has not
 ended, nothing happens. A follower's scheduler call that fails is tried again within the pass

@@ -21,7 +21,7 @@ from .. import proc
 from ..config import RunConfig
 from ..schedulers.base import NodeContext
 from .probe import Probe, ProbeAnswer, ProbeError, StaticProbe
-from .report import Status
+from .results import Status
 from .sizes import estimate_parameters
 
 

@@ -1,6 +1,6 @@
 """The node agent's part in chains: once node 0 has recorded how an attempt ended, a run that has
 ended (finished, failed, cancelled) releases or cancels the runs chained after it
-(``schedulers.chain``). An attempt that continues changes nothing: the run has not ended, and its
+(``schedulers.chain_release``). An attempt that continues changes nothing: the run has not ended, and its
 continuation (a requeue, a PBS continuation job with a new id) reads the same run directory."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 
 from ..rundir import RunPaths
-from ..schedulers.chain import settle_followers
+from ..schedulers.chain_release import settle_followers
 from .rescue import after_run
 
 

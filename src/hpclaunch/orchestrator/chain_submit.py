@@ -15,7 +15,7 @@ from ..errors import UserInputError
 from ..rundir import CHAIN_WAITING, Ledger, RunPaths, read_events
 from ..rundir.chain import Follower, Verdict, register, verdict
 from ..rundir.kind import RunKind, what_is_at
-from ..schedulers.chain import settle_followers
+from ..schedulers.chain_release import settle_followers
 
 
 def check_after(after: Path, run_root: Path, *, sweep: bool) -> RunPaths:

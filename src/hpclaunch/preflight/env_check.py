@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from .. import __version__
-from .base import CheckContext, Findings, Outcome, skip
-from .container import probe_blocker
+from .check_context import CheckContext, Findings, Outcome, skip
+from .container_check import probe_blocker
 from .probe import ProbeError, TorchInfo
 
 MIN_TORCH = (2, 4)

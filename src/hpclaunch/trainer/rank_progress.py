@@ -51,7 +51,7 @@ from ..rundir.progress import (
     stacks_file,
     steptimes_file,
 )
-from .faults import TestFaults
+from .fault_injection import TestFaults
 
 __all__ = ["PHASES", "Progress", "drop_empty_stack_dump", "register_stack_dump"]
 
