@@ -43,6 +43,25 @@ def synth_data(directory: Path, samples: int = 512) -> Path:
     return directory
 
 
+def outlasting(
+    steps: int, step_sleep_s: float, *, time_limit_s: float, stop_margin_s: float
+) -> tuple[str, ...]:
+    """The overrides of a run that its time limit must stop on any machine, however fast: its slept
+    steps alone last longer than the limit less the stop margin, with a tenth to spare (start-up and
+    the steps' own compute only add to them). Checked where a test sets its sizes, at import."""
+    slept = steps * step_sleep_s
+    if slept <= 1.1 * (time_limit_s - stop_margin_s):
+        raise ValueError(
+            f"{steps} steps x {step_sleep_s} s = {slept:.0f} s of sleep would fit a {time_limit_s:.0f} s limit "
+            f"less its {stop_margin_s:.0f} s margin on a fast machine: raise the steps or the sleep"
+        )
+    return (
+        f"train.steps={steps}",
+        f"testing.step_sleep_s={step_sleep_s}",
+        f"launch.stop_margin_s={stop_margin_s:g}",
+    )
+
+
 def sets(*overrides: str) -> list[str]:
     out: list[str] = []
     for item in overrides:

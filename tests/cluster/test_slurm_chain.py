@@ -14,20 +14,29 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.runlib import TINY, events, hpclaunch, status, synth_data, tiny_overrides, wait_for, wait_run_done
+from tests.runlib import (
+    TINY,
+    events,
+    hpclaunch,
+    outlasting,
+    status,
+    synth_data,
+    tiny_overrides,
+    wait_for,
+    wait_run_done,
+)
 
 if TYPE_CHECKING:
     from tests.cluster.conftest import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# Too long for one 1-minute attempt (as in test_slurm_runs): requeued at least once.
+# Too long for one 1-minute attempt on any machine (as in test_slurm_runs): requeued at least once.
+STAGE1_STEPS = 360
 LONG = (
-    "train.steps=360",
-    "testing.step_sleep_s=0.1",
+    *outlasting(STAGE1_STEPS, 0.18, time_limit_s=60, stop_margin_s=4),
     "train.log_every=20",
     "checkpoint.every_steps=100",
-    "launch.stop_margin_s=4",
     "train.ema_decay=0.9",
 )
 SHORT = ("train.steps=20", "train.warmup_steps=2", "train.log_every=5")
@@ -101,7 +110,7 @@ def test_stage2_starts_after_a_requeued_stage1_finishes(
     assert len(released) == 1 and released[0]["by"] in ("agent", "hpclaunch status"), released
     assert s2["chain"]["after"]["outcome"] == "released"
     assert s1["chain"]["next"][0]["outcome"] == "released"
-    assert s2["weights_from"]["step"] == 360 and s2["weights_from"]["ema"] is True
+    assert s2["weights_from"]["step"] == STAGE1_STEPS and s2["weights_from"]["ema"] is True
     assert s2["attempts"][0]["resumed_step"] == 0
 
 

@@ -23,6 +23,7 @@ from tests.runlib import (
     events,
     final_params_sha,
     hpclaunch,
+    outlasting,
     rank_process,
     synth_data,
     tiny_overrides,
@@ -35,13 +36,11 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# More work than a one-minute limit holds on any machine (54 s of sleep alone).
+# More work than a one-minute limit holds on any machine (its sleep alone).
 RUN = (
-    "train.steps=360",
-    "testing.step_sleep_s=0.15",
+    *outlasting(360, 0.18, time_limit_s=60, stop_margin_s=4),
     "train.log_every=10",
     "checkpoint.every_steps=50",
-    "launch.stop_margin_s=4",
     "scheduler.max_failure_retries=1",
     "nccl.env.NCCL_DEBUG=WARN",  # (in the plan's environment: it must reach the ranks in the image)
 )

@@ -18,6 +18,7 @@ from tests.runlib import (
     events,
     final_params_sha,
     hpclaunch,
+    outlasting,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -29,13 +30,11 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-# Long enough that a 1-minute SLURM limit cannot hold it: the run must be stopped and continued.
+# Long enough that a 1-minute SLURM limit cannot hold it on any machine: stopped and continued.
 LONG = (
-    "train.steps=360",
-    "testing.step_sleep_s=0.1",
+    *outlasting(360, 0.18, time_limit_s=60, stop_margin_s=4),
     "train.log_every=20",
     "checkpoint.every_steps=100",
-    "launch.stop_margin_s=4",
 )
 
 

@@ -16,19 +16,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from tests.pbs.conftest import user_dir
 from tests.pbs.pbslib import status, synth_data, wait_run_done
-from tests.runlib import TINY, events, tiny_overrides, wait_for
+from tests.runlib import TINY, events, outlasting, tiny_overrides, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
 
 pytestmark = [pytest.mark.pbs, pytest.mark.slow]
 
+# Stage 1 outlasts its 60 s walltime on any machine (its sleep alone), so it is always continued.
+STAGE1_STEPS = 300
 LONG = (
-    "train.steps=200",
-    "testing.step_sleep_s=0.2",
+    *outlasting(STAGE1_STEPS, 0.2, time_limit_s=60, stop_margin_s=8),
     "train.log_every=20",
     "checkpoint.every_steps=50",
-    "launch.stop_margin_s=8",
     "train.ema_decay=0.9",
 )
 SHORT = ("train.steps=20", "train.warmup_steps=2", "train.log_every=5", "scheduler.time_limit=00:05:00")
@@ -100,7 +100,7 @@ def test_stage2_starts_after_stage1_finishes_through_continuation_jobs(
     # between the agent's `finished` and its release (both settle a chain; CI saw the second).
     assert len(released) == 1 and released[0]["by"] in ("agent", "hpclaunch status"), released
     assert s1["chain"]["next"][0]["outcome"] == "released"
-    assert s2["weights_from"]["step"] == 200 and s2["weights_from"]["ema"] is True
+    assert s2["weights_from"]["step"] == STAGE1_STEPS and s2["weights_from"]["ema"] is True
 
 
 def test_a_failed_stage1_keeps_stage2_from_running(pbs_server: PbsServer, chains: dict[str, Path]) -> None:

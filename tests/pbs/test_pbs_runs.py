@@ -24,22 +24,19 @@ from tests.pbs.pbslib import (
     synth_data,
     wait_run_done,
 )
-from tests.runlib import events, final_params_sha, wait_for
+from tests.runlib import events, final_params_sha, outlasting, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
 
 pytestmark = [pytest.mark.pbs, pytest.mark.slow]
 
-# Long enough that a 60 s walltime cannot hold it (40 s of slept steps: the same under load, against
-# 6 s of start-up alone and about 20 s when the module's five runs start together), short enough
-# to end in the second attempt. The margin leaves the agent room to decide before the walltime.
+# Long enough that a 60 s walltime cannot hold it on any machine (its sleep alone outlasts the
+# walltime less the margin); the margin leaves the agent room to decide before the walltime.
 LONG = (
-    "train.steps=200",
-    "testing.step_sleep_s=0.2",
+    *outlasting(300, 0.2, time_limit_s=60, stop_margin_s=8),
     "train.log_every=20",
     "checkpoint.every_steps=50",
-    "launch.stop_margin_s=8",
 )
 WALLTIME = "scheduler.time_limit=60s"
 ROOMY = "scheduler.time_limit=00:05:00"
