@@ -3,13 +3,13 @@
 One node agent per node (``agent``) stays for the whole allocation. Before every attempt it runs the
 node checks and meets the others at the start barrier (``node_checks``); it starts the ranks through
 the rank host (``rank_host``, with one signal policy for every helper process: ``helper_signals``),
-watches them (``watching``) for hangs (``watchdog``) and slow ranks (``stragglers``), and passes the
+watches them (``watching``) for hangs (``watchdog``) and slow ranks (``straggler_tracker``), and passes the
 scheduler's signals on (``stop_relay``; the ranks' side of the stop protocol is ``stop``). The
 agents agree through the run directory (``allocation``: heartbeats, the roster, reports, one
 decision); the decider (``decider``), a role that moves with the roster, pins a crash on a node
-(``attribution``), decides what comes next (``decide``, pure) and carries it out through the
+(``attribution``), decides what comes next (``decision_rules``, pure) and carries it out through the
 scheduler (``carry_out``). ``rescue`` decides an attempt the scheduler ended before any
-agent could; ``chain`` releases or cancels the runs chained after this one.
+agent could; ``chain_end`` releases or cancels the runs chained after this one.
 
 Imports ``rundir``, ``schedulers`` and ``config``; never the trainer (started by module name) nor
 the orchestrator. torch-free.

@@ -1,4 +1,4 @@
-"""The node agent's part in chains: once node 0 has recorded how an attempt ended, a run that has
+"""The node agent's part in chains: once the decider has recorded how an attempt ended, a run that has
 ended (finished, failed, cancelled) releases or cancels the runs chained after it
 (``schedulers.chain_release``). An attempt that continues changes nothing: the run has not ended, and its
 continuation (a requeue, a PBS continuation job with a new id) reads the same run directory."""

@@ -1,9 +1,10 @@
 """What happens after an attempt, and whether a new attempt may start: two pure functions.
 
-Node 0's agent gathers the facts (the trainer's outcome, what the scheduler says about the SIGTERM
-it got, the node checks of every node, budgets already spent according to the ledger) and calls
-``decide``; it then carries the Decision out through the scheduler Protocol. Only node 0 decides;
-other nodes report. ``decide_start`` runs when an attempt begins: an attempt that the scheduler
+The decider (a role that moves with the roster: node 0's agent while it lives) gathers the facts
+(the trainer's outcome, what the scheduler says about the SIGTERM it got, the node checks of every
+node, budgets already spent according to the ledger) and calls ``decide``; it then carries the
+Decision out through the scheduler Protocol. One agent decides; the others report. The rescue job
+applies the same ``decide`` to an attempt that ended before any agent could. ``decide_start`` runs when an attempt begins: an attempt that the scheduler
 started although the run had already ended (a preempted job requeued by Slurm after
 ``max_requeues`` was spent, a requeue after a finish) is withdrawn instead of training on.
 

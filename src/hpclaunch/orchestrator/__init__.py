@@ -1,7 +1,7 @@
 """The login side: from a config to a submitted job, and a run's story told from its directory.
 
-Owns planning (``plan``: config -> JobPlan, pure), the login flow (``launch``: plan, script,
-preflight, run directory, submit; ``chain``: ``submit --after``), what ``status`` shows (``status``,
+Owns planning (``plan_build``: config -> JobPlan, pure), the login flow (``launch``: plan, script,
+preflight, run directory, submit; ``chain_submit``: ``submit --after``), what ``status`` shows (``status``,
 ``lineage``, ``stragglers``, ``checkpoint_interval``), where the wall-clock time went and the
 goodput (``time_inputs`` reads, ``accounting`` adds up), the ETA and cost (``cost``) and the report
 (``report``, ``figures``). Reads run directories through ``rundir`` and reaches schedulers through

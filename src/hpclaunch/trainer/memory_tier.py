@@ -3,8 +3,8 @@ checkpoints on disk, each rank's shard also on a peer node, so that a crash, a h
 death restarted in place loses seconds, not an interval.
 
 Every ``checkpoint.memory.every_steps`` steps each rank stages its state (the staging copy: the
-stall) and a thread of the rank writes it into its node's tmpfs (``/dev/shm/hpclaunch/<run id>/<node>``
-unless ``checkpoint.memory.dir`` says otherwise) and sends it to its buddy on the next node, which
+stall) and a thread of the rank writes it into its node's tmpfs (``/dev/shm/hpclaunch-<uid>/<run id>/<node>/alloc-<id>``,
+private to the user, unless ``checkpoint.memory.dir`` says otherwise; ``rundir.shm``) and sends it to its buddy on the next node, which
 keeps it in its own (``snapshots.transfer``). A snapshot is rank-local (``snapshots``): no DCP plan,
 no collective while training.
 

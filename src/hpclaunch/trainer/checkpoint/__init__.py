@@ -3,12 +3,11 @@
 This package owns ``RUN/checkpoints/``: ``manifest`` (names, manifest, verification, scanning,
 retention rules; torch-free), ``directory`` (rank 0's view: valid, corrupt, what to load, what to
 prune; torch-free), ``safe_load`` (loading without arbitrary unpickling), ``reader`` (loading one
-checkpoint, also read-only for ``hpclaunch sample``), ``faults`` (failures in the user's words, test
-hooks), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
+checkpoint, also read-only for ``hpclaunch sample``), ``save_errors`` (failures in the user's words), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
 ``staging`` + ``channel`` + ``writer_protocol`` + ``writer_process`` + ``writer_main`` (the writer
 process of each rank, fed through shared memory), ``background`` (the process and thread writers
 behind one interface), ``priority`` (the writers' CPU priority),
-``interval`` (when to save: every N steps or minutes, or Young/Daly), ``save_decision`` (rank 0's
+``save_interval`` (when to save: every N steps or minutes, or Young/Daly), ``save_decision`` (rank 0's
 verdict on a save), ``save_report`` (a published save's log line and ledger event), ``loading``
 (resume: choose, verify a share on every rank, load), ``group`` (the checkpointer's own gloo group)
 and ``checkpointer`` (collective saves and loads). Data is written by
@@ -101,7 +100,7 @@ allow-list unpickler (the classes DCP metadata actually contains) and non-tensor
 ``torch.load(weights_only=True)``. Anything else raises ``CheckpointError`` naming file and class.
 
 Test hooks (``HPCLAUNCH_TEST_CKPT_*`` environment variables: a slow writer, a SIGKILL mid-save,
-an injected OSError such as ENOSPC) are described in ``faults``.
+an injected OSError such as ENOSPC) are described in ``save_errors``.
 
 ``manifest`` and ``directory`` are torch-free (``hpclaunch status`` must not import torch); the other modules import
 torch inside the functions that need it.

@@ -6,7 +6,7 @@ the step, the world size). No DCP plan, no metadata shared between ranks: each r
 its own shard alone, so a snapshot costs no collective, and it restores only at the world size and
 sharding that wrote it (any other change goes to the disk tier, which reshards).
 
-* ``plan``: who is whose buddy (the same local rank on the next node), and, at a restore, the newest
+* ``buddies``: who is whose buddy (the same local rank on the next node), and, at a restore, the newest
   snapshot every rank's shard of which is still somewhere in the allocation, and who sends what.
 * ``store``: the files of one node (``<root>/<node>/step-<step>-w<world>/rank-<r>.bin|.json``),
   published by rename with the description last, so a half-written shard is never read.
