@@ -279,6 +279,30 @@ def test_a_continuation_asks_only_for_the_spares_the_partition_has_left(
     assert slurm.spares_left(plan, ["n1"]) == 1
 
 
+def test_slurm_and_pbs_leave_a_continuation_the_same_spares(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One formula (``schedulers.base.spares_that_fit``): SLURM counts the partition's nodes left,
+    PBS Pro the hosts left; both keep every spare when the scheduler cannot say."""
+    from hpclaunch.config import load_config
+    from hpclaunch.orchestrator.launch import prepare
+    from hpclaunch.schedulers import pbs
+    from hpclaunch.schedulers.base import spares_that_fit
+
+    overrides = ["scheduler.nodes=2", "scheduler.spare_nodes=2"]
+    plan = prepare(load_config(None, [f"run_dir={tmp_path}", "scheduler.kind=pbs", *overrides])).plan
+    assert [spares_that_fit(plan, n) for n in (None, 1, 2, 3, 4, 9)] == [2, 0, 0, 1, 2, 2]
+
+    seen: list[int | None] = []
+    monkeypatch.setattr(pbs, "usable_hosts", lambda avoid: ["h2", "h3", "h4"])
+    monkeypatch.setattr(pbs, "qsub", lambda argv, cwd: "7.pbs")
+    monkeypatch.setattr(
+        pbs, "plan_avoiding", lambda plan, paths, avoid, spare_nodes: seen.append(spare_nodes) or plan
+    )
+    pbs.PbsScheduler().continuation_held(plan, RunPaths(tmp_path), ["h1"])
+    assert seen == [1]
+
+
 def test_the_rescue_never_imports_torch(tmp_path: Path) -> None:
     """It runs on one CPU for a few seconds: reading a ledger and one sbatch must not pay torch."""
     import subprocess
