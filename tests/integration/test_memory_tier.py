@@ -40,7 +40,7 @@ from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
 from hpclaunch.rundir.shm import run_root
 from hpclaunch.trainer.checkpoint import ENV_KILL
-from hpclaunch.trainer.checkpoint.save_errors import ENV_SNAPSHOT_DELAY_COPY
+from hpclaunch.trainer.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
 from hpclaunch.trainer.memory_tier import snapshot_dir
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))

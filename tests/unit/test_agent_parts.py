@@ -25,6 +25,7 @@ from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
+from hpclaunch.rundir.events import as_events
 from hpclaunch.schedulers.base import NodeContext
 
 pytestmark = pytest.mark.fast
@@ -157,12 +158,12 @@ def test_a_cancellation_while_the_continuation_was_asked_for_is_a_cancellation(t
 
 def test_a_cancel_recorded_since_the_attempt_started_turns_a_continuation_into_an_end() -> None:
     old = [{"event": "cancelled", "ts": 5.0}]
-    assert cancelled_meanwhile(CONTINUE, signalled=False, events=old, started_at=10.0) is CONTINUE
+    assert cancelled_meanwhile(CONTINUE, signalled=False, events=as_events(old), started_at=10.0) is CONTINUE
     new = [{"event": "cancelled", "ts": 12.0}]
-    ended = cancelled_meanwhile(CONTINUE, signalled=False, events=new, started_at=10.0)
+    ended = cancelled_meanwhile(CONTINUE, signalled=False, events=as_events(new), started_at=10.0)
     assert (ended.action, ended.cause) == (Action.END, Cause.CANCELLED)
     fail = Decision(Action.FAIL, Cause.CRASH, "boom")
-    assert cancelled_meanwhile(fail, signalled=True, events=new, started_at=0.0) is fail
+    assert cancelled_meanwhile(fail, signalled=True, events=as_events(new), started_at=0.0) is fail
 
 
 # ---- admission (node 0) ------------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ def test_an_attempt_started_when_its_started_event_says_and_node_ranks_follow_th
         {"event": "started", "attempt": "7.0", "ts": 3.0},
         {"event": "started", "attempt": "7.1", "ts": 9.0},
     ]
-    assert started_at(events, "7.1") == 9.0 and started_at(events, "8.0") == 0.0
+    assert started_at(as_events(events), "7.1") == 9.0 and started_at(as_events(events), "8.0") == 0.0
     assert node_ranks(HOSTS, ("n3", "n1", "elsewhere")) == {2: "n3", 0: "n1"}
 
 

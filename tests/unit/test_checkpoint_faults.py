@@ -232,7 +232,7 @@ def test_a_background_save_that_keeps_failing_stops_the_run_at_the_next_step_wit
 
 
 def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpclaunch.trainer.checkpoint.save_errors import ENV_KILL, kill_requested
+    from hpclaunch.trainer.checkpoint.fault_hooks import ENV_KILL, kill_requested
 
     monkeypatch.setenv(ENV_KILL, "35:0:data:writer")
     assert kill_requested(35, 0, "data") and not kill_requested(45, 0, "data")
@@ -240,3 +240,21 @@ def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: p
     assert kill_requested(35, 0, "data") and kill_requested(45, 0, "data")
     assert not kill_requested(30, 0, "data") and not kill_requested(45, 1, "data")
     assert not kill_requested(45, 0, "publish")
+
+
+def test_the_error_words_hold_no_test_hook() -> None:
+    """``save_errors`` says real failures in the user's words; the hooks that make saves fail on
+    purpose are ``fault_hooks``'s, and production modules take them from there."""
+    from hpclaunch.trainer.checkpoint import fault_hooks, save_errors
+
+    hooks = {"delay_write_hook", "kill_requested", "kill_hook", "injected_failure", "hooked_writer_class"}
+    hooks |= {
+        "snapshot_copy_delay_hook",
+        "ENV_DELAY_WRITE",
+        "ENV_KILL",
+        "ENV_FAIL",
+        "ENV_SNAPSHOT_DELAY_COPY",
+    }
+    assert hooks <= set(vars(fault_hooks))
+    assert not hooks & set(vars(save_errors))
+    assert "HPCLAUNCH_TEST" not in Path(save_errors.__file__).read_text()

@@ -22,6 +22,7 @@ from hpclaunch.jobs.decision_rules import (
 )
 from hpclaunch.rundir import AttemptOutcome
 from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.events import Event, as_events, parse_event
 
 pytestmark = pytest.mark.fast
 
@@ -435,8 +436,9 @@ def test_continuations_say_which_budget_they_spend() -> None:
     assert decide(hang, History(), BUDGETS, can_exclude_nodes=False).counts_as == "hang"
 
 
-def ev(event: str, **fields: Any) -> dict[str, Any]:
-    return {"event": event, **fields}
+def ev(event: str, **fields: Any) -> Event:
+    """A typed ledger event, as ``Ledger.events()`` reads it from its line on disk."""
+    return parse_event({"event": event, **fields})
 
 
 def test_history_counts_budgets_since_the_latest_fresh_submission() -> None:
@@ -736,5 +738,5 @@ def test_budgets_are_an_enum_recorded_as_their_names_and_an_unknown_one_spends_n
         {"event": "requeued", "cause": "timeout"},  # written before counts_as was recorded
         {"event": "requeued", "cause": "hang", "counts_as": "hang"},
     ]
-    h = History.from_events(events)
+    h = History.from_events(as_events(events))
     assert (h.requeues, h.crash_retries, h.hang_retries) == (1, 1, 1)

@@ -22,6 +22,9 @@ ALLOWED: dict[str, set[str]] = {
     "fsutil": set(),
     "proc": set(),
     "estimate": set(),
+    # The probe's JSON, which the trainer's scripts write and preflight reads (neither may import
+    # the other): declared once, below both.
+    "probe_shapes": {"fsutil"},
     "nccl": {"errors"},
     "config": {"errors", "nccl"},
     "modelmath": {"config"},
@@ -37,12 +40,13 @@ ALLOWED: dict[str, set[str]] = {
         "modelmath",
         "nccl",
         "proc",
+        "probe_shapes",
         "rundir",
         "schedulers",
         "shards",
     },
     "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "proc", "rundir", "schedulers"},
-    "trainer": {"config", "errors", "fsutil", "jobs", "modelmath", "rundir", "shards"},
+    "trainer": {"config", "errors", "fsutil", "jobs", "modelmath", "probe_shapes", "rundir", "shards"},
     "orchestrator": {
         "config",
         "errors",

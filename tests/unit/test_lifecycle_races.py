@@ -398,7 +398,7 @@ def test_the_scale_comes_from_the_newest_manifest_and_the_measured_saves(tmp_pat
         {"event": "checkpoint_saved", "seconds": 3.5, "bytes": 100},
         {"event": "checkpoint_saved", "seconds": 9},
     ]
-    scale = CheckpointScale.of_run(paths, saves)
+    scale = CheckpointScale.of_run(paths, as_events(saves))
     assert (scale.bytes, scale.slowest_save_s) == (4567, 9.0)
 
 
@@ -444,9 +444,7 @@ def test_the_submission_is_recorded_before_the_scheduler_is_asked(
         ("submitting", True, None),
         ("submitted", True, "local1"),
     ]
-    between = [e.record for e in read_events(prepared.plan.paths()).events][
-        :-1
-    ]  # what an attempt starting then saw
+    between = read_events(prepared.plan.paths()).events[:-1]  # what an attempt starting then saw
     assert decide_start(History.from_events(between)) is None
 
 

@@ -1,37 +1,45 @@
-"""The probe's JSON has one shape on both sides of the process boundary: the trainer's scripts
-(``probe_main.py``, ``step_probe.py``) write it, preflight (``preflight/probe.py``, which never
-imports the trainer) reads it. Each side types it; this keeps the two in step."""
+"""The probe's JSON has one declaration (``hpclaunch.probe_shapes``) for both sides of the process
+boundary: the trainer's scripts (``probe_main.py``, ``step_probe.py``) write it, preflight
+(``preflight/probe.py``, which never imports the trainer) reads it. Neither side declares its own."""
 
 from __future__ import annotations
 
-import typing
+import ast
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from hpclaunch import probe_shapes
 from hpclaunch.preflight import probe as reader
-from hpclaunch.trainer import probe_main, step_probe
 
 pytestmark = pytest.mark.fast
 
-PAIRS = [
-    (reader.TorchDevice, probe_main.TorchDevice),
-    (reader.TorchInfo, probe_main.TorchInfo),
-    (reader.PackageInfo, probe_main.PackageInfo),
-    (reader.ModelInfo, probe_main.ModelInfo),
-    (reader.ProbeAnswer, probe_main.ProbeAnswer),
-    (reader.StepMeasure, step_probe.StepMeasure),
-    (reader.StepRequest, step_probe.StepRequest),
-]
+SRC = Path(__file__).resolve().parents[2] / "src" / "hpclaunch"
+SIDES = [SRC / "preflight" / "probe.py", SRC / "trainer" / "probe_main.py", SRC / "trainer" / "step_probe.py"]
+SHAPES = ["TorchDevice", "TorchInfo", "PackageInfo", "ModelInfo", "ProbeAnswer", "StepMeasure", "StepRequest"]
 
 
-@pytest.mark.parametrize(("read", "written"), PAIRS, ids=[r.__name__ for r, _ in PAIRS])
-def test_reader_and_writer_agree(read: typing.Any, written: typing.Any) -> None:
-    assert read.__required_keys__ == written.__required_keys__
-    assert read.__optional_keys__ == written.__optional_keys__
-    assert _spelled(read) == _spelled(written)
+def test_preflight_reads_the_one_declaration() -> None:
+    assert reader.ProbeAnswer is probe_shapes.ProbeAnswer
+    assert reader.StepMeasure is probe_shapes.StepMeasure
 
 
-def _spelled(shape: typing.Any) -> dict[str, str]:
-    """Each key's type as written in the source (the annotations are strings: the two modules'
-    names for the same type, e.g. JSONObject, are compared by name)."""
-    return {k: getattr(v, "__forward_arg__", str(v)) for k, v in shape.__annotations__.items()}
+@pytest.mark.parametrize("path", SIDES, ids=[p.name for p in SIDES])
+def test_no_side_declares_a_shape_of_its_own(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    own = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    assert not own & {*SHAPES, "ProbeRequest"}, f"{path.name} declares {own & set(SHAPES)}"
+
+
+def test_the_scripts_run_where_hpclaunch_is_not_importable(tmp_path: Path) -> None:
+    """They name the shapes for the type checker only: copied away from the package, with
+    hpclaunch hidden, both still load."""
+    for script in SIDES[1:]:
+        copy = tmp_path / script.name
+        copy.write_text(script.read_text())
+        hide = "import sys; sys.modules['hpclaunch'] = None; import runpy; "
+        code = hide + f"runpy.run_path({str(copy)!r}, run_name='not_main')"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr

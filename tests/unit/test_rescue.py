@@ -139,7 +139,7 @@ class FakeScheduler:
 
     def continuation_held(self, plan: Any, paths: RunPaths, avoid: list[str]) -> tuple[Any, str]:
         # The continuation must not start before the attempt is recorded decided.
-        assert not any(e["event"] == "requeued" for e in Ledger(paths, role="t").events())
+        assert not any(e["event"] == "requeued" for e in [e.record for e in Ledger(paths, role="t").events()])
         self.calls.append(("continue_held", tuple(avoid)))
         return plan.model_copy(update={"spare_nodes": 0}), "22"
 
@@ -150,7 +150,7 @@ class FakeScheduler:
     def release(self, paths: RunPaths, job_id: str) -> None:
         holder = RunLock(paths).read()
         self.calls.append(("release", job_id, holder.job_id if holder else None))
-        assert any(e["event"] == "requeued" for e in Ledger(paths, role="t").events())
+        assert any(e["event"] == "requeued" for e in [e.record for e in Ledger(paths, role="t").events()])
         if self.release_fails > 0:
             self.release_fails -= 1
             from hpclaunch.errors import SchedulerError
@@ -197,7 +197,7 @@ def test_the_rescue_takes_the_run_over_and_continues_it_without_the_batch_host(
     monkeypatch.setenv("SLURM_JOB_ID", "99")
     assert Rescue(paths, "21").run() == 0
     assert fake.calls == [("continue_held", ("n1",)), ("rescue", "22"), ("release", "22", "22")]
-    events = Ledger(paths, role="t").events()
+    events = [e.record for e in Ledger(paths, role="t").events()]
     (decided,) = [e for e in events if e["event"] == "requeued"]
     assert (decided["attempt"], decided["by"], decided["job_id"], decided["for_job"]) == (
         "21.0",
@@ -232,7 +232,7 @@ def test_the_rescue_does_nothing_and_says_so_when_the_attempt_was_decided(
     monkeypatch.setattr(rescue_mod, "get_scheduler", lambda kind: fake)
     assert Rescue(paths, "21").run() == 0
     assert fake.calls == []
-    said = [e for e in Ledger(paths, role="t").events() if e["event"] == "rescue"]
+    said = [e for e in [e.record for e in Ledger(paths, role="t").events()] if e["event"] == "rescue"]
     assert [e["action"] for e in said] == ["nothing"] and "was decided" in capsys.readouterr().out
 
 
@@ -245,7 +245,7 @@ def test_the_rescue_leaves_a_run_someone_resubmitted_alone(
     monkeypatch.setattr(rescue_mod, "get_scheduler", lambda kind: fake)
     assert Rescue(paths, "21").run() == 0
     assert fake.calls == []
-    (said,) = [e for e in Ledger(paths, role="t").events() if e["event"] == "rescue"]
+    (said,) = [e for e in [e.record for e in Ledger(paths, role="t").events()] if e["event"] == "rescue"]
     assert "held by slurm job 30" in said["reason"]
 
 
@@ -277,6 +277,30 @@ def test_a_continuation_asks_only_for_the_spares_the_partition_has_left(
     assert slurm.spares_left(plan, ["n1"]) == 1
     monkeypatch.setattr(slurm, "partition_nodes", lambda partition: None)  # SLURM cannot say: keep them
     assert slurm.spares_left(plan, ["n1"]) == 1
+
+
+def test_slurm_and_pbs_leave_a_continuation_the_same_spares(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """One formula (``schedulers.base.spares_that_fit``): SLURM counts the partition's nodes left,
+    PBS Pro the hosts left; both keep every spare when the scheduler cannot say."""
+    from hpclaunch.config import load_config
+    from hpclaunch.orchestrator.launch import prepare
+    from hpclaunch.schedulers import pbs
+    from hpclaunch.schedulers.base import spares_that_fit
+
+    overrides = ["scheduler.nodes=2", "scheduler.spare_nodes=2"]
+    plan = prepare(load_config(None, [f"run_dir={tmp_path}", "scheduler.kind=pbs", *overrides])).plan
+    assert [spares_that_fit(plan, n) for n in (None, 1, 2, 3, 4, 9)] == [2, 0, 0, 1, 2, 2]
+
+    seen: list[int | None] = []
+    monkeypatch.setattr(pbs, "usable_hosts", lambda avoid: ["h2", "h3", "h4"])
+    monkeypatch.setattr(pbs, "qsub", lambda argv, cwd: "7.pbs")
+    monkeypatch.setattr(
+        pbs, "plan_avoiding", lambda plan, paths, avoid, spare_nodes: seen.append(spare_nodes) or plan
+    )
+    pbs.PbsScheduler().continuation_held(plan, RunPaths(tmp_path), ["h1"])
+    assert seen == [1]
 
 
 def test_the_rescue_never_imports_torch(tmp_path: Path) -> None:
@@ -426,7 +450,7 @@ def test_a_continuation_that_can_never_be_released_is_withdrawn_and_the_run_left
     fake.release_fails = 10**6
     assert Rescue(paths, "21").run() == 1
     assert len([c for c in fake.calls if c[0] == "release"]) == 4 and ("cancel", "22") in fake.calls
-    events = Ledger(paths, role="t").events()
+    events = [e.record for e in Ledger(paths, role="t").events()]
     (failed,) = [e for e in events if e["event"] == "failed"]
     assert "could not be released" in failed["reason"] and "Unable to contact" in failed["reason"]
     assert "resumed" in failed["reason"] and RunLock(paths).read() is None  # submit --resume can take it
@@ -438,7 +462,7 @@ def test_a_time_limit_continues_through_a_held_job_on_every_node_fake_scheduler(
     paths, fake = _rescue(tmp_path, monkeypatch, fake_word="TIMEOUT")
     assert Rescue(paths, "21").run() == 0
     assert fake.calls[0] == ("continue_held", ())  # no node kept off
-    events = Ledger(paths, role="t").events()
+    events = [e.record for e in Ledger(paths, role="t").events()]
     (decided,) = [e for e in events if e["event"] == "requeued"]
     assert (decided["cause"], decided["counts_as"], decided["job_id"]) == ("timeout", "requeue", "22")
     assert not [e for e in events if e["event"] == "node_excluded"]

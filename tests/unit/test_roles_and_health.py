@@ -23,6 +23,7 @@ from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier, run_checks
 from hpclaunch.jobs.watchdog import Watchdog, read_verdict
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.paths import newest_checkpoint_step
 from hpclaunch.rundir.progress import progress_file
 from hpclaunch.schedulers.base import NodeContext
@@ -325,7 +326,7 @@ def test_a_hinted_node_restarts_in_place_once_and_is_evicted_the_second_time() -
     events = [
         {"event": "requeued", "cause": "crash", "counts_as": "crash", "suspect": "n2", "in_place": True}
     ]
-    history = History.from_events(events)
+    history = History.from_events(as_events(events))
     assert history.suspected == {"n2": 1} and history.crash_retries == 1
     second = decide(facts, history, BUDGETS, can_exclude_nodes=True)
     assert (second.action, second.replace, second.counts_as) == (Action.CONTINUE, (("n2", "n3"),), "node")
@@ -339,7 +340,7 @@ def test_a_run_that_restarts_without_a_new_checkpoint_stops_as_no_progress(tmp_p
     budgets = Budgets(3, 5, 5, 5, max_restarts_without_progress=3)
     crash = {"event": "requeued", "cause": "crash", "counts_as": "crash", "checkpoint": 20}
     hang = {"event": "requeued", "cause": "hang", "counts_as": "hang", "checkpoint": 20}
-    stuck = History.from_events([{**crash, "checkpoint": None}, crash, hang, crash])
+    stuck = History.from_events(as_events([{**crash, "checkpoint": None}, crash, hang, crash]))
     assert stuck.no_progress(20) == 3 and stuck.no_progress(30) == 0
     d = decide(Facts(CRASH, in_place_ok=True, newest_checkpoint=20), stuck, budgets, can_exclude_nodes=True)
     assert (
@@ -350,7 +351,7 @@ def test_a_run_that_restarts_without_a_new_checkpoint_stops_as_no_progress(tmp_p
     assert d.action is Action.CONTINUE
     # a timeout's requeue breaks the streak; a stop is never refused for it
     timeout = {"event": "requeued", "cause": "timeout", "counts_as": "requeue", "checkpoint": 20}
-    assert History.from_events([crash, crash, crash, timeout]).no_progress(20) == 0
+    assert History.from_events(as_events([crash, crash, crash, timeout])).no_progress(20) == 0
     stopped = Facts(AttemptOutcome("stopped", "timeout", 40), newest_checkpoint=20)
     assert decide(stopped, stuck, budgets, can_exclude_nodes=True).action is Action.CONTINUE
     # the folder's newest published step (not a temporary, not one set aside)

@@ -15,7 +15,7 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.rundir import RunPaths
 from hpclaunch.rundir.shm import user_root
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint.save_errors import ENV_SNAPSHOT_DELAY_COPY
+from hpclaunch.trainer.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
 from hpclaunch.trainer.checkpoint.staging import SharedStager
 from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.snapshots.store import NodeStore

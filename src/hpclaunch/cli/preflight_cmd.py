@@ -11,8 +11,8 @@ from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
 
 if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
     from ..estimate import EstimateJSON
-    from ..preflight.probe import StepMeasure
     from ..preflight.run_estimate import CannotEstimate
+    from ..probe_shapes import StepMeasure
 
 ONLY_HELP = "Run only these checks (comma-separated): env, gpu, data, disk, network, scheduler, config."
 

@@ -16,10 +16,10 @@ import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import HpclaunchError
 from ..rundir import REFUSED, JobPlan, Ledger, LockHolder, RunLock, RunPaths
+from ..rundir.events import Event
 from ..rundir.lock import liveness
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
@@ -75,7 +75,7 @@ def admit(
 
 
 def _settle_unended(
-    events: list[dict[str, Any]],
+    events: list[Event],
     *,
     paths: RunPaths,
     plan: JobPlan,

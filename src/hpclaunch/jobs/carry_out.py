@@ -8,13 +8,13 @@ run lock to the job that continues the run, or releases it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from ..errors import HpclaunchError
 from ..rundir import NODE_EXCLUDED, JobPlan, Ledger, RunPaths
 from ..rundir.cause import Cause
-from ..rundir.events import Cancelled, Event, as_events, of_kind
+from ..rundir.events import Cancelled, Event, of_kind
 from ..schedulers.base import NodeContext, Scheduler
 from .decision_rules import Action, Decision
 
@@ -24,14 +24,14 @@ class Recorder(Protocol):
 
 
 def cancelled_meanwhile(
-    decision: Decision, *, signalled: bool, events: Iterable[Event | Mapping[str, Any]], started_at: float
+    decision: Decision, *, signalled: bool, events: Iterable[Event], started_at: float
 ) -> Decision:
     """A cancellation (scancel, qdel: ``signalled``; ``hpclaunch cancel``: a ``cancelled`` event
     since the attempt started) that arrives after the attempt ended but before its continuation
     is asked for is still a cancellation: the decision to continue becomes an end."""
     if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
         return decision
-    if signalled or any((e.ts or 0) >= started_at for e in of_kind(as_events(events), Cancelled)):
+    if signalled or any((e.ts or 0) >= started_at for e in of_kind(events, Cancelled)):
         return Decision(Action.END, Cause.CANCELLED, "cancelled before it could continue; never continued")
     return decision
 

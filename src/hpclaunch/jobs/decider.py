@@ -26,10 +26,8 @@ from ..config import RunConfig
 from ..errors import HpclaunchError
 from ..fsutil import retry_transient
 from ..rundir import (
-    CANCELLED,
     HANG,
     NODE_REPLACED,
-    STARTED,
     Heartbeat,
     JobPlan,
     Ledger,
@@ -39,6 +37,7 @@ from ..rundir import (
 )
 from ..rundir.control import take_user_stop
 from ..rundir.env import FOREGROUND_VAR
+from ..rundir.events import Cancelled, Event, Started, of_kind
 from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
@@ -54,11 +53,11 @@ from .stop_relay import StopRelay
 from .watchdog import Verdict, startup_hang
 
 
-def started_at(events: list[dict[str, Any]], attempt: str) -> float:
+def started_at(events: list[Event], attempt: str) -> float:
     """When ``attempt`` started (its ``started`` event), 0 when the ledger has none."""
-    for e in events:
-        if e.get("event") == STARTED and e.get("attempt") == attempt:
-            return float(e.get("ts") or 0)
+    for e in of_kind(events, Started):
+        if e.attempt == attempt:
+            return float(e.ts or 0)
     return 0.0
 
 
@@ -265,8 +264,7 @@ class Decider:
         did not report (``dead``, ``stuck``) and the watchdog's ``hang`` verdict."""
         events = self.ledger.events()
         cancelled = self.relay.cancelled or any(
-            e.get("event") == CANCELLED and (e.get("ts") or 0) >= started_at(events, self.attempt)
-            for e in events
+            (e.ts or 0) >= started_at(events, self.attempt) for e in of_kind(events, Cancelled)
         )
         outcome, read_error = self.read_outcome()
         self.outcome = outcome
@@ -323,7 +321,7 @@ class Decider:
         except OSError as e:
             return None, f"{self.paths.outcome_file(self.attempt)}: {e.strerror or e}"
 
-    def decision(self, facts: Facts, events: list[dict[str, Any]] | None = None) -> Decision:
+    def decision(self, facts: Facts, events: list[Event] | None = None) -> Decision:
         history = History.from_events(events if events is not None else self.ledger.events())
         return decide(
             facts, history, Budgets.from_plan(self.plan), can_exclude_nodes=self.scheduler.can_exclude_nodes
@@ -389,7 +387,7 @@ class Decider:
         )
         if done is None:
             return self.carry_out(decision)
-        job = done.get("job_id") if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None
+        job = done.job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None
         self.release_lock(str(job) if job else None)
         return 0
 

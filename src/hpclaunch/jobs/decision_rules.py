@@ -56,7 +56,6 @@ from ..rundir.events import (
     Requeued,
     Submitted,
     Submitting,
-    as_events,
 )
 
 if TYPE_CHECKING:
@@ -141,15 +140,15 @@ class History:
         return count
 
     @classmethod
-    def from_events(cls, events: Iterable[Event | Mapping[str, Any]]) -> History:
-        """(Raw records too: the node agent reads ``Ledger.events()`` until it reads typed ones.)"""
+    def from_events(cls, events: Iterable[Event]) -> History:
+        """What the ledger's typed events (``Ledger.events()``, ``read_events``) say was spent."""
         spent = dict.fromkeys(Budget, 0)
         excludes = 0
         excluded: list[str] = []
         ended: str | None = None
         suspected: dict[str, int] = {}
         failures: list[int | None] = []  # the checkpoint of each failure continued in a row
-        for e in as_events(events):
+        for e in events:
             kind = e.event
             # `submitting` is written before the scheduler is asked, `submitted` once it answered:
             # an attempt may start in between, and must already see the run started again.
@@ -518,13 +517,13 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
 _ATTEMPT_ENDS = frozenset((*RUN_ENDS, REQUEUED, REFUSED))
 
 
-def unended_attempt(events: Iterable[Event | Mapping[str, Any]], current: str) -> str | None:
+def unended_attempt(events: Iterable[Event], current: str) -> str | None:
     """The attempt before ``current`` that started after the run's latest submission and has no
     decision: its agents were killed before they could write one (an ``scontrol requeue`` or a
     preemption whose SIGKILL came before the stop and save ended, a node that died with node 0's
     agent on it). None when there is none."""
     unended: list[str] = []
-    for e in as_events(events):
+    for e in events:
         kind, key = e.event, e.attempt
         if kind in (SUBMITTING, SUBMITTED):
             unended.clear()  # a submission starts the run's story again (budgets too)

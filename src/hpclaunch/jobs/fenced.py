@@ -21,15 +21,14 @@ records it (``recorded``): then only the lock's hand-over is left to do.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable
 
-from ..rundir import CANCELLED, ENDED, FAILED, FINISHED, REQUEUED
 from ..rundir.cause import Budget, Cause
+from ..rundir.events import Cancelled, Decided, Ended, Event, Failed, Finished, Requeued
 from .allocation import DecisionRecord, Roster
 from .decision_rules import Action, Decision
 
-_DECIDED = (REQUEUED, FINISHED, FAILED, ENDED, CANCELLED)
+_DECIDED = (Requeued, Finished, Failed, Ended, Cancelled)  # a hold is no decision carried out
 
 
 class Deposed(Exception):
@@ -78,10 +77,10 @@ def as_decision(record: DecisionRecord) -> Decision:
     )
 
 
-def recorded(events: Iterable[Mapping[str, Any]], attempt: str) -> Mapping[str, Any] | None:
+def recorded(events: Iterable[Event], attempt: str) -> Decided | None:
     """The ledger's record of the decision on ``attempt`` (the last), or None: not carried out."""
     found = None
     for e in events:
-        if e.get("event") in _DECIDED and e.get("attempt") == attempt:
+        if isinstance(e, _DECIDED) and e.attempt == attempt:
             found = e
     return found

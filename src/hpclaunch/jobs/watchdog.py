@@ -48,8 +48,9 @@ from typing import Any
 
 from ..config import WatchdogConfig
 from ..fsutil import atomic_write_json
-from ..rundir import CHECKPOINT_SAVED, HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
+from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
 from ..rundir.cause import Cause
+from ..rundir.events import CheckpointSaved, Event, of_kind
 from ..rundir.progress import (
     NCCL_TRACE_STEM,
     PHASE_ORDER,
@@ -82,10 +83,10 @@ class CheckpointScale:
     slowest_save_s: float = 0.0
 
     @classmethod
-    def of_run(cls, paths: RunPaths, events: Sequence[dict[str, Any]]) -> CheckpointScale:
-        saves = [e for e in events if e.get("event") == CHECKPOINT_SAVED]
-        slowest = max((float(e.get("seconds") or 0) for e in saves), default=0.0)
-        size = max((int(e.get("bytes") or 0) for e in saves[-4:]), default=0)
+    def of_run(cls, paths: RunPaths, events: Sequence[Event]) -> CheckpointScale:
+        saves = of_kind(events, CheckpointSaved)
+        slowest = max((float(e.seconds or 0) for e in saves), default=0.0)
+        size = max((int(e.bytes or 0) for e in saves[-4:]), default=0)
         return cls(max(size, newest_manifest_bytes(paths.checkpoints)), slowest)
 
 

@@ -8,15 +8,12 @@ continuations. A figure no attempt has shown yet counts as 0 and the estimate's 
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
-from typing import NamedTuple
 
 from ..estimate import EstimateJSON, Measured, Progress, estimate
 from ..rundir import RunPaths
+from ..rundir.plan_reader import read_gpu_hour_cost, read_plan_view
 from .accounting import RunTime
-from .time_inputs import time_limit_of
 
 # Run states after which nothing more is spent (status's words; "stopping" and the like: exiting).
 # A stopped run is resumable, but until someone resumes it there is no time of arrival to show.
@@ -64,8 +61,8 @@ def run_cost(
     now: float | None = None,
 ) -> EstimateJSON | None:
     """``status --json``'s ``cost``: ETA, GPU-hours (node-hours on CPU) and cost; None without a plan."""
-    limit = time_limit_of(paths)
-    plan = _plan_sizes(paths.plan) if limit is not None and total_steps else None
+    plan = read_plan_view(paths)
+    limit = plan.applied_limit_s if plan is not None else None
     if plan is None or limit is None or not total_steps:
         return None
     running = spent.attempts[-1] if spent.attempts and spent.attempts[-1].running else None
@@ -86,43 +83,10 @@ def run_cost(
         nodes=plan.nodes,
         spare_nodes=plan.spare_nodes,  # held and paid for as well
         gpus_per_node=plan.gpus_per_node,
-        gpu_hour_cost=gpu_hour_cost(paths),
+        gpu_hour_cost=read_gpu_hour_cost(paths),
         now=time.time() if now is None else now,
         basis=f"measured on this run's {attempts} attempt(s)",
     ).to_json()
-
-
-def gpu_hour_cost(paths: RunPaths) -> float | None:
-    import yaml
-
-    try:
-        data = yaml.safe_load(paths.config.read_text()) or {}
-        value = (data.get("scheduler") or {}).get("gpu_hour_cost")
-        return float(value) if value is not None else None
-    except (OSError, yaml.YAMLError, AttributeError, TypeError, ValueError):
-        return None
-
-
-class _PlanSizes(NamedTuple):
-    nodes: int
-    spare_nodes: int
-    gpus_per_node: int
-
-
-def _plan_sizes(path: Path) -> _PlanSizes | None:
-    """The node and GPU counts the cost needs from ``plan.json``; None when there is no readable,
-    non-empty plan (status then shows no cost rather than failing)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not data:
-        return None
-    return _PlanSizes(
-        nodes=int(data.get("nodes") or 1),
-        spare_nodes=int(data.get("spare_nodes") or 0),
-        gpus_per_node=int(data.get("gpus_per_node") or 0),
-    )
 
 
 def _mean(values: list[float]) -> float:

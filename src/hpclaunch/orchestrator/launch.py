@@ -31,6 +31,7 @@ from ..rundir import (
     read_config,
 )
 from ..rundir.control import drop_user_stop
+from ..rundir.plan import write_plan
 from ..schedulers.base import RenderedJob, Scheduler
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue
@@ -127,7 +128,7 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     """config.yaml (what actually runs), plan.json and the job script."""
     paths = plan.paths().ensure()
     atomic_write_text(paths.config, cfg.to_yaml())
-    atomic_write_json(paths.plan, plan.model_dump(mode="json"))
+    write_plan(paths, plan)
     if rendered is not None:
         atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     return paths

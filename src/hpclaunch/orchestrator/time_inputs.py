@@ -3,12 +3,11 @@ progress file per attempt and the plan's time limit (``accounting.account`` does
 
 from __future__ import annotations
 
-import json
-import math
 from pathlib import Path
 
 from ..rundir import Event, RunPaths, read_events
 from ..rundir.metrics import MetricsLine, read_metrics
+from ..rundir.plan_reader import read_plan_view
 from ..rundir.progress import ProgressRecord, read_progress
 from .accounting import RunTime, account, attempt_keys
 
@@ -19,13 +18,9 @@ def read_rank0_progress(paths: RunPaths, attempt: str) -> ProgressRecord | None:
 
 
 def time_limit_of(paths: RunPaths) -> float | None:
-    """The limit the scheduler applies to each attempt (SLURM counts whole minutes)."""
-    try:
-        data = json.loads(paths.plan.read_text())
-        limit = float(data["time_limit_s"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return max(1, math.ceil(limit / 60)) * 60.0 if data.get("scheduler") == "slurm" else limit
+    """The limit the scheduler applies to each attempt; None without a plan that states one."""
+    plan = read_plan_view(paths)
+    return plan.applied_limit_s if plan is not None else None
 
 
 def run_time(

@@ -19,8 +19,9 @@ from pathlib import Path
 
 from .. import proc
 from ..config import RunConfig
+from ..probe_shapes import ProbeAnswer
 from ..schedulers.base import NodeContext
-from .probe import Probe, ProbeAnswer, ProbeError, StaticProbe
+from .probe import Probe, ProbeError, StaticProbe
 from .results import Status
 from .sizes import estimate_parameters
 

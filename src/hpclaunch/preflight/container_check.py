@@ -15,9 +15,10 @@ from pathlib import Path
 from .. import __version__
 from ..config import RunConfig
 from ..fsutil import JSONObject
+from ..probe_shapes import StepRequest
 from ..rundir.container import ContainerPlan
 from .check_context import CheckContext, Findings, Outcome, skip
-from .probe import Probe, ProbeError, StaticProbe, StepRequest, job_python
+from .probe import Probe, ProbeError, StaticProbe, job_python
 
 # How to get each runtime, and how an image is made for it.
 INSTALL = {

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 
 from .. import __version__
+from ..probe_shapes import TorchInfo
 from .check_context import CheckContext, Findings, Outcome, skip
 from .container_check import probe_blocker
-from .probe import ProbeError, TorchInfo
+from .probe import ProbeError
 
 MIN_TORCH = (2, 4)
 

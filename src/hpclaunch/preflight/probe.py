@@ -17,84 +17,19 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import cast
 
 from ..fsutil import JSONObject
+from ..probe_shapes import (  # the shapes the probe prints, as the trainer's scripts write them
+    ProbeAnswer,
+    ProbeRequest,
+    StepMeasure,
+    StepRequest,
+)
 from ..rundir.container import ContainerPlan
 
 # Run as a script by path (never imported here): it lives with the trainer, whose model it builds.
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
-
-
-# What the probe prints, as preflight reads it. The script writes the same shapes
-# (``trainer/probe_main.py``, which preflight never imports: tests/unit/test_probe_shapes.py keeps
-# the two in step). Every part may be ``{"error": why}`` instead: hence total=False throughout.
-class TorchDevice(TypedDict):
-    index: int
-    name: str
-    total_memory: int
-    capability: list[int]
-
-
-class TorchInfo(TypedDict, total=False):
-    version: str
-    cuda_build: str | None
-    cuda_available: bool
-    device_count: int
-    devices: list[TorchDevice]
-    distributed: bool
-    gloo_available: bool
-    nccl_available: bool
-    nccl_version: str | None
-    nccl_error: str
-    error: str
-
-
-class PackageInfo(TypedDict, total=False):
-    """mmdit's or hpclaunch's: its version (hpclaunch's path too)."""
-
-    version: str
-    path: str
-    error: str
-
-
-class ModelInfo(TypedDict, total=False):
-    params: int
-    source: str
-    error: str
-
-
-class ProbeAnswer(TypedDict, total=False):
-    python: str
-    executable: str
-    torch: TorchInfo
-    mmdit: PackageInfo
-    hpclaunch: PackageInfo
-    model: ModelInfo  # only when the request named a model
-    seconds: float
-
-
-class StepMeasure(TypedDict, total=False):
-    """The measured steps (``trainer/step_probe.py``), or ``{"error": why}`` (a device with it)."""
-
-    seconds_per_step: float
-    device: str
-    imports_s: float
-    build_s: float
-    steps: int
-    error: str
-
-
-class StepRequest(TypedDict):
-    """What the step probe reads: the run's config and how many steps to time after a warm-up."""
-
-    config: JSONObject
-    steps: int
-
-
-class _Request(TypedDict, total=False):
-    model: JSONObject | None  # ModelConfig's JSON dump
-    estimate: StepRequest
 
 
 class _Line(ProbeAnswer, total=False):
@@ -199,7 +134,7 @@ class Probe:
         self._err_reader = threading.Thread(target=self._read_stderr, name="probe-err", daemon=True)
         self._err_reader.start()
         threading.Thread(target=self._read_stdout, name="probe-out", daemon=True).start()
-        request: _Request = {"model": model}
+        request: ProbeRequest = {"model": model}
         if estimate is not None:
             request["estimate"] = estimate
         send_request(self._proc, json.dumps(request))

@@ -22,7 +22,8 @@ from typing import Literal, TypedDict
 from .. import proc
 from ..config import RunConfig
 from ..estimate import EstimateJSON, Measured, Progress, estimate
-from .probe import StepMeasure, StepRequest, job_python
+from ..probe_shapes import StepMeasure, StepRequest
+from .probe import job_python
 
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "step_probe.py"
 TIMEOUT_S = 180.0

@@ -16,7 +16,6 @@ node's own is a failure here, not a job that queues forever). Torque and Slurm's
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +23,7 @@ from typing import TypeVar
 
 from ..config import format_hms
 from ..errors import did_you_mean
+from ..rundir.clock import whole_minutes
 from ..schedulers import pbs_json
 from .check_context import CheckContext, Findings, Outcome, skip
 from .sizes import estimated_save_s, run_checkpoint_bytes
@@ -170,7 +170,7 @@ def _slurm(ctx: CheckContext) -> Outcome:
             f"{label} is {part.avail}: jobs queue but do not start",
             "ask the admins or pick another partition",
         )
-    asked = math.ceil(s.time_limit_s / 60) * 60  # SLURM counts whole minutes
+    asked = whole_minutes(s.time_limit_s) * 60  # SLURM counts whole minutes
     if part.max_time_s is not None and asked > part.max_time_s:
         f.fail(
             f"scheduler.time_limit {s.time_limit} exceeds {label}'s MaxTime {format_hms(part.max_time_s)}",

@@ -16,6 +16,7 @@ the rule changes every place that checks it.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -24,6 +25,17 @@ from .env import CLOCK_VAR
 from .events import Started
 
 SAVE_SLACK = 1.5  # a save may run slower than the slowest one measured (a busier filesystem)
+
+
+def whole_minutes(limit_s: float) -> int:
+    """The limit as SLURM takes it: whole minutes, rounded up so a run never gets less than asked."""
+    return max(1, math.ceil(limit_s / 60))
+
+
+def applied_limit_s(scheduler: str | None, limit_s: float) -> float:
+    """The limit ``scheduler`` applies to each attempt of a run that asked for ``limit_s``: SLURM
+    counts whole minutes (``whole_minutes``), the others take the seconds as given."""
+    return whole_minutes(limit_s) * 60.0 if scheduler == "slurm" else float(limit_s)
 
 
 def attempt_end(*, start: float, limit_s: float, scheduler_end: float | None = None) -> float:

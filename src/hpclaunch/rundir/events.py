@@ -21,51 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, TypedDict, TypeVar
 
+from . import kinds as k
 from .attempt_records import RosterJSON
-from .kinds import (
-    AGENT_ERROR,
-    CANCELLED,
-    CHAIN_BLOCKED,
-    CHAIN_RELEASED,
-    CHAIN_WAITING,
-    CHECKPOINT_FAILED,
-    CHECKPOINT_INTERVAL,
-    CHECKPOINT_INVALID,
-    CHECKPOINT_SAVED,
-    CHECKPOINT_SUPERSEDED,
-    CHECKPOINT_WRITER_STARVED,
-    ENDED,
-    EXPERIMENT_LOG_FAILED,
-    FAILED,
-    FINISHED,
-    HANG,
-    HELD,
-    INITIALIZED,
-    NCCL_PRESET,
-    NODE_EXCLUDED,
-    NODE_PREFLIGHT,
-    NODE_REPLACED,
-    PREFLIGHT_SKIPPED,
-    REFUSED,
-    REQUEUED,
-    RESCUE,
-    RESCUE_CANCELLED,
-    RESCUE_NOT_SUBMITTED,
-    RESCUE_SUBMITTED,
-    RESUMED,
-    SNAPSHOT_FAILED,
-    SNAPSHOT_INTERVAL,
-    SNAPSHOT_SAVED,
-    STARTED,
-    STOP_DROPPED,
-    STOP_OVERDUE,
-    STOP_REQUESTED,
-    STOPPED,
-    STRAGGLER,
-    SUBMIT_FAILED,
-    SUBMITTED,
-    SUBMITTING,
-)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,36 +59,36 @@ class _Submission(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Submitting(_Submission):
-    KIND = SUBMITTING
+    KIND = k.SUBMITTING
 
 
 @dataclass(frozen=True, kw_only=True)
 class Submitted(_Submission):
-    KIND = SUBMITTED
+    KIND = k.SUBMITTED
 
 
 @dataclass(frozen=True, kw_only=True)
 class SubmitFailed(Event):
-    KIND = SUBMIT_FAILED
+    KIND = k.SUBMIT_FAILED
     error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class StopDropped(Event):
-    KIND = STOP_DROPPED
+    KIND = k.STOP_DROPPED
     by: str | None = None
     requested_at: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class PreflightSkipped(Event):
-    KIND = PREFLIGHT_SKIPPED
+    KIND = k.PREFLIGHT_SKIPPED
     by: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class StopRequested(Event):
-    KIND = STOP_REQUESTED
+    KIND = k.STOP_REQUESTED
     cause: str | None = None
     source: str | None = None
     by: str | None = None
@@ -150,36 +107,36 @@ class _ChainStep(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ChainWaiting(_ChainStep):
-    KIND = CHAIN_WAITING
+    KIND = k.CHAIN_WAITING
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChainReleased(_ChainStep):
-    KIND = CHAIN_RELEASED
+    KIND = k.CHAIN_RELEASED
 
 
 @dataclass(frozen=True, kw_only=True)
 class ChainBlocked(_ChainStep):
-    KIND = CHAIN_BLOCKED
+    KIND = k.CHAIN_BLOCKED
 
 
 @dataclass(frozen=True, kw_only=True)
 class RescueSubmitted(Event):
-    KIND = RESCUE_SUBMITTED
+    KIND = k.RESCUE_SUBMITTED
     job_id: str | None = None  # the job it watches
     rescue_job: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class RescueNotSubmitted(Event):
-    KIND = RESCUE_NOT_SUBMITTED
+    KIND = k.RESCUE_NOT_SUBMITTED
     job_id: str | None = None
     error: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class RescueCancelled(Event):
-    KIND = RESCUE_CANCELLED
+    KIND = k.RESCUE_CANCELLED
     rescue_jobs: list[str] = field(default_factory=list)
     reason: str | None = None
 
@@ -191,7 +148,7 @@ class RescueCancelled(Event):
 class Started(Event):
     """One per node per attempt (``jobs.agent_records.started_fields``)."""
 
-    KIND = STARTED
+    KIND = k.STARTED
     scheduler: str | None = None
     job_id: str | None = None
     restart_count: int | None = None
@@ -215,14 +172,14 @@ class CheckRow(TypedDict):
 
 @dataclass(frozen=True, kw_only=True)
 class NodePreflight(Event):
-    KIND = NODE_PREFLIGHT
+    KIND = k.NODE_PREFLIGHT
     ok: bool | None = None
     checks: list[CheckRow] = field(default_factory=list)  # one row per check
 
 
 @dataclass(frozen=True, kw_only=True)
 class NcclPreset(Event):
-    KIND = NCCL_PRESET
+    KIND = k.NCCL_PRESET
     preset: str | None = None
     reason: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -230,14 +187,14 @@ class NcclPreset(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Refused(Event):
-    KIND = REFUSED
+    KIND = k.REFUSED
     reason: str | None = None
     holder: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class NodeExcluded(Event):
-    KIND = NODE_EXCLUDED
+    KIND = k.NODE_EXCLUDED
     nodes: list[str] = field(default_factory=list)
     excluded: str | None = None  # older ledgers: one node
     reason: str | None = None
@@ -246,7 +203,7 @@ class NodeExcluded(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class NodeReplaced(Event):
-    KIND = NODE_REPLACED
+    KIND = k.NODE_REPLACED
     nodes: list[str] = field(default_factory=list)
     spare: str | None = None
     reason: str | None = None
@@ -254,7 +211,7 @@ class NodeReplaced(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class StopOverdue(Event):
-    KIND = STOP_OVERDUE
+    KIND = k.STOP_OVERDUE
     cause: str | None = None
     reason: str | None = None
 
@@ -263,7 +220,7 @@ class StopOverdue(Event):
 class Hang(Event):
     """``jobs.watchdog.Verdict.ledger_fields()``: the culprits and a sample of the ranks' states."""
 
-    KIND = HANG
+    KIND = k.HANG
     phase: str | None = None
     step: int | None = None
     culprit: str | None = None
@@ -279,7 +236,7 @@ class Hang(Event):
 class Straggler(Event):
     """``jobs.straggler_tracker.Straggler``: ``rank_node`` is where the rank runs (``node`` is the writer's)."""
 
-    KIND = STRAGGLER
+    KIND = k.STRAGGLER
     rank: int | None = None
     rank_node: str | None = None
     step: int | None = None
@@ -317,37 +274,37 @@ class _Decision(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Requeued(_Decision):
-    KIND = REQUEUED
+    KIND = k.REQUEUED
 
 
 @dataclass(frozen=True, kw_only=True)
 class Finished(_Decision):
-    KIND = FINISHED
+    KIND = k.FINISHED
 
 
 @dataclass(frozen=True, kw_only=True)
 class Failed(_Decision):
-    KIND = FAILED
+    KIND = k.FAILED
 
 
 @dataclass(frozen=True, kw_only=True)
 class Cancelled(_Decision):
-    KIND = CANCELLED
+    KIND = k.CANCELLED
 
 
 @dataclass(frozen=True, kw_only=True)
 class Ended(_Decision):
-    KIND = ENDED
+    KIND = k.ENDED
 
 
 @dataclass(frozen=True, kw_only=True)
 class Held(_Decision):
-    KIND = HELD
+    KIND = k.HELD
 
 
 @dataclass(frozen=True, kw_only=True)
 class Rescue(Event):
-    KIND = RESCUE
+    KIND = k.RESCUE
     job_id: str | None = None
     action: str | None = None
     reason: str | None = None
@@ -356,7 +313,7 @@ class Rescue(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class AgentError(Event):
-    KIND = AGENT_ERROR
+    KIND = k.AGENT_ERROR
     error: str | None = None
     errno: str | None = None  # ESTALE, EIO, ...: a filesystem error that outlasted its retries
 
@@ -366,7 +323,7 @@ class AgentError(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Resumed(Event):
-    KIND = RESUMED
+    KIND = k.RESUMED
     step: int | None = None  # 0: a fresh start
     checkpoint: str | None = None
     world_size: int | None = None
@@ -382,7 +339,7 @@ class Resumed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Initialized(Event):
-    KIND = INITIALIZED
+    KIND = k.INITIALIZED
     init_from: str | None = None
     checkpoint: str | None = None
     run: str | None = None
@@ -394,7 +351,7 @@ class Initialized(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSaved(Event):
-    KIND = CHECKPOINT_SAVED
+    KIND = k.CHECKPOINT_SAVED
     step: int | None = None
     path: str | None = None
     seconds: float | None = None
@@ -405,14 +362,14 @@ class CheckpointSaved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointInvalid(Event):
-    KIND = CHECKPOINT_INVALID
+    KIND = k.CHECKPOINT_INVALID
     path: str | None = None
     reason: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointFailed(Event):
-    KIND = CHECKPOINT_FAILED
+    KIND = k.CHECKPOINT_FAILED
     step: int | None = None
     error: str | None = None
     action: str | None = None
@@ -421,13 +378,13 @@ class CheckpointFailed(Event):
 @dataclass(frozen=True, kw_only=True)
 class CheckpointSuperseded(Event):
     # (its writer writes "writer": "process" over the common field: which writer it dropped)
-    KIND = CHECKPOINT_SUPERSEDED
+    KIND = k.CHECKPOINT_SUPERSEDED
     step: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotSaved(Event):
-    KIND = SNAPSHOT_SAVED
+    KIND = k.SNAPSHOT_SAVED
     step: int | None = None
     seconds: float | None = None  # the background job: own copy written, buddy's sent, published
     stall_s: float | None = None  # what training waited for: the previous job, the state dict, staging
@@ -442,7 +399,7 @@ class SnapshotSaved(Event):
 class SnapshotInterval(Event):
     """The memory tier's next snapshot (``every_steps: auto``; ``trainer.snapshots.snapshot_interval``)."""
 
-    KIND = SNAPSHOT_INTERVAL
+    KIND = k.SNAPSHOT_INTERVAL
     step: int | None = None
     next_step: int | None = None
     interval_steps: int | None = None
@@ -458,7 +415,7 @@ class SnapshotInterval(Event):
 class SnapshotFailed(Event):
     """Said once per rank and attempt (each rank writes its own): later failures are only counted."""
 
-    KIND = SNAPSHOT_FAILED
+    KIND = k.SNAPSHOT_FAILED
     step: int | None = None
     error: str | None = None
     rank: int | None = None
@@ -467,7 +424,7 @@ class SnapshotFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointWriterStarved(Event):
-    KIND = CHECKPOINT_WRITER_STARVED
+    KIND = k.CHECKPOINT_WRITER_STARVED
     step: int | None = None
     run_queue_share: float | None = None
     nice: int | None = None
@@ -477,7 +434,7 @@ class CheckpointWriterStarved(Event):
 class CheckpointInterval(Event):
     """``trainer.checkpoint.save_interval``'s decision (``orchestrator.checkpoint_interval``)."""
 
-    KIND = CHECKPOINT_INTERVAL
+    KIND = k.CHECKPOINT_INTERVAL
     step: int | None = None
     mode: str | None = None
     interval_steps: int | None = None
@@ -495,7 +452,7 @@ class CheckpointInterval(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentLogFailed(Event):
-    KIND = EXPERIMENT_LOG_FAILED
+    KIND = k.EXPERIMENT_LOG_FAILED
     step: int | None = None
     log: str | None = None
     error: str | None = None
@@ -504,7 +461,7 @@ class ExperimentLogFailed(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Stopped(Event):
-    KIND = STOPPED
+    KIND = k.STOPPED
     cause: str | None = None
     step: int | None = None
 
@@ -575,8 +532,7 @@ def parse_event(record: Mapping[str, Any]) -> Event:
 
 
 def as_events(events: Iterable[Event | Mapping[str, Any]]) -> list[Event]:
-    """Typed events from typed ones or raw records (``Ledger.events()``, until its last user reads
-    typed events)."""
+    """Typed events from typed ones or raw records (a test's ledger, written as dicts)."""
     return [e if isinstance(e, Event) else parse_event(e) for e in events]
 
 

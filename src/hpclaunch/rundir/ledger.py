@@ -100,10 +100,10 @@ class Ledger:
             os.close(fd)
         return record
 
-    def events(self) -> list[dict[str, Any]]:
-        """The whole run's ledger (every writer's file, merged), as the records on disk: for the node
-        agent until it reads typed events (``read_events`` gives them)."""
-        return [e.record for e in read_events(self.paths).events]
+    def events(self) -> list[Event]:
+        """The whole run's ledger (every writer's file, merged), typed (``read_events``; its torn
+        lines aside)."""
+        return read_events(self.paths).events
 
 
 @dataclass

@@ -8,13 +8,13 @@ address, node rank, job id).
 
 from __future__ import annotations
 
-import math
 import zlib
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .clock import AttemptClock, stop_lead_s
+from ..fsutil import atomic_write_json
+from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
 from .container import NODE, ContainerPlan
 from .paths import RunPaths
 
@@ -148,7 +148,12 @@ class JobPlan(BaseModel):
     @property
     def time_limit_minutes(self) -> int:
         """SLURM counts whole minutes; round up so the run never gets less than asked."""
-        return max(1, math.ceil(self.time_limit_s / 60))
+        return whole_minutes(self.time_limit_s)
+
+    @property
+    def applied_time_limit_s(self) -> float:
+        """The limit this run's scheduler applies to each attempt (``rundir.clock.applied_limit_s``)."""
+        return applied_limit_s(self.scheduler, self.time_limit_s)
 
     def agent_argv(self, run_dir: str | None = None) -> list[str]:
         """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""
@@ -197,3 +202,8 @@ class JobPlan(BaseModel):
 def read_plan(paths: RunPaths) -> JobPlan:
     """The plan saved in ``RUN/plan.json``."""
     return JobPlan.model_validate_json(paths.plan.read_text())
+
+
+def write_plan(paths: RunPaths, plan: JobPlan) -> None:
+    """Save ``plan`` as ``RUN/plan.json`` (atomically: a reader sees the old plan or the new one)."""
+    atomic_write_json(paths.plan, plan.model_dump(mode="json"))

@@ -199,6 +199,15 @@ def at_time_limit(ctx: NodeContext, now: float) -> bool:
     return ctx.end_time is not None and now >= ctx.end_time - END_SLACK_S
 
 
+def spares_that_fit(plan: JobPlan, usable: int | None) -> int:
+    """The hot spares a continuation can still hold when ``usable`` nodes are left to it (outside
+    the nodes it avoids): fewer than the run's when fewer are left than its training nodes and spares
+    need (a job asking for more never starts); all of them when the scheduler cannot say (None)."""
+    if usable is None:
+        return plan.spare_nodes
+    return max(0, min(plan.spare_nodes, usable - plan.nodes))
+
+
 def run_command(
     argv: list[str], *, what: str, hint: str, cwd: Path | None = None, timeout: float = 60
 ) -> str:

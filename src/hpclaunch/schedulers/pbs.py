@@ -23,11 +23,12 @@ from pathlib import Path
 from .. import proc
 from ..config import format_hms
 from ..errors import SchedulerError
-from ..fsutil import atomic_write_json, atomic_write_text
+from ..fsutil import atomic_write_text
 from ..rundir import JobPlan, RunLock, RunPaths, of_kind, read_events
 from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
+from ..rundir.plan import write_plan
 from ..templates import jinja, lint
 from ..templates.container_lines import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
@@ -43,6 +44,7 @@ from .base import (
     env_int,
     mem_directive,
     run_command,
+    spares_that_fit,
 )
 from .nodes import resolve_address
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
@@ -226,9 +228,7 @@ class PbsScheduler:
         many hot spares as hosts are left for); Torque cannot, and runs the run's own script."""
         if plan.pbs_dialect == "pro":
             hosts = usable_hosts(sorted({*plan.exclude, *avoid}))
-            spares = (
-                plan.spare_nodes if hosts is None else max(0, min(plan.spare_nodes, len(hosts) - plan.nodes))
-            )
+            spares = spares_that_fit(plan, None if hosts is None else len(hosts))
             plan = plan_avoiding(plan, paths, avoid, spare_nodes=spares)
         return plan, qsub(["-h", str(paths.root / SCRIPT_NAME)], cwd=paths.scheduler_dir)
 
@@ -324,7 +324,7 @@ def plan_avoiding(
     sized = plan.model_copy(update={"spare_nodes": spare_nodes}) if spare_nodes is not None else plan
     new_plan = sized.model_copy(update={"exclude": avoid, "hosts": pick_hosts(sized, avoid)})
     rendered = render_pbs(new_plan)
-    atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
+    write_plan(paths, new_plan)
     atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     return new_plan
 

@@ -26,9 +26,10 @@ from typing import Any
 
 from .. import proc
 from ..errors import SchedulerError
-from ..fsutil import atomic_write_json, atomic_write_text
+from ..fsutil import atomic_write_text
 from ..rundir import JobPlan, RunPaths, read_plan
 from ..rundir.cause import Cause
+from ..rundir.plan import write_plan
 from ..templates import lint
 from ..templates.container_lines import container_lines
 from ..templates.shell import Raw, directive_value, export_line, join
@@ -44,6 +45,7 @@ from .base import (
     env_int,
     mem_directive,
     run_command,
+    spares_that_fit,
 )
 from .nodes import resolve_address
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
@@ -264,7 +266,7 @@ class SlurmScheduler:
         clock = plan.attempt_clock(
             start=float(environ.get("SLURM_JOB_START_TIME") or now),
             scheduler_end=job_end_time(ctx.job_id) or _env_end_time(environ),
-            limit_s=plan.time_limit_minutes * 60,
+            limit_s=plan.applied_time_limit_s,
         )
         return NodeContext(**{**ctx.__dict__, "clock": clock})
 
@@ -536,20 +538,18 @@ def resubmit_excluding(
         update["spare_nodes"] = spare_nodes
     new_plan = plan.model_copy(update=update)
     rendered = render_sbatch(new_plan)
-    atomic_write_json(paths.plan, new_plan.model_dump(mode="json"))
+    write_plan(paths, new_plan)
     atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     with submitit_adapter.clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
         return SlurmScheduler().submit(new_plan, rendered, hold=hold)
 
 
 def spares_left(plan: JobPlan, avoid: list[str]) -> int:
-    """The hot spares a job avoiding ``avoid`` can still get: fewer when the partition is left with
-    fewer nodes than the run's training nodes and spares (a job asking for more never starts)."""
+    """The hot spares a job avoiding ``avoid`` can still get, from the partition's nodes left to it
+    (``base.spares_that_fit``)."""
     nodes = partition_nodes(plan.partition)
-    if nodes is None:
-        return plan.spare_nodes
-    left = len([n for n in nodes if n not in {*plan.exclude, *avoid}])
-    return max(0, min(plan.spare_nodes, left - plan.nodes))
+    usable = None if nodes is None else len([n for n in nodes if n not in {*plan.exclude, *avoid}])
+    return spares_that_fit(plan, usable)
 
 
 def partition_nodes(partition: str | None) -> list[str] | None:

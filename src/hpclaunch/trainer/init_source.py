@@ -13,7 +13,6 @@ the checkpoint's DCP metadata again before it loads.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypedDict
@@ -24,6 +23,7 @@ from ..config import RunConfig
 from ..errors import UserInputError
 from ..fsutil import JSONObject
 from ..rundir import RunPaths
+from ..rundir.plan_reader import read_plan_view
 from .checkpoint.manifest import MANIFEST_NAME, InvalidCheckpoint, Manifest, newest_valid, verify_checkpoint
 
 # Model settings that do not change any parameter's shape.
@@ -69,11 +69,8 @@ def is_checkpoint_dir(path: Path) -> bool:
 
 def checkpoints_of_run(run: Path) -> Path:
     """The run's checkpoint directory (``checkpoint.dir`` as its plan recorded it)."""
-    try:
-        saved = json.loads((run / "plan.json").read_text()).get("checkpoint_dir")
-    except (OSError, ValueError, AttributeError):
-        saved = None
-    return RunPaths.of(run, saved if isinstance(saved, str) else None).checkpoints
+    plan = read_plan_view(RunPaths(run))
+    return RunPaths.of(run, plan.checkpoint_dir if plan is not None else None).checkpoints
 
 
 def resolve(init_from: str | Path) -> InitSource:

@@ -17,65 +17,23 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 if TYPE_CHECKING:  # not at run time: the probe runs where hpclaunch may not be importable
     from hpclaunch.fsutil import JSONObject
-    from hpclaunch.trainer.step_probe import StepMeasure, StepRequest
+    from hpclaunch.probe_shapes import (  # what it prints, in preflight's words (one declaration)
+        ModelInfo,
+        PackageInfo,
+        ProbeAnswer,
+        ProbeRequest,
+        StepMeasure,
+        StepRequest,
+        TorchDevice,
+        TorchInfo,
+    )
 
 
-# What the probe prints; preflight/probe.py reads it with the same shapes (it never imports the
-# trainer; tests/unit/test_probe_shapes.py keeps the two in step). Every part may be
-# ``{"error": why}`` instead (``_guard``): hence total=False and an ``error`` key in each.
-class TorchDevice(TypedDict):
-    index: int
-    name: str
-    total_memory: int
-    capability: list[int]
-
-
-class TorchInfo(TypedDict, total=False):
-    version: str
-    cuda_build: str | None
-    cuda_available: bool
-    device_count: int
-    devices: list[TorchDevice]
-    distributed: bool
-    gloo_available: bool
-    nccl_available: bool
-    nccl_version: str | None
-    nccl_error: str
-    error: str
-
-
-class PackageInfo(TypedDict, total=False):
-    version: str
-    path: str  # hpclaunch's only
-    error: str
-
-
-class ModelInfo(TypedDict, total=False):
-    params: int
-    source: str
-    error: str
-
-
-class ProbeAnswer(TypedDict, total=False):
-    python: str
-    executable: str
-    torch: TorchInfo
-    mmdit: PackageInfo
-    hpclaunch: PackageInfo
-    model: ModelInfo  # only when the request named a model
-    seconds: float
-
-
-class _Request(TypedDict, total=False):
-    model: JSONObject | None  # ModelConfig's JSON dump
-    estimate: StepRequest
-
-
-Part = TypeVar("Part", TorchInfo, PackageInfo, ModelInfo, "StepMeasure")
+Part = TypeVar("Part", "TorchInfo", "PackageInfo", "ModelInfo", "StepMeasure")
 
 
 def _torch() -> TorchInfo:
@@ -157,7 +115,7 @@ def _guard(fn: Callable[..., Part], *args: Any) -> Part:
 
 def main() -> None:
     start = time.monotonic()
-    request: _Request
+    request: ProbeRequest
     try:
         request = json.loads(sys.stdin.read() or "{}")
     except ValueError:

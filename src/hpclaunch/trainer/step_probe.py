@@ -15,28 +15,12 @@ from __future__ import annotations
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # not at run time: the script imports hpclaunch only once it measures
-    from hpclaunch.fsutil import JSONObject
+    from hpclaunch.probe_shapes import StepMeasure, StepRequest  # preflight reads the same shapes
 
 START = time.monotonic()
-
-
-# The request read and the answer printed; preflight/probe.py reads them with the same shapes (it
-# never imports the trainer; tests/unit/test_probe_shapes.py keeps the two in step).
-class StepRequest(TypedDict):
-    config: JSONObject  # RunConfig.to_dict()
-    steps: int
-
-
-class StepMeasure(TypedDict, total=False):
-    seconds_per_step: float
-    device: str
-    imports_s: float
-    build_s: float
-    steps: int
-    error: str  # instead of the figures when it could not measure (a device with it)
 
 
 def measure(request: StepRequest, *, started: float = START) -> StepMeasure:

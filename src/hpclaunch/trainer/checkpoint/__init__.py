@@ -107,6 +107,7 @@ torch inside the functions that need it.
 """
 
 from .checkpointer import Checkpointer
+from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .manifest import (
     CORRUPT_SUFFIX,
     FORMAT_VERSION,
@@ -130,7 +131,6 @@ from .manifest import (
 )
 from .reader import load_readonly
 from .safe_load import load_item_safely, load_metadata_safely
-from .save_errors import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 
 __all__ = [
     "CORRUPT_SUFFIX",

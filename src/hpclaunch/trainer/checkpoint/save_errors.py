@@ -1,4 +1,4 @@
-"""What went wrong with a checkpoint, in the user's words, and the test hooks that make it go wrong.
+"""What went wrong with a checkpoint, in the user's words.
 
 DCP wraps a rank's failure in a ``CheckpointException`` that carries every rank's exception with
 its traceback. ``save_error`` digs out the operating-system error underneath and says it the way a
@@ -6,38 +6,15 @@ user can act on it: "no space left on /x/checkpoints: 12.0 MiB free, the checkpo
 230.0 MiB", "permission denied: cannot write /x/checkpoints/...". Every rank gets the same
 CheckpointException from DCP, so every rank raises the same message, whatever the rank count.
 
-Test hooks (environment variables, read at call time; never set them in production):
-
-``HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S=<seconds>[:writer]``
-    the writer sleeps this long before writing a save (proves that staging copied the state);
-    with ``:writer``, only a writer process does (background saves; a blocking save does not).
-``HPCLAUNCH_TEST_CKPT_KILL=[>=]<step>:<rank>:<phase>[:writer]``
-    rank ``<rank>`` is SIGKILLed while saving ``<step>`` (``>=``: the first save of that step or a
-    later one, for saves that a loaded machine may skip, such as memory snapshots); phase ``data``: after its own data
-    files are written, before ``.metadata``; phase ``publish``: after ``.metadata``, before
-    ``manifest.json`` and the rename. Simulates ``kill -9`` in the middle of a checkpoint. The
-    training process dies (under the process writer, its writer kills it at that point and dies
-    with it); with the suffix ``:writer``, only the writer process dies (under the thread writer,
-    writer and rank are one process).
-``HPCLAUNCH_TEST_SNAPSHOT_DELAY_COPY_S=<seconds>``
-    a memory-tier snapshot's job sleeps this long before its staging copies (the copies a training
-    step must not race: the optimizer's update, an evaluation's EMA swap, a close).
-``HPCLAUNCH_TEST_CKPT_FAIL=<errno name>@<step>[+][:<rank>]``
-    DCP's filesystem writer raises that ``OSError`` (e.g. ``ENOSPC``, ``EACCES``) when it writes
-    step ``<step>`` (``+``: and every later step) on ``<rank>`` (default: every rank): a disk that
-    fills up, or a directory that loses its permissions, without needing either.
+The test hooks that make saves go wrong on purpose live in ``fault_hooks``.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
-import os
 import shutil
-import signal
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +23,6 @@ from ...fsutil import human_bytes
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
-ENV_DELAY_WRITE = "HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S"
-ENV_KILL = "HPCLAUNCH_TEST_CKPT_KILL"
-ENV_FAIL = "HPCLAUNCH_TEST_CKPT_FAIL"
-ENV_SNAPSHOT_DELAY_COPY = "HPCLAUNCH_TEST_SNAPSHOT_DELAY_COPY_S"
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _DENIED = (errno.EACCES, errno.EPERM)
@@ -170,88 +143,3 @@ def estimated_bytes(state: Any, world_size: int, rank_local_key: str) -> int:
         return nbytes * (world_size if per_rank else 1)
 
     return walk(state, False)
-
-
-# ---- test hooks -----------------------------------------------------------------------------------
-
-
-def delay_write_hook(*, in_writer_process: bool = False) -> None:
-    value = os.environ.get(ENV_DELAY_WRITE, "")
-    seconds, writer_only = value.removesuffix(":writer"), value.endswith(":writer")
-    if seconds and (in_writer_process or not writer_only):
-        time.sleep(float(seconds))
-
-
-def kill_requested(step: int, rank: int, phase: str) -> bool:
-    spec = os.environ.get(ENV_KILL, "").removesuffix(":writer")
-    if spec.startswith(">="):
-        at, sep, rest = spec[2:].partition(":")
-        return bool(sep) and at.isdigit() and step >= int(at) and rest == f"{rank}:{phase}"
-    return spec == f"{step}:{rank}:{phase}"
-
-
-def snapshot_copy_delay_hook() -> None:
-    """Sleep as ``ENV_SNAPSHOT_DELAY_COPY`` asks before a snapshot's staging copies (see the module)."""
-    delay = os.environ.get(ENV_SNAPSHOT_DELAY_COPY, "")
-    if delay:
-        time.sleep(float(delay))
-
-
-def kill_hook(step: int, rank: int, phase: str, *, in_writer_process: bool = False) -> None:
-    """SIGKILL what ``ENV_KILL`` names at this point of the save (see the module docstring)."""
-    if not kill_requested(step, rank, phase):
-        return
-    writer_only = os.environ.get(ENV_KILL, "").endswith(":writer")
-    victim = "its writer process" if writer_only and in_writer_process else f"rank {rank}"
-    log.warning("test hook %s: kills %s (%s phase of step %d)", ENV_KILL, victim, phase, step)
-    logging.shutdown()
-    if in_writer_process and not writer_only:
-        # The training process first; this writer dies with it (parent-death signal), and must not
-        # write on in the meantime.
-        os.kill(os.getppid(), signal.SIGKILL)
-        while True:
-            signal.pause()
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def injected_failure(step: int, rank: int) -> int | None:
-    """The errno ``ENV_FAIL`` asks this rank to fail the write of ``step`` with (None: no failure)."""
-    spec = os.environ.get(ENV_FAIL, "").strip()
-    if not spec:
-        return None
-    name, _, rest = spec.partition("@")
-    at, _, who = rest.partition(":")
-    onwards = at.endswith("+")
-    target = int(at.rstrip("+"))
-    if who and int(who) != rank:
-        return None
-    if step == target or (onwards and step > target):
-        return int(getattr(errno, name.upper()))
-    return None
-
-
-@functools.cache
-def hooked_writer_class() -> type[Any]:
-    """Test-only DCP writer: fails with an injected OSError (``ENV_FAIL``) or SIGKILLs this rank after
-    its data files are written (``ENV_KILL``)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-    from torch.distributed.checkpoint.storage import WriteResult
-    from torch.futures import Future as TorchFuture
-
-    class HookedWriter(dcp.FileSystemWriter):
-        def __init__(self, path: Path, fail_errno: int | None, on_data_written: Callable[[], None]) -> None:
-            super().__init__(path, sync_files=True, overwrite=False)
-            self.fail_errno = fail_errno
-            self.on_data_written = on_data_written
-            self.where = Path(path)
-
-        def write_data(self, plan: SavePlan, planner: SavePlanner) -> TorchFuture[list[WriteResult]]:
-            if self.fail_errno is not None:
-                raise OSError(self.fail_errno, os.strerror(self.fail_errno), str(self.where))
-            fut = super().write_data(plan, planner)
-            fut.wait()
-            self.on_data_written()
-            return fut
-
-    return HookedWriter

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ...errors import CheckpointError
 from ...jobs.helper_signals import single_threaded, stop_signals_blocked
 from . import channel
-from .save_errors import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
+from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .writer_protocol import Answer, Failed, SaveRequest, WriterSpec, answer_from_json
 
 if TYPE_CHECKING:

@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ...rundir.shm import TierPlaceError
-from ..checkpoint.save_errors import kill_hook, snapshot_copy_delay_hook
+from ..checkpoint.fault_hooks import kill_hook, snapshot_copy_delay_hook
 from ..checkpoint.staging import Staged
 from .buddies import Pull
 from .store import HeldShard, NodeStore, PendingShard
