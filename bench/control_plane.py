@@ -33,37 +33,31 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
     the reports (without)."""
     from types import SimpleNamespace
 
-    from hpclaunch.jobs.allocation import Allocation, Roster
+    from hpclaunch.jobs.allocation import Roster
     from hpclaunch.jobs.decider import Decider
+    from hpclaunch.jobs.node_run import NodeRun
     from hpclaunch.jobs.stop_relay import StopRelay
-    from hpclaunch.jobs.watchdog import Watchdog
+    from hpclaunch.jobs.watchdog import Watchdog, Watched
     from hpclaunch.jobs.watching import AttemptWatch
-    from hpclaunch.rundir import Ledger
     from hpclaunch.rundir.progress import local_progress_dir
     from hpclaunch.schedulers.base import NodeContext
 
     ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
-    ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=i)
-    relay = StopRelay(paths, None, ctx, None, ledger)  # type: ignore[arg-type]
-    alloc = Allocation(paths, ctx.allocation, ctx.hostname, hosts)
+    node = NodeRun.start(paths, None, None, ctx, scheduler)  # type: ignore[arg-type]
+    relay = StopRelay(node)
     roster = Roster(hosts)
-    decider = Decider(paths, None, None, ctx, scheduler, alloc=alloc, relay=relay, ledger=ledger)  # type: ignore[arg-type]
-    parts = {"ledger": ledger, "alloc": alloc, "relay": relay, "decider": decider, "roster": roster}
-    watch = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
-    watch.watchdog = Watchdog(
-        cfg,
-        paths,
-        ctx,
+    decider = Decider(node, relay)
+    watch = AttemptWatch(node, relay=relay, decider=decider, roster=roster, watchdog=False)
+    watched = Watched(
         world_size=world,
-        nccl=False,
-        ledger=ledger,
-        lead=decider.leads,
         local_dir=local_progress_dir(paths.root, ctx.hostname, ctx.attempt),
         local_ranks=world // len(hosts),
         alone=len(hosts) == 1,
     )
+    watch.watchdog = Watchdog(cfg, paths, ctx, node.ledger, watched, lead=decider.leads)
     watch.watchdog.ack_nodes = list(range(len(hosts)))
-    waiting = AttemptWatch(paths, None, None, ctx, watchdog=False, **parts)  # type: ignore[arg-type]
+    waiting = AttemptWatch(node, relay=relay, decider=decider, roster=roster, watchdog=False)
+    parts = {"ledger": node.ledger, "alloc": node.alloc, "relay": relay, "decider": decider, "roster": roster}
     return SimpleNamespace(ctx=ctx, watch=watch, waiting=waiting, **parts)
 
 

@@ -101,7 +101,7 @@ def reporter_cost_us(steps: int = 200_000) -> tuple[float, float, float]:
 def poll_cost_us(world_size: int, polls: int = 500) -> float:
     """CPU microseconds of one watchdog poll on node 0 over ``world_size`` ranks' files."""
     from hpclaunch.config import WatchdogConfig
-    from hpclaunch.jobs.watchdog import Watchdog
+    from hpclaunch.jobs.watchdog import Watchdog, Watched
     from hpclaunch.rundir import Ledger, RunPaths
     from hpclaunch.rundir.progress import progress_file
     from hpclaunch.schedulers.base import NodeContext
@@ -115,7 +115,7 @@ def poll_cost_us(world_size: int, polls: int = 500) -> float:
             record = {"rank": rank, "node": "n1", "pid": 1, "step": 5, "phase": "compute", "phase_since": 1.0}
             path.write_text(json.dumps({**record, "updated": 1.0, "last_step_s": 0.03}))
         cfg = WatchdogConfig(step_min_s=10**9)  # the stalled files must never become a hang here
-        dog = Watchdog(cfg, paths, ctx, world_size=world_size, nccl=False, ledger=Ledger(paths, role="b"))
+        dog = Watchdog(cfg, paths, ctx, Ledger(paths, role="b"), Watched(world_size=world_size))
         now = time.time()
         c0 = time.process_time()
         for i in range(polls):

@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.config import RunConfig
-from hpclaunch.jobs.allocation import Allocation, Roster
+from hpclaunch.jobs.allocation import Roster
 from hpclaunch.jobs.decider import Decider
 from hpclaunch.jobs.decision_rules import Action, Decision
+from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.orchestrator.plan_build import build
-from hpclaunch.rundir import Ledger, RunLock, RunPaths
+from hpclaunch.rundir import RunLock, RunPaths
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.schedulers.base import Continuation, NodeContext
 
@@ -73,26 +74,18 @@ def decider(run: Path, rank: int, scheduler: FakeScheduler) -> Decider:
     ctx = NodeContext("slurm", "7", rank, len(HOSTS), HOSTS[rank], HOSTS)
     relay = type("Relay", (), {"cancelled": False, "stop_cause": None, "interrupted": None, "lead": False})()
     relay.handle_signals = lambda: None  # type: ignore[attr-defined]
-    return Decider(
-        paths,
-        build(RunConfig(), python=sys.executable),
-        RunConfig(),
-        ctx,
-        scheduler,  # type: ignore[arg-type]
-        alloc=Allocation(paths, ctx.allocation, ctx.hostname, HOSTS),
-        relay=relay,  # type: ignore[arg-type]
-        ledger=Ledger(paths, role="agent", attempt=ctx.attempt, node=rank),
-    )
+    node = NodeRun.start(paths, build(RunConfig(), python=sys.executable), RunConfig(), ctx, scheduler)  # type: ignore[arg-type]
+    return Decider(node, relay)  # type: ignore[arg-type]
 
 
 def main() -> None:
     run, point = Path(sys.argv[1]), sys.argv[2]
     os.environ["FENCING_RUN"] = str(run)
     d = decider(run, 0, FakeScheduler(run, point))
-    d.hold(RunLock(d.paths).adopt(job_id="7", role="agent"))  # node 0's admission
+    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))  # node 0's admission
     d.beat_every_s = 3600.0
     (run / "admitted").write_text(str(os.getpid()))
-    real_publish, real_carry_out = d.alloc.publish, d.carry_out
+    real_publish, real_carry_out = d.node.alloc.publish, d.carry_out
 
     def publish(attempt: str, record: Any) -> bool:
         pause(point, "before-publish")
@@ -102,7 +95,7 @@ def main() -> None:
         pause(point, "before-carry-out")
         return real_carry_out(decision)
 
-    d.alloc.publish = publish  # type: ignore[method-assign]
+    d.node.alloc.publish = publish  # type: ignore[method-assign]
     d.carry_out = carry_out  # type: ignore[method-assign]
     d.fenced_at_start = d.fenced()  # type: ignore[attr-defined]
     record = d.publish(EXCLUDE, ROSTER)

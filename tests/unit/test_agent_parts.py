@@ -15,11 +15,12 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobs.admission import admit
 from hpclaunch.jobs.agent_records import decision_fields, started_fields
-from hpclaunch.jobs.allocation import Allocation, Roster, node_ranks
+from hpclaunch.jobs.allocation import Roster, node_ranks
 from hpclaunch.jobs.attempt_env import attempt_env, rank_request
 from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
 from hpclaunch.jobs.decider import Decider, in_place_ok, started_at
 from hpclaunch.jobs.decision_rules import Action, Decision
+from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.jobs.watching import AttemptWatch
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
@@ -107,6 +108,13 @@ class Continuations:
         return type("Cont", (), {"exit_code": 0, "job_id": "9"})()
 
 
+def _node(tmp_path: Path, scheduler: Any, rank: int = 0) -> NodeRun:
+    """Node ``rank``'s run as its agent starts it (a fake scheduler)."""
+    return NodeRun.start(
+        RunPaths(tmp_path), build(RunConfig(), python="python3"), RunConfig(), ctx(rank=rank), scheduler
+    )
+
+
 def _carry(
     tmp_path: Path, decision: Decision, scheduler: Continuations, recheck: Any = None
 ) -> tuple[int, list, list]:
@@ -114,11 +122,7 @@ def _carry(
     released: list[str | None] = []
     code = carry_out(
         decision,
-        scheduler=scheduler,  # type: ignore[arg-type]
-        plan=build(RunConfig(), python="python3"),
-        paths=RunPaths(tmp_path),
-        ctx=ctx(),
-        ledger=Ledger(RunPaths(tmp_path), role="agent", attempt="7.0", node=0),
+        _node(tmp_path, scheduler),
         recheck=recheck or (lambda d: d),
         record=lambda d, **kw: recorded.append((d, kw)),
         release=released.append,
@@ -266,17 +270,7 @@ def _decider(tmp_path: Path, rank: int = 0, relay: Relay | None = None) -> Decid
     paths = RunPaths(tmp_path)
     if RunLock(paths).read() is None:  # node 0's agent adopted the run lock at its admission
         RunLock(paths).adopt(job_id="7", role="agent")
-    c = ctx(rank=rank)
-    return Decider(
-        paths,
-        build(RunConfig(), python="python3"),
-        RunConfig(),
-        c,
-        Continuations(),  # type: ignore[arg-type]
-        alloc=Allocation(paths, c.allocation, c.hostname, HOSTS),
-        relay=relay or Relay(),  # type: ignore[arg-type]
-        ledger=Ledger(paths, role="agent", attempt=c.attempt, node=rank),
-    )
+    return Decider(_node(tmp_path, Continuations(), rank), relay or Relay())  # type: ignore[arg-type]
 
 
 def test_another_attempt_in_place_needs_no_stop_under_way_and_time_for_a_start_and_a_save() -> None:
@@ -313,10 +307,10 @@ def test_taking_the_role_over_takes_the_run_lock_and_the_relays_lead(tmp_path: P
     assert not decider.leads
     decider.take_over()
     assert decider.leads and relay.lead and decider.holder is not None and decider.holder.job_id == "7"
-    decider.alloc.beats.mkdir(parents=True)
-    decider.alloc.beat()  # n2 beats; a roster whose first live agent is n2 keeps the role here
+    decider.node.alloc.beats.mkdir(parents=True)
+    decider.node.alloc.beat()  # n2 beats; a roster whose first live agent is n2 keeps the role here
     decider.follow(Roster(("n2",)))
-    decider.alloc.stop_beating()
+    decider.node.alloc.stop_beating()
     assert decider.leads
     assert decider.await_decision(Roster(("n2",))) is None  # it decides: nothing to wait for
     decider.close()
@@ -354,12 +348,7 @@ def test_the_watch_looks_for_the_end_file_once_per_look_and_takes_over_from_a_go
     relay = Relay()
     decider = _decider(tmp_path, 1, relay)
     watch = AttemptWatch(
-        decider.paths,
-        decider.plan,
-        decider.cfg,
-        decider.ctx,
-        ledger=decider.ledger,
-        alloc=decider.alloc,
+        decider.node,
         relay=relay,  # type: ignore[arg-type]
         decider=decider,
         roster=Roster(("n2", "n1")),  # n2 first in roster order: the role is n2's once it beats
@@ -369,12 +358,12 @@ def test_the_watch_looks_for_the_end_file_once_per_look_and_takes_over_from_a_go
     monkeypatch.setattr("hpclaunch.jobs.watching.time.monotonic", lambda: now[0])
     monkeypatch.setattr("hpclaunch.jobs.decider.time.monotonic", lambda: now[0])
     assert not watch.ended()
-    decider.alloc.signal_end("7.0", "node n3: failed")
+    decider.node.alloc.signal_end("7.0", "node n3: failed")
     assert not watch.ended()  # not looked at again before LOOK_S
     now[0] += 5.0
     assert watch.ended()
-    decider.alloc.beats.mkdir(parents=True)
-    decider.alloc.beat()  # the deciding agent (node 0's) is not n2: n2 is the first live one, it takes over
+    decider.node.alloc.beats.mkdir(parents=True)
+    decider.node.alloc.beat()  # the deciding agent (node 0's) is not n2: n2 is the first live one, it takes over
     watch.poll(list)
-    decider.alloc.stop_beating()
+    decider.node.alloc.stop_beating()
     assert relay.polls == 1 and decider.leads and relay.lead and watch.hang is None

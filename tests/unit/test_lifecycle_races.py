@@ -19,6 +19,7 @@ import torch
 from hpclaunch.config import load_config
 from hpclaunch.errors import DataError, FilesystemError, RunLockedError
 from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide, decide_start
+from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.jobs.stop import StopController
 from hpclaunch.jobs.stop_relay import StopRelay
 from hpclaunch.jobs.watchdog import SLOW_IO_BPS, CheckpointScale, window_s
@@ -60,9 +61,7 @@ def _relay(tmp_path: Path, attempt: str, node: int = 0, cause: Cause = Cause.PRE
     ctx = NodeContext("slurm", job, node, 2, f"n{node}", ("n0", "n1"), restart_count=int(restart))
     paths = RunPaths(tmp_path)
     plan: Any = None
-    return StopRelay(
-        paths, plan, ctx, _Scheduler(cause), Ledger(paths, role="agent", attempt=attempt, node=node)
-    )  # type: ignore[arg-type]
+    return StopRelay(NodeRun.start(paths, plan, None, ctx, _Scheduler(cause)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

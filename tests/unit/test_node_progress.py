@@ -14,7 +14,7 @@ import pytest
 
 from hpclaunch.config import WatchdogConfig
 from hpclaunch.jobs.node_progress import prepare_local_dir, remove_local_dirs, stalled_dir
-from hpclaunch.jobs.watchdog import Watchdog
+from hpclaunch.jobs.watchdog import Watchdog, Watched
 from hpclaunch.rundir import Ledger, RunPaths, read_events
 from hpclaunch.rundir.progress import node_progress_file, read_progress
 from hpclaunch.schedulers.base import NodeContext
@@ -43,18 +43,17 @@ def heartbeat(
 
 def dog(paths: RunPaths, node: int, *, lead: bool) -> Watchdog:
     ctx = NodeContext("slurm", "j", node, 2, HOSTS[node], HOSTS)
+    watched = Watched(
+        world_size=4, local_dir=prepare_local_dir(paths.root, HOSTS[node], "j.0"), local_ranks=2, alone=False
+    )
     w = Watchdog(
         CFG,
         paths,
         ctx,
-        world_size=4,
-        nccl=False,
-        ledger=Ledger(paths, role="agent", attempt="j.0", node=node),
+        Ledger(paths, role="agent", attempt="j.0", node=node),
+        watched,
         launched_at=0.0,
         lead=lead,
-        local_dir=prepare_local_dir(paths.root, HOSTS[node], "j.0"),
-        local_ranks=2,
-        alone=False,
     )
     w.ack_nodes = [0, 1]
     return w

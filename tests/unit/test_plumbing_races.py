@@ -15,8 +15,9 @@ import pytest
 
 from hpclaunch import fsutil
 from hpclaunch.jobs import stop_relay
+from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.jobs.stop_relay import StopRelay
-from hpclaunch.rundir import Ledger, RunLock, RunPaths
+from hpclaunch.rundir import RunLock, RunPaths
 from hpclaunch.rundir import lock as lock_mod
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.control import relay_stop
@@ -168,7 +169,7 @@ def test_a_sigterm_reaches_the_ranks_before_the_scheduler_is_asked_what_it_was(
     ctx = NodeContext("slurm", "7", 0, 2, "n0", ("n0", "n1"), restart_count=0)
     scheduler = _SlowScheduler(cause, signalled)
     plan: Any = None
-    relay = StopRelay(paths, plan, ctx, scheduler, Ledger(paths, role="agent", attempt="7.0", node=0))  # type: ignore[arg-type]
+    relay = StopRelay(NodeRun.start(paths, plan, None, ctx, scheduler))  # type: ignore[arg-type]
     relay.ranks = lambda: [4242, 4243]
     relay.inbox.received.append((signal.SIGTERM, time.time()))
     relay.handle_signals()

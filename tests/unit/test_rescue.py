@@ -12,7 +12,7 @@ import pytest
 
 from hpclaunch.jobs import rescue as rescue_mod
 from hpclaunch.jobs.decision_rules import Action, Budgets
-from hpclaunch.jobs.rescue import Rescue, find, gone_hosts
+from hpclaunch.jobs.rescue import Rescue, Seen, find, gone_hosts
 from hpclaunch.orchestrator.status import rescue_view
 from hpclaunch.rundir import Ledger, LockHolder, RunLock, RunPaths
 from hpclaunch.rundir.cause import Cause
@@ -41,7 +41,9 @@ BEATS_TOGETHER = {"n1": 100.0, "n2": 100.6, "n3": 100.9}  # SLURM ended every ag
 
 
 def test_an_undecided_attempt_is_a_node_failure_of_the_batch_host() -> None:
-    found = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    found = find(
+        as_events(running()), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    )
     assert found.attempt == "21.0" and found.gone == ("n1",)
     d = found.decision
     assert d is not None and (d.action, d.cause, d.exclude, d.counts_as) == (
@@ -63,7 +65,7 @@ def test_a_host_whose_agent_fell_silent_first_is_left_out_too() -> None:
 
 def test_a_decided_attempt_is_left_alone() -> None:
     events = [*running(), ev("requeued", 50, attempt="21.0", cause="crash", in_place=True)]
-    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(events), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER))
     assert found.decision is None and "was decided; nothing to do" in found.reason
 
 
@@ -75,12 +77,12 @@ def test_a_requeued_job_whose_new_attempt_was_decided_is_left_alone() -> None:
         ev("started", 50, attempt="21.1", node=0, job_id="21", hosts=HOSTS),
         ev("finished", 60, attempt="21.1"),
     ]
-    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(events), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER))
     assert found.decision is None and found.attempt == "21.1"
 
 
 def test_a_job_that_never_started_an_agent_is_left_alone() -> None:
-    found = find(as_events(running()[:3]), "21", budgets=BUDGETS, beats={})
+    found = find(as_events(running()[:3]), "21", budgets=BUDGETS, seen=Seen(beats={}))
     assert found.decision is None and "before any of its agents started" in found.reason
 
 
@@ -88,16 +90,21 @@ def test_a_cancellation_ends_the_run_instead() -> None:
     """scancel of the job (the agents killed before they could record it) ends the run as cancelled;
     after `hpclaunch cancel` the run has ended already (it says so in the ledger)."""
     d = find(
-        as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="CANCELLED"
+        as_events(running()),
+        "21",
+        budgets=BUDGETS,
+        seen=Seen(beats=BEATS_TOGETHER, scheduler_word="CANCELLED"),
     ).decision
     assert d is not None and (d.action, d.cause) == (Action.END, Cause.CANCELLED)
     by_ledger = [*running(), ev("cancelled", 30, by="hpclaunch cancel")]
-    found = find(as_events(by_ledger), "21", budgets=BUDGETS, beats=BEATS_TOGETHER)
+    found = find(as_events(by_ledger), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER))
     assert found.decision is None and "already ended (cancelled)" in found.reason
 
 
 def test_a_pending_user_stop_ends_the_run_as_the_user_asked() -> None:
-    d = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, user_stop=True).decision
+    d = find(
+        as_events(running()), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER, user_stop=True)
+    ).decision
     assert d is not None and (d.action, d.cause) == (Action.END, Cause.USER)
 
 
@@ -107,7 +114,7 @@ def test_the_node_budget_is_kept() -> None:
         ev("node_excluded", 20, nodes=["n7"]),
         ev("node_replaced", 21, nodes=["n8"], spare="n3"),
     ]
-    d = find(as_events(spent), "21", budgets=BUDGETS, beats=BEATS_TOGETHER).decision
+    d = find(as_events(spent), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER)).decision
     assert d is not None and (d.action, d.cause) == (Action.FAIL, Cause.NODE_FAILURE)
     assert "2 node exclusions used of 2" in d.reason
 
@@ -346,7 +353,9 @@ def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None
 def test_an_end_that_is_not_the_batch_hosts_fault_spends_no_node(word: str, cause: str) -> None:
     """Before: every end but a cancel became "exclude the batch host" (rescue.py:131-146), spending
     the node-exclusion budget on a healthy node."""
-    found = find(as_events(running()), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word=word)
+    found = find(
+        as_events(running()), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER, scheduler_word=word)
+    )
     d = found.decision
     assert d is not None and (d.action, d.cause, d.exclude) == (Action.CONTINUE, cause, ())
     assert found.gone == () and d.counts_as != "node"
@@ -361,9 +370,7 @@ def test_a_run_that_finished_before_its_job_died_is_finished() -> None:
         as_events(running()),
         "21",
         budgets=BUDGETS,
-        beats=BEATS_TOGETHER,
-        scheduler_word="FAILED",
-        outcome=done,
+        seen=Seen(beats=BEATS_TOGETHER, scheduler_word="FAILED", outcome=done),
     ).decision
     assert d is not None and (d.action, d.reason) == (Action.FINISH, "finished at step 80")
 
@@ -382,7 +389,9 @@ def test_the_batch_hosts_agent_that_left_on_a_filesystem_error_is_not_its_nodes_
             errno="ESTALE",
         ),
     ]
-    found = find(as_events(events), "21", budgets=BUDGETS, beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    found = find(
+        as_events(events), "21", budgets=BUDGETS, seen=Seen(beats=BEATS_TOGETHER, scheduler_word="FAILED")
+    )
     d = found.decision
     assert d is not None and (d.action, d.cause, d.exclude) == (Action.CONTINUE, Cause.FILESYSTEM, ())
     assert "the agent on n1 (the batch host) left: filesystem error ESTALE" in d.reason
@@ -404,8 +413,7 @@ def test_a_decision_an_agent_published_and_could_not_carry_out_is_the_one_carrie
         as_events(running()),
         "21",
         budgets=BUDGETS,
-        beats=BEATS_TOGETHER,
-        published=published,  # type: ignore[arg-type]
+        seen=Seen(beats=BEATS_TOGETHER, published=published),  # type: ignore[arg-type]
     )
     d = found.decision
     assert d is not None and (d.action, d.cause, d.exclude, d.counts_as) == (

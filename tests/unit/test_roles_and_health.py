@@ -20,7 +20,7 @@ from hpclaunch.jobs.allocation import DEAD_AFTER_S, Allocation, Roster, await_re
 from hpclaunch.jobs.attribution import suspect
 from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide
 from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier, run_checks
-from hpclaunch.jobs.watchdog import Watchdog, read_verdict
+from hpclaunch.jobs.watchdog import Watchdog, Watched, read_verdict
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.events import as_events
@@ -236,7 +236,7 @@ def test_the_watchdog_is_led_by_the_decider_on_any_node(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path).ensure()
     ctx = NodeContext("local", "j", 2, 3, "n3", HOSTS)  # the spare that took n1's place
     dog = Watchdog(
-        cfg, paths, ctx, world_size=2, nccl=False, ledger=Ledger(paths, role="agent", node=2), launched_at=0.0
+        cfg, paths, ctx, Ledger(paths, role="agent", node=2), Watched(world_size=2), launched_at=0.0
     )
     assert not dog.lead
     dog.ack_nodes = [2, 1]

@@ -21,6 +21,7 @@ from hpclaunch.jobs.watchdog import (
     RankState,
     Verdict,
     Watchdog,
+    Watched,
     culprits,
     find_hang,
     read_verdict,
@@ -184,7 +185,7 @@ def beat(paths: RunPaths, rank: int, phase: str, step: int, since: float, **extr
 def test_a_stalled_rank_becomes_a_hang_event_and_a_verdict_file(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path).ensure()
     ledger = Ledger(paths, role="agent", attempt="j.0", node=0)
-    dog = Watchdog(CFG, paths, ctx(), world_size=2, nccl=False, ledger=ledger, launched_at=0.0)
+    dog = Watchdog(CFG, paths, ctx(), ledger, Watched(world_size=2), launched_at=0.0)
     beat(paths, 0, "compute", 12, 100.0)
     beat(paths, 1, "data", 12, 100.0)
     assert dog.check(lambda: [], now=101.0) is None  # first sight: the windows start now
@@ -204,7 +205,7 @@ def test_a_stalled_rank_becomes_a_hang_event_and_a_verdict_file(tmp_path: Path) 
 def test_a_rank_that_never_reports_is_judged_from_the_launch(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path).ensure()
     ledger = Ledger(paths, role="agent", attempt="j.0", node=0)
-    dog = Watchdog(CFG, paths, ctx(), world_size=2, nccl=False, ledger=ledger, launched_at=0.0)
+    dog = Watchdog(CFG, paths, ctx(), ledger, Watched(world_size=2), launched_at=0.0)
     beat(paths, 0, "startup", 0, 50.0, waiting="barrier", last_step_s=None)
     assert dog.check(lambda: [], now=299.0) is None
     verdict = dog.check(lambda: [], now=301.0)
@@ -238,9 +239,7 @@ def test_ranks_the_smoke_test_names_are_a_start_up_hang_on_their_node(tmp_path: 
 
 def test_other_nodes_follow_node_0s_verdict(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path).ensure()
-    other = Watchdog(
-        CFG, paths, ctx(1, 2), world_size=2, nccl=False, ledger=Ledger(paths, role="agent", node=1)
-    )
+    other = Watchdog(CFG, paths, ctx(1, 2), Ledger(paths, role="agent", node=1), Watched(world_size=2))
     now = time.time() + 1000
     assert other.check(lambda: [], now=now) is None
     hang_file(paths, "j.0").parent.mkdir(parents=True, exist_ok=True)

@@ -27,7 +27,6 @@ role over (and the run lock), during the checks, an attempt or a decision alike.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import os
 import signal
@@ -42,7 +41,6 @@ from ..rundir import (
     NODE_REPLACED,
     STARTED,
     JobPlan,
-    Ledger,
     RunPaths,
     read_config,
     read_plan,
@@ -54,7 +52,7 @@ from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_exit import agent_failed
 from .agent_records import started_fields
-from .allocation import Allocation, DecisionRecord, Roster, await_reports, node_ranks
+from .allocation import DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_host_command, rank_host_environment, rank_request
 from .chain_end import after_attempt
 from .decider import Decider
@@ -62,6 +60,7 @@ from .hang_evidence import stop_workers
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks
 from .node_memory import NodeMemory
 from .node_progress import remove_local_dirs
+from .node_run import NodeRun
 from .rank_host import LogSink, RankHost
 from .stop_relay import StopRelay
 from .watchdog import Verdict
@@ -75,17 +74,9 @@ class NodeAgent:
     def __init__(
         self, paths: RunPaths, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler
     ):
-        self.paths = paths
-        self.plan = plan
-        self.cfg = cfg
-        self.ctx = ctx
-        self.scheduler = scheduler
-        self.ledger = Ledger(paths, role="agent", attempt=ctx.attempt, node=ctx.node_rank)
-        self.relay = StopRelay(paths, plan, ctx, scheduler, self.ledger)
-        self.alloc = Allocation(paths, ctx.allocation, ctx.hostname, ctx.hosts)
-        self.decider = Decider(
-            paths, plan, cfg, ctx, scheduler, alloc=self.alloc, relay=self.relay, ledger=self.ledger
-        )
+        self.node = NodeRun.start(paths, plan, cfg, ctx, scheduler)  # (a new one per attempt in place)
+        self.relay = StopRelay(self.node)
+        self.decider = Decider(self.node, self.relay)
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
         self.sink = LogSink()
@@ -95,24 +86,24 @@ class NodeAgent:
 
     @property
     def attempt(self) -> str:
-        return self.ctx.attempt
+        return self.node.attempt
 
     # ---- main ----------------------------------------------------------------------------------
 
     def run(self) -> int:
         self.relay.install()
-        self.alloc.start_beating()
-        if self.ctx.num_nodes > 1:  # (the other agents see this one's death at once: ``links``)
+        self.node.alloc.start_beating()
+        if self.node.ctx.num_nodes > 1:  # (the other agents see this one's death at once: ``links``)
             with contextlib.suppress(HpclaunchError, OSError):
-                self.alloc.listen(self.scheduler.node_address(self.ctx.hostname))
+                self.node.alloc.listen(self.node.scheduler.node_address(self.node.ctx.hostname))
         try:
             self.memory.start()
             self._record_started()
-            barrier = StartBarrier(self.paths, self.attempt)
-            if self.ctx.is_head:
+            barrier = StartBarrier(self.node.paths, self.attempt)
+            if self.node.ctx.is_head:
                 refusal = self._may_run()
                 if refusal is not None:
-                    if self.ctx.num_nodes > 1:
+                    if self.node.ctx.num_nodes > 1:
                         barrier.announce(go=False, reason=refusal)
                     return 0
             self.host = self._start_host()
@@ -122,9 +113,9 @@ class NodeAgent:
             return self._attempts()
         finally:
             self.memory.free()  # (the allocation ends on this node: its snapshots with it)
-            self.alloc.stop_beating()
+            self.node.alloc.stop_beating()
             self.decider.close()
-            remove_local_dirs(self.paths.root, self.ctx.hostname, self.ctx.allocation)
+            remove_local_dirs(self.node.paths.root, self.node.ctx.hostname, self.node.ctx.allocation)
             if self.host is not None:
                 self.host.close()
             self.sink.close()
@@ -133,7 +124,7 @@ class NodeAgent:
         """Node checks and the start barrier, before every attempt: None when this node goes on to
         the attempt, else the agent's exit code (the attempt does not run)."""
         verdict = self._node_checks()
-        if self.ctx.num_nodes == 1:
+        if self.node.ctx.num_nodes == 1:
             return (
                 None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
             )
@@ -146,7 +137,8 @@ class NodeAgent:
                 if not self.decider.take_over():  # (the decider died during the checks; lost: wait on)
                     continue
             verdicts = barrier.gather(
-                node_ranks(self.ctx.hosts, self.roster.nodes), gone=lambda h: not self.alloc.alive(h)
+                node_ranks(self.node.ctx.hosts, self.roster.nodes),
+                gone=lambda h: not self.node.alloc.alive(h),
             )
             roster = self.roster.without(verdicts.failed_nodes)
             go = verdicts.data_error is None and not (set(roster.training) & set(verdicts.failed_nodes))
@@ -163,7 +155,7 @@ class NodeAgent:
         """The start's word: None when this node goes on to the attempt (on the roster it names),
         else the agent's exit code."""
         if not word.go:
-            print(f"hpclaunch: node {self.ctx.hostname} does not start: {word.reason}", file=sys.stderr)
+            print(f"hpclaunch: node {self.node.ctx.hostname} does not start: {word.reason}", file=sys.stderr)
             return 0
         self.roster = Roster.from_json(word.roster) if word.roster else self.roster
         self.decider.follow(self.roster)
@@ -173,20 +165,20 @@ class NodeAgent:
         """Attempts in this allocation until a decision sends the run through the scheduler; each
         one restarted in place begins with the node checks of the nodes the run is using."""
         while True:
-            training = self.ctx.hostname in self.roster.training
+            training = self.node.ctx.hostname in self.roster.training
             if training:
                 self.memory.hold()
             result = self._run_attempt() if training else {"state": "spare"}
-            self.alloc.report(self.attempt, self.ctx.node_rank, result)
+            self.node.alloc.report(self.attempt, self.node.ctx.node_rank, result)
             decision = self._agree(result)
             if not decision.get("in_place"):
                 self.memory.free()  # the run goes on through the scheduler, or ends
                 return int(decision.get("exit_code", 0)) if self.decider.leads else 0
             self._next_in_place(decision)
-            if self.ctx.hostname not in self.roster.training:
+            if self.node.ctx.hostname not in self.roster.training:
                 self.memory.free()  # this node's memory serves no rank of the next attempt
-            if self.ctx.hostname in self.roster.nodes:
-                started = self._start(StartBarrier(self.paths, self.attempt))
+            if self.node.ctx.hostname in self.roster.nodes:
+                started = self._start(StartBarrier(self.node.paths, self.attempt))
                 if started is not None:
                     return started
 
@@ -195,11 +187,11 @@ class NodeAgent:
     def _may_run(self) -> str | None:
         """None, or why this attempt does not run (recorded; the run is left untouched)."""
         admission = admit(
-            paths=self.paths,
-            plan=self.plan,
-            ctx=self.ctx,
-            scheduler=self.scheduler,
-            ledger=self.ledger,
+            paths=self.node.paths,
+            plan=self.node.plan,
+            ctx=self.node.ctx,
+            scheduler=self.node.scheduler,
+            ledger=self.node.ledger,
             lock=self.decider.lock,
             record=self.decider.record,
         )
@@ -209,28 +201,35 @@ class NodeAgent:
     # ---- node checks ---------------------------------------------------------------------------
 
     def _node_checks(self) -> NodeVerdict:
-        verdict, rows = run_checks(self.cfg, self.ctx)
+        verdict, rows = run_checks(self.node.cfg, self.node.ctx)
         if rows:
-            self.ledger.append(NODE_PREFLIGHT, ok=verdict.ok, checks=rows)
+            self.node.ledger.append(NODE_PREFLIGHT, ok=verdict.ok, checks=rows)
         return verdict
 
     def _record_replacements(self, planned: Roster, roster: Roster, verdicts: Verdicts) -> None:
         for bad, spare in zip(planned.training, roster.training, strict=True):
             if bad != spare:
                 why = verdicts.failed_nodes.get(bad, "failed its node check")
-                self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=f"{bad}: {why}")
+                self.node.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=f"{bad}: {why}")
 
     # ---- one attempt -----------------------------------------------------------------------------
 
     def _start_host(self) -> RankHost:
         quiet = os.environ.get(FOREGROUND_VAR) == "1"
-        argv, env = rank_host_command(self.plan, self.ctx, self.paths)
+        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths)
         return RankHost(
             argv,
             env(
-                rank_host_environment(self.plan, self.cfg, self.ctx, self.scheduler, self.paths, self.ledger)
+                rank_host_environment(
+                    self.node.plan,
+                    self.node.cfg,
+                    self.node.ctx,
+                    self.node.scheduler,
+                    self.node.paths,
+                    self.node.ledger,
+                )
             ),
-            self.paths.root,
+            self.node.paths.root,
             self.sink,
             echo_stderr=not quiet,
         )
@@ -246,16 +245,16 @@ class NodeAgent:
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
         request = rank_request(
             self.attempt,
-            plan=self.plan,
-            cfg=self.cfg,
-            ctx=self.ctx,
-            scheduler=self.scheduler,
-            paths=self.paths,
+            plan=self.node.plan,
+            cfg=self.node.cfg,
+            ctx=self.node.ctx,
+            scheduler=self.node.scheduler,
+            paths=self.node.paths,
             roster=self.roster,
         )
         self.sink.switch(
-            self.paths.node_log(self.attempt, self.ctx.node_rank),
-            f"# hpclaunch attempt {self.attempt} node {self.ctx.node_rank} ({self.ctx.hostname}): "
+            self.node.paths.node_log(self.attempt, self.node.ctx.node_rank),
+            f"# hpclaunch attempt {self.attempt} node {self.node.ctx.node_rank} ({self.node.ctx.hostname}): "
             f"{json.dumps({k: v for k, v in request.items() if k != 'env'})}\n",
         )
         self.relay.ranks = self.host.rank_pids
@@ -274,18 +273,13 @@ class NodeAgent:
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
-            self.alloc.signal_end(self.attempt, f"node {self.ctx.hostname}: {result.get('state')}")
+            self.node.alloc.signal_end(self.attempt, f"node {self.node.ctx.hostname}: {result.get('state')}")
         return {**result, "stopped_by_agent": self.stopped_by_agent}
 
     def _watch(self, *, watchdog: bool = True) -> AttemptWatch:
         """This attempt's watch (``watching``), with this node's watchdog unless ``watchdog`` is False."""
         return AttemptWatch(
-            self.paths,
-            self.plan,
-            self.cfg,
-            self.ctx,
-            ledger=self.ledger,
-            alloc=self.alloc,
+            self.node,
             relay=self.relay,
             decider=self.decider,
             roster=self.roster,
@@ -301,7 +295,7 @@ class NodeAgent:
         published = self.decider.await_decision(self.roster)
         if published is not None:
             return published
-        alone = tuple(self.roster.training) == (self.ctx.hostname,)
+        alone = tuple(self.roster.training) == (self.node.ctx.hostname,)
         dead, stuck = self._await_reports() if not alone else ((), ())
         decision = self.decider.after_attempt(
             int(result.get("returncode", 1)), self.roster, dead=dead, stuck=stuck, hang=self.hang
@@ -312,31 +306,25 @@ class NodeAgent:
         """The training nodes' reports: (dead, stuck) nodes (``allocation.await_reports``). While
         the attempt still runs (this decider does not train) this agent leads the watchdog and
         relays the scheduler's signals meanwhile."""
-        watch = self._watch(watchdog=self.ctx.hostname not in self.roster.training)
-        expect = node_ranks(self.ctx.hosts, self.roster.training)
-        reports = await_reports(self.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
+        watch = self._watch(watchdog=self.node.ctx.hostname not in self.roster.training)
+        expect = node_ranks(self.node.ctx.hosts, self.roster.training)
+        reports = await_reports(self.node.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
         self.hang = watch.hang
         return reports
 
     def _next_in_place(self, record: DecisionRecord) -> None:
         """The next attempt of this allocation, on the roster the decision named."""
         self.roster = Roster.from_json(record["roster"])
-        clock = self.ctx.clock
-        if clock is not None:  # the same end; this attempt's own start (what the accounting counts)
-            clock = dataclasses.replace(clock, start=time.time())
-        self.ctx = dataclasses.replace(self.ctx, in_place=self.ctx.in_place + 1, clock=clock)
-        self.ledger = Ledger(self.paths, role="agent", attempt=self.attempt, node=self.ctx.node_rank)
-        self.relay.ledger = self.ledger
-        self.relay.next_attempt(self.attempt)
-        self.relay.ctx = self.ctx
-        self.decider.next_attempt(self.ctx, self.ledger)
+        self.node = self.node.next_in_place(now=time.time())
+        self.relay.next_attempt(self.node)
+        self.decider.next_attempt(self.node)
         self.hang = None
         self.decider.follow(self.roster)
         self._record_started(previous=record["attempt"])
 
     def _record_started(self, previous: str | None = None) -> None:
-        self.ledger.append(
-            STARTED, **started_fields(self.ctx, self.plan, roster=self.roster, previous=previous)
+        self.node.ledger.append(
+            STARTED, **started_fields(self.node.ctx, self.node.plan, roster=self.roster, previous=previous)
         )
 
 

@@ -12,11 +12,11 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from ..errors import HpclaunchError
-from ..rundir import NODE_EXCLUDED, JobPlan, Ledger, RunPaths
+from ..rundir import NODE_EXCLUDED
 from ..rundir.cause import Cause
 from ..rundir.events import Cancelled, Event, of_kind
-from ..schedulers.base import NodeContext, Scheduler
 from .decision_rules import Action, Decision
+from .node_run import NodeRun
 
 
 class Recorder(Protocol):
@@ -38,17 +38,13 @@ def cancelled_meanwhile(
 
 def carry_out(
     decision: Decision,
+    node: NodeRun,
     *,
-    scheduler: Scheduler,
-    plan: JobPlan,
-    paths: RunPaths,
-    ctx: NodeContext,
-    ledger: Ledger,
     recheck: Callable[[Decision], Decision],
     record: Recorder,
     release: Callable[[str | None], None],
 ) -> int:
-    """Do what ``decision`` says through ``scheduler``; record it; the agent's exit code.
+    """Do what ``decision`` says through the node's scheduler; record it; the agent's exit code.
     ``recheck``: the decision again right before the scheduler is asked (a cancellation meanwhile);
     ``release``: hand the run lock to the next job (its id) or release it (None)."""
     decision = recheck(decision)
@@ -57,11 +53,11 @@ def carry_out(
     by = "agent"
     try:
         if decision.action is Action.CONTINUE:
-            cont = scheduler.continue_job(plan, paths, ctx)
+            cont = node.scheduler.continue_job(node.plan, node.paths, node.ctx)
             code, job_id, by = cont.exit_code, cont.job_id, cont.by
         elif decision.action is Action.EXCLUDE:
-            ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
-            cont = scheduler.exclude_nodes(plan, paths, ctx, list(decision.exclude))
+            node.ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
+            cont = node.scheduler.exclude_nodes(node.plan, node.paths, node.ctx, list(decision.exclude))
             code, job_id = cont.exit_code, cont.job_id
         elif decision.action is Action.FAIL:
             code = 1

@@ -22,7 +22,6 @@ import sys
 import time
 from typing import Any
 
-from ..config import RunConfig
 from ..errors import HpclaunchError
 from ..fsutil import retry_transient
 from ..rundir import (
@@ -33,7 +32,6 @@ from ..rundir import (
     Ledger,
     LockHolder,
     RunLock,
-    RunPaths,
 )
 from ..rundir.control import take_user_stop
 from ..rundir.env import FOREGROUND_VAR
@@ -41,14 +39,15 @@ from ..rundir.events import Cancelled, Event, Started, of_kind
 from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
-from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.base import NodeContext
 from .agent_records import decision_fields
-from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, Allocation, DecisionRecord, Roster, node_ranks
+from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out
 from .decision_rules import Action, Budgets, Decision, Facts, History, decide
 from .fenced import Deposed, as_decision, decision_record, recorded
 from .node_checks import StartBarrier, Verdicts, Word
+from .node_run import NodeRun
 from .stop_relay import StopRelay
 from .watchdog import Verdict, startup_hang
 
@@ -79,42 +78,33 @@ class Decider:
     """This agent's part in deciding: the role's flag and the run lock it holds, and the decisions
     it makes while it leads (after the checks, after each attempt), published and carried out."""
 
-    def __init__(
-        self,
-        paths: RunPaths,
-        plan: JobPlan,
-        cfg: RunConfig,
-        ctx: NodeContext,
-        scheduler: Scheduler,
-        *,
-        alloc: Allocation,
-        relay: StopRelay,
-        ledger: Ledger,
-    ) -> None:
-        self.paths = paths
-        self.plan = plan
-        self.cfg = cfg
-        self.ctx = ctx
-        self.scheduler = scheduler
-        self.alloc = alloc
+    def __init__(self, node: NodeRun, relay: StopRelay) -> None:
+        self.node = node
         self.relay = relay
-        self.ledger = ledger
-        self.lock = RunLock(paths)
+        self.lock = RunLock(node.paths)
         self.holder: LockHolder | None = None  # the run lock, once admitted or taken over
         self.beat_every_s = HEARTBEAT_EVERY_S
         self._beat: Heartbeat | None = None  # the lock's heartbeat, while this agent holds it
-        self.leads = ctx.is_head  # node 0 decides at first; the role moves (``follow``)
+        self.leads = node.ctx.is_head  # node 0 decides at first; the role moves (``follow``)
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
 
     @property
     def attempt(self) -> str:
-        return self.ctx.attempt
+        return self.node.attempt
 
-    def next_attempt(self, ctx: NodeContext, ledger: Ledger) -> None:
+    @property
+    def ctx(self) -> NodeContext:
+        return self.node.ctx  # this attempt's
+
+    @property
+    def ledger(self) -> Ledger:
+        return self.node.ledger  # this attempt's
+
+    def next_attempt(self, node: NodeRun) -> None:
         """The agent restarted in place: the next attempt's context and ledger."""
-        self.ctx, self.ledger = ctx, ledger
+        self.node = node
         self.outcome = None
 
     # ---- the role --------------------------------------------------------------------------------
@@ -128,10 +118,10 @@ class Decider:
         ahead = (
             roster.nodes[: roster.nodes.index(self.ctx.hostname)] if self.ctx.hostname in roster.nodes else ()
         )
-        if now < self._next_look and not any(self.alloc.known_dead(h) for h in ahead):
+        if now < self._next_look and not any(self.node.alloc.known_dead(h) for h in ahead):
             return False  # (a connection that ended is looked at every time: it costs no read)
         self._next_look = now + every_s
-        return self.alloc.decider(roster) == self.ctx.hostname
+        return self.node.alloc.decider(roster) == self.ctx.hostname
 
     def follow(self, roster: Roster) -> None:
         """The roster changed: the role goes to its first live agent (a node the roster left, or a
@@ -139,7 +129,7 @@ class Decider:
         again after it was deposed (it stalled past the window, another took the role, and now it
         is the first live agent again) claims the role anew: a role without the lock's epoch can
         write nothing."""
-        mine = self.alloc.decider(roster) == self.ctx.hostname
+        mine = self.node.alloc.decider(roster) == self.ctx.hostname
         if mine and (not self.leads or not self.fenced()):
             self.take_over()
         elif not mine and self.leads:
@@ -227,7 +217,7 @@ class Decider:
         """The decision on this attempt as the decider published it, or None when this agent
         decides (it does, or it took the role over while it waited)."""
         while not self.leads:
-            published = self.alloc.decision(self.attempt)
+            published = self.node.alloc.decision(self.attempt)
             if published is not None:
                 return published
             self.relay.handle_signals()
@@ -240,7 +230,7 @@ class Decider:
 
     def after_checks(self, verdicts: Verdicts) -> Decision:
         """A node failed its checks (or the data did): what the run does instead of this attempt."""
-        user = take_user_stop(self.paths, self.attempt)
+        user = take_user_stop(self.node.paths, self.attempt)
         facts = Facts(
             outcome=None,
             failed_nodes=tuple(verdicts.failed_nodes),
@@ -270,7 +260,7 @@ class Decider:
         self.outcome = outcome
         if hang is None:  # the smoke test may have named ranks that never reached it
             hang = startup_hang(
-                self.paths, self.attempt, outcome, window_s=self.cfg.preflight.smoke_timeout_s
+                self.node.paths, self.attempt, outcome, window_s=self.node.cfg.preflight.smoke_timeout_s
             )
             if hang is not None:
                 self.ledger.append(HANG, **hang.ledger_fields())
@@ -278,9 +268,9 @@ class Decider:
             hang = Verdict.stuck(self.attempt, stuck, REPORT_GRACE_S)
             self.ledger.append(HANG, **hang.ledger_fields())
         blamed = self.suspect(roster) if outcome is None or outcome.status == "failed" else None
-        self.newest_checkpoint = newest_checkpoint_step(self.paths)
+        self.newest_checkpoint = newest_checkpoint_step(self.node.paths)
         # Taken now (atomically): a request written after this moment is the next attempt's.
-        user = take_user_stop(self.paths, self.attempt)
+        user = take_user_stop(self.node.paths, self.attempt)
         facts = Facts(
             outcome=outcome,
             returncode=returncode,
@@ -296,9 +286,9 @@ class Decider:
             suspect_evidence=blamed.evidence if blamed is not None else "",
             suspect_certain=blamed is not None and blamed.certain,
             newest_checkpoint=self.newest_checkpoint,
-            spares=tuple(h for h in roster.spares if self.alloc.alive(h)),
+            spares=tuple(h for h in roster.spares if self.node.alloc.alive(h)),
             in_place_ok=in_place_ok(
-                self.plan,
+                self.node.plan,
                 stopping=self.relay.stop_cause is not None or self.relay.cancelled,
                 end_time=self.ctx.end_time,
                 now=time.time(),
@@ -309,22 +299,25 @@ class Decider:
     def suspect(self, roster: Roster) -> Suspicion | None:
         """The node this attempt's crash is pinned on, if the evidence names one (``attribution``)."""
         expect = node_ranks(self.ctx.hosts, roster.training)
-        reports = self.alloc.reports(self.attempt, expect)
-        logs = {h: self.paths.node_log(self.attempt, r) for r, h in expect.items()}
+        reports = self.node.alloc.reports(self.attempt, expect)
+        logs = {h: self.node.paths.node_log(self.attempt, r) for r, h in expect.items()}
         return suspect(reports, logs)
 
     def read_outcome(self) -> tuple[AttemptOutcome | None, str | None]:
         """The trainer's outcome, read again while the filesystem says "not now" (EIO, ESTALE): a
         shared filesystem's hiccup must not make a finished run look like a crash."""
         try:
-            return retry_transient(lambda: attempt_outcome(self.paths, self.attempt)), None
+            return retry_transient(lambda: attempt_outcome(self.node.paths, self.attempt)), None
         except OSError as e:
-            return None, f"{self.paths.outcome_file(self.attempt)}: {e.strerror or e}"
+            return None, f"{self.node.paths.outcome_file(self.attempt)}: {e.strerror or e}"
 
     def decision(self, facts: Facts, events: list[Event] | None = None) -> Decision:
         history = History.from_events(events if events is not None else self.ledger.events())
         return decide(
-            facts, history, Budgets.from_plan(self.plan), can_exclude_nodes=self.scheduler.can_exclude_nodes
+            facts,
+            history,
+            Budgets.from_plan(self.node.plan),
+            can_exclude_nodes=self.node.scheduler.can_exclude_nodes,
         )
 
     # ---- one decision for the whole allocation ---------------------------------------------------
@@ -343,7 +336,7 @@ class Decider:
             self.step_down("publish its decision")
             again = self.await_decision(roster)  # (None: the role came back here; decide again)
             return again if again is not None else self.publish(decision, roster)
-        if not self.alloc.publish(self.attempt, record):
+        if not self.node.alloc.publish(self.attempt, record):
             other = self.wait_published()
             if other.get("nonce") != record["nonce"]:
                 return self.follow_published(other, epoch)
@@ -358,7 +351,7 @@ class Decider:
     def wait_published(self) -> DecisionRecord:
         """The decision that stands on this attempt (it exists: this decider's publication lost to
         it), once it can be read."""
-        while (published := self.alloc.decision(self.attempt)) is None:
+        while (published := self.node.alloc.decision(self.attempt)) is None:
             time.sleep(POLL_S)
         return published
 
@@ -398,11 +391,7 @@ class Decider:
         try:
             return carry_out(
                 decision,
-                scheduler=self.scheduler,
-                plan=self.plan,
-                paths=self.paths,
-                ctx=self.ctx,
-                ledger=self.ledger,
+                self.node,
                 recheck=self.unless_cancelled_meanwhile,
                 record=self.record,
                 release=self.release_lock,
@@ -411,7 +400,7 @@ class Decider:
             self.step_down(e.what)
             if e.job_id and e.job_id != self.ctx.job_id:
                 with contextlib.suppress(HpclaunchError, OSError):
-                    self.scheduler.cancel(self.paths, e.job_id)
+                    self.node.scheduler.cancel(self.node.paths, e.job_id)
                     print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
             return 0
 
@@ -430,7 +419,7 @@ class Decider:
         fields = decision_fields(
             decision,
             scheduler=self.ctx.scheduler,
-            can_exclude_nodes=self.scheduler.can_exclude_nodes,
+            can_exclude_nodes=self.node.scheduler.can_exclude_nodes,
             step=self.outcome.step if self.outcome is not None else None,
             newest_checkpoint=self.newest_checkpoint,
             job_id=job_id,
@@ -447,7 +436,7 @@ class Decider:
             print(line, file=sys.stderr, flush=True)  # (a foreground train says the last word itself)
         # The attempt's own log says how it ended: `hpclaunch logs` needs no scheduler's file.
         with contextlib.suppress(OSError):
-            log = self.paths.node_log(written.attempt or self.ctx.attempt, self.ctx.node_rank)
+            log = self.node.paths.node_log(written.attempt or self.ctx.attempt, self.ctx.node_rank)
             if log.parent.is_dir():
                 with open(log, "a") as f:
                     f.write(f"# {line}\n")
@@ -477,8 +466,8 @@ class Decider:
             raise Deposed(f"{decision.action.value} through the scheduler")
         if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
             return decision
-        if self.cfg.testing.pause_before_continue_s:
-            time.sleep(self.cfg.testing.pause_before_continue_s)
+        if self.node.cfg.testing.pause_before_continue_s:
+            time.sleep(self.node.cfg.testing.pause_before_continue_s)
         self.relay.handle_signals()
         events = self.ledger.events()
         return cancelled_meanwhile(

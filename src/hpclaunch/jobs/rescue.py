@@ -127,23 +127,26 @@ STOPPED_BY_SCHEDULER = {"TIMEOUT": Cause.TIMEOUT, "DEADLINE": Cause.TIMEOUT, "PR
 OUT_OF_MEMORY = "OUT_OF_MEMORY"
 
 
-def find(
-    events: Sequence[Event],
-    job_id: str,
-    *,
-    budgets: Budgets,
-    beats: Mapping[str, float],
-    reported: Iterable[str] = (),
-    scheduler_word: str = "",
-    user_stop: bool = False,
-    continue_requested: bool = False,
-    outcome: AttemptOutcome | None = None,
-    published: DecisionRecord | None = None,
-) -> Finding:
-    """The rescue's decision (pure). ``beats``: each host's last agent heartbeat (mtime) in the
-    job's latest allocation; ``reported``: the hosts whose agents reported the attempt;
-    ``scheduler_word``: how the scheduler says the job ended; ``outcome``: the trainer's, if it
-    wrote one; ``published``: the decision an agent published on the attempt, if one did."""
+@dataclass(frozen=True)
+class Seen:
+    """What the rescue found of the job's latest attempt. ``beats``: each host's last agent heartbeat
+    (mtime) in the job's latest allocation; ``reported``: the hosts whose agents reported the
+    attempt; ``scheduler_word``: how the scheduler says the job ended; ``user_stop``: a user's stop
+    was pending (``continue_requested``: one that asked for a continuation); ``outcome``: the
+    trainer's, if it wrote one; ``published``: the decision an agent published on the attempt, if
+    one did."""
+
+    beats: Mapping[str, float]
+    reported: Iterable[str] = ()
+    scheduler_word: str = ""
+    user_stop: bool = False
+    continue_requested: bool = False
+    outcome: AttemptOutcome | None = None
+    published: DecisionRecord | None = None
+
+
+def find(events: Sequence[Event], job_id: str, *, budgets: Budgets, seen: Seen) -> Finding:
+    """The rescue's decision (pure), from the ledger and what it has ``seen`` of the latest attempt."""
     attempts = job_attempts(events, job_id)
     if not attempts:
         return Finding(f"job {job_id} ended before any of its agents started; nothing to decide")
@@ -153,38 +156,18 @@ def find(
         return Finding(f"attempt {attempt} of job {job_id} was decided; nothing to do", attempt)
     if history.ended is not None:
         return Finding(f"the run has already ended ({history.ended}); nothing to do", attempt)
-    if published is not None and not published.get("in_place"):
+    if seen.published is not None and not seen.published.get("in_place"):
         # Its decider died carrying it out: the decision stands, the rescue finishes what it began.
-        decision = as_decision(published)
+        decision = as_decision(seen.published)
         return Finding("", attempt, decision, decision.exclude if decision.action is Action.EXCLUDE else ())
-    facts = rescue_facts(
-        events,
-        attempt,
-        job_id,
-        beats=beats,
-        reported=reported,
-        scheduler_word=scheduler_word,
-        outcome=outcome,
-        user_stop=user_stop,
-        continue_requested=continue_requested,
-    )
+    facts = rescue_facts(events, attempt, job_id, seen)
     return Finding("", attempt, decide(facts, history, budgets, can_exclude_nodes=True), facts.dead_nodes)
 
 
-def rescue_facts(
-    events: Sequence[Event],
-    attempt: str,
-    job_id: str,
-    *,
-    beats: Mapping[str, float],
-    reported: Iterable[str],
-    scheduler_word: str,
-    outcome: AttemptOutcome | None,
-    user_stop: bool,
-    continue_requested: bool,
-) -> Facts:
+def rescue_facts(events: Sequence[Event], attempt: str, job_id: str, seen: Seen) -> Facts:
     """What the rescue knows of an attempt nobody decided, as the facts an agent would gather."""
     started = min((float(e.ts or 0) for e in events if e.attempt == attempt), default=0.0)
+    scheduler_word = seen.scheduler_word
     word = scheduler_word.split()[0].upper() if scheduler_word.strip() else ""
     cancelled = word.startswith("CANCEL") or any(
         float(e.ts or 0) >= started for e in of_kind(events, Cancelled)
@@ -193,10 +176,10 @@ def rescue_facts(
 
     def facts(**fields: Any) -> Facts:
         return Facts(
-            outcome=outcome,
+            outcome=seen.outcome,
             cancelled=cancelled,
-            user_stop=user_stop,
-            continue_requested=continue_requested,
+            user_stop=seen.user_stop,
+            continue_requested=seen.continue_requested,
             **fields,
         )
 
@@ -209,7 +192,7 @@ def rescue_facts(
             "memory than the job asked for (scheduler.mem_gb)"
         )
     hosts = hosts_of(events, attempt)
-    gone = gone_hosts(hosts, beats, reported)
+    gone = gone_hosts(hosts, seen.beats, seen.reported)
     errors = {e.host: e for e in of_kind(events, AgentError) if e.attempt == attempt and e.host}
     left = errors.get(hosts[0]) if hosts else None
     if left is not None:
@@ -257,10 +240,7 @@ class Rescue:
         attempts = job_attempts(events, self.job_id)
         undecided = bool(attempts) and self._undecided(events, attempts[-1])
         user = take_user_stop(self.paths, attempts[-1]) if undecided else None
-        finding = find(
-            events,
-            self.job_id,
-            budgets=Budgets.from_plan(self.plan),
+        seen = Seen(
             beats=last_beats(self.paths, allocation_of(attempts[-1])) if attempts else {},
             reported=reported_hosts(self.paths, attempts[-1]) if attempts else (),
             scheduler_word=word,
@@ -269,6 +249,7 @@ class Rescue:
             outcome=self._outcome(attempts[-1]) if undecided else None,
             published=self._published(attempts[-1]) if undecided else None,
         )
+        finding = find(events, self.job_id, budgets=Budgets.from_plan(self.plan), seen=seen)
         ledger = Ledger(self.paths, role="rescue", attempt=finding.attempt)
         if finding.decision is None:
             ledger.append(RESCUE, job_id=self.job_id, action="nothing", reason=finding.reason, job_ended=word)

@@ -29,10 +29,11 @@ import time
 from collections.abc import Callable
 from types import FrameType
 
-from ..rundir import STOP_OVERDUE, STOP_REQUESTED, JobPlan, Ledger, RunPaths
+from ..rundir import STOP_OVERDUE, STOP_REQUESTED
 from ..rundir.cause import STOP_CODES, Cause
 from ..rundir.control import write_relay_stop
-from ..schedulers.base import NodeContext, Scheduler, at_time_limit
+from ..schedulers.base import at_time_limit
+from .node_run import NodeRun
 
 CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL
 
@@ -59,33 +60,28 @@ class StopRelay:
     """One attempt's stop state on one node: the strongest cause heard, whether it was a cancel,
     and whether node 0 had to cut the stop short (``interrupted``: the decision's fact)."""
 
-    def __init__(
-        self, paths: RunPaths, plan: JobPlan, ctx: NodeContext, scheduler: Scheduler, ledger: Ledger
-    ) -> None:
-        self.paths = paths
-        self.plan = plan
-        self.ctx = ctx
-        self.scheduler = scheduler
-        self.ledger = ledger
+    def __init__(self, node: NodeRun) -> None:
+        self.node = node
         self.inbox = SignalInbox()
         # The ranks of the running attempt (the rank host's forkserver children), and how to end
         # them all at once on a second Ctrl-C; set by the agent while an attempt runs.
         self.ranks: Callable[[], list[int]] = list
         self.escalate: Callable[[], None] | None = None
-        self.attempt = ctx.attempt  # the attempt whose ranks the relay speaks to
+        self.attempt = node.attempt  # the attempt whose ranks the relay speaks to
         self.stop_cause: Cause | None = None
         self.cancelled = False
         self.cut_off_at: float | None = None
         self.interrupted: Cause | None = None
-        self.lead = ctx.is_head  # this agent decides: it cuts an overrunning stop save off
+        self.lead = node.ctx.is_head  # this agent decides: it cuts an overrunning stop save off
 
     def install(self) -> None:
         self.inbox.install()
 
-    def next_attempt(self, attempt: str) -> None:
+    def next_attempt(self, node: NodeRun) -> None:
         """A new attempt in the same allocation: what was relayed belonged to the last one. A
         cancellation stays: the job itself is going away."""
-        self.attempt, self.stop_cause, self.cut_off_at, self.interrupted = attempt, None, None, None
+        self.node = node
+        self.attempt, self.stop_cause, self.cut_off_at, self.interrupted = node.attempt, None, None, None
 
     def handle_signals(self) -> None:
         for signum, at in self.inbox.take():
@@ -94,7 +90,7 @@ class StopRelay:
             if signum == signal.SIGTERM:
                 # Before the scheduler is asked (see above). At the job's end time it is the time
                 # limit, which this node knows without asking: the ranks hear it as one.
-                at_limit = at_time_limit(self.ctx, at)
+                at_limit = at_time_limit(self.node.ctx, at)
                 self._signal_workers(signal.SIGUSR1 if at_limit else signal.SIGTERM)
             cause, relay = self._classify(signum, at)
             if cause is None:
@@ -105,10 +101,10 @@ class StopRelay:
             self.stop_cause = strongest
             if strongest is not Cause.USER:  # Ctrl-C: the ranks see SIGINT themselves
                 write_relay_stop(
-                    self.paths, self.attempt, strongest, by=f"agent:{signal.Signals(signum).name}"
+                    self.node.paths, self.attempt, strongest, by=f"agent:{signal.Signals(signum).name}"
                 )
             if first or signum == signal.SIGTERM:
-                self.ledger.append(
+                self.node.ledger.append(
                     STOP_REQUESTED,
                     cause=Cause.CANCELLED if self.cancelled else strongest,
                     source=signal.Signals(signum).name,
@@ -125,7 +121,7 @@ class StopRelay:
     def _cut_short(self) -> None:
         """The scheduler's kill is seconds away and the workers are still at it: end them now."""
         self.interrupted = Cause.PREEMPTION if self.stop_cause is Cause.PREEMPTION else Cause.TIMEOUT
-        self.ledger.append(
+        self.node.ledger.append(
             STOP_OVERDUE,
             cause=self.interrupted,
             reason="the stop save did not finish before the scheduler's kill; the workers were ended",
@@ -142,9 +138,11 @@ class StopRelay:
         if signum == signal.SIGTERM:
             # Only the scheduler knows whether a SIGTERM is its time limit, a requeue or a
             # cancellation (a warning before it proves nothing: `scancel` may follow a warning).
-            what = self.scheduler.termination_cause(self.paths, self.ctx, now=at)
+            what = self.node.scheduler.termination_cause(self.node.paths, self.node.ctx, now=at)
             if self.cut_off_at is None and self.lead:
-                self.cut_off_at = at + max(1.0, self.scheduler.kill_grace_s(self.plan) - CUT_OFF_MARGIN_S)
+                self.cut_off_at = at + max(
+                    1.0, self.node.scheduler.kill_grace_s(self.node.plan) - CUT_OFF_MARGIN_S
+                )
             if what is Cause.CANCELLED:
                 self.cancelled = True
                 return Cause.PREEMPTION, signal.SIGTERM  # save now; the decision will not continue

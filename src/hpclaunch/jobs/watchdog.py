@@ -273,6 +273,21 @@ def _who(states: Sequence[RankState]) -> str:
     return f"{label} on {', '.join(nodes)}" if nodes else label
 
 
+@dataclass(frozen=True)
+class Watched:
+    """What one node's watchdog watches in an attempt: the run's ranks (``world_size``; ``nccl``:
+    their flight recorders can be dumped), the smoke test's start-up window, and this node's own
+    ranks (``local_ranks`` of them, reporting into ``local_dir``; ``alone``: the only training
+    node). Without a node-local folder every rank's shared file is read on this node."""
+
+    world_size: int
+    nccl: bool = False
+    smoke_timeout_s: float = 60.0
+    local_dir: Path | None = None
+    local_ranks: int = 0
+    alone: bool = True
+
+
 class Watchdog:
     """One node agent's watchdog for one attempt (``check`` is called from the agent's poll loop).
 
@@ -287,24 +302,19 @@ class Watchdog:
         cfg: WatchdogConfig,
         paths: RunPaths,
         ctx: NodeContext,
-        *,
-        world_size: int,
-        nccl: bool,
         ledger: Ledger,
+        watched: Watched,
+        *,
         launched_at: float | None = None,
-        smoke_timeout_s: float = 60.0,
         lead: bool | None = None,
-        local_dir: Path | None = None,
-        local_ranks: int = 0,
-        alone: bool = True,
     ):
         self.cfg = cfg
-        self.smoke_timeout_s = smoke_timeout_s
+        self.smoke_timeout_s = watched.smoke_timeout_s
         self.paths = paths
         self.ctx = ctx
         self.attempt = ctx.attempt
-        self.world_size = world_size
-        self.nccl = nccl
+        self.world_size = watched.world_size
+        self.nccl = watched.nccl
         self.ledger = ledger
         self.launched_at = time.time() if launched_at is None else launched_at
         self.verdict: Verdict | None = None
@@ -313,15 +323,15 @@ class Watchdog:
         self._records: dict[int, dict[str, Any]] = {}  # this node's ranks' last heartbeats
         # This node's ranks are all the ranks (the only training node; or, without a node-local
         # folder, every rank's shared file is read here): no other node's file to read.
-        self.whole = alone or local_dir is None
+        self.whole = watched.alone or watched.local_dir is None
         self.node = NodeFiles(
             paths,
             self.attempt,
             host=ctx.hostname,
             node_rank=ctx.node_rank,
-            ranks=range(world_size),
-            local_dir=local_dir,
-            expected=local_ranks,
+            ranks=range(watched.world_size),
+            local_dir=watched.local_dir,
+            expected=watched.local_ranks,
         )
         self._others: OtherNodes | None = None
         self._next_look = 0.0  # the lead's looks at the stall markers and at rank 0's outcome

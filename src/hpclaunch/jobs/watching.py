@@ -13,14 +13,28 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..config import RunConfig
-from ..rundir import JobPlan, Ledger, RunPaths
 from ..rundir.progress import local_progress_dir
-from ..schedulers.base import NodeContext
-from .allocation import LOOK_S, Allocation, Roster, node_ranks
+from .allocation import LOOK_S, Roster, node_ranks
 from .decider import Decider
+from .node_run import NodeRun
 from .stop_relay import StopRelay
-from .watchdog import Verdict, Watchdog
+from .watchdog import Verdict, Watchdog, Watched
+
+
+def node_watchdog(node: NodeRun, *, lead: bool, roster: Roster) -> Watchdog:
+    """This node's watchdog over the attempt ``roster`` trains on (``lead``: this agent decides)."""
+    ctx, plan = node.ctx, node.plan
+    watched = Watched(
+        world_size=plan.world_size,
+        nccl=plan.backend == "nccl",
+        smoke_timeout_s=float(node.cfg.preflight.smoke_timeout_s),
+        local_dir=local_progress_dir(node.paths.root, ctx.hostname, ctx.attempt),
+        local_ranks=plan.torchrun.nproc_per_node if ctx.hostname in roster.training else 0,
+        alone=roster.training == (ctx.hostname,),
+    )
+    dog = Watchdog(node.cfg.watchdog, node.paths, ctx, node.ledger, watched, lead=lead)
+    dog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
+    return dog
 
 
 class AttemptWatch:
@@ -28,45 +42,26 @@ class AttemptWatch:
 
     def __init__(
         self,
-        paths: RunPaths,
-        plan: JobPlan,
-        cfg: RunConfig,
-        ctx: NodeContext,
+        node: NodeRun,
         *,
-        ledger: Ledger,
-        alloc: Allocation,
         relay: StopRelay,
         decider: Decider,
         roster: Roster,
         watchdog: bool = True,
         hang: Verdict | None = None,
     ) -> None:
-        self.ctx = ctx
-        self.alloc = alloc
+        self.node = node
         self.relay = relay
         self.decider = decider
         self.roster = roster
         self.hang = hang
         self.watchdog: Watchdog | None = None
-        if watchdog and cfg.watchdog.enabled:
-            self.watchdog = Watchdog(
-                cfg.watchdog,
-                paths,
-                ctx,
-                world_size=plan.world_size,
-                nccl=plan.backend == "nccl",
-                ledger=ledger,
-                smoke_timeout_s=float(cfg.preflight.smoke_timeout_s),
-                lead=decider.leads,
-                local_dir=local_progress_dir(paths.root, ctx.hostname, ctx.attempt),
-                local_ranks=plan.torchrun.nproc_per_node if ctx.hostname in roster.training else 0,
-                alone=roster.training == (ctx.hostname,),
-            )
-            self.watchdog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
+        if watchdog and node.cfg.watchdog.enabled:
+            self.watchdog = node_watchdog(node, lead=decider.leads, roster=roster)
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
         # The first evidence of a death (``links``): the decider holds a connection to every node
         # it waits for, the others one to the decider.
-        alloc.watch(roster.training if decider.leads else roster.nodes[:1])
+        node.alloc.watch(roster.training if decider.leads else roster.nodes[:1])
 
     def poll(self, pids: Callable[[], list[int]]) -> None:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
@@ -81,7 +76,9 @@ class AttemptWatch:
         overdue = self.relay.interrupted is None
         self.relay.cut_off_if_due(time.time())
         if overdue and self.relay.interrupted is not None:
-            self.alloc.signal_end(self.ctx.attempt, f"node {self.ctx.hostname}: the stop save overran")
+            self.node.alloc.signal_end(
+                self.node.ctx.attempt, f"node {self.node.ctx.hostname}: the stop save overran"
+            )
 
     def ended(self) -> bool:
         """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
@@ -91,4 +88,4 @@ class AttemptWatch:
         if now < self._next_end_look:
             return False
         self._next_end_look = now + LOOK_S
-        return self.alloc.ended(self.ctx.attempt)
+        return self.node.alloc.ended(self.node.ctx.attempt)

@@ -71,6 +71,7 @@ from .memory_tier import TierFields
 from .periodic_saves import PeriodicSaves
 from .profiling import StepProfiler
 from .rank_progress import Progress
+from .rank_run import RankRun
 from .reports import Reports
 from .resume import record_resumed, take_up
 from .saving import CheckpointSaves
@@ -177,13 +178,11 @@ class Trainer:
         self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self.memory = make_memory_tier(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self._state_dicts: CachedStateDicts | None = None  # the memory tier's, made at its first snapshot
-        self.reports = Reports(
-            cfg, ctx, self.paths, attempt=self.attempt, ledger=self.ledger, counters=self.counters,
-            echo=echo, tty=tty,
-        )  # fmt: skip
+        self.rank_run = RankRun(cfg, ctx, self.paths, self.attempt, self.ledger, self.counters)
+        self.reports = Reports(self.rank_run, echo=echo, tty=tty)
         self.saving = CheckpointSaves(
-            cfg, ctx, model=self.model, sharded=self.sharded, ema=self.ema is not None, counters=self.counters,
-            stop=self.stop, progress=self.progress, ledger=self.ledger, reports=self.reports,
+            self.rank_run, model=self.model, sharded=self.sharded, ema=self.ema is not None,
+            stop=self.stop, progress=self.progress, reports=self.reports,
         )  # fmt: skip
         self.startup.mark("model")
 
@@ -251,7 +250,7 @@ class Trainer:
         self.startup.mark("load")
         if self.ledger is not None:
             record_resumed(
-                self.ledger, self.cfg, self.ctx, self.counters, checkpoint=checkpoint_path,
+                self.ledger, self.rank_run, checkpoint=checkpoint_path,
                 token_shards_checked=self.data.checked_shards, startup=self.startup, tier=tier,
             )  # fmt: skip
 

@@ -16,13 +16,13 @@ import torch.distributed as dist
 
 from ..config import RunConfig
 from ..modelmath import peak_tflops, train_flops_per_sample
-from ..rundir import EXPERIMENT_LOG_FAILED, STOPPED, AttemptOutcome, Ledger, RunPaths
+from ..rundir import EXPERIMENT_LOG_FAILED, STOPPED, AttemptOutcome
 from ..rundir.cause import Cause
 from ..rundir.outcome import Status
-from .counters import Counters
 from .dist import DistContext, all_gather_json
 from .explog import ExperimentLogs, open_experiment_logs
 from .metrics_window import MetricsLog, MetricsWindow, Window, max_memory_gb
+from .rank_run import RankRun
 
 if TYPE_CHECKING:
     from .init_from import Initialized
@@ -45,24 +45,13 @@ def model_flops(cfg: RunConfig, ctx: DistContext) -> tuple[int, float | None]:
 class Reports:
     """One rank's reporting; the logs are rank 0's, opened by ``open`` once the counters are known."""
 
-    def __init__(
-        self,
-        cfg: RunConfig,
-        ctx: DistContext,
-        paths: RunPaths,
-        *,
-        attempt: str,
-        ledger: Ledger | None,
-        counters: Counters,
-        echo: bool,
-        tty: bool | None,
-    ) -> None:
-        self.cfg, self.ctx, self.paths, self.attempt = cfg, ctx, paths, attempt
-        self.ledger = ledger
-        self.counters = counters
+    def __init__(self, run: RankRun, *, echo: bool, tty: bool | None) -> None:
+        self.cfg, self.ctx, self.paths, self.attempt = run.cfg, run.ctx, run.paths, run.attempt
+        self.ledger = run.ledger
+        self.counters = run.counters
         self.echo, self.tty = echo, tty
-        self.window = MetricsWindow(ctx.device)
-        self.model_flops = model_flops(cfg, ctx)  # (per step, the GPUs' peak), for TFLOP/s and MFU
+        self.window = MetricsWindow(run.ctx.device)
+        self.model_flops = model_flops(run.cfg, run.ctx)  # (per step, the GPUs' peak), for TFLOP/s and MFU
         self.log: MetricsLog | None = None
         self.tb: ExperimentLogs | None = None
 

@@ -14,13 +14,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ..config import RunConfig
 from ..rundir import RESUMED, Ledger
 from .checkpoint import RANK_LOCAL, rank_local_key
 from .counters import Counters
 from .dist import DistContext
 from .ema import EMA
 from .memory_tier import TierFields
+from .rank_run import RankRun
 from .startup import StartupClock
 from .state import restore_rng_state
 
@@ -62,16 +62,16 @@ def take_up(
 
 def record_resumed(
     ledger: Ledger,
-    cfg: RunConfig,
-    ctx: DistContext,
-    counters: Counters,
+    run: RankRun,
     *,
     checkpoint: str | None,
     token_shards_checked: int,
     startup: StartupClock,
     tier: TierFields,
 ) -> None:
-    """Rank 0's ``resumed`` event (``startup``: its contract with goodput accounting)."""
+    """Rank 0's ``resumed`` event, in its ``ledger`` (``startup``: its contract with goodput
+    accounting)."""
+    cfg, ctx, counters = run.cfg, run.ctx, run.counters
     ledger.append(
         RESUMED,
         step=counters.step,

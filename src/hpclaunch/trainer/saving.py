@@ -19,13 +19,11 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from ..config import RunConfig
 from ..errors import CheckpointError, TrainingError
 from ..jobs.stop import StopController
-from ..rundir import CHECKPOINT_FAILED, Ledger
-from .counters import Counters
-from .dist import DistContext
+from ..rundir import CHECKPOINT_FAILED
 from .rank_progress import Progress
+from .rank_run import RankRun
 from .reports import Reports
 from .state import params_finite
 
@@ -42,22 +40,19 @@ class CheckpointSaves:
 
     def __init__(
         self,
-        cfg: RunConfig,
-        ctx: DistContext,
+        run: RankRun,
         *,
         model: nn.Module,
         sharded: bool,
         ema: bool,
-        counters: Counters,
         stop: StopController,
         progress: Progress,
-        ledger: Ledger | None,
         reports: Reports,
     ) -> None:
-        self.cfg, self.ctx = cfg, ctx
+        self.cfg, self.ctx = run.cfg, run.ctx
         self.model, self.sharded, self.ema = model, sharded, ema
-        self.counters = counters
-        self.stop, self.progress, self.ledger, self.reports = stop, progress, ledger, reports
+        self.counters = run.counters
+        self.stop, self.progress, self.ledger, self.reports = stop, progress, run.ledger, reports
 
     def save(
         self, checkpointer: Checkpointer, app_state: AppState, *, blocking: bool, supersede: bool = False
