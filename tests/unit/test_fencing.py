@@ -151,3 +151,63 @@ def test_a_deposed_holder_hands_nothing_on_and_releases_nothing(tmp_path: Path) 
     assert RunLock(paths).take_role(job_id="7") is not None  # its own job's agents may take it on
     assert RunLock(paths).hand_over(RunLock(paths).read(), "8")  # type: ignore[arg-type]
     assert RunLock(paths).take_role(job_id="7") is None  # not from the job that continues the run
+
+
+class HeldContinuationScheduler(FakeScheduler):
+    """PBS's part for a sweep point: its continuation is submitted held (no dependency on a sub-job)
+    and released by the decider; ``release`` notes who held the run's lock when it was called."""
+
+    def __init__(self, run: Path) -> None:
+        super().__init__(run)
+        self.run = run
+
+    def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Any:
+        from hpclaunch.schedulers.base import Continuation
+
+        self._call(call="continue_job", job="8")
+        return Continuation("8", held=True)
+
+    def release(self, paths: Any, job_id: str) -> None:
+        holder = RunLock(RunPaths(self.run)).read()
+        self._call(call="release", job=job_id, lock_job=holder.job_id if holder else None)
+
+
+def test_a_held_continuation_is_released_after_the_record_and_the_hand_over_not_withdrawn(
+    tmp_path: Path,
+) -> None:
+    """Found on the real OpenPBS: a sweep point's continuation (submitted held) was handed the run's
+    lock inside the scheduler call, before the decider recorded its decision; the hand-over claimed
+    the lock's next epoch, so the decider found itself deposed, recorded nothing and withdrew its
+    own continuation: the run stranded and the rescue failed it."""
+    from hpclaunch.jobs.decision_rules import Action, Decision
+    from hpclaunch.rundir.cause import Budget, Cause
+
+    scheduler = HeldContinuationScheduler(tmp_path)
+    d = decider(tmp_path, 0, scheduler)
+    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
+    d.beat_every_s = 3600.0
+    timeout = Decision(Action.CONTINUE, Cause.TIMEOUT, "the time limit", counts_as=Budget.REQUEUE)
+    assert d.carry_out(timeout) == 0
+    d.close()
+    calls = [(c["call"], c["job"], c.get("lock_job")) for c in _calls(tmp_path)]
+    assert calls == [("continue_job", "8", None), ("release", "8", "8")]  # released once it holds the run
+    decided = [e for e in read_events(RunPaths(tmp_path)).events if e.event == "requeued"]
+    assert len(decided) == 1 and decided[0].record.get("job_id") == "8"
+
+
+def test_a_pbs_sweep_points_continuation_is_submitted_held_and_the_lock_left_to_the_decider(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from hpclaunch.schedulers import pbs
+    from hpclaunch.schedulers.base import NodeContext
+
+    paths = RunPaths(tmp_path)
+    paths.scheduler_dir.mkdir(parents=True, exist_ok=True)
+    mine = RunLock(paths).adopt(job_id="5[1].pbshead", role="agent")
+    argvs: list[list[str]] = []
+    monkeypatch.setattr(pbs, "qsub", lambda argv, cwd: argvs.append(argv) or "9.pbshead")
+    monkeypatch.setattr(pbs, "_run", lambda argv, what: pytest.fail(f"{what} before the hand-over"))
+    ctx = NodeContext("pbs", "5[1].pbshead", 0, 1, "pbshead", ("pbshead",), array_task=1)
+    assert pbs.submit_after(tmp_path / "job.pbs", paths, ctx) == "9.pbshead"
+    assert argvs == [["-h", str(tmp_path / "job.pbs")]]
+    assert RunLock(paths).holds(mine)  # the decider's epoch still stands: it records, then hands over

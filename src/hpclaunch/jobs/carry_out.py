@@ -3,11 +3,14 @@ excluded nodes, or nothing (the run ends); and the cancellation that lands meanw
 
 ``carry_out`` is the node agent's last act in an allocation whose attempt is continued through the
 scheduler (the rescue job has its own, ``jobs.rescue``). It records what was done and hands the
-run lock to the job that continues the run, or releases it.
+run lock to the job that continues the run, or releases it; a continuation submitted held (a PBS
+sub-job's) is released only after that hand-over.
 """
 
 from __future__ import annotations
 
+import sys
+import time
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
@@ -51,14 +54,15 @@ def carry_out(
     code = 0
     job_id = None
     by = "agent"
+    held = False
     try:
         if decision.action is Action.CONTINUE:
             cont = node.scheduler.continue_job(node.plan, node.paths, node.ctx)
-            code, job_id, by = cont.exit_code, cont.job_id, cont.by
+            code, job_id, by, held = cont.exit_code, cont.job_id, cont.by, cont.held
         elif decision.action is Action.EXCLUDE:
             node.ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
             cont = node.scheduler.exclude_nodes(node.plan, node.paths, node.ctx, list(decision.exclude))
-            code, job_id = cont.exit_code, cont.job_id
+            code, job_id, held = cont.exit_code, cont.job_id, cont.held
         elif decision.action is Action.FAIL:
             code = 1
     except HpclaunchError as e:
@@ -77,4 +81,27 @@ def carry_out(
         return 1
     record(decision, job_id=job_id, by=by)
     release(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
+    if held and job_id:
+        start_held(node, job_id)
     return code
+
+
+RELEASE_PAUSES_S = (0.0, 2.0, 5.0, 10.0)  # a scheduler's brief outage outlasted, then said
+
+
+def start_held(node: NodeRun, job_id: str) -> None:
+    """Release the held continuation now that the run's lock is its own (``Continuation.held``)."""
+    error = ""
+    for pause in RELEASE_PAUSES_S:
+        time.sleep(pause)
+        try:
+            node.scheduler.release(node.paths, job_id)
+            return
+        except HpclaunchError as e:
+            error = e.one_line()
+    print(
+        f"hpclaunch: the continuation job {job_id} waits held and could not be released ({error}); "
+        f"the run goes on once it is released (qrls {job_id}), or with hpclaunch submit --resume",
+        file=sys.stderr,
+        flush=True,
+    )

@@ -138,6 +138,9 @@ class Continuation:
     job_id: str
     exit_code: int = 0
     by: str = "agent"  # agent (hpclaunch asked) | scheduler (it was already requeueing the job)
+    # Submitted held: it starts once the decider has handed it the run's lock and released it (a
+    # PBS sub-job's continuation, which cannot depend on the sub-job that is still running).
+    held: bool = False
 
 
 # Exit code a node agent uses to ask the local controller for another attempt (EX_TEMPFAIL).

@@ -24,7 +24,7 @@ from .. import proc
 from ..config import format_hms
 from ..errors import SchedulerError
 from ..fsutil import atomic_write_text
-from ..rundir import JobPlan, RunLock, RunPaths, of_kind, read_events
+from ..rundir import JobPlan, RunPaths, of_kind, read_events
 from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
@@ -273,7 +273,7 @@ class PbsScheduler:
             return Continuation(ctx.job_id, by="scheduler")
         job_id = submit_after(paths.root / SCRIPT_NAME, paths, ctx)
         leave_rescue(self, plan, paths, job_id, role="agent")
-        return Continuation(job_id)
+        return Continuation(job_id, held=ctx.array_task is not None)
 
     def exclude_nodes(
         self, plan: JobPlan, paths: RunPaths, ctx: NodeContext, nodes: list[str]
@@ -283,7 +283,7 @@ class PbsScheduler:
         new_plan = plan_avoiding(plan, paths, nodes)
         job_id = submit_after(paths.root / SCRIPT_NAME, paths, ctx)
         leave_rescue(self, new_plan, paths, job_id, role="agent")
-        return Continuation(job_id)
+        return Continuation(job_id, held=ctx.array_task is not None)
 
     def kill_grace_s(self, plan: JobPlan) -> float:
         """The kill_delay of this job's queue (preflight names a queue whose delay is shorter than
@@ -356,18 +356,14 @@ def submit_after(script: Path, paths: RunPaths, ctx: NodeContext) -> str:
     """qsub ``script`` to run once this job has ended.
 
     PBS refuses a dependency on a sub-job of an array ("illegal -W value" for ``afterany:12[3]``),
-    so a sweep point's continuation is submitted held, the run directory is handed to it (it must
-    not find this attempt still holding it) and only then released.
+    so a sweep point's continuation is submitted held (``Continuation.held``): the decider records
+    its decision, hands the run's lock to it (it must not find this attempt still holding the run)
+    and only then releases it. The hand-over is the decider's, under its epoch: made here, before
+    the record, it would depose the decider that made it.
     """
     if ctx.array_task is None:
         return qsub(["-W", f"depend=afterany:{ctx.job_id}", str(script)], cwd=paths.scheduler_dir)
-    job_id = qsub(["-h", str(script)], cwd=paths.scheduler_dir)
-    lock = RunLock(paths)
-    holder = lock.read()
-    if holder is not None:
-        lock.hand_over(holder, job_id)
-    _run(["qrls", job_id], what="qrls")
-    return job_id
+    return qsub(["-h", str(script)], cwd=paths.scheduler_dir)
 
 
 def pick_hosts(plan: JobPlan, avoid: list[str]) -> list[str]:
