@@ -33,6 +33,7 @@ def test_no_side_declares_a_shape_of_its_own(path: Path) -> None:
     assert not own & {*SHAPES, "ProbeRequest"}, f"{path.name} declares {own & set(SHAPES)}"
 
 
+@pytest.mark.spawns
 def test_the_scripts_run_where_hpclaunch_is_not_importable(tmp_path: Path) -> None:
     """They name the shapes for the type checker only: copied away from the package, with
     hpclaunch hidden, both still load."""
