@@ -110,7 +110,7 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
     assert os.readlink(f"/proc/{rank.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     wait_for(
         lambda: any(e["event"] == "checkpoint_saved" and e.get("step") == 30 for e in events(run)),
-        timeout=180,
+        timeout=400,  # (the ranks start inside the image; CI's cores are busy)
         poll=0.1,
         what="the checkpoint at step 30",
     )

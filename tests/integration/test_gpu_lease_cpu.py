@@ -28,6 +28,7 @@ def test_the_lease_script_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
         "WORK": str(tmp_path / "work"),
         "PYTHON": sys.executable,
         "BUDGET_S": "1500",
+        "LIMIT_SCALE": "4",  # each part's GPU-sized limit, four times over: CI's cores are busy
         "OMP_NUM_THREADS": "1",
         # one cache for the whole script: the determinism part's runs compile what the first compiled
         "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
