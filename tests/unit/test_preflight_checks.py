@@ -16,7 +16,7 @@ from test_nccl import fake_sysfs  # same directory (rootdir-relative test import
 
 from hpclaunch import __version__
 from hpclaunch.config import RunConfig
-from hpclaunch.preflight import Status, run_node_checks
+from hpclaunch.preflight import HostView, Status, run_node_checks
 from hpclaunch.preflight.check_context import CheckContext, CommandResult
 from hpclaunch.preflight.data_check import check_data
 from hpclaunch.preflight.disk import check_disk
@@ -571,7 +571,7 @@ def test_run_node_checks_names_the_failing_check(tmp_path: Path, dataset: Path) 
     report = run_node_checks(
         data_cfg(tmp_path, dataset, preflight={"min_free_disk_gb": 0.001}),
         node,
-        environ={"HPCLAUNCH_NODE_MARKER_DIR": str(tmp_path)},
+        host=HostView(environ={"HPCLAUNCH_NODE_MARKER_DIR": str(tmp_path)}),
         probe=StaticProbe(probe_answer()),
     )
     assert report.where == f"node {host}"

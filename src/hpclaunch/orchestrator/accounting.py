@@ -65,6 +65,16 @@ class Stamped:
     ts: float
 
 
+@dataclass(frozen=True)
+class _Evidence:
+    """What one attempt left behind: its timed events, its metrics lines, rank 0's last progress."""
+
+    attempt: str
+    events: list[Stamped]
+    lines: list[MetricsLine]
+    progress: ProgressRecord | None
+
+
 def _step(s: Stamped) -> int:
     """The step a ``resumed`` or ``checkpoint_saved`` event names (0 when it names none)."""
     e = s.event
@@ -182,11 +192,8 @@ def account(
     for i, key in enumerate(keys):
         later = [r for r in resumed_at[i + 1 :] if r is not None]
         a = _attempt_time(
-            key,
-            by_attempt[key],
-            lines.get(key, []),
+            _Evidence(key, by_attempt[key], lines.get(key, []), (progress or {}).get(key)),
             time_limit_s=time_limit_s,
-            progress=(progress or {}).get(key),
             next_resume=later[0] if later else None,
             live=live and i == len(keys) - 1,
             now=now,
@@ -258,32 +265,30 @@ def _first(events: list[Stamped], kind: type[Event], *, node0: bool = False) -> 
 
 
 def _attempt_time(
-    key: str,
-    events: list[Stamped],
-    lines: list[MetricsLine],
+    seen: _Evidence,
     *,
     time_limit_s: float | None,
-    progress: ProgressRecord | None,
     next_resume: int | None,
     live: bool,
     now: float,
     queue_from: float | None,
     prev_end: float | None,
 ) -> AttemptTime:
-    a = AttemptTime(attempt=key, running=live)
+    a = AttemptTime(attempt=seen.attempt, running=live)
+    events = seen.events
     started = _first(events, Started, node0=True)
     started = started if started is not None else _first(events, Started)
     started = started if started is not None else now
     alloc_start = _allocation_start(events, started, time_limit_s, prev_end)
     if queue_from is not None:
         queue_from = min(queue_from, alloc_start)  # `submit` records the job id after it has started
-    alloc_end = _allocation_end(events, lines, progress, live=live, now=now)
+    alloc_end = _allocation_end(seen, live=live, now=now)
     alloc_end = max(alloc_end, alloc_start)
     resumed = next((s for s in events if isinstance(s.event, Resumed)), None)
 
     if resumed is not None:
         a.first_step = _resumed_step([resumed])
-    points, note = _step_ends(resumed, lines, progress, live=live, alloc_end=alloc_end)
+    points, note = _step_ends(resumed, seen, live=live, alloc_end=alloc_end)
     last_step, last_end = points[-1] if points else (None, None)
     if note:
         a.estimated.append(note)
@@ -336,15 +341,11 @@ def _attempt_time(
 
 
 def _step_ends(
-    resumed: Stamped | None,
-    lines: list[MetricsLine],
-    progress: ProgressRecord | None,
-    *,
-    live: bool,
-    alloc_end: float,
+    resumed: Stamped | None, seen: _Evidence, *, live: bool, alloc_end: float
 ) -> tuple[list[tuple[int, float]], str | None]:
     """(step, when it ended) from the resume and every metrics line; a crash's steps after its last
     line from rank 0's progress file, their time estimated (the note says so)."""
+    lines, progress = seen.lines, seen.progress
     points: list[tuple[int, float]] = []
     if resumed is not None:
         points.append((_step(resumed), resumed.ts))
@@ -379,14 +380,8 @@ def _allocation_start(
     return start if floor <= start <= started else started
 
 
-def _allocation_end(
-    events: list[Stamped],
-    lines: list[MetricsLine],
-    progress: ProgressRecord | None,
-    *,
-    live: bool,
-    now: float,
-) -> float:
+def _allocation_end(seen: _Evidence, *, live: bool, now: float) -> float:
+    events, lines, progress = seen.events, seen.lines, seen.progress
     ends = [s.ts for s in events if isinstance(s.event, _ATTEMPT_ENDS)]
     if ends:
         return max(ends)

@@ -13,13 +13,14 @@ Nothing here imports torch: what torch knows comes from a probe subprocess in th
 from __future__ import annotations
 
 from .results import CheckResult, Report, Status, print_report
-from .runner import CHECKS, LOGIN_CHECKS, NODE_CHECKS, run_login_checks, run_node_checks
+from .runner import CHECKS, LOGIN_CHECKS, NODE_CHECKS, HostView, run_login_checks, run_node_checks
 
 __all__ = [
     "CHECKS",
     "LOGIN_CHECKS",
     "NODE_CHECKS",
     "CheckResult",
+    "HostView",
     "Report",
     "Status",
     "print_report",

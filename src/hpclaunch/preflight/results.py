@@ -9,24 +9,21 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from enum import Enum
 from typing import TypedDict
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from ..rundir.cause import RecordedEnum
 from ..rundir.events import CheckRow
 
 
-class Status(str, Enum):
+class Status(RecordedEnum):
     PASS = "pass"
     WARN = "warn"
     FAIL = "fail"
     SKIP = "skip"
-
-    def __str__(self) -> str:
-        return self.value
 
     @property
     def rank(self) -> int:

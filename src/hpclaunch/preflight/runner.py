@@ -138,27 +138,38 @@ def _run_one(check: Check, ctx: CheckContext, slot: dict[str, CheckResult]) -> N
     slot["result"] = CheckResult(check.name, out.status, out.finding, out.hint, time.monotonic() - start)
 
 
+@dataclass(frozen=True)
+class HostView:
+    """The host as the checks read it: its sysfs, environment, commands and PATH lookup.
+
+    The defaults are the real host; tests pass stand-ins for any of them.
+    """
+
+    sysfs_root: Path = Path("/sys")
+    environ: Mapping[str, str] | None = None
+    run: RunCommand | None = None
+    which: Callable[[str], str | None] | None = None
+
+
 def _context(
     cfg: RunConfig,
     node: NodeContext | None,
     checks: list[Check],
-    *,
-    sysfs_root: Path,
-    environ: Mapping[str, str] | None,
-    run: RunCommand | None,
-    which: Callable[[str], str | None] | None,
+    host: HostView,
     probe: Probe | StaticProbe | None,
 ) -> CheckContext:
     if probe is None:
         if any(c.needs_probe for c in checks):
-            probe = job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, which=which or shutil.which)
+            probe = job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, which=host.which or shutil.which)
         else:
             probe = StaticProbe(error="not needed by the selected checks")
-    ctx = CheckContext(cfg=cfg, node=node, probe=probe, sysfs_root=sysfs_root, run=run or run_command)
-    if environ is not None:
-        ctx.environ = environ
-    if which is not None:
-        ctx.which = which
+    ctx = CheckContext(
+        cfg=cfg, node=node, probe=probe, sysfs_root=host.sysfs_root, run=host.run or run_command
+    )
+    if host.environ is not None:
+        ctx.environ = host.environ
+    if host.which is not None:
+        ctx.which = host.which
     return ctx
 
 
@@ -166,21 +177,16 @@ def run_login_checks(
     cfg: RunConfig,
     *,
     only: set[str] | None = None,
-    sysfs_root: Path = Path("/sys"),
-    environ: Mapping[str, str] | None = None,
-    run: RunCommand | None = None,
-    which: Callable[[str], str | None] | None = None,
+    host: HostView = HostView(),
     probe: Probe | StaticProbe | None = None,
 ) -> Report:
     """The login-node / workstation preflight (``hpclaunch preflight``; ``submit`` refuses on a fail).
 
-    ``sysfs_root``, ``environ``, ``run``, ``which`` and ``probe`` replace the outside world in tests.
-    A probe passed in is its caller's to close; one started here is closed here.
+    ``host`` and ``probe`` replace the outside world in tests. A probe passed in is its caller's to
+    close; one started here is closed here.
     """
     checks = select(LOGIN_CHECKS, only, where="login")
-    ctx = _context(
-        cfg, None, checks, sysfs_root=sysfs_root, environ=environ, run=run, which=which, probe=probe
-    )
+    ctx = _context(cfg, None, checks, host, probe)
     return run_checks(checks, ctx, where="login", close_probe=probe is None)
 
 
@@ -189,15 +195,10 @@ def run_node_checks(
     ctx: NodeContext,
     *,
     only: set[str] | None = None,
-    sysfs_root: Path = Path("/sys"),
-    environ: Mapping[str, str] | None = None,
-    run: RunCommand | None = None,
-    which: Callable[[str], str | None] | None = None,
+    host: HostView = HostView(),
     probe: Probe | StaticProbe | None = None,
 ) -> Report:
     """The checks the node agent runs on every allocated node before torchrun starts."""
     checks = select(NODE_CHECKS, only, where="node")
-    cctx = _context(
-        cfg, ctx, checks, sysfs_root=sysfs_root, environ=environ, run=run, which=which, probe=probe
-    )
+    cctx = _context(cfg, ctx, checks, host, probe)
     return run_checks(checks, cctx, where=f"node {ctx.hostname}")

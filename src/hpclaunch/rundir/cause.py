@@ -18,7 +18,18 @@ class UnknownCause(ValueError):
     """A cause value that is not one of ``Cause``'s."""
 
 
-class Budget(str, Enum):
+class RecordedEnum(str, Enum):
+    """An enum whose ``str()`` and f-strings give the recorded value, on every Python (3.11 changed
+    what a ``str`` mix-in enum formats to)."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Budget(RecordedEnum):
     """The retry budget a continuation spends, as recorded (``counts_as``): requeue
     (scheduler.max_requeues), crash (max_failure_retries), hang (max_hang_retries), node
     (preflight.max_node_excludes)."""
@@ -27,12 +38,6 @@ class Budget(str, Enum):
     CRASH = "crash"
     HANG = "hang"
     NODE = "node"
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @property
     def after_failure(self) -> bool:
@@ -49,7 +54,7 @@ class Budget(str, Enum):
             return None
 
 
-class Cause(str, Enum):
+class Cause(RecordedEnum):
     # The allocation ends or the user asks: every rank stops after the same step and saves.
     TIMEOUT = "timeout"
     PREEMPTION = "preemption"
@@ -65,12 +70,6 @@ class Cause(str, Enum):
     NODE_FAILURE = "node_failure"
     TRAINING = "training"
     DATA = "data"
-
-    def __str__(self) -> str:  # f-strings and str() give the recorded value, on every Python
-        return self.value
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
 
     @classmethod
     def parse(cls, value: object) -> Cause:

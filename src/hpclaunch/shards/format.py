@@ -86,20 +86,18 @@ def validate_dataset(
     token_dir, latent_dir = Path(token_dir), Path(latent_dir)
     tokens = _shard_files(token_dir, ".npz", "token", "data.token_dir")
     latents = _shard_files(latent_dir, ".npy", "latent", "data.latent_dir")
-    for stem, path in tokens.items():
-        if stem not in latents:
-            raise DataError(
-                f"token shard has no latent pair: {latent_dir / (stem + '.npy')} does not exist",
-                where=str(path),
-                hint="token and latent shards pair by file stem; add the missing shard or remove this one",
-            )
-    for stem, path in latents.items():
-        if stem not in tokens:
-            raise DataError(
-                f"latent shard has no token pair: {token_dir / (stem + '.npz')} does not exist",
-                where=str(path),
-                hint="token and latent shards pair by file stem; add the missing shard or remove this one",
-            )
+    pairings = (
+        ("token", tokens, "latent", latents, latent_dir, ".npy"),
+        ("latent", latents, "token", tokens, token_dir, ".npz"),
+    )
+    for kind, own, other_kind, others, other_dir, other_ext in pairings:
+        for stem, path in own.items():
+            if stem not in others:
+                raise DataError(
+                    f"{kind} shard has no {other_kind} pair: {other_dir / (stem + other_ext)} does not exist",
+                    where=str(path),
+                    hint="token and latent shards pair by file stem; add the missing shard or remove this one",
+                )
     shards = []
     checked = 0
     for i, stem in enumerate(sorted(tokens)):
