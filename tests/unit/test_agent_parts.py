@@ -27,7 +27,7 @@ from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
 from hpclaunch.rundir.events import as_events
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.schedulers.base import Continuation, NodeContext
 
 pytestmark = pytest.mark.fast
 
@@ -101,11 +101,11 @@ class Continuations:
         self.asked.append("continue")
         if self.fail:
             raise HpclaunchError("sbatch: error: Batch job submission failed")
-        return type("Cont", (), {"exit_code": 0, "job_id": "8", "by": "scheduler"})()
+        return Continuation("8", by="scheduler")
 
     def exclude_nodes(self, plan: Any, paths: Any, ctx: Any, nodes: list[str]) -> Any:
         self.asked.append(f"exclude {nodes}")
-        return type("Cont", (), {"exit_code": 0, "job_id": "9"})()
+        return Continuation("9")
 
 
 def _node(tmp_path: Path, scheduler: Any, rank: int = 0) -> NodeRun:
