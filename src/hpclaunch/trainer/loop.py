@@ -53,7 +53,7 @@ import torch
 
 from ..config import RunConfig, TrainConfig
 from ..errors import TrainingError
-from ..jobs.stop import StopController
+from ..jobs.stop import StopController, StopGroup
 from ..rundir import AttemptOutcome, Ledger, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
@@ -129,9 +129,7 @@ class Trainer:
         self.stop = StopController(
             paths=paths,
             attempt=attempt,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            group=self.ctx.cpu_group,
+            ranks=StopGroup(self.ctx.rank, self.ctx.world_size, self.ctx.cpu_group),
             clock=clock,
         )
         self.stop.install_signal_handlers()
