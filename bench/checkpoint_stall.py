@@ -287,11 +287,13 @@ class Usage:
 
 
 def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
+    from dataclasses import replace
+
     import torch
     import torch.distributed as dist
 
     from hpclaunch.rundir import RunPaths, read_config
-    from hpclaunch.trainer.checkpoint import Checkpointer
+    from hpclaunch.trainer.checkpoint import Checkpointer, WriterSettings
     from hpclaunch.trainer.dist import all_gather_json
     from hpclaunch.trainer.loop import Trainer
 
@@ -305,15 +307,9 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     c = cfg.checkpoint
     writers = {
         w: Checkpointer(
-            run / f"checkpoints-{w}",
+            replace(sync_ckpt.run, directory=run / f"checkpoints-{w}", keep_every=None),
             rank=trainer.ctx.rank,
-            world_size=trainer.ctx.world_size,
-            config_hash=cfg.config_hash(),
-            model_hash=cfg.model_hash(),
-            keep_last=c.keep_last,
-            writer=ARMS[w][0],  # type: ignore[arg-type]
-            writer_nice=c.writer_nice,
-            writer_idle=ARMS[w][1],
+            writing=WriterSettings(writer=ARMS[w][0], nice=c.writer_nice, idle=ARMS[w][1]),  # type: ignore[arg-type]
         )
         for w in WRITERS
     }

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hpclaunch.trainer.checkpoint import Checkpointer
+from hpclaunch.trainer.checkpoint import Checkpointer, RunCheckpoints, WriterSettings
 
 
 def main() -> None:
@@ -41,9 +41,10 @@ def main() -> None:
                 step += 1
                 where = Path(tmp) / f"t{threads}"
                 ck = Checkpointer(
-                    where, rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=1,
-                    write_threads=threads,
-                )  # fmt: skip
+                    RunCheckpoints(where, 1, config_hash="c", model_hash="m", keep_last=1),
+                    rank=0,
+                    writing=WriterSettings(write_threads=threads),
+                )
                 begun = time.perf_counter()
                 ck.save(step, state, blocking=True)
                 times[threads].append(time.perf_counter() - begun)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL, Checkpointer
+from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL, Checkpointer, RunCheckpoints
 
 pytestmark = pytest.mark.slow
 
@@ -112,7 +112,7 @@ def test_kill_9_after_metadata_before_publish_leaves_nothing_loadable(tmp_path: 
 
     state = {"model": {"w": torch.zeros(2_000_000), "b": torch.zeros(10)}}
     state |= {"progress": {"step": torch.tensor(-1)}, "rank_local": {"rank0": {"buf": torch.zeros(500_000)}}}
-    ck = Checkpointer(ckpts, rank=0, world_size=1, config_hash="cfg", model_hash="toy-v1", keep_last=3)
+    ck = Checkpointer(RunCheckpoints(ckpts, 1, config_hash="cfg", model_hash="toy-v1", keep_last=3), rank=0)
     result = ck.load_latest(state)
     assert result is not None and result.info.step == 10
     assert [p.name for p, _ in result.skipped] == [leftover.name]

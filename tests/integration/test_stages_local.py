@@ -114,7 +114,7 @@ def ema_loss_on_first_batch(runs: Path) -> float:
     from hpclaunch.trainer.ema import clean_name
     from hpclaunch.trainer.loader import StepBatches, StepPlan, micro_batches
     from hpclaunch.trainer.model import build_model
-    from hpclaunch.trainer.objective import compute_losses
+    from hpclaunch.trainer.objective import Objective, compute_losses
 
     cfg = read_config(RunPaths(runs / "stage2"))
     t, m = cfg.train, cfg.model
@@ -135,8 +135,7 @@ def ema_loss_on_first_batch(runs: Path) -> float:
     with torch.no_grad():
         losses = [
             compute_losses(
-                model, mb.tokens, mb.latents, mb.draws, mode=t.mode, mask_id=m.vocab_size,
-                text_weight=t.text_weight, latent_weight=t.latent_weight, text_mask=mb.text_mask,
+                model, mb.tokens, mb.latents, mb.draws, Objective.of(cfg), text_mask=mb.text_mask
             ).total.item()
             for mb in micro_batches(item, torch.device("cpu"))
         ]  # fmt: skip

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.checkpointers import checkpointer as flat_checkpointer
 from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import load_config
@@ -45,7 +46,7 @@ def make(run: Path, **kw: Any) -> Checkpointer:
         "ledger": Ledger(RunPaths(run), role="trainer"),
     }
     args.update(kw)
-    return Checkpointer(run / "ckpt", **args)
+    return flat_checkpointer(run / "ckpt", **args)
 
 
 def state(step: int, mib: float = 0.25) -> dict[str, Any]:

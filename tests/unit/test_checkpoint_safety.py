@@ -16,6 +16,7 @@ from hpclaunch.errors import CheckpointError
 from hpclaunch.trainer.checkpoint import (
     MANIFEST_NAME,
     Checkpointer,
+    RunCheckpoints,
     file_digest,
     load_metadata_safely,
     scan_checkpoints,
@@ -35,7 +36,9 @@ class MakesMarker:
 
 
 def make(tmp_path: Path) -> Checkpointer:
-    return Checkpointer(tmp_path / "ckpt", rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=5)
+    return Checkpointer(
+        RunCheckpoints(tmp_path / "ckpt", 1, config_hash="c", model_hash="m", keep_last=5), rank=0
+    )
 
 
 def rewrite_manifest(path: Path) -> None:

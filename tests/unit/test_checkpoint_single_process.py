@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.checkpointers import checkpointer as flat_checkpointer
 
 from hpclaunch.errors import CheckpointError
 from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger, RunPaths, read_events
@@ -39,7 +40,7 @@ def make(tmp_path: Path, **kw: Any) -> Checkpointer:
         "ledger": Ledger(RunPaths(tmp_path), role="trainer"),
     }
     args.update(kw)
-    return Checkpointer(tmp_path / "ckpt", **args)
+    return flat_checkpointer(tmp_path / "ckpt", **args)
 
 
 def state_at(step: int) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import torch
+from tests.unit.checkpointers import checkpointer as flat_checkpointer
 
 from hpclaunch.errors import CheckpointError
 from hpclaunch.jobs.helper_signals import STOP_SIGNALS
@@ -43,7 +44,7 @@ def make(tmp_path: Path, **kw: Any) -> Checkpointer:
         "ledger": Ledger(RunPaths(tmp_path), role="trainer"),
     }
     args.update(kw)
-    return Checkpointer(tmp_path / "ckpt", **args)
+    return flat_checkpointer(tmp_path / "ckpt", **args)
 
 
 def state_at(step: int) -> dict[str, Any]:

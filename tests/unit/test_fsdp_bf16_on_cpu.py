@@ -20,7 +20,7 @@ from hpclaunch.config import load_config
 from hpclaunch.trainer import dist as trainer_dist
 from hpclaunch.trainer.dist import DistContext, wrap_model
 from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import compute_losses, draw
+from hpclaunch.trainer.objective import Objective, compute_losses, draw
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml"
 
@@ -46,9 +46,7 @@ def test_a_bf16_fsdp2_step_computes_in_bf16_and_keeps_fp32_weights(
     d = draw(0, 0, [0, 1, 2, 3], m.text_len, (m.latent_len, m.latent_dim))
     seen: list[torch.dtype] = []
     hook = model.time_mlp.register_forward_hook(lambda mod, args, out: seen.append(out.dtype))
-    losses = compute_losses(
-        model, tokens, latents, d, mode="joint", mask_id=m.vocab_size, text_weight=1.0, latent_weight=1.0
-    )
+    losses = compute_losses(model, tokens, latents, d, Objective("joint", m.vocab_size, 1.0, 1.0))
     hook.remove()
     losses.total.backward()
     assert seen == [torch.bfloat16]  # the time MLP ran in bf16, fed its own dtype

@@ -33,7 +33,7 @@ from hpclaunch.rundir.lock import STALE_AFTER_S, LockHolder, liveness
 from hpclaunch.rundir.plan import rdzv_port_for
 from hpclaunch.schedulers import slurm
 from hpclaunch.schedulers.base import JobState, NodeContext, SchedulerStatus
-from hpclaunch.trainer.checkpoint import RANK_LOCAL, Checkpointer, rank_local_key
+from hpclaunch.trainer.checkpoint import RANK_LOCAL, Checkpointer, RunCheckpoints, rank_local_key
 from hpclaunch.trainer.checkpoint import manifest as manifest_mod
 from hpclaunch.trainer.checkpoint.manifest import CheckpointInfo, verify_share
 
@@ -159,15 +159,8 @@ def test_a_late_nodes_relay_does_not_stop_the_next_attempt(tmp_path: Path) -> No
 
 
 def _ckpt(tmp_path: Path) -> Checkpointer:
-    return Checkpointer(
-        tmp_path / "ckpt",
-        rank=0,
-        world_size=1,
-        config_hash="cfg",
-        model_hash="m",
-        keep_last=5,
-        ledger=Ledger(RunPaths(tmp_path), role="trainer"),
-    )
+    checkpoints = RunCheckpoints(tmp_path / "ckpt", 1, config_hash="cfg", model_hash="m", keep_last=5)
+    return Checkpointer(checkpoints, rank=0, ledger=Ledger(RunPaths(tmp_path), role="trainer"))
 
 
 def _state(step: int) -> dict[str, Any]:

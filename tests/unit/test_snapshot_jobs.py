@@ -25,7 +25,7 @@ def _rank(rank: int, port: int, root: str, out: str) -> None:
     from hpclaunch.rundir.shm import user_root
     from hpclaunch.trainer.checkpoint.staging import SharedStager
     from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
-    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, new_link
+    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     link = new_link(1 - rank, 1 - rank)  # two nodes of one rank: each the other's buddy and ward
@@ -37,15 +37,11 @@ def _rank(rank: int, port: int, root: str, out: str) -> None:
         failing = rank == 1 and step == 10  # rank 1's staging of step 10 failed in its loop
         job = jobs.submit(
             SnapshotJob(
-                store,
+                SnapshotPlace(store, world=2, rank=rank, link=link, keep_last=2),
                 staged=None if failing else staged,
                 finish=None if failing else finish,
                 describe=lambda s, crc, step=step: describe_json({"nbytes": s.layout.nbytes, "step": step}),
                 step=step,
-                world=2,
-                rank=rank,
-                link=link,
-                keep_last=2,
                 error="staging failed" if failing else None,
             )
         )
@@ -93,7 +89,7 @@ def _rank_on_a_full_tmpfs(rank: int, port: int, root: str, numel: int, out: str)
     from hpclaunch.rundir.shm import user_root
     from hpclaunch.trainer.checkpoint.staging import SharedStager
     from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
-    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, new_link
+    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     link = new_link(1 - rank, 1 - rank, timeout_s=600)  # (a hang must show as one, not as a timeout)
@@ -104,9 +100,10 @@ def _rank_on_a_full_tmpfs(rank: int, port: int, root: str, numel: int, out: str)
         staged, finish = SharedStager().stage_later({"w": torch.full((numel,), float(rank + step))})
         job = jobs.submit(
             SnapshotJob(
-                store, staged=staged, finish=finish,
+                SnapshotPlace(store, world=2, rank=rank, link=link, keep_last=2),
+                staged=staged, finish=finish,
                 describe=lambda s, crc, step=step: describe_json({"nbytes": s.layout.nbytes, "step": step}),
-                step=step, world=2, rank=rank, link=link, keep_last=2,
+                step=step,
             )
         )  # fmt: skip
         if not job.join(timeout=60):

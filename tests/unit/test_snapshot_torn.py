@@ -19,7 +19,7 @@ from hpclaunch.trainer.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
 from hpclaunch.trainer.checkpoint.staging import SharedStager
 from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.snapshots.store import NodeStore
-from hpclaunch.trainer.snapshots.transfer import JobThread, Link, SnapshotJob
+from hpclaunch.trainer.snapshots.transfer import JobThread, Link, SnapshotJob, SnapshotPlace
 
 MODEL = tiny_model(2)
 
@@ -79,8 +79,9 @@ def test_a_skipped_step_waits_for_the_snapshots_copies_before_an_evaluation_swap
 def _job(store: NodeStore | None, describe: object, step: int = 5) -> SnapshotJob:
     staged, finish = SharedStager().stage_later({"w": torch.arange(4.0)})
     job = SnapshotJob(
-        store, staged=staged, finish=finish, describe=describe,  # type: ignore[arg-type]
-        step=step, world=1, rank=0, link=Link(None, None), keep_last=2,
+        SnapshotPlace(store, world=1, rank=0, link=Link(None, None), keep_last=2),
+        staged=staged, finish=finish, describe=describe,  # type: ignore[arg-type]
+        step=step,
     )  # fmt: skip
     jobs = JobThread()
     jobs.submit(job)

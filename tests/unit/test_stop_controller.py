@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.jobs.stop import StopController
+from hpclaunch.jobs.stop import StopController, StopGroup
 from hpclaunch.rundir import RunPaths
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.clock import AttemptClock
@@ -64,8 +64,8 @@ def test_requests_are_read_by_rank_zero_only(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
     write_user_stop(paths, continue_=False, attempt=None, by="test")
     assert user_stop(paths) is not None and user_stop(paths).cause is Cause.USER  # type: ignore[union-attr]
-    assert StopController(paths=paths, attempt="7.0", rank=0).check(1, 0.1) is Cause.USER
-    assert StopController(paths=paths, attempt="7.0", rank=1).check(1, 0.1) is None
+    assert StopController(paths=paths, attempt="7.0", ranks=StopGroup(rank=0)).check(1, 0.1) is Cause.USER
+    assert StopController(paths=paths, attempt="7.0", ranks=StopGroup(rank=1)).check(1, 0.1) is None
 
 
 def test_relayed_cause_overrides_a_signal_fallback(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from hpclaunch.cli import main
 from hpclaunch.config import load_config
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint import Checkpointer
+from hpclaunch.trainer.checkpoint import Checkpointer, RunCheckpoints
 
 pytestmark = pytest.mark.fast
 
@@ -123,9 +123,10 @@ def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_s
     cfg = load_config(None, ["name=refused", "run_dir=runs/refused"], base=tmp_path)
     run = RunPaths(tmp_path / "runs" / "refused").ensure()
     run.config.write_text(cfg.to_yaml())
-    ck = Checkpointer(
-        run.checkpoints, rank=0, world_size=1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2
+    checkpoints = RunCheckpoints(
+        run.checkpoints, 1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2
     )
+    ck = Checkpointer(checkpoints, rank=0)
     model = cfg.model.model_dump(mode="json")
     ck.save(40, {"model": {"w": torch.zeros(3)}}, blocking=True, extra={"model": model})
     ck.close()
@@ -152,7 +153,9 @@ def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(
     cfg = load_config(None, ["name=s", "run_dir=runs/s"], base=tmp_path)
     run = RunPaths(tmp_path / "runs" / "s").ensure()
     run.config.write_text(cfg.to_yaml())
-    ck = Checkpointer(run.checkpoints, rank=0, world_size=1, config_hash="c", model_hash="m", keep_last=2)
+    ck = Checkpointer(
+        RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash="m", keep_last=2), rank=0
+    )
     ck.save(40, {"model": {"w": torch.zeros(3)}}, blocking=True)
     ck.close()
     assert main(["sample", str(run.root), "--mode", "l2t", "--step", "7"]) == 2

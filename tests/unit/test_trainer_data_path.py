@@ -19,7 +19,7 @@ from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data import SampleOrder, ShardedDataset, holdout_split
 from hpclaunch.trainer.loader import StepBatches, StepPlan, make_loader
 from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import compute_losses, draw
+from hpclaunch.trainer.objective import Objective, compute_losses, draw
 
 M = load_config(
     None, ["model.text_len=12", "model.latent_len=3", "model.latent_dim=4", "model.vocab_size=50"]
@@ -142,19 +142,13 @@ def test_padding_is_never_masked_scored_or_attended_to(data: Path) -> None:
     mask = tokens != 0
     model = build_model(M, seed=0)
     d = draw(0, 1, list(range(8)), 12, (3, 4))
-    kw = {
-        "mode": "joint",
-        "mask_id": M.vocab_size,
-        "text_weight": 1.0,
-        "latent_weight": 1.0,
-        "text_mask": mask,
-    }
-    base = compute_losses(model, tokens, latents, d, **kw)  # type: ignore[arg-type]
+    objective = Objective("joint", M.vocab_size, 1.0, 1.0)
+    base = compute_losses(model, tokens, latents, d, objective, text_mask=mask)
     assert base.text_count is not None and base.text_count <= mask.sum()
     other = torch.where(mask, tokens, torch.full_like(tokens, 7))  # different ids behind the padding
-    again = compute_losses(model, other, latents, d, **kw)  # type: ignore[arg-type]
+    again = compute_losses(model, other, latents, d, objective, text_mask=mask)
     assert torch.equal(base.total, again.total)  # padding takes no part: not attended, not scored
-    unmasked = compute_losses(model, other, latents, d, **{**kw, "text_mask": None})  # type: ignore[arg-type]
+    unmasked = compute_losses(model, other, latents, d, objective)
     assert not torch.equal(base.total, unmasked.total)
 
 

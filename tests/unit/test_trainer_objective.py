@@ -7,7 +7,7 @@ import torch
 
 from hpclaunch.config import ModelConfig
 from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import compute_losses, draw, mix_seed
+from hpclaunch.trainer.objective import Objective, compute_losses, draw, mix_seed
 
 pytestmark = pytest.mark.fast
 
@@ -70,9 +70,7 @@ def run(mode: str, model: torch.nn.Module | None = None):  # type: ignore[no-unt
     tokens, latents = batch()
     d = draw(0, 3, list(range(6)), M.text_len, (M.latent_len, M.latent_dim))
     spy = Spy(model or build_model(M, seed=0))
-    losses = compute_losses(
-        spy, tokens, latents, d, mode=mode, mask_id=M.vocab_size, text_weight=1.0, latent_weight=0.5
-    )
+    losses = compute_losses(spy, tokens, latents, d, Objective(mode, M.vocab_size, 1.0, 0.5))
     return losses, spy.seen, tokens, latents, d
 
 

@@ -23,6 +23,7 @@ import math
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
@@ -45,12 +46,23 @@ def _code(cause: Cause | None) -> int:
     return STOP_CODES.get(cause, 0) if cause is not None else 0
 
 
+@dataclass(frozen=True)
+class StopGroup:
+    """The ranks that stop together: this one's rank (rank 0 reads the stop requests), their number
+    and the gloo group they agree on (None with one rank)."""
+
+    rank: int = 0
+    world_size: int = 1
+    group: Any = None
+
+
 class StopController:
     """Decides, identically on every rank, whether to stop after the current step.
 
     ``check(step, step_time_s)`` must be called by every rank after every optimizer step; it only
     communicates on check steps. ``paths``/``attempt``: where rank 0 reads the stop requests (None:
-    no requests). ``clock``: the attempt's clock (None: no deadline).
+    no requests). ``ranks``: who agrees (one rank alone by default). ``clock``: the attempt's clock
+    (None: no deadline).
     """
 
     def __init__(
@@ -58,18 +70,14 @@ class StopController:
         *,
         paths: RunPaths | None,
         attempt: str | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        group: Any = None,
+        ranks: StopGroup = StopGroup(),
         clock: AttemptClock | None = None,
         max_reaction_s: float = 2.0,
         now: Callable[[], float] = time.time,
     ):
         self.paths = paths
         self.attempt = attempt
-        self.rank = rank
-        self.world_size = world_size
-        self.group = group
+        self.rank, self.world_size, self.group = ranks.rank, ranks.world_size, ranks.group
         self.clock = clock
         self.max_reaction_s = max_reaction_s
         self.now = now

@@ -22,7 +22,7 @@ from ..errors import DataError, FilesystemError
 from ..rundir import Ledger, RunPaths
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
-from .checkpoint import Checkpointer
+from .checkpoint import Checkpointer, RunCheckpoints, WriterSettings
 from .checkpoint.writing import resolve_write_threads
 from .data import SampleOrder, ShardedDataset, holdout_split
 from .dist import DistContext, broadcast_json, wants_bf16, wrap_model
@@ -166,18 +166,19 @@ def make_checkpointer(
     cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
 ) -> Checkpointer:
     c = cfg.checkpoint
-    return Checkpointer(
+    checkpoints = RunCheckpoints(
         paths.checkpoints,
-        rank=ctx.rank,
         world_size=ctx.world_size,
         config_hash=cfg.config_hash(),
         model_hash=cfg.model_hash(),
         keep_last=c.keep_last,
         keep_every=c.keep_every,
+    )
+    writing = WriterSettings(
         async_save=c.async_save,
         writer=c.writer,
-        writer_nice=c.writer_nice,
+        nice=c.writer_nice,
+        idle=c.writer_idle,
         write_threads=resolve_write_threads(c.write_threads, _ranks_on_node(cfg)),
-        writer_idle=c.writer_idle,
-        ledger=ledger,
     )
+    return Checkpointer(checkpoints, rank=ctx.rank, writing=writing, ledger=ledger)

@@ -24,7 +24,7 @@ import torch.distributed as dist
 from ..config import RunConfig
 from .data import ShardedDataset, text_mask
 from .loader import eval_positions
-from .objective import compute_losses, draw
+from .objective import Objective, compute_losses, draw
 
 EVAL_STEP = 0  # draws of the evaluation set: a step number training never uses
 
@@ -88,10 +88,7 @@ class Evaluator:
                 torch.from_numpy(ids).to(dev),
                 torch.from_numpy(lat).to(dev),
                 d,
-                mode=t.mode,
-                mask_id=m.vocab_size,
-                text_weight=t.text_weight,
-                latent_weight=t.latent_weight,
+                Objective.of(self.cfg),
                 text_mask=None if mask is None else torch.from_numpy(mask).to(dev),
             )
         zero = torch.zeros((), dtype=torch.float64, device=dev)

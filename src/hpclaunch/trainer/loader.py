@@ -31,7 +31,7 @@ from ..config import RunConfig
 from ..errors import DataError
 from ..jobs.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 from .data import SampleOrder, ShardedDataset, text_mask
-from .objective import Draws, Losses, compute_losses, draw
+from .objective import Draws, Losses, Objective, compute_losses, draw
 
 
 @dataclass(frozen=True)
@@ -132,11 +132,9 @@ class MicroBatch:
     def losses(self, model: torch.nn.Module, cfg: RunConfig) -> Losses:
         """The training objective of this micro-batch under ``model`` (the loop's and the DDP
         buckets' pass compute it alike)."""
-        t = cfg.train
         return compute_losses(
-            model, self.tokens, self.latents, self.draws, mode=t.mode, mask_id=cfg.model.vocab_size,
-            text_weight=t.text_weight, latent_weight=t.latent_weight, text_mask=self.text_mask,
-        )  # fmt: skip
+            model, self.tokens, self.latents, self.draws, Objective.of(cfg), text_mask=self.text_mask
+        )
 
 
 def micro_batches(item: dict[str, Tensor], device: torch.device) -> list[MicroBatch]:

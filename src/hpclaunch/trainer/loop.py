@@ -53,7 +53,7 @@ import torch
 
 from ..config import RunConfig, TrainConfig
 from ..errors import TrainingError
-from ..jobs.stop import StopController
+from ..jobs.stop import StopController, StopGroup
 from ..rundir import AttemptOutcome, Ledger, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
@@ -109,7 +109,6 @@ class Trainer:
         clock: AttemptClock | None = None,
         checkpoints: bool = True,
         echo: bool = True,
-        tty: bool | None = None,
         startup: StartupClock | None = None,
     ):
         self.cfg = cfg
@@ -130,23 +129,21 @@ class Trainer:
         self.stop = StopController(
             paths=paths,
             attempt=attempt,
-            rank=self.ctx.rank,
-            world_size=self.ctx.world_size,
-            group=self.ctx.cpu_group,
+            ranks=StopGroup(self.ctx.rank, self.ctx.world_size, self.ctx.cpu_group),
             clock=clock,
         )
         self.stop.install_signal_handlers()
         self.initialized: Initialized | None = None  # where the first weights came from, if not the seed
         self.last_lr = 0.0
         try:
-            self._build(checkpoints, echo=echo, tty=tty)
+            self._build(checkpoints, echo=echo)
         except BaseException:
             self.stop.restore_signal_handlers()
             self.progress.close()
             close_distributed(self.ctx)
             raise
 
-    def _build(self, checkpoints: bool, *, echo: bool, tty: bool | None) -> None:
+    def _build(self, checkpoints: bool, *, echo: bool) -> None:
         cfg, ctx, t = self.cfg, self.ctx, self.cfg.train
         set_deterministic(compile=t.compile, deterministic=t.deterministic)
         self.compile_cache = CompileCache(
@@ -179,7 +176,7 @@ class Trainer:
         self.memory = make_memory_tier(cfg, ctx, self.paths, self.ledger) if checkpoints else None
         self._state_dicts: CachedStateDicts | None = None  # the memory tier's, made at its first snapshot
         self.rank_run = RankRun(cfg, ctx, self.paths, self.attempt, self.ledger, self.counters)
-        self.reports = Reports(self.rank_run, echo=echo, tty=tty)
+        self.reports = Reports(self.rank_run, echo=echo)
         self.saving = CheckpointSaves(
             self.rank_run, model=self.model, sharded=self.sharded, ema=self.ema is not None,
             stop=self.stop, progress=self.progress, reports=self.reports,

@@ -44,7 +44,15 @@ from .snapshots.buddies import RestorePlan, buddy_of, plan_restore, ward_of
 from .snapshots.shard import State
 from .snapshots.snapshot_interval import CostMeter, SnapshotSchedule
 from .snapshots.store import HeldShard, NodeStore
-from .snapshots.transfer import FAILURES, JobThread, SnapshotJob, exchange_pulls, new_link, open_sends
+from .snapshots.transfer import (
+    FAILURES,
+    JobThread,
+    SnapshotJob,
+    SnapshotPlace,
+    exchange_pulls,
+    new_link,
+    open_sends,
+)
 
 # A job's waits on its peers, each ended by gloo's timeout: the sizes, the word, the shards, and one
 # for its own staging and writes.
@@ -127,6 +135,7 @@ class MemoryTier:
         ward = ward_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
         # collective: every rank builds its tier at the same point
         self.link = new_link(buddy, ward, timeout_s=self.wait_s)
+        self.place = SnapshotPlace(self.store, ctx.world_size, ctx.rank, self.link, self.keep_last)
         self.stager = SharedStager()
         self.job: SnapshotJob | None = None
         self.jobs = JobThread()
@@ -206,15 +215,11 @@ class MemoryTier:
         self.meter.job_started()
         self.job = self.jobs.submit(
             SnapshotJob(
-                self.store,
+                self.place,
                 staged=staged,
                 finish=finish,
                 describe=functools.partial(self._describe, step),
                 step=step,
-                world=self.ctx.world_size,
-                rank=self.ctx.rank,
-                link=self.link,
-                keep_last=self.keep_last,
                 error=failed,
             )
         )

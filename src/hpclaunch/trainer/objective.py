@@ -22,10 +22,14 @@ global batch, draws exactly the same numbers for the same sample.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 _MASK64 = (1 << 64) - 1
 
@@ -72,6 +76,22 @@ def draw(seed: int, step: int, positions: list[int], text_len: int, latent_shape
     return Draws(1.0 - uniforms[:, 0], uniforms[:, 1].clone(), uniforms[:, 2:].clone(), noise)
 
 
+@dataclass(frozen=True)
+class Objective:
+    """What is trained: which sides are noised (``mode``: joint, t2l or l2t), the token that masks
+    text (the vocabulary's size, one past the last real id) and the weights of the two losses."""
+
+    mode: str
+    mask_id: int
+    text_weight: float
+    latent_weight: float
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> Objective:
+        t = cfg.train
+        return cls(t.mode, cfg.model.vocab_size, t.text_weight, t.latent_weight)
+
+
 @dataclass
 class Losses:
     total: Tensor
@@ -89,20 +109,17 @@ def compute_losses(
     tokens: Tensor,
     latents: Tensor,
     d: Draws,
+    objective: Objective,
     *,
-    mode: str,
-    mask_id: int,
-    text_weight: float,
-    latent_weight: float,
     text_mask: Tensor | None = None,
 ) -> Losses:
-    """Noise the batch per ``d`` and ``mode``, run ``model``, return the weighted losses.
+    """Noise the batch per ``d`` and ``objective.mode``, run ``model``, return the weighted losses.
 
     ``tokens``/``latents``, ``text_mask`` (bool [B, text_len], True = a real token; None = no
     padding) and the tensors of ``d`` must already be on the model's device.
     """
-    text_noised = mode != "t2l"
-    latent_noised = mode != "l2t"
+    text_noised = objective.mode != "t2l"
+    latent_noised = objective.mode != "l2t"
     b, n = tokens.shape
 
     if text_noised:
@@ -116,7 +133,7 @@ def compute_losses(
             keys = torch.where(text_mask, d.mask_keys, torch.full_like(d.mask_keys, 2.0))
         rank = keys.argsort(dim=1).argsort(dim=1)  # rank of each key within its row
         masked = rank < k[:, None]
-        text_in = torch.where(masked, torch.full_like(tokens, mask_id), tokens)
+        text_in = torch.where(masked, torch.full_like(tokens, objective.mask_id), tokens)
     else:
         t_text = torch.zeros_like(d.t_text)
         masked = None
@@ -152,6 +169,6 @@ def compute_losses(
         latent_loss = F.mse_loss(velocity.float(), target)
         out.latent_sum = latent_loss.detach() * target.numel()
         out.latent_count = float(target.numel())
-    out.total = text_weight * text_loss + latent_weight * latent_loss
+    out.total = objective.text_weight * text_loss + objective.latent_weight * latent_loss
     out.text, out.latent = text_loss.detach(), latent_loss.detach()
     return out

@@ -45,11 +45,11 @@ def model_flops(cfg: RunConfig, ctx: DistContext) -> tuple[int, float | None]:
 class Reports:
     """One rank's reporting; the logs are rank 0's, opened by ``open`` once the counters are known."""
 
-    def __init__(self, run: RankRun, *, echo: bool, tty: bool | None) -> None:
+    def __init__(self, run: RankRun, *, echo: bool) -> None:
         self.cfg, self.ctx, self.paths, self.attempt = run.cfg, run.ctx, run.paths, run.attempt
         self.ledger = run.ledger
         self.counters = run.counters
-        self.echo, self.tty = echo, tty
+        self.echo = echo
         self.window = MetricsWindow(run.ctx.device)
         self.model_flops = model_flops(run.cfg, run.ctx)  # (per step, the GPUs' peak), for TFLOP/s and MFU
         self.log: MetricsLog | None = None
@@ -65,7 +65,6 @@ class Reports:
             self.paths.metrics,
             total_steps=self.cfg.train.steps,
             start_step=c.step,
-            tty=self.tty,
             echo=self.echo,
             attempt=self.attempt,
         )

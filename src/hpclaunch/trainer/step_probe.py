@@ -30,7 +30,7 @@ def measure(request: StepRequest, *, started: float = START) -> StepMeasure:
     from hpclaunch.config import RunConfig
     from hpclaunch.trainer.build import build_optimizer
     from hpclaunch.trainer.model import build_model
-    from hpclaunch.trainer.objective import compute_losses, draw
+    from hpclaunch.trainer.objective import Objective, compute_losses, draw
 
     imported = time.monotonic() - started
     cfg = RunConfig.model_validate(request["config"])
@@ -48,14 +48,12 @@ def measure(request: StepRequest, *, started: float = START) -> StepMeasure:
     latents = torch.randn(micro, m.latent_len, m.latent_dim, generator=gen).to(device)
     d = draw(t.seed, 1, list(range(micro)), m.text_len, (m.latent_len, m.latent_dim))
     d = type(d)(*(x.to(device) for x in (d.t_text, d.t_latent, d.mask_keys, d.noise)))
+    objective = Objective.of(cfg)
     times = []
     for _ in range(int(request.get("steps", 3)) + 1):  # a request may leave the count out
         t0 = time.perf_counter()
         for _ in range(per_rank // micro):
-            losses = compute_losses(
-                model, tokens, latents, d, mode=t.mode, mask_id=m.vocab_size,
-                text_weight=t.text_weight, latent_weight=t.latent_weight,
-            )  # fmt: skip
+            losses = compute_losses(model, tokens, latents, d, objective)
             losses.total.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

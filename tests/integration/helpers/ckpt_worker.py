@@ -45,7 +45,14 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpclaunch.errors import CheckpointError
 from hpclaunch.rundir import Ledger, RunPaths
-from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, RANK_LOCAL, Checkpointer, rank_local_key
+from hpclaunch.trainer.checkpoint import (
+    ENV_DELAY_WRITE,
+    RANK_LOCAL,
+    Checkpointer,
+    RunCheckpoints,
+    WriterSettings,
+    rank_local_key,
+)
 from hpclaunch.trainer.checkpoint.writer_process import prefork as prefork_writer
 
 K = 4  # save after K steps, then K more
@@ -97,16 +104,15 @@ def open_dummy_fds(n: int) -> list[int]:
 
 def checkpointer(run_dir: Path, rank: int, world: int) -> Checkpointer:
     return Checkpointer(
-        run_dir / "checkpoints",
+        RunCheckpoints(run_dir / "checkpoints", world, config_hash="cfg", model_hash="toy-v1", keep_last=3),
         rank=rank,
-        world_size=world,
-        config_hash="cfg",
-        model_hash="toy-v1",
-        keep_last=3,
-        writer=os.environ.get("CKPT_WRITER", "process"),  # type: ignore[arg-type]
-        # Normal priority: on a loaded machine an idle-priority writer the rank waits for is replaced
-        # (test_checkpoint_writer_starved), which these tests of one writer's faults must not see.
-        writer_idle=False,
+        writing=WriterSettings(
+            writer=os.environ.get("CKPT_WRITER", "process"),  # type: ignore[arg-type]
+            # Normal priority: on a loaded machine an idle-priority writer the rank waits for is
+            # replaced (test_checkpoint_writer_starved), which these tests of one writer's faults
+            # must not see.
+            idle=False,
+        ),
         ledger=Ledger(RunPaths(run_dir), role="trainer") if rank == 0 else None,
     )
 

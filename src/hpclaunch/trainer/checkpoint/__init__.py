@@ -76,8 +76,9 @@ checkpoint, else loading fails with the missing keys named. Example::
             }},
         }
 
-    ckpt = Checkpointer(run.checkpoints, rank=rank, world_size=world, config_hash=ch,
-                        model_hash=mh, keep_last=3, keep_every=1000, ledger=ledger)
+    checkpoints = RunCheckpoints(run.checkpoints, world_size=world, config_hash=ch, model_hash=mh,
+                                 keep_last=3, keep_every=1000)
+    ckpt = Checkpointer(checkpoints, rank=rank, ledger=ledger)
     state = build_state(model, optimizer, sched, 0, 0, rank)
     result = ckpt.load_latest(state)            # fills `state` in place
     if result is not None:
@@ -106,7 +107,8 @@ an injected OSError such as ENOSPC) are described in ``save_errors``.
 torch inside the functions that need it.
 """
 
-from .checkpointer import Checkpointer
+from .checkpointer import Checkpointer, WriterSettings
+from .directory import RunCheckpoints
 from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .manifest import (
     CORRUPT_SUFFIX,
@@ -145,6 +147,8 @@ __all__ = [
     "Checkpointer",
     "InvalidCheckpoint",
     "LoadResult",
+    "RunCheckpoints",
+    "WriterSettings",
     "build_manifest",
     "file_digest",
     "leftover_dirs",

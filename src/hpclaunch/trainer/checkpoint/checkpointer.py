@@ -10,13 +10,13 @@ training loop). See the package docstring for the layout and the state-dict conv
 from __future__ import annotations
 
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import CheckpointError
 from ...rundir import Ledger
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
-from .directory import CheckpointDir
+from .directory import CheckpointDir, RunCheckpoints
 from .group import checkpoint_group
 from .loading import load_latest
 from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
@@ -36,49 +36,44 @@ Writer = Literal["process", "thread"]
 CLOSE_WAIT_S = 60.0  # close(): how long a pending background save may still take (see close)
 
 
+@dataclass(frozen=True)
+class WriterSettings:
+    """How this rank writes its saves (``checkpoint.async_save``, ``writer``, ``writer_nice``,
+    ``writer_idle`` and ``write_threads`` resolved to a number). The trainer sets every field from its config; the defaults serve tests
+    and benchmarks."""
+
+    async_save: bool = True  # False: every save blocks
+    writer: Writer = "process"  # where background saves are written (see Checkpointer)
+    nice: int = 0
+    idle: bool = True  # the writer process starts at SCHED_IDLE
+    write_threads: int = 1
+
+    def __post_init__(self) -> None:
+        if self.writer not in ("process", "thread"):
+            raise CheckpointError(f"writer must be 'process' or 'thread', got {self.writer!r}")
+
+
 class Checkpointer:
     """Saves and loads this run's checkpoints; construct it on all ranks at the same point.
 
-    ``writer``: where background saves are written (``background``): ``process`` (a writer process
-    per rank, fed through shared memory) or ``thread`` (a thread of this process).
+    ``writing.writer``: where background saves are written (``background``): ``process`` (a writer
+    process per rank, fed through shared memory) or ``thread`` (a thread of this process).
     """
 
     def __init__(
         self,
-        directory: Path,
+        run: RunCheckpoints,
         *,
         rank: int,
-        world_size: int,
-        config_hash: str,
-        model_hash: str,
-        keep_last: int,
-        keep_every: int | None = None,
-        async_save: bool = True,
-        writer: Writer = "process",
-        writer_nice: int = 0,
-        writer_idle: bool = True,
-        write_threads: int = 1,
+        writing: WriterSettings = WriterSettings(),
         ledger: Ledger | None = None,
         process_group: dist.ProcessGroup | None = None,
     ) -> None:
-        if keep_last < 1:
-            raise CheckpointError(f"keep_last must be >= 1, got {keep_last}")
-        if keep_every is not None and keep_every < 1:
-            raise CheckpointError(f"keep_every must be >= 1 or None, got {keep_every}")
-        if writer not in ("process", "thread"):
-            raise CheckpointError(f"writer must be 'process' or 'thread', got {writer!r}")
-        self.directory = Path(directory)
+        self.run = run
+        self.directory = run.directory
         self.rank = rank
-        self.world_size = world_size
-        self.config_hash = config_hash
-        self.model_hash = model_hash
-        self.keep_last = keep_last
-        self.keep_every = keep_every
-        self.async_save = async_save
-        self.writer = writer
-        self.writer_nice = writer_nice
-        self.writer_idle = writer_idle
-        self.write_threads = write_threads
+        self.world_size = run.world_size
+        self.writing = writing
         self.ledger = ledger
         self.last_save_seconds: float | None = None
         self.last_stall_seconds: float | None = None
@@ -88,28 +83,12 @@ class Checkpointer:
         # broadcast), and for a background save the staging copy (the writer's start included).
         self.last_stall_parts: dict[str, float] = {}
         self.settled_saves = 0  # background saves settled so far (the same count on every rank)
-        self._pg, self._owns_pg = checkpoint_group(process_group, rank=rank, world_size=world_size)
+        self._pg, self._owns_pg = checkpoint_group(process_group, rank=rank, world_size=run.world_size)
         self._is_coordinator = rank == 0
         self._plans = SavePlans()
-        self._dir = CheckpointDir(
-            self.directory,
-            world_size=world_size,
-            config_hash=config_hash,
-            model_hash=model_hash,
-            keep_last=keep_last,
-            keep_every=keep_every,
-            ledger=ledger,
-        )
+        self._dir = CheckpointDir(run, ledger=ledger)
         self._writer = SaveWriter(
-            self.directory,
-            rank=rank,
-            world_size=world_size,
-            config_hash=config_hash,
-            model_hash=model_hash,
-            checkpoints=self._dir,
-            plans=self._plans,
-            pg=self._pg,
-            write_threads=write_threads,
+            self._dir, rank=rank, plans=self._plans, pg=self._pg, write_threads=writing.write_threads
         )
         self._background: ThreadBackground | ProcessBackground | None = None
         self._closed = False
@@ -134,21 +113,17 @@ class Checkpointer:
     # ---- set-up -------------------------------------------------------------------------------
 
     def _make_background(self) -> ThreadBackground | ProcessBackground:
-        if self.writer == "thread":
-            return ThreadBackground(self._writer, nice=self.writer_nice)
+        w = self.writing
+        if w.writer == "thread":
+            return ThreadBackground(self._writer, nice=w.nice)
         from .writer_process import store_address
 
         spec = WriterSpec(
             rank=self.rank,
-            world_size=self.world_size,
-            directory=str(self.directory),
-            config_hash=self.config_hash,
-            model_hash=self.model_hash,
-            keep_last=self.keep_last,
-            keep_every=self.keep_every,
-            nice=self.writer_nice,
-            idle=self.writer_idle,
-            write_threads=self.write_threads,
+            checkpoints=self.run,
+            nice=w.nice,
+            idle=w.idle,
+            write_threads=w.write_threads,
             store=store_address(self.world_size),
         )
         return ProcessBackground(spec, self._pg)
@@ -172,11 +147,8 @@ class Checkpointer:
         needed = _estimated_bytes(state, self.world_size, RANK_LOCAL)
         job = plan_save(
             step,
-            directory=self.directory,
-            checkpoints=self._dir,
-            pg=self._pg,
-            is_coordinator=self._is_coordinator,
-            blocking=blocking or not self.async_save,
+            self._writer,
+            blocking=blocking or not self.writing.async_save,
             extra=extra,
             started=started,
             needed=needed,
@@ -213,7 +185,7 @@ class Checkpointer:
             published,
             checkpoints=self._dir,
             ledger=self.ledger,
-            writer=self.writer,
+            writer=self.writing.writer,
             background_stall_s=self.last_stall_seconds,
         )
 
@@ -286,7 +258,7 @@ class Checkpointer:
         if self._background is not None:
             self._background.close()
             self._background = None
-        if self.writer == "process":
+        if self.writing.writer == "process":
             from .writer_process import discard_waiting
 
             discard_waiting()  # a forked writer no background save took

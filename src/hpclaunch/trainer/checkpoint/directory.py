@@ -16,7 +16,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,24 +99,38 @@ class Choice:
         return cls(info, [(Path(p), reason) for p, reason in data["skipped"]])
 
 
+@dataclass(frozen=True)
+class RunCheckpoints:
+    """The checkpoints of one run as every part that saves or loads them must agree on: where they
+    are, the world that saves them and the hashes a resume must match (``check_compatible``), and how many
+    retention keeps. The Checkpointer, its writers (in a writer process, from ``WriterSpec``) and
+    rank 0's ``CheckpointDir`` take it whole, so none of them can be handed a different set."""
+
+    directory: Path
+    world_size: int
+    config_hash: str
+    model_hash: str
+    keep_last: int
+    keep_every: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep_last < 1:
+            raise CheckpointError(f"keep_last must be >= 1, got {self.keep_last}")
+        if self.keep_every is not None and self.keep_every < 1:
+            raise CheckpointError(f"keep_every must be >= 1 or None, got {self.keep_every}")
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "directory": str(self.directory)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunCheckpoints:
+        return cls(**{**data, "directory": Path(data["directory"])})
+
+
 class CheckpointDir:
-    def __init__(
-        self,
-        directory: Path,
-        *,
-        world_size: int,
-        config_hash: str,
-        model_hash: str,
-        keep_last: int,
-        keep_every: int | None,
-        ledger: EventSink | None,
-    ) -> None:
-        self.directory = directory
-        self.world_size = world_size
-        self.config_hash = config_hash
-        self.model_hash = model_hash
-        self.keep_last = keep_last
-        self.keep_every = keep_every
+    def __init__(self, run: RunCheckpoints, *, ledger: EventSink | None) -> None:
+        self.run = run
+        self.directory = run.directory  # (read on every scan: a short name for it)
         self.ledger = ledger
         # Published checkpoints known to be valid, with their files' signature when verified.
         self._known_valid: dict[int, tuple[tuple[str, int, int], ...]] = {}
@@ -160,7 +174,7 @@ class CheckpointDir:
         aside, never counted), every ``keep_every``-th and ``protect``; delete the rest."""
         valid: list[int] = []
         for step, path in reversed(published_dirs(self.directory)):
-            if len(valid) >= self.keep_last:
+            if len(valid) >= self.run.keep_last:
                 break
             if step in protect or self.is_valid(step, path):
                 valid.append(step)
@@ -168,7 +182,7 @@ class CheckpointDir:
         doomed = steps_to_delete(
             steps,
             keep_last=0,
-            keep_every=self.keep_every,
+            keep_every=self.run.keep_every,
             protect=protect | loading | set(valid),
         )
         for step in doomed:
@@ -240,24 +254,24 @@ class CheckpointDir:
 
     def check_compatible(self, info: CheckpointInfo) -> None:
         theirs = info.manifest.get("model_hash")
-        if theirs != self.model_hash:
+        if theirs != self.run.model_hash:
             raise CheckpointError(
                 f"checkpoint {info.path.name} was written for a different model shape "
-                f"(model_hash {theirs} != {self.model_hash}: model.depth/dim_* or another shape "
+                f"(model_hash {theirs} != {self.run.model_hash}: model.depth/dim_* or another shape "
                 "setting changed); start a new run or restore the old model config"
             )
-        if info.manifest.get("config_hash") != self.config_hash:
+        if info.manifest.get("config_hash") != self.run.config_hash:
             log.info(
                 "checkpoint %s was written with a different config (non-shape settings changed)",
                 info.path.name,
             )
         saved_world = info.manifest.get("world_size")
-        if saved_world != self.world_size:
+        if saved_world != self.run.world_size:
             log.info(
                 "checkpoint %s was written by %s ranks, this run has %s",
                 info.path.name,
                 saved_world,
-                self.world_size,
+                self.run.world_size,
             )
 
     def report_rank_local(self, info: CheckpointInfo, saved: set[int], missing: list[int]) -> None:
@@ -268,12 +282,12 @@ class CheckpointDir:
                 RANK_LOCAL,
                 ",".join(map(str, missing)),
             )
-        unused = sorted(r for r in saved if r >= self.world_size)
+        unused = sorted(r for r in saved if r >= self.run.world_size)
         if unused:
             log.info(
                 "checkpoint %s: saved %s state of rank(s) %s is not used by %d ranks",
                 info.path.name,
                 RANK_LOCAL,
                 ",".join(map(str, unused)),
-                self.world_size,
+                self.run.world_size,
             )

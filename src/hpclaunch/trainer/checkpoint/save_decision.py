@@ -13,16 +13,13 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from ...errors import CheckpointError
 from ..dist import broadcast_json
 from .directory import CheckpointDir
 from .manifest import _jsonable, step_dir_name
-from .writing import SaveJob
-
-if TYPE_CHECKING:
-    import torch.distributed as dist
+from .writing import SaveJob, SaveWriter
 
 log = logging.getLogger("hpclaunch.trainer.checkpoint")
 
@@ -50,20 +47,19 @@ class SaveDecision:
 
 def plan_save(
     step: int,
+    writer: SaveWriter,
     *,
-    directory: Path,
-    checkpoints: CheckpointDir,
-    pg: dist.ProcessGroup | None,
-    is_coordinator: bool,
     blocking: bool,
     extra: dict[str, Any] | None,
     started: float,
     needed: int,
 ) -> SaveJob | None:
-    """The save every rank agrees on, or None when rank 0 keeps the published one (collective)."""
+    """The save every rank agrees on, or None when rank 0 keeps the published one (collective over
+    the group of ``writer``, which will write it: its directory, its rank 0 decides)."""
+    directory, is_coordinator = writer.directory, writer.is_coordinator
     final = directory / step_dir_name(step)
-    mine = decide(checkpoints, final, step, extra).to_json() if is_coordinator else {}
-    decision = SaveDecision.from_json(broadcast_json(mine, pg, is_source=is_coordinator))
+    mine = decide(writer.checkpoints, final, step, extra).to_json() if is_coordinator else {}
+    decision = SaveDecision.from_json(broadcast_json(mine, writer.pg, is_source=is_coordinator))
     if decision.error:
         raise CheckpointError(decision.error)
     if decision.action == "skip":

@@ -86,22 +86,10 @@ def run(spec: WriterSpec, sock: socket.socket) -> int:
     # bytes (and is what verification checks); torch.load does not need it. ~10 ms a save saved.
     torch.serialization.set_crc32_options(False)
     events = EventBuffer()
-    directory = Path(spec.directory)
+    directory = spec.checkpoints.directory
     writer = SaveWriter(
-        directory,
+        CheckpointDir(spec.checkpoints, ledger=events),
         rank=spec.rank,
-        world_size=spec.world_size,
-        config_hash=spec.config_hash,
-        model_hash=spec.model_hash,
-        checkpoints=CheckpointDir(
-            directory,
-            world_size=spec.world_size,
-            config_hash=spec.config_hash,
-            model_hash=spec.model_hash,
-            keep_last=spec.keep_last,
-            keep_every=spec.keep_every,
-            ledger=events,
-        ),
         plans=SavePlans(staged_planner_class()),
         pg=_join_group(spec),
         in_writer_process=True,
@@ -278,7 +266,7 @@ def staged_planner_class() -> type[Any]:
 
 def _join_group(spec: WriterSpec) -> Any:
     """The writers' own gloo group, through the ranks' store under this generation's prefix."""
-    if spec.world_size == 1:
+    if spec.checkpoints.world_size == 1:
         return None
     from datetime import timedelta
 
@@ -292,7 +280,7 @@ def _join_group(spec: WriterSpec) -> Any:
         "gloo",
         store=dist.PrefixStore(f"hpclaunch/checkpoint-writers/{spec.generation}/", store),
         rank=spec.rank,
-        world_size=spec.world_size,
+        world_size=spec.checkpoints.world_size,
         timeout=timeout,
     )
     return dist.group.WORLD

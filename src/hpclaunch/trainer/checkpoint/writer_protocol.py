@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .directory import Finding
+from .directory import Finding, RunCheckpoints
 from .writing import Published, SaveJob
 
 
@@ -21,12 +21,7 @@ class WriterSpec:
     """Everything a writer process starts from (``writer_main``'s argument, as JSON)."""
 
     rank: int
-    world_size: int
-    directory: str
-    config_hash: str
-    model_hash: str
-    keep_last: int
-    keep_every: int | None
+    checkpoints: RunCheckpoints
     nice: int
     idle: bool  # start at SCHED_IDLE (a writer found starved there is replaced at ``nice``)
     write_threads: int
@@ -38,12 +33,18 @@ class WriterSpec:
     parent: int = -1
 
     def to_json(self) -> dict[str, object]:
-        return asdict(self)
+        return {**asdict(self), "checkpoints": self.checkpoints.to_json()}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> WriterSpec:
         store = data["store"]
-        return cls(**{**data, "store": (str(store[0]), int(store[1])) if store else None})
+        return cls(
+            **{
+                **data,
+                "checkpoints": RunCheckpoints.from_json(data["checkpoints"]),
+                "store": (str(store[0]), int(store[1])) if store else None,
+            }
+        )
 
 
 @dataclass(frozen=True)

@@ -109,25 +109,19 @@ class SaveWriter:
 
     def __init__(
         self,
-        directory: Path,
+        checkpoints: CheckpointDir,
         *,
         rank: int,
-        world_size: int,
-        config_hash: str,
-        model_hash: str,
-        checkpoints: CheckpointDir,
         plans: SavePlans,
         pg: dist.ProcessGroup | None,
         in_writer_process: bool = False,
         before_write: Callable[[], None] | None = None,
         write_threads: int = 1,
     ) -> None:
-        self.directory = directory
+        self.run = checkpoints.run  # the directory, world and hashes every save is written for
+        self.directory = self.run.directory
         self.write_threads = max(1, write_threads)
         self.rank = rank
-        self.world_size = world_size
-        self.config_hash = config_hash
-        self.model_hash = model_hash
         self.checkpoints = checkpoints
         self.plans = plans
         self.pg = pg
@@ -236,9 +230,9 @@ class SaveWriter:
         files = collect_digests(job.tmp, reports)
         manifest = build_manifest(
             step=job.step,
-            world_size=self.world_size,
-            config_hash=self.config_hash,
-            model_hash=self.model_hash,
+            world_size=self.run.world_size,
+            config_hash=self.run.config_hash,
+            model_hash=self.run.model_hash,
             extra=job.extra,
             files=files,
             torch_version=_torch_version(),

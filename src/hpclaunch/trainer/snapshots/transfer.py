@@ -97,28 +97,38 @@ def checksum(buf: Any) -> int:
     return zlib.crc32(buf)
 
 
+@dataclass(frozen=True)
+class SnapshotPlace:
+    """Where one rank's snapshots go, the same for every snapshot of an attempt: its node's store
+    (None: the tier has no place on the node; the rank still trades with its buddy and ward), its
+    rank in a world of ``world``, its link to its buddy and ward, and how many the store keeps."""
+
+    store: NodeStore | None
+    world: int
+    rank: int
+    link: Link
+    keep_last: int
+
+
 class SnapshotJob:
     """One snapshot's background work (see the module docstring); ``error`` when it failed, ``crash``
     when a bug ended it (re-raised by the training loop)."""
 
     def __init__(
         self,
-        store: NodeStore | None,
+        place: SnapshotPlace,
         *,
         staged: Staged | None,
         finish: Callable[[], None] | None,
         describe: Callable[[Staged, int], bytes],
         step: int,
-        world: int,
-        rank: int,
-        link: Link,
-        keep_last: int,
         error: str | None = None,
     ) -> None:
-        self.store, self.staged, self.finish, self.describe = store, staged, finish, describe
+        self.staged, self.finish, self.describe, self.step = staged, finish, describe, step
         self.nbytes = staged.layout.nbytes if staged is not None else 0
         self.meta = b""
-        self.step, self.world, self.rank, self.link, self.keep_last = step, world, rank, link, keep_last
+        self.store, self.world, self.rank = place.store, place.world, place.rank
+        self.link, self.keep_last = place.link, place.keep_last
         self.error = error  # (given: staging failed in the training loop; the job still trades sizes)
         self.crash: BaseException | None = None
         self.link_broken = False  # a transport error: the link is unusable for the rest of the attempt
