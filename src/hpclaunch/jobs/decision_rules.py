@@ -434,28 +434,31 @@ def _within(
     return Decision(Action.CONTINUE, cause, reason, counts_as=cause.budget, in_place=in_place)
 
 
+def _in_place(cause: Cause, reason: str, replace: tuple[tuple[str, str], ...] = ()) -> Decision:
+    """Restart in the same allocation, a spare taking the place of each node in ``replace``."""
+    took = ", ".join(f"{spare} taking the place of {node}" for node, spare in replace)
+    return Decision(
+        Action.CONTINUE,
+        cause,
+        f"{reason}, {took}" if took else reason,
+        counts_as=cause.budget,
+        in_place=True,
+        replace=replace,
+    )
+
+
 def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -> Decision:
     """A hang: the workers were stopped without a save, so the run continues from its last
     checkpoint, within its own budget; off the hung node where the scheduler can say so."""
     what = facts.hang or "a rank stopped making progress"
     if history.hang_retries >= budgets.max_hang_retries:
-        return Decision(
-            Action.FAIL,
-            Cause.HANG,
-            f"{what}; {history.hang_retries} hang retries used of {budgets.max_hang_retries}",
+        return _within(
+            Cause.HANG, what, used=history.hang_retries, budget=budgets.max_hang_retries, what="hang retries"
         )
     node = facts.hang_node
-    if node is not None and facts.spares and facts.in_place_ok:
-        spare = facts.spares[0]
-        return Decision(
-            Action.CONTINUE,
-            Cause.HANG,
-            f"{what}; restarting in place from the last checkpoint, {spare} taking the place of {node}",
-            counts_as=Budget.HANG,
-            in_place=True,
-            replace=((node, spare),),
-        )
-    if node is not None and can_exclude:
+    # A spare takes the hung node's place in place; else the scheduler keeps the next job off it.
+    swap = ((node, facts.spares[0]),) if node is not None and facts.spares and facts.in_place_ok else ()
+    if node is not None and can_exclude and not swap:
         return Decision(
             Action.EXCLUDE,
             Cause.HANG,
@@ -464,13 +467,7 @@ def _hang(facts: Facts, history: History, budgets: Budgets, can_exclude: bool) -
             counts_as=Budget.HANG,
         )
     if facts.in_place_ok:
-        return Decision(
-            Action.CONTINUE,
-            Cause.HANG,
-            f"{what}; restarting in place from the last checkpoint",
-            counts_as=Budget.HANG,
-            in_place=True,
-        )
+        return _in_place(Cause.HANG, f"{what}; restarting in place from the last checkpoint", swap)
     return Decision(
         Action.CONTINUE, Cause.HANG, f"{what}; continuing from the last checkpoint", counts_as=Budget.HANG
     )
@@ -481,22 +478,11 @@ def _node_failure(facts: Facts, history: History, budgets: Budgets, can_exclude:
     problems = {n: "its agent and ranks are gone" for n in facts.dead_nodes} | dict(facts.node_problems)
     what = "; ".join(f"{n}: {problems.get(n, 'failed its node check')}" for n in nodes)
     if history.node_excludes >= budgets.max_node_excludes:
-        return Decision(
-            Action.FAIL,
-            Cause.NODE_FAILURE,
-            f"{what}; {history.node_excludes} node exclusions used of {budgets.max_node_excludes}",
-        )
+        used, budget = history.node_excludes, budgets.max_node_excludes
+        return _within(Cause.NODE_FAILURE, what, used=used, budget=budget, what="node exclusions")
     if facts.in_place_ok and len(facts.spares) >= len(nodes):
         pairs = tuple(zip(nodes, facts.spares, strict=False))
-        took = ", ".join(f"{spare} taking the place of {node}" for node, spare in pairs)
-        return Decision(
-            Action.CONTINUE,
-            Cause.NODE_FAILURE,
-            f"{what}; restarting in place, {took}",
-            counts_as=Budget.NODE,
-            in_place=True,
-            replace=pairs,
-        )
+        return _in_place(Cause.NODE_FAILURE, f"{what}; restarting in place", pairs)
     if not can_exclude:
         return Decision(
             Action.FAIL,
