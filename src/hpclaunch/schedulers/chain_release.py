@@ -36,7 +36,7 @@ RETRY_NOW_S = (2.0, 5.0, 10.0, 20.0)  # pauses between the tries of one pass (a 
 
 
 def settle_followers(
-    after: RunPaths, *, by: str, pauses: tuple[float, ...] = RETRY_NOW_S
+    after: RunPaths, *, by: str, pauses: tuple[float, ...] | None = None
 ) -> list[tuple[Follower, Verdict]]:
     """Release (``after`` finished) or cancel (it failed or was cancelled) every run registered
     after it that nobody has settled yet; returns what this call did."""
@@ -55,9 +55,11 @@ def settle_followers(
 
 
 def carry_out(
-    after: RunPaths, follower: Follower, v: Verdict, *, by: str, pauses: tuple[float, ...] = RETRY_NOW_S
+    after: RunPaths, follower: Follower, v: Verdict, *, by: str, pauses: tuple[float, ...] | None = None
 ) -> None:
-    """Release or cancel one claimed follower; both runs' ledgers say what was done and why."""
+    """Release or cancel one claimed follower; both runs' ledgers say what was done and why.
+    ``pauses``: between the tries within this pass (``RETRY_NOW_S``, read when called)."""
+    pauses = RETRY_NOW_S if pauses is None else pauses
     paths = RunPaths(follower.run)
     mine = Ledger(paths, role="chain")
     theirs = Ledger(after, role="chain")
