@@ -31,10 +31,11 @@ if TYPE_CHECKING:
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 # Long enough that a 1-minute SLURM limit cannot hold it on any machine: stopped and continued.
+# Few steps, long sleeps: a loaded machine's compute per step does not multiply the attempts.
 LONG = (
-    *outlasting(360, 0.18, time_limit_s=60, stop_margin_s=4),
-    "train.log_every=20",
-    "checkpoint.every_steps=100",
+    *outlasting(80, 0.8, time_limit_s=60, stop_margin_s=4),
+    "train.log_every=10",
+    "checkpoint.every_steps=20",
 )
 
 
@@ -73,9 +74,9 @@ def _attempt_causes(s: dict[str, Any]) -> list[tuple[str, str | None]]:
 LONG_RUNS = {
     "timeout": ("scheduler.kind=slurm", "scheduler.time_limit=00:01:00", *LONG),
     "preempt": ("scheduler.kind=slurm", "scheduler.time_limit=00:10:00", *LONG),
-    # 0.2 s a step: 72 s of sleep alone, so the one-minute limit is reached on any machine (the
-    # PBS deadline is the trainer's own clock: no warning signal comes to make it stop early)
-    "pbs": ("scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG, "testing.step_sleep_s=0.2"),
+    # LONG's sleep alone outlasts the one-minute limit on any machine (the PBS deadline is the
+    # trainer's own clock: no warning signal comes to make it stop early)
+    "pbs": ("scheduler.kind=pbs", "scheduler.time_limit=00:01:00", *LONG),
     # node 0's agent held 45 s between deciding and recording: longer than KillWait (30 s)
     "unended": (
         "scheduler.kind=slurm",

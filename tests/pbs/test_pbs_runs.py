@@ -34,8 +34,8 @@ pytestmark = [pytest.mark.pbs, pytest.mark.slow]
 # Long enough that a 60 s walltime cannot hold it on any machine (its sleep alone outlasts the
 # walltime less the margin); the margin leaves the agent room to decide before the walltime.
 LONG = (
-    *outlasting(300, 0.2, time_limit_s=60, stop_margin_s=8),
-    "train.log_every=20",
+    *outlasting(100, 0.6, time_limit_s=60, stop_margin_s=8),  # few steps, long sleeps
+    "train.log_every=10",
     "checkpoint.every_steps=50",
 )
 WALLTIME = "scheduler.time_limit=60s"
