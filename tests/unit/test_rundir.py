@@ -211,3 +211,19 @@ def test_each_kind_reads_as_its_type_and_an_unknown_kind_as_a_plain_event() -> N
     newer = parse_event({"event": "from_the_future", "ts": 1.5, "attempt": "7.1", "extra": {"x": 1}})
     assert type(newer) is Event and newer.attempt == "7.1" and newer.record["extra"] == {"x": 1}
     assert as_events([{"event": "started"}, newer])[1] is newer
+
+
+def test_one_process_events_in_one_millisecond_read_in_the_order_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A foreground ``train`` (or a bench) writes the CLI's ``submitted`` and the agent's ``started``
+    within one millisecond; ordered by file name, ``agent0-...`` came first and the submission
+    seemed to follow the attempt (the rescue then read the attempt as decided)."""
+    import hpclaunch.rundir.ledger as ledger_mod
+
+    monkeypatch.setattr(ledger_mod.time, "time", lambda: 1000.0)
+    paths = RunPaths(tmp_path).ensure()
+    Ledger(paths, role="cli").append("submitted", job_id="21")
+    Ledger(paths, role="agent", attempt="21.0", node=0).append("started", job_id="21")
+    Ledger(paths, role="cli").append("cancelled")
+    assert [e.event for e in read_events(paths).events] == ["submitted", "started", "cancelled"]

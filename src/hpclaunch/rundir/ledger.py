@@ -7,8 +7,10 @@ agent's decision.
 
 One writer per file. Appends from several hosts to one file are not atomic on NFS or Lustre
 (O_APPEND is a local-filesystem promise), so every writing process has its own file
-``RUN/events/<role>-<host>-<pid>.jsonl`` and readers merge all files in timestamp order (ties: file
-name, then the writer's own sequence number). A line that is not valid JSON (a writer killed in
+``RUN/events/<role>-<host>-<pid>.jsonl`` and readers merge all files in timestamp order (ties: one
+process's events in the order it wrote them, by its sequence number across its files, since a
+foreground ``train`` writes the CLI's and the agent's ledgers within one millisecond; then file
+name). A line that is not valid JSON (a writer killed in
 the middle of a write, a damaged file) is kept as a finding with its file and line number, never
 dropped silently.
 """
@@ -130,7 +132,7 @@ def ledger_files(paths: RunPaths) -> list[Path]:
 def read_events(paths: RunPaths) -> EventLog:
     """Every writer's events, merged in timestamp order; torn lines reported, not dropped."""
     log = EventLog()
-    keyed: list[tuple[float, str, int, int, Event]] = []
+    keyed: list[tuple[float, str, int, int, str, int, Event]] = []
     for path in ledger_files(paths):
         for lineno, record, problem in _read_lines(path):
             if problem is not None:
@@ -138,9 +140,10 @@ def read_events(paths: RunPaths) -> EventLog:
                 continue
             assert record is not None
             event = parse_event(record)
-            keyed.append((float(event.ts or 0), path.name, event.seq or 0, lineno, event))
-    keyed.sort(key=lambda k: k[:4])
-    log.events = [k[4] for k in keyed]
+            writer = (event.host or "", event.pid or 0, event.seq or 0)
+            keyed.append((float(event.ts or 0), *writer, path.name, lineno, event))
+    keyed.sort(key=lambda k: k[:6])
+    log.events = [k[6] for k in keyed]
     return log
 
 
