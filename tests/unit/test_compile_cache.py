@@ -55,14 +55,14 @@ def test_a_node_local_root_that_is_not_this_users_is_refused(
 ) -> None:
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from hpclaunch.errors import FilesystemError
+    from hpclaunch.rundir.shm import TierPlaceError
 
     monkeypatch.setenv(CACHE_VAR, default_cache_dir())
     root = tmp_path / "node-tmp" / f"hpclaunch-{os.getuid()}"
     root.mkdir(mode=0o755)
     root.chmod(0o755)  # readable by everyone: another user could plant compiled code
     cache = CompileCache(RunPaths(tmp_path / "run"), enabled=True, rank=0, device_kind="cpu")
-    with pytest.raises(FilesystemError, match="not a private directory"):
+    with pytest.raises(TierPlaceError, match="open to other users"):
         cache.prepare()
 
 

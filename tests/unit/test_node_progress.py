@@ -112,3 +112,24 @@ def test_an_agent_leaving_removes_its_own_attempts_heartbeats_only(tmp_path: Pat
     remove_local_dirs(paths.root, "n1", "j.0")
     assert not any(p.exists() for p in mine) and theirs.is_dir()
     remove_local_dirs(paths.root, "n1", "j.1")
+
+
+def test_a_progress_folder_another_user_could_enter_is_refused_not_written_into(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ranks' heartbeats live in the node's shared /tmp: a hpclaunch-<uid>/ made first, open to
+    others, was only chmod'ed (quietly, where it failed) and then written into."""
+    import tempfile
+
+    from hpclaunch.rundir.shm import TierPlaceError
+
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
+    made = prepare_local_dir(tmp_path / "run", "n1", "7.0")
+    assert made.is_dir() and (tmp_path / f"hpclaunch-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+    planted, elsewhere = tmp_path / "other", tmp_path / "elsewhere"
+    planted.mkdir()
+    elsewhere.mkdir(mode=0o700)
+    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(planted))
+    (planted / f"hpclaunch-{os.getuid()}").symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(TierPlaceError, match="not a directory"):
+        prepare_local_dir(tmp_path / "run", "n1", "7.0")

@@ -58,6 +58,18 @@ def test_ulimit_need_grows_with_the_world_size_by_the_formula(tmp_path: Path) ->
     assert fds.needed_fds(cfg_for(tmp_path, 2, 1)) < 1024
 
 
+def test_the_deciders_links_count_two_per_agent_spares_included(tmp_path: Path) -> None:
+    """jobs.links: the decider's agent holds a connection to every agent and accepts one from each;
+    with one rank per node and many hot spares that is the largest count."""
+    raw = {
+        "scheduler": {"kind": "slurm", "nodes": 512, "spare_nodes": 64, "gpus_per_node": 1},
+        "train": {"global_batch": 1024},
+        "checkpoint": {"writer": "thread"},
+    }
+    cfg = RunConfig.model_validate(raw).resolved(tmp_path)
+    assert fds.needed_fds(cfg) == fds.BASE_FDS + 2 * (512 + 64)
+
+
 def test_ulimit_enough_passes_and_says_the_figure(tmp_path: Path, limits: dict[str, Any]) -> None:
     out = fds.check_fds(context(cfg_for(tmp_path, 2, 4), on_node=True))
     assert out.status is Status.PASS and "ulimit -n 1024 (hard 4096)" in out.finding

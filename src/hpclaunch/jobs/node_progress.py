@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import shutil
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from typing import Any
 from ..fsutil import create_exclusive, poll_json
 from ..rundir import RunPaths
 from ..rundir.progress import local_progress_dir, node_progress_file, progress_file
+from ..rundir.shm import private_dirs
 
 SUMMARIES_KEPT = 16  # per rank: enough for the decider's turn over 512 nodes at a step a second
 LEAD_READS_PER_S = 1.0  # other nodes' files the decider reads per second in steady training
@@ -203,10 +205,9 @@ def _unseen(
 def prepare_local_dir(root: Path, host: str, attempt: str) -> Path:
     """This node's folder for ``attempt``'s rank heartbeats, made private to this user."""
     path = local_progress_dir(root, host, attempt)
-    path.mkdir(parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):
-        os.chmod(path.parents[3], 0o700)  # hpclaunch-<uid>/: nobody else's business
-    return path
+    # Every folder from hpclaunch-<uid>/ down made 0700 and checked: one another user made first
+    # in the shared /tmp is refused, not written into.
+    return private_dirs(path, Path(tempfile.gettempdir()))
 
 
 def remove_local_dirs(root: Path, host: str, allocation: str) -> None:

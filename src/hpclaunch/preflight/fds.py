@@ -4,7 +4,8 @@ What one process opens grows with the world size W (docs/design.md, "Descriptors
 group is a full mesh, W-1 peer sockets plus a listening socket and gloo's event loop (W + 3,
 measured), and the rendezvous host's torchrun holds the store's connection from every rank, every
 writer process and every agent. A limit below that fails far from here, as a gloo connect error at
-start-up or a broken save hours in. Torch-free.
+start-up or a broken save hours in. The decider's agent holds a link to every other agent and
+accepts one from each (``jobs.links``: two per node, spares included). Torch-free.
 
 On a node the check raises the soft limit to the hard one itself where that suffices: the node
 agent runs it, and torchrun and the ranks inherit the agent's limits. On the login node it says
@@ -45,7 +46,8 @@ def needed_fds(cfg: RunConfig) -> int:
     rank = BASE_FDS + sum(n + PER_GLOO_GROUP for n in gloo_group_sizes(cfg) if n > 1)
     writers = world if cfg.checkpoint.async_save and cfg.checkpoint.writer == "process" else 0
     store_host = BASE_FDS + world + writers + s.nodes
-    return max(rank, store_host)
+    decider = BASE_FDS + 2 * (s.nodes + s.spare_nodes)  # (jobs.links: one out, one in, per agent)
+    return max(rank, store_host, decider)
 
 
 def _limits() -> tuple[int, int]:

@@ -44,7 +44,8 @@ _MAKE_TRIES = 5
 
 
 class TierPlaceError(UserInputError):
-    """The memory tier's directory cannot be used (missing, not private, another user's)."""
+    """A per-user node-local directory cannot be used (missing, not private, another user's): the
+    memory tier's, the ranks' progress heartbeats' (``jobs.node_progress``), the compile cache's."""
 
 
 def base_of(cfg: RunConfig) -> Path:
@@ -87,6 +88,14 @@ def check_private(path: Path) -> None:
         )
 
 
+def _close_own(path: Path) -> None:
+    """``path``, this user's real directory, made 0700 where an older version left it open."""
+    with contextlib.suppress(OSError):
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and st.st_mode & 0o077:
+            os.chmod(path, 0o700)
+
+
 def private_dirs(leaf: Path, base: Path) -> Path:
     """Make ``leaf`` and every directory between ``base``'s user root and it, 0700, each checked; the
     base must exist already. Retried when a sweep removes a directory on the way meanwhile."""
@@ -102,6 +111,8 @@ def private_dirs(leaf: Path, base: Path) -> Path:
             for d in chain:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(d, 0o700)
+                if d != root:
+                    _close_own(d)  # (below a private root nobody else got in: an older mode is fixed)
                 check_private(d)
             return leaf
         except FileNotFoundError:  # a sweep removed one on the way: make the chain again

@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 import tempfile
 from pathlib import Path
 
-from ..errors import FilesystemError
 from ..fsutil import atomic_write_bytes
 from ..rundir import RunPaths
+from ..rundir.shm import private_dirs
 
 __all__ = ["CompileCache"]
 
@@ -38,18 +37,6 @@ def node_cache_dir() -> Path:
     """This user's node-local cache directory, shared by the user's runs (inductor keys every entry
     by what it compiled, so another run of the same model is warm too)."""
     return Path(tempfile.gettempdir()) / f"hpclaunch-{os.getuid()}" / "compile"
-
-
-def private_dir(path: Path) -> None:
-    """``path`` made 0700 if missing; refused unless it is a real directory of this user, 0700."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
-    st = path.lstat()
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise FilesystemError(
-            f"{path} is not a private directory of this user (owner uid {st.st_uid}, mode {st.st_mode & 0o777:o})",
-            where=str(path),
-            hint="remove it, or set TORCHINDUCTOR_CACHE_DIR to a directory of your own",
-        )
 
 
 def artifact_name(device_kind: str) -> str:
@@ -85,8 +72,8 @@ class CompileCache:
         else:
             self.directory = node_cache_dir()
             os.environ[CACHE_VAR] = str(self.directory)
-            private_dir(self.directory.parent)  # this user's alone: compiled code is run from here
-            self.directory.mkdir(exist_ok=True, mode=0o700)
+            # This user's alone, each folder checked (compiled code is run from here):
+            private_dirs(self.directory, Path(tempfile.gettempdir()))
         if self.artifact is not None and self.artifact.is_file():
             import torch
 
