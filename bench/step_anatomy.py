@@ -7,7 +7,8 @@ figures that move with the step's fixes in a session that has no GPU (docs/figur
 
 The real step (``Trainer.train_step`` and the metrics window's ``add``, as the loop calls them:
 forward and backward of every micro-batch, the NaN guard, the global grad norm, clipping, AdamW,
-the EMA), FSDP2 on a one-rank gloo group as on a GPU, fp32. For ``eager`` and ``compiled``
+the EMA), fp32, one rank: the model itself, as on one GPU (``train.parallel: fsdp`` is set, and one
+rank trains unwrapped: ``trainer.dist.wrap_model``). For ``eager`` and ``compiled``
 (``train.compile``: each MMDiT block compiled once, reused by the identical blocks), after warm-up:
 
 - ``ops_per_step``: aten ops dispatched (a ``TorchDispatchMode`` counts every op below autograd;
@@ -172,7 +173,7 @@ def main() -> None:
         ]  # fmt: skip
         synth_dataset(root / "d", samples=64, seed=0, model_cfg=load_config(None, base).model)
         results = {name: measure(name, root, base, args.steps, args.warmup) for name in args.parts.split(",")}
-    print(f"the step's anatomy: depth {args.depth}, FSDP2 on one CPU rank, fp32 (host work only)")
+    print(f"the step's anatomy: depth {args.depth}, one CPU rank (no wrapper), fp32 (host work only)")
     for name, r in results.items():
         print(
             f"  {name:>8}: {r['ops_per_step']:7.0f} aten ops/step ({r['ops_per_block_forward']} in one block's "

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from hpclaunch.config import load_config
 from hpclaunch.trainer import dist as trainer_dist
-from hpclaunch.trainer.dist import DistContext, wrap_model
+from hpclaunch.trainer.dist import DistContext, fully_shard_model, wrap_model
 from hpclaunch.trainer.model import build_model
 from hpclaunch.trainer.objective import Objective, compute_losses, draw
 
@@ -38,7 +38,7 @@ def test_a_bf16_fsdp2_step_computes_in_bf16_and_keeps_fp32_weights(
     cfg = load_config(TINY, ["train.parallel=fsdp"])
     monkeypatch.setattr(trainer_dist, "wants_bf16", lambda cfg, device: True)
     ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=True)
-    model = wrap_model(build_model(cfg.model, seed=0), cfg, ctx)
+    model = fully_shard_model(build_model(cfg.model, seed=0), cfg, ctx)  # (one group of one rank)
     m = cfg.model
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, m.vocab_size, (4, m.text_len), generator=gen)
@@ -72,3 +72,15 @@ def test_dcp_stager_copies_the_state_of_dtensors(one_rank_group: None) -> None:
     assert staged["kind"] is int
     assert torch.equal(staged["w"].to_local(), torch.arange(6.0).reshape(2, 3))
     stager.close()
+
+
+def test_one_rank_trains_the_model_unwrapped_whatever_the_parallelism(one_rank_group: None) -> None:
+    """A one-rank FSDP2 or DDP only adds work (per-parameter copies, DTensor dispatch, buckets):
+    one rank gets the model itself, with its plain parameters."""
+    from torch.distributed.tensor import DTensor
+
+    ctx = DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), initialized=True)
+    for parallel in ("fsdp", "ddp"):
+        model = build_model(load_config(TINY, [f"train.parallel={parallel}"]).model, seed=0)
+        assert wrap_model(model, load_config(TINY, [f"train.parallel={parallel}"]), ctx) is model
+        assert not any(isinstance(p, DTensor) for p in model.parameters())

@@ -46,7 +46,7 @@ class ModelParts:
 def build_model_parts(cfg: RunConfig, ctx: DistContext, *, lr: float) -> ModelParts:
     """The model (a pure function of the seed), wrapped for DDP/FSDP, with AdamW and the EMA."""
     t = cfg.train
-    sharded = t.parallel == "fsdp"
+    sharded = t.parallel == "fsdp" and ctx.world_size > 1  # (one rank: no wrapper, see wrap_model)
     model = build_model(cfg.model, seed=t.seed)
     if not sharded:
         model = model.to(ctx.device)  # FSDP moves only its shards to the device

@@ -183,9 +183,14 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
     reduce-scatter per block). FSDP2 then wraps the root (embeddings, time MLP, heads). On bf16 FSDP
     keeps fp32 sharded weights and optimizer state and computes in bf16 with fp32 gradient
     reduction; on CPU everything stays fp32. Under DDP bf16 is autocast (the loop's business).
-    """
-    import torch
 
+    One rank (a single GPU, a CPU run) gets no wrapper, whatever ``train.parallel`` says, as in
+    torchtitan: a one-rank FSDP2 copies every parameter into its "gathered" buffer at every
+    forward and views and adds every gradient back (per parameter: ~560 host ops a micro-batch for
+    280 parameters) and runs the optimizer through DTensor's dispatch; a one-rank DDP copies the
+    gradients into buckets. Neither has anything to share. The checkpoints stay interchangeable
+    (DCP reshards plain tensors to and from FSDP's shards), and bf16 is then autocast as for DDP.
+    """
     t = cfg.train
     blocks: Any = model.trunk.blocks  # type: ignore[union-attr]
     if not t.deterministic:  # the fast mode: the joint attention as one fused SDPA kernel
@@ -200,26 +205,10 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
     if t.compile:
         for block in blocks:
             block.compile()
-    if t.parallel == "fsdp":
-        import warnings
-
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        # The heads' outputs are views (a 3-D Linear); the objective only reads them out of place.
-        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
-
-        mesh = _fsdp_mesh(ctx, t.fsdp_shard_size)
-        mp = MixedPrecisionPolicy()
-        if wants_bf16(cfg, ctx.device):
-            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        # A block's weights are freed after its forward and gathered again for its backward, except
-        # the last block's (its backward comes next) and on a one-rank shard group, where the
-        # "gathered" copy is the only compute-dtype one and regathering it is pure overhead.
-        sharded = mesh["shard"].size() > 1
-        for i, block in enumerate(blocks):
-            fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=sharded and i < len(blocks) - 1)
-        fully_shard(model, mesh=mesh, mp_policy=mp)
+    if ctx.world_size == 1:
         return model
+    if t.parallel == "fsdp":
+        return fully_shard_model(model, cfg, ctx)
     if ctx.initialized:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -230,6 +219,34 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
             # the clean side's last-block branches feed only its (unused) head in l2t/t2l
             find_unused_parameters=t.mode != "joint",
         )
+    return model
+
+
+def fully_shard_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torch.nn.Module:
+    """FSDP2 over the ranks (``wrap_model`` calls it from two ranks on): each MMDiT block, then the
+    root; with bf16 FSDP's mixed-precision policy."""
+    import warnings
+
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    t = cfg.train
+    blocks: Any = model.trunk.blocks  # type: ignore[union-attr]
+    # The heads' outputs are views (a 3-D Linear); the objective only reads them out of place.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+    mesh = _fsdp_mesh(ctx, t.fsdp_shard_size)
+    mp = MixedPrecisionPolicy()
+    if wants_bf16(cfg, ctx.device):
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # A block's weights are freed after its forward and gathered again for its backward, except
+    # the last block's (its backward comes next) and on a one-rank shard group (HSDP with
+    # ``fsdp_shard_size: 1``), where the "gathered" copy is the only compute-dtype one and
+    # regathering it is pure overhead.
+    sharded = mesh["shard"].size() > 1
+    for i, block in enumerate(blocks):
+        fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=sharded and i < len(blocks) - 1)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
     return model
 
 
