@@ -113,3 +113,24 @@ def test_the_fast_mode_keeps_no_attention_matrix_so_more_fits() -> None:
     assert (
         estimate_memory(fast, params).parts["activations"] < estimate_memory(det, params).parts["activations"]
     )
+
+
+def test_one_rank_is_estimated_unwrapped_whatever_the_parallelism() -> None:
+    """One GPU trains the model itself (``trainer.dist.wrap_model``): no FSDP buffers, no DDP
+    buckets, autocast's bf16 weight copies; preflight says so instead of the parallelism."""
+    one = [
+        "scheduler.nodes=1",
+        "scheduler.gpus_per_node=1",
+        "scheduler.procs_per_node=1",
+        "train.fsdp_shard_size=null",
+    ]
+    params = estimate_parameters(load_config(EXAMPLE).model)
+    fsdp = estimate_memory(load_config(EXAMPLE, [*one, "train.parallel=fsdp"]), params)
+    ddp = estimate_memory(load_config(EXAMPLE, [*one, "train.parallel=ddp"]), params)
+    assert fsdp.parts == ddp.parts
+    assert not fsdp.parts.get("fsdp_gathered")
+    assert fsdp.parts["gradients"] == 4 * params and fsdp.parts["parameters"] == (4 + 2) * params
+    memory = next(
+        p for p in outcome([*one, "train.parallel=ddp"]).finding.split("; ") if p.startswith("memory per GPU")
+    )
+    assert "[one rank, unwrapped, activation checkpointing" in memory

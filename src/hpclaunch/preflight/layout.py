@@ -201,7 +201,7 @@ def _host_memory_hint(cfg: RunConfig) -> str:
         options.append("fewer snapshots in memory (checkpoint.memory.keep_last) or none (every_steps: null)")
     if cfg.checkpoint.async_save:
         options.append("checkpoint.async_save: false (no staging copy; periodic saves then block training)")
-    if cfg.train.parallel != "fsdp":
+    if cfg.train.parallel != "fsdp" and cfg.scheduler.world_size > 1:
         options.append("train.parallel: fsdp (each rank stages its shard only)")
     options.append("fewer ranks per node (scheduler.procs_per_node), or a larger scheduler.mem_gb")
     return "try " + "; ".join(options)
@@ -225,7 +225,9 @@ def _check_memory(ctx: CheckContext, f: Findings, params: int, exact: bool) -> N
         return  # CPU ranks: the node's memory, which the disk/node checks do not size either
     est = estimate_memory(cfg, params)
     t = cfg.train
-    how = f"{t.parallel}" + (", activation checkpointing" if t.activation_checkpointing else "")
+    how = (t.parallel if cfg.scheduler.world_size > 1 else "one rank, unwrapped") + (
+        ", activation checkpointing" if t.activation_checkpointing else ""
+    )
     text = f"memory per GPU ~{est.describe()} [{how}, micro-batch {cfg.micro_batch}{'' if exact else ', parameters estimated'}]"
     budget, source = _gpu_budget(ctx)
     if budget is None:  # the usual login node: say the figure, check it where GPUs are seen
@@ -261,7 +263,7 @@ def _fill_note(cfg: RunConfig, params: int, budget: int) -> str:
 def _memory_hint(cfg: RunConfig) -> str:
     t = cfg.train
     options = []
-    if t.parallel != "fsdp":
+    if t.parallel != "fsdp" and cfg.scheduler.world_size > 1:
         options.append("train.parallel: fsdp (shards weights, gradients and optimizer state)")
     if not t.activation_checkpointing:
         options.append("train.activation_checkpointing: true")

@@ -105,7 +105,8 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     FSDP divides all four by the shard group (``train.fsdp_shard_size``, else every rank) and adds
     the unsharded blocks in flight (the block computing, the next one prefetched, and one block's
     unsharded gradients, in the compute dtype); DDP keeps everything whole, plus its gradient
-    buckets (4 bytes a parameter) and, under bf16 autocast, bf16 copies of the weights. Activations:
+    buckets (4 bytes a parameter) and, under bf16 autocast, bf16 copies of the weights; one rank
+    trains the model unwrapped: DDP's figures without the buckets. Activations:
     per micro-batch sample, every block keeps ``ACT_PER_D * d + ACT_PER_INNER * inner`` values a
     token of each modality, plus the attention matrix ``2 * heads * N^2`` in the deterministic mode;
     with activation checkpointing only each block's inputs are kept and one block is recomputed at
@@ -117,7 +118,8 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     act = 2 if bf16 else 4
     micro = cfg.micro_batch
     block = block_parameters(m)
-    fsdp = t.parallel == "fsdp"
+    one_rank = s.world_size == 1  # the model itself, not wrapped (``trainer.dist.wrap_model``)
+    fsdp = t.parallel == "fsdp" and not one_rank
     shard = (t.fsdp_shard_size or s.world_size) if fsdp else 1
     parts: dict[str, int] = {
         "parameters": 4 * params // shard,
@@ -128,7 +130,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     if fsdp:  # (``trainer.dist.wrap_model``: a one-rank shard group keeps every block gathered)
         parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else params * act + block * act
     else:
-        parts["gradients"] += 4 * params  # DDP's gradient buckets
+        parts["gradients"] += 0 if one_rank else 4 * params  # DDP's gradient buckets
         parts["parameters"] += 2 * params if bf16 else 0  # autocast's bf16 weight copies
     inner = m.heads * m.dim_head
     n = m.text_len + m.latent_len
