@@ -21,15 +21,16 @@ import torch._inductor.compile_fx
 from ..rundir.env import PRELOAD_COMPILE_VAR
 
 # What a first compile imports lazily (listed from ``sys.modules`` before and after a warm first
-# step; pure Python, none touches a device). A name a later torch lacks is skipped.
+# step on the CPU; pure Python, none touches a device: the ranks are forked from here, so nothing
+# that could start CUDA, triton's code generators included, is imported). A name a later torch
+# lacks is skipped.
 LAZY = (
     "torch._dynamo.backends.inductor", "torch._dynamo.backends.distributed",
-    "torch._dynamo.backends.cudagraphs", "torch._dynamo.dce_extra_outputs",
+    "torch._dynamo.dce_extra_outputs",
     "torch._dynamo.repro.after_dynamo", "torch._export.db",
     "torch._export.passes.add_runtime_assertions_for_constraints_pass",
     "torch._export.passes.collect_tracepoints_pass", "torch._functorch._aot_autograd.subclass_codegen",
     "torch._higher_order_ops.passes.inline_invoke_subgraph", "torch._inductor.codegen.cpp_wrapper_cpu_array_ref",
-    "torch._inductor.codegen.cpp_wrapper_gpu", "torch._inductor.codegen.cuda_combined_scheduling",
     "torch._inductor.codegen.memory_planning", "torch._inductor.codegen.wrapper_fxir",
     "torch._inductor.compiler_bisector", "torch._inductor.hooks", "torch._subclasses.schema_check_mode",
     "torch.distributed.tensor.experimental", "torch.export._trace", "torch.export._unlift",
