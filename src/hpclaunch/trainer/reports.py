@@ -84,7 +84,9 @@ class Reports:
         start = f"resumed from step {c.step}" if c.step else "started"
         if not c.step and initialized is not None:
             start += f" from the {initialized.describe()}"
-        return f"{start} (attempt {self.attempt}, {self.ctx.world_size} ranks, {self.cfg.train.parallel})"
+        n = self.ctx.world_size
+        how = f"{n} ranks, {self.cfg.train.parallel}" if n > 1 else "1 rank, unwrapped"  # (dist.wrap_model)
+        return f"{start} (attempt {self.attempt}, {how})"
 
     def log_window(self, val: Window | None, *, lr: float) -> None:
         """The window's means, reduced over the ranks (a collective), to the logs; then reset."""
