@@ -1,8 +1,8 @@
 """The step's speed on a GPU across kernel modes, compilation, model sizes and micro-batches, each in
 a process of its own, most important first, in one bounded run (``bench/gpu_lease.sh``).
 
-Each configuration builds the real trainer (``Trainer``, FSDP2 on one GPU, bf16, EMA, grad clip;
-no checkpoints) and runs its real step (``Trainer.train_step``): warm-up steps (the first one
+Each configuration builds the real trainer (``Trainer`` with ``train.parallel: fsdp`` on one GPU,
+which trains the model itself, unwrapped, bf16 by autocast; EMA, grad clip; no checkpoints) and runs its real step (``Trainer.train_step``): warm-up steps (the first one
 compiles), then timed steps (median), then, where asked, two profiled ones (``trainer.profiling``).
 Reported per configuration (``summary.json``, a list): ``gpu``, ``params``, ``deterministic``,
 ``compile``, ``micro_batch``, ``global_batch``, ``step_s``, ``samples_per_s``, ``tflops``, ``mfu``
