@@ -474,7 +474,7 @@ class TrainConfig(_Section):
     )
     parallel: Literal["ddp", "fsdp"] = Field(
         "ddp",
-        description="ddp: every rank holds the whole model; fsdp: FSDP2 shards parameters, gradients and optimizer state per MMDiT block.",
+        description="ddp: every rank holds the whole model; fsdp: FSDP2 shards parameters, gradients and optimizer state per MMDiT block. One rank trains the model itself either way.",
     )
     fsdp_shard_size: int | None = Field(
         None,
