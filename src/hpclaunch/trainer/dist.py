@@ -72,7 +72,6 @@ class DistContext:
     device: torch.device = field(default_factory=lambda: _cpu())
     initialized: bool = False
     cpu_group: Any = None  # gloo group for host-side collectives (None = the default group)
-    own_group: bool = False  # a one-rank group this process made for itself (FSDP without torchrun)
 
     @property
     def is_main(self) -> bool:
@@ -118,15 +117,10 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
             dist.init_process_group(backend=backend, device_id=device_id)
         ctx.initialized = True
         ctx.rank, ctx.world_size = dist.get_rank(), dist.get_world_size()
-    elif world != 1:
+    elif world != 1:  # (one process alone needs no group: it trains unwrapped, see wrap_model)
         raise TrainingError(
             f"WORLD_SIZE={world} but MASTER_ADDR is not set", hint="start ranks with torchrun"
         )
-    elif cfg.train.parallel == "fsdp":  # FSDP2 needs a group, even of one rank
-        dist.init_process_group(
-            backend=backend, store=dist.HashStore(), rank=0, world_size=1, device_id=device_id
-        )
-        ctx.initialized = ctx.own_group = True
     if ctx.initialized and backend == "nccl":
         # NCCL reduces CUDA tensors only: the stop flag, the save agreements and other host-side
         # collectives go through a gloo group over the same ranks.
@@ -146,15 +140,6 @@ def setup_distributed(cfg: RunConfig) -> DistContext:
             hint="choose a shard size that divides every rank count the run may use (e.g. GPUs per node)",
         )
     return ctx
-
-
-def close_distributed(ctx: DistContext) -> None:
-    """Destroy a process group this process made for itself (torchrun's is destroyed by the entry point)."""
-    import torch.distributed as dist
-
-    if ctx.own_group and dist.is_initialized():
-        dist.destroy_process_group()
-        ctx.initialized = ctx.own_group = False
 
 
 # ---- data parallelism ----------------------------------------------------------------------------

@@ -63,7 +63,7 @@ from .checkpoint import RANK_LOCAL, rank_local_key
 from .compile_cache import CompileCache
 from .counters import Counters
 from .ddp_buckets import DDPBuckets
-from .dist import close_distributed, device_kind, reshard, set_deterministic, setup_distributed
+from .dist import device_kind, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .grads import clip_, local_grads, shard_group, total_norm
 from .loader import micro_batches, raise_data_problem
@@ -140,7 +140,6 @@ class Trainer:
         except BaseException:
             self.stop.restore_signal_handlers()
             self.progress.close()
-            close_distributed(self.ctx)
             raise
 
     def _build(self, checkpoints: bool, *, echo: bool) -> None:
@@ -423,10 +422,7 @@ class Trainer:
         self.progress.close()
         self.stop.restore_signal_handlers()
         self.reports.close()
-        try:
-            if self.memory is not None:  # (left for an in-place restart after a failure)
-                self.memory.close(remove=False)
-            if self.checkpointer is not None:
-                self.checkpointer.close()
-        finally:
-            close_distributed(self.ctx)
+        if self.memory is not None:  # (left for an in-place restart after a failure)
+            self.memory.close(remove=False)
+        if self.checkpointer is not None:
+            self.checkpointer.close()
