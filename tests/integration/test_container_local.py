@@ -92,15 +92,17 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
     image: Path, work: Path, data: Path
 ) -> None:
     run = work / "runs" / "inside"
+    # The reference outside first, in the foreground: run beside the submitted one on a busy
+    # machine it could outlast it, and the crash below would find no rank left to kill.
+    hpclaunch(
+        "train", str(TINY), *tiny_overrides(work, data, "outside", *STEPS, "testing.step_sleep_s=0"), cwd=work
+    )
     hpclaunch(
         "submit",
         str(TINY),
         *tiny_overrides(work, data, "inside", *STEPS, *in_image(image)),
         "--no-preflight",
         cwd=work,
-    )
-    hpclaunch(
-        "train", str(TINY), *tiny_overrides(work, data, "outside", *STEPS, "testing.step_sleep_s=0"), cwd=work
     )
 
     rank = rank_process(run, 0, timeout=400)  # (CI's cores are busy: the image's start is slow)
