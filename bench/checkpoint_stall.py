@@ -292,8 +292,8 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     import torch
     import torch.distributed as dist
 
+    from hpclaunch.rank.checkpoint import Checkpointer, WriterSettings
     from hpclaunch.rundir import RunPaths, read_config
-    from hpclaunch.trainer.checkpoint import Checkpointer, WriterSettings
     from hpclaunch.trainer.dist import all_gather_json
     from hpclaunch.trainer.loop import Trainer
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from hpclaunch.trainer.checkpoint import Checkpointer, RunCheckpoints, WriterSettings
+from hpclaunch.rank.checkpoint import Checkpointer, RunCheckpoints, WriterSettings
 
 
 def main() -> None:

@@ -73,7 +73,7 @@ def reporter_cost_us(steps: int = 200_000) -> tuple[float, float, float]:
     """Microseconds the progress reporter adds to one step (its thread writing meanwhile), and one
     heartbeat write's CPU and wall microseconds (the wall part waits for the filesystem in the
     heartbeat thread, off the training thread: the write releases the GIL)."""
-    from hpclaunch.trainer.rank_progress import Progress
+    from hpclaunch.rank.progress import Progress
 
     with tempfile.TemporaryDirectory() as tmp:
         p = Progress(

@@ -878,6 +878,51 @@ class ContainerConfig(_Section):
         return image.startswith(("/", ".", "~"))  # podman, pyxis: a reference otherwise
 
 
+class ScriptConfig(_Section):
+    """Your own training script instead of the built-in MMDiT trainer (docs/byo.md)."""
+
+    path: str | None = Field(
+        None,
+        description="A torch training script that calls hpclaunch.attach (docs/byo.md): every rank runs "
+        "it as __main__ with torchrun's environment (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, "
+        "MASTER_PORT ...); null = the built-in MMDiT trainer. The model, data and train sections "
+        "belong to the built-in trainer and are refused beside it.",
+    )
+    args: list[str] = Field(
+        default_factory=list, description="The script's command-line arguments (its sys.argv[1:])."
+    )
+    workdir: str | None = Field(
+        None,
+        description="The working directory every rank runs the script in; null = the directory "
+        "hpclaunch was run from (recorded at submit, as for the script's relative paths).",
+    )
+    preload: list[str] = Field(
+        default_factory=list,
+        description="Modules each node's rank host imports once per allocation before it forks the "
+        "ranks (the script's slow imports, e.g. transformers): every attempt's ranks, in-place "
+        "restarts included, start with them imported.",
+    )
+
+    @field_validator("args", mode="before")
+    @classmethod
+    def _args_as_text(cls, v: Any) -> Any:
+        """``args: [--steps, 100]``: YAML reads 100 as a number; a command line is text."""
+        if isinstance(v, list):
+            return [
+                str(a).lower() if isinstance(a, bool) else str(a) if isinstance(a, (int, float)) else a
+                for a in v
+            ]
+        return v
+
+    @field_validator("preload")
+    @classmethod
+    def _module_names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", name):
+                raise ValueError(f"{name!r} is not a module name (e.g. transformers, mypkg.model)")
+        return v
+
+
 class HangKnob(_Section):
     """One injected hang: ``rank`` stops forever when it enters ``phase`` (of ``step``, when given)."""
 
@@ -924,6 +969,11 @@ class TestingConfig(_Section):
     fail_node_check: FailNodeCheckKnob | None = Field(
         None, description="Make one host's node check fail (a bad GPU found between attempts)."
     )
+    trace_steps: bool = Field(
+        False,
+        description="Every rank writes RUN/trace/rank<r>.jsonl: each step's random state at its start "
+        "and end, every attached object's digest and what was logged (verify-resume compares them).",
+    )
     pause_before_continue_s: float = Field(
         0.0,
         ge=0,
@@ -945,6 +995,7 @@ class RunConfig(_Section):
     preflight: PreflightConfig = Field(default_factory=PreflightConfig)  # type: ignore[arg-type]
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
     container: ContainerConfig = Field(default_factory=ContainerConfig)  # type: ignore[arg-type]
+    script: ScriptConfig = Field(default_factory=ScriptConfig)  # type: ignore[arg-type]
     testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
 
     # Where the values came from, for checks made after loading (a data directory that does not
@@ -980,6 +1031,28 @@ class RunConfig(_Section):
             )
         return raw
 
+    @model_validator(mode="before")
+    @classmethod
+    def _script_or_builtin(cls, raw: Any) -> Any:
+        """A script run trains its own model: the built-in MMDiT trainer's sections beside
+        ``script.path`` would be silently ignored, so they are refused, naming the first key."""
+        if not isinstance(raw, Mapping):
+            return raw
+        script = raw.get("script")
+        if not (isinstance(script, Mapping) and script.get("path")):
+            return raw
+        for section in BUILTIN_SECTIONS:
+            value = raw.get(section)
+            if value is None:
+                continue
+            keys = [f"{section}.{k}" for k in value] if isinstance(value, Mapping) and value else [section]
+            raise KeyedValueError(
+                keys[0],
+                f"is a key of the built-in MMDiT trainer; this run trains script.path "
+                f"({script['path']}), which owns its model, data and steps: remove the {section} section",
+            )
+        return raw
+
     @field_validator("name")
     @classmethod
     def _name_safe(cls, v: str) -> str:
@@ -991,6 +1064,14 @@ class RunConfig(_Section):
     def _cross_sections(self) -> RunConfig:
         s, t = self.scheduler, self.train
         world = s.world_size
+        if self.launch.backend == "nccl" and s.gpus_per_node == 0:
+            raise KeyedValueError(
+                "launch.backend",
+                "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
+            )
+        self._check_common(world)
+        if self.script.path:
+            return self  # (the train, data and model checks are the built-in trainer's)
         micro = t.micro_batch if t.micro_batch is not None else t.global_batch // max(world, 1)
         if t.global_batch % world:
             raise KeyedValueError(
@@ -1004,13 +1085,17 @@ class RunConfig(_Section):
                 f"{t.micro_batch} must divide the per-rank batch {t.global_batch // world}",
                 related=("train.global_batch", "scheduler.nodes", "scheduler.procs_per_node"),
             )
-        if self.launch.backend == "nccl" and s.gpus_per_node == 0:
-            raise KeyedValueError(
-                "launch.backend",
-                "nccl needs GPUs; with scheduler.gpus_per_node 0 use gloo (or auto)",
-            )
         if self.train.precision == "bf16" and s.gpus_per_node == 0:
             raise KeyedValueError("train.precision", "bf16 needs GPUs; CPU ranks train in fp32 (use auto)")
+        for step in self.testing.inject_nonfinite_at:
+            if not 1 <= step <= t.steps:
+                raise KeyedValueError("testing.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
+        self._check_data_and_parallel()
+        return self
+
+    def _check_common(self, world: int) -> None:
+        """What holds for a script run and the built-in trainer alike."""
+        s = self.scheduler
         lead = self.launch.stop_lead_s
         if lead is not None and lead >= s.time_limit_s:
             raise KeyedValueError(
@@ -1019,16 +1104,12 @@ class RunConfig(_Section):
                 "the run would stop before it starts",
                 related=("scheduler.time_limit",),
             )
-        for step in self.testing.inject_nonfinite_at:
-            if not 1 <= step <= t.steps:
-                raise KeyedValueError("testing.inject_nonfinite_at", f"step {step} is outside 1..{t.steps}")
         knobs = [("testing.hang", h.rank) for h in self.testing.hang]
         if self.testing.slow_rank is not None:
             knobs.append(("testing.slow_rank", self.testing.slow_rank.rank))
         for key, rank in knobs:
             if rank >= world:
                 raise KeyedValueError(key, f"rank {rank} does not exist (world size {world})")
-        self._check_data_and_parallel()
         self._check_container_paths()
         if self.container.runtime == "pyxis" and s.kind != "slurm":
             raise KeyedValueError(
@@ -1037,7 +1118,6 @@ class RunConfig(_Section):
                 "apptainer, podman or charliecloud",
                 related=("scheduler.kind",),
             )
-        return self
 
     def _check_container_paths(self) -> None:
         """What is mounted into the container goes into mount lists that ',' and ':' separate."""
@@ -1134,6 +1214,11 @@ class RunConfig(_Section):
             update["checkpoint"] = self.checkpoint.model_copy(update={"dir": absolute(self.checkpoint.dir)})
         if self.train.init_from:
             update["train"] = self.train.model_copy(update={"init_from": absolute(self.train.init_from)})
+        if self.script.path:
+            workdir = absolute(self.script.workdir or base)
+            update["script"] = self.script.model_copy(
+                update={"path": absolute(self.script.path), "workdir": workdir}
+            )
         image = self.container.image
         if image and self.container.image_is_path and not image.startswith("/"):
             update["container"] = self.container.model_copy(update={"image": absolute(image)})
@@ -1146,6 +1231,7 @@ class RunConfig(_Section):
             "data.val_latent_dir": self.data.val_latent_dir,
             "checkpoint.dir": self.checkpoint.dir,
             "train.init_from": self.train.init_from,
+            "script.path": self.script.path,
         }
         out._relative_paths = {
             key: (str(value), str(base))
@@ -1154,8 +1240,15 @@ class RunConfig(_Section):
         }
         return out
 
+    @property
+    def is_script(self) -> bool:
+        """The run trains the user's script (``script.path``), not the built-in MMDiT trainer."""
+        return self.script.path is not None
+
     def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(mode="json")
+        """The config as written to ``RUN/config.yaml`` (a script run's without the built-in
+        trainer's sections, which it refuses on reading back)."""
+        return self.model_dump(mode="json", exclude=set(BUILTIN_SECTIONS) if self.is_script else None)
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
@@ -1171,6 +1264,8 @@ class RunConfig(_Section):
         checkout in another directory, are the same run (and rendered scripts stay byte-stable
         across machines). What the shards contain is checked by the data validation instead.
         """
+        if self.is_script:  # (its model's shapes are the model_hash the script's run computes)
+            return _hash({"script": Path(self.script.path or "").name, "args": self.script.args})
         math = {k: v for k, v in self.to_dict().items() if k in ("model", "train")}
         defaults = TrainConfig.model_validate({}).model_dump(mode="json")
         math["train"] = {
@@ -1486,6 +1581,9 @@ def _field_at(parts: Sequence[str]) -> Any:
 def json_schema() -> dict[str, Any]:
     return RunConfig.model_json_schema()
 
+
+# The built-in MMDiT trainer's own sections: a script run (script.path) has none of them.
+BUILTIN_SECTIONS = ("model", "data", "train")
 
 # Sections that are not part of the user's reference (docs/configuration.md, `hpclaunch init`).
 INTERNAL_SECTIONS = ("testing",)

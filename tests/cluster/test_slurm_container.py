@@ -131,7 +131,7 @@ def _started(run: Path) -> list[dict[str, Any]]:
 
 def test_container_ranks_run_in_the_image_with_the_plans_environment(container_runs: ContainerRuns) -> None:
     seen = container_runs.seen
-    assert seen["cmdline"][:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.trainer.launcher"]
+    assert seen["cmdline"][:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.rank.host"]
     assert not Path(IMAGE_PYTHON).exists()  # (the image's own Python: no such file on the node)
     assert seen["mnt"] != os.readlink("/proc/self/ns/mnt")
     assert "NCCL_DEBUG=WARN" in seen["environ"] and "OMP_NUM_THREADS=1" in seen["environ"]

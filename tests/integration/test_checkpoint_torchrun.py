@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.rank.checkpoint import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL, Checkpointer, RunCheckpoints
 from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL, Checkpointer, RunCheckpoints
 
 pytestmark = pytest.mark.slow
 

@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
+from hpclaunch.rank.checkpoint import ENV_DELAY_WRITE, ENV_KILL
 from hpclaunch.rundir import CHECKPOINT_FAILED, CHECKPOINT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.rundir.kinds import CHECKPOINT_INTERVAL
-from hpclaunch.trainer.checkpoint import ENV_DELAY_WRITE, ENV_KILL
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h

@@ -83,7 +83,7 @@ def test_apptainer_through_a_fake_apptainer_not_the_real_one(tmp_path: Path) -> 
     rank = rank_process(run, 0)
     # agent -> the fake apptainer -> the rank host (launcher) -> its forkserver -> the rank
     host = rank.parent().parent()
-    assert host.cmdline()[-3:] == ["-u", "-m", "hpclaunch.trainer.launcher"]
+    assert host.cmdline()[-3:] == ["-u", "-m", "hpclaunch.rank.host"]
     assert host.parent().cmdline()[1:3] == [str(fake), "exec"]
     wait_for(
         lambda: any(e["event"] == "checkpoint_saved" and e.get("step") == 20 for e in events(run)),

@@ -107,7 +107,7 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
 
     rank = rank_process(run, 0, timeout=400)  # (CI's cores are busy: the image's start is slow)
     # the image's Python (no such path on this machine), in a mount namespace of its own
-    assert rank.cmdline()[:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.trainer.launcher"]
+    assert rank.cmdline()[:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.rank.host"]
     assert not Path(IMAGE_PYTHON).exists()
     assert os.readlink(f"/proc/{rank.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
     wait_for(

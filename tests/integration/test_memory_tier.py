@@ -36,12 +36,12 @@ from tests.runlib import (
 from tests.shm_fixtures import small_tmpfs
 
 from hpclaunch.config import load_config
+from hpclaunch.rank.checkpoint import ENV_KILL
+from hpclaunch.rank.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
+from hpclaunch.rank.memory_tier import snapshot_dir
 from hpclaunch.rundir import SNAPSHOT_SAVED, RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
 from hpclaunch.rundir.shm import run_root
-from hpclaunch.trainer.checkpoint import ENV_KILL
-from hpclaunch.trainer.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
-from hpclaunch.trainer.memory_tier import snapshot_dir
 
 sys.path.insert(0, str(Path(__file__).parent / "helpers"))
 import trainer_helpers as h

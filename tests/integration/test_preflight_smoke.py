@@ -15,7 +15,7 @@ WORKER = """\
 import datetime, json, os, sys
 import torch.distributed as dist
 from hpclaunch.errors import PreflightFailed
-from hpclaunch.trainer.smoke import run_distributed_smoke
+from hpclaunch.rank.smoke import run_distributed_smoke
 
 dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()

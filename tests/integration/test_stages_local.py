@@ -107,9 +107,9 @@ def test_stage2_first_loss_is_stage1_ema_models_loss_on_that_batch(stages: dict[
 
 def ema_loss_on_first_batch(runs: Path) -> float:
     """Stage 1's final EMA weights (read from its checkpoint) on stage 2's first step's batch."""
+    from hpclaunch.rank.checkpoint import load_readonly
     from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.shards import validate_dataset
-    from hpclaunch.trainer.checkpoint import load_readonly
     from hpclaunch.trainer.data import SampleOrder, ShardedDataset
     from hpclaunch.trainer.ema import clean_name
     from hpclaunch.trainer.loader import StepBatches, StepPlan, micro_batches

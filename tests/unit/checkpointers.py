@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from hpclaunch.trainer.checkpoint import Checkpointer, RunCheckpoints, WriterSettings
+from hpclaunch.rank.checkpoint import Checkpointer, RunCheckpoints, WriterSettings
 
 # The config's names of the writer settings (checkpoint.writer_nice ...) -> WriterSettings' fields.
 _WRITER_KEYS = {"async_save": "async_save", "writer": "writer", "writer_nice": "nice"}

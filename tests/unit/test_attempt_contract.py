@@ -14,10 +14,10 @@ import pytest
 from tests.runlib import hpclaunch
 
 from hpclaunch.config import load_config
-from hpclaunch.jobs.stop import StopController
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.preflight.check_context import CheckContext, StaticProbe
 from hpclaunch.preflight.layout import check_config
+from hpclaunch.rank.stop import StopController
 from hpclaunch.rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from hpclaunch.rundir.clock import AttemptClock, allocation_start, attempt_end, stop_lead_s
 from hpclaunch.rundir.events import Started, parse_event

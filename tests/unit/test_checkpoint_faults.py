@@ -23,6 +23,7 @@ from tests.unit.tiny_model import tiny_model
 from hpclaunch.config import load_config
 from hpclaunch.errors import CheckpointError
 from hpclaunch.fsutil import read_jsonl
+from hpclaunch.rank.checkpoint import ENV_FAIL, Checkpointer, step_dir_name
 from hpclaunch.rundir import (
     CHECKPOINT_FAILED,
     CHECKPOINT_INVALID,
@@ -32,7 +33,6 @@ from hpclaunch.rundir import (
     read_events,
 )
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint import ENV_FAIL, Checkpointer, step_dir_name
 from hpclaunch.trainer.entry import main
 
 
@@ -233,7 +233,7 @@ def test_a_background_save_that_keeps_failing_stops_the_run_at_the_next_step_wit
 
 
 def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    from hpclaunch.trainer.checkpoint.fault_hooks import ENV_KILL, kill_requested
+    from hpclaunch.rank.checkpoint.fault_hooks import ENV_KILL, kill_requested
 
     monkeypatch.setenv(ENV_KILL, "35:0:data:writer")
     assert kill_requested(35, 0, "data") and not kill_requested(45, 0, "data")
@@ -246,7 +246,7 @@ def test_the_kill_hook_names_one_save_or_the_first_from_a_step_on(monkeypatch: p
 def test_the_error_words_hold_no_test_hook() -> None:
     """``save_errors`` says real failures in the user's words; the hooks that make saves fail on
     purpose are ``fault_hooks``'s, and production modules take them from there."""
-    from hpclaunch.trainer.checkpoint import fault_hooks, save_errors
+    from hpclaunch.rank.checkpoint import fault_hooks, save_errors
 
     hooks = {"delay_write_hook", "kill_requested", "kill_hook", "injected_failure", "hooked_writer_class"}
     hooks |= {

@@ -1,4 +1,4 @@
-"""The torch-free half of hpclaunch.trainer.checkpoint: names, manifest checks, scan, retention.
+"""The torch-free half of hpclaunch.rank.checkpoint: names, manifest checks, scan, retention.
 
 Checkpoint directories are built by hand here (as a writer or an attacker would), so these tests
 pin the on-disk contract independently of DCP.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.trainer.checkpoint import (
+from hpclaunch.rank.checkpoint import (
     MANIFEST_NAME,
     build_manifest,
     file_digest,
@@ -43,7 +43,7 @@ def reasons(root: Path) -> dict[str, str]:
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
-    code = "import sys, hpclaunch.trainer.checkpoint.manifest; print('torch' in sys.modules)"
+    code = "import sys, hpclaunch.rank.checkpoint.manifest; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

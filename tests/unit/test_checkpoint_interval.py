@@ -10,8 +10,7 @@ import pytest
 
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
-from hpclaunch.rundir.events import as_events
-from hpclaunch.trainer.checkpoint.save_interval import (
+from hpclaunch.rank.checkpoint.save_interval import (
     CALIBRATION_STEPS,
     Policy,
     SaveSchedule,
@@ -22,6 +21,7 @@ from hpclaunch.trainer.checkpoint.save_interval import (
     run_mtbf_s,
     young_daly_interval_s,
 )
+from hpclaunch.rundir.events import as_events
 
 pytestmark = pytest.mark.fast
 

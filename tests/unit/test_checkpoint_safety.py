@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hpclaunch.errors import CheckpointError
-from hpclaunch.trainer.checkpoint import (
+from hpclaunch.rank.checkpoint import (
     MANIFEST_NAME,
     Checkpointer,
     RunCheckpoints,

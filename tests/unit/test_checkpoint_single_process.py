@@ -15,8 +15,7 @@ import torch
 from tests.unit.checkpointers import checkpointer as flat_checkpointer
 
 from hpclaunch.errors import CheckpointError
-from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import (
+from hpclaunch.rank.checkpoint import (
     ENV_DELAY_WRITE,
     MANIFEST_NAME,
     RANK_LOCAL,
@@ -25,7 +24,8 @@ from hpclaunch.trainer.checkpoint import (
     rank_local_key,
     step_dir_name,
 )
-from hpclaunch.trainer.checkpoint import writing as writing_mod
+from hpclaunch.rank.checkpoint import writing as writing_mod
+from hpclaunch.rundir import CHECKPOINT_INVALID, CHECKPOINT_SAVED, Ledger, RunPaths, read_events
 
 pytestmark = pytest.mark.fast
 
@@ -365,7 +365,7 @@ def test_several_write_threads_write_several_files_all_in_the_manifest_and_load_
 
 
 def test_auto_write_threads_give_each_rank_its_share_of_the_cores() -> None:
-    from hpclaunch.trainer.checkpoint.writing import MAX_AUTO_WRITE_THREADS, resolve_write_threads
+    from hpclaunch.rank.checkpoint.writing import MAX_AUTO_WRITE_THREADS, resolve_write_threads
 
     assert resolve_write_threads("auto", 8, cores=96) == MAX_AUTO_WRITE_THREADS
     assert resolve_write_threads("auto", 8, cores=32) == 4

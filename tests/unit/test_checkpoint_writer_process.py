@@ -16,9 +16,7 @@ import torch
 from tests.unit.checkpointers import checkpointer as flat_checkpointer
 
 from hpclaunch.errors import CheckpointError
-from hpclaunch.jobs.helper_signals import STOP_SIGNALS
-from hpclaunch.rundir import CHECKPOINT_SAVED, Ledger, RunPaths, read_events
-from hpclaunch.trainer.checkpoint import (
+from hpclaunch.rank.checkpoint import (
     ENV_DELAY_WRITE,
     ENV_FAIL,
     ENV_KILL,
@@ -28,6 +26,8 @@ from hpclaunch.trainer.checkpoint import (
     Checkpointer,
     rank_local_key,
 )
+from hpclaunch.rank.helper_signals import STOP_SIGNALS
+from hpclaunch.rundir import CHECKPOINT_SAVED, Ledger, RunPaths, read_events
 
 
 def make(tmp_path: Path, **kw: Any) -> Checkpointer:

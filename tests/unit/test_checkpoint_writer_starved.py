@@ -15,8 +15,8 @@ import pytest
 import torch
 from tests.unit.test_checkpoint_writer_process import make
 
+from hpclaunch.rank.checkpoint.starvation import StarvationWatch, run_queue_seconds
 from hpclaunch.rundir import CHECKPOINT_WRITER_STARVED, RunPaths, read_events
-from hpclaunch.trainer.checkpoint.starvation import StarvationWatch, run_queue_seconds
 
 pytestmark = pytest.mark.skipif(
     not (
@@ -132,8 +132,8 @@ def test_a_writer_found_starved_after_it_published_settles_the_save_as_published
 ) -> None:
     """The ranks agree on "starved" while the coordinator's writer has published already (it was
     starved between the rename and its answer): no second write, no failure, the save is recorded."""
+    from hpclaunch.rank.checkpoint.background import ProcessBackground
     from hpclaunch.rundir import CHECKPOINT_SAVED
-    from hpclaunch.trainer.checkpoint.background import ProcessBackground
 
     ck = make(tmp_path)  # normal priority: its answer must come on a loaded machine too
     try:

@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.fast
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
-LAUNCH = ["-u", "-m", "hpclaunch.trainer.launcher"]
+LAUNCH = ["-u", "-m", "hpclaunch.rank.host"]
 RUN, DATA = "/runs/mmdit-8xh100", ["/datasets/ldlm/tokens", "/datasets/ldlm/latents"]
 
 

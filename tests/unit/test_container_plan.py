@@ -30,7 +30,7 @@ BASE = [
     "launch.pass_env=[WANDB_API_KEY]",
     "launch.env={WANDB_MODE: offline}",
 ]
-LAUNCHER = ["-u", "-m", "hpclaunch.trainer.launcher"]
+LAUNCHER = ["-u", "-m", "hpclaunch.rank.host"]
 SAME = ["/data/lat:/data/lat", "/data/tok:/data/tok", "/runs/x:/runs/x"]
 
 

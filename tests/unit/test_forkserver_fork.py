@@ -1,4 +1,4 @@
-"""The rank host's forkserver is a fork of the rank host (``trainer.forkserver_fork``): its children
+"""The rank host's forkserver is a fork of the rank host (``rank.forkserver_fork``): its children
 have what the host imported, they do not hold the host's own descriptors, it leaves with the host,
 and a host that runs a thread starts nothing that way (the caller then starts the standard one).
 

@@ -60,7 +60,7 @@ def test_dcp_stager_copies_the_state_of_dtensors(one_rank_group: None) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from hpclaunch.trainer.checkpoint.background import _stager_copies_classes
+    from hpclaunch.rank.checkpoint.background import _stager_copies_classes
 
     _stager_copies_classes()
     _stager_copies_classes()  # once is enough; twice is harmless

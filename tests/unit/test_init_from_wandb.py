@@ -14,10 +14,10 @@ from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import UserInputError
+from hpclaunch.rank.checkpoint import load_readonly
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint import load_readonly
 from hpclaunch.trainer.ema import clean_name
 from hpclaunch.trainer.entry import main
 from hpclaunch.trainer.init_from import InitFromError

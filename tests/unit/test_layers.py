@@ -45,8 +45,10 @@ ALLOWED: dict[str, set[str]] = {
         "schedulers",
         "shards",
     },
-    "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "proc", "rundir", "schedulers"},
-    "trainer": {"config", "errors", "fsutil", "jobs", "modelmath", "probe_shapes", "rundir", "shards"},
+    # What every rank runs around its steps (the built-in trainer's and a user's script alike).
+    "rank": {"config", "errors", "fsutil", "rundir"},
+    "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "proc", "rank", "rundir", "schedulers"},
+    "trainer": {"config", "errors", "fsutil", "modelmath", "probe_shapes", "rank", "rundir", "shards"},
     "orchestrator": {
         "config",
         "errors",
@@ -61,9 +63,9 @@ ALLOWED: dict[str, set[str]] = {
     },
     "cli": {"*"},
 }
-# The trainer may use the stop protocol of `jobs` (the ranks' flag, the helpers' signal policy),
-# nothing else of it.
-TRAINER_FROM_JOBS = {"hpclaunch.jobs.stop", "hpclaunch.jobs.helper_signals"}
+# The node agent starts the rank host with the helpers' signal policy, and uses nothing else of the
+# rank side (it starts the rank host by module name).
+JOBS_FROM_RANK = {"hpclaunch.rank.helper_signals"}
 # The orchestrator plans with preflight's sizes (the save time in the stop lead), nothing else of it.
 ORCHESTRATOR_FROM_PREFLIGHT = {"hpclaunch.preflight.sizes"}
 
@@ -116,10 +118,8 @@ def test_imports_point_down(path: Path) -> None:
         if other is None or other == me or other not in ALLOWED:
             continue
         assert other in ALLOWED[me], f"{module_name(path)} imports {target}: {me} -> {other} points up"
-        if me == "trainer" and other == "jobs":
-            assert any(target.startswith(t) for t in TRAINER_FROM_JOBS), (
-                f"{module_name(path)} imports {target}"
-            )
+        if me == "jobs" and other == "rank":
+            assert any(target.startswith(t) for t in JOBS_FROM_RANK), f"{module_name(path)} imports {target}"
         if me == "orchestrator" and other == "preflight":
             assert any(target.startswith(t) for t in ORCHESTRATOR_FROM_PREFLIGHT), (
                 f"{module_name(path)} imports {target}"

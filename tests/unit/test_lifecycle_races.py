@@ -20,11 +20,14 @@ from hpclaunch.config import load_config
 from hpclaunch.errors import DataError, FilesystemError, RunLockedError
 from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide, decide_start
 from hpclaunch.jobs.node_run import NodeRun
-from hpclaunch.jobs.stop import StopController
 from hpclaunch.jobs.stop_relay import StopRelay
 from hpclaunch.jobs.watchdog import SLOW_IO_BPS, CheckpointScale, window_s
 from hpclaunch.orchestrator import launch
 from hpclaunch.orchestrator.status import attempts_from_events
+from hpclaunch.rank.checkpoint import RANK_LOCAL, Checkpointer, RunCheckpoints, rank_local_key
+from hpclaunch.rank.checkpoint import manifest as manifest_mod
+from hpclaunch.rank.checkpoint.manifest import CheckpointInfo, verify_share
+from hpclaunch.rank.stop import StopController
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.control import take_user_stop, user_stop, write_user_stop
@@ -33,9 +36,6 @@ from hpclaunch.rundir.lock import STALE_AFTER_S, LockHolder, liveness
 from hpclaunch.rundir.plan import rdzv_port_for
 from hpclaunch.schedulers import slurm
 from hpclaunch.schedulers.base import JobState, NodeContext, SchedulerStatus
-from hpclaunch.trainer.checkpoint import RANK_LOCAL, Checkpointer, RunCheckpoints, rank_local_key
-from hpclaunch.trainer.checkpoint import manifest as manifest_mod
-from hpclaunch.trainer.checkpoint.manifest import CheckpointInfo, verify_share
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 

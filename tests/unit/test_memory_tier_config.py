@@ -11,8 +11,8 @@ import pytest
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
 from hpclaunch.orchestrator.status import attempts_from_events
+from hpclaunch.rank.memory_tier import snapshot_dir
 from hpclaunch.rundir import RunPaths, parse_event
-from hpclaunch.trainer.memory_tier import snapshot_dir
 
 pytestmark = pytest.mark.fast
 

@@ -42,7 +42,7 @@ def test_replies_are_taken_out_of_stderr_and_the_rest_is_logged() -> None:
 
 
 def test_a_long_error_still_fits_one_atomic_write(capfd: pytest.CaptureFixture[str]) -> None:
-    from hpclaunch.trainer.launcher import send
+    from hpclaunch.rank.host import send
 
     send(done={"state": "failed", "returncode": 1, "error": "x" * 20000})
     err = capfd.readouterr().err

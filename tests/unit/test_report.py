@@ -29,7 +29,7 @@ def make_run(root: Path, *, metrics: bool = True, extra: bool = True) -> Path:
                 line["val_loss"] = 0.9
             lines.append(line)
         (root / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    if extra:  # each rank's own work per step, as trainer.rank_progress writes it; rank 1 slows down
+    if extra:  # each rank's own work per step, as rank.progress writes it; rank 1 slows down
         (root / "steptimes").mkdir()
         for rank in (0, 1):
             summaries = [

@@ -1,4 +1,4 @@
-"""The memory tier's whole cost and its interval (``trainer.snapshots.snapshot_interval``): the cost is the
+"""The memory tier's whole cost and its interval (``rank.snapshots.snapshot_interval``): the cost is the
 stall plus the slowdown of the steps a snapshot's job runs beside; ``every_steps: auto`` snapshots
 at the Young/Daly interval of that cost and the run's MTBF, decided by rank 0 at snapshot steps."""
 
@@ -11,12 +11,12 @@ import pytest
 from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import load_config
+from hpclaunch.rank.checkpoint.save_interval import young_daly_interval_s
+from hpclaunch.rank.checkpoint.staging import SharedStager
+from hpclaunch.rank.snapshots.snapshot_interval import PROBE_STEPS, CostMeter, SnapshotSchedule
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint.save_interval import young_daly_interval_s
-from hpclaunch.trainer.checkpoint.staging import SharedStager
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.snapshots.snapshot_interval import PROBE_STEPS, CostMeter, SnapshotSchedule
 
 pytestmark = pytest.mark.fast
 

@@ -22,10 +22,10 @@ pytestmark = pytest.mark.spawns
 def _rank(rank: int, port: int, root: str, out: str) -> None:
     import torch.distributed as dist
 
+    from hpclaunch.rank.checkpoint.staging import SharedStager
+    from hpclaunch.rank.snapshots.store import NodeStore, describe_json
+    from hpclaunch.rank.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
     from hpclaunch.rundir.shm import user_root
-    from hpclaunch.trainer.checkpoint.staging import SharedStager
-    from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
-    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     link = new_link(1 - rank, 1 - rank)  # two nodes of one rank: each the other's buddy and ward
@@ -86,10 +86,10 @@ def _rank_on_a_full_tmpfs(rank: int, port: int, root: str, numel: int, out: str)
     tmpfs: the jobs' outcome (errors, whether the buddy kept the copy), or that one never ended."""
     import torch.distributed as dist
 
+    from hpclaunch.rank.checkpoint.staging import SharedStager
+    from hpclaunch.rank.snapshots.store import NodeStore, describe_json
+    from hpclaunch.rank.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
     from hpclaunch.rundir.shm import user_root
-    from hpclaunch.trainer.checkpoint.staging import SharedStager
-    from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
-    from hpclaunch.trainer.snapshots.transfer import JobThread, SnapshotJob, SnapshotPlace, new_link
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     link = new_link(1 - rank, 1 - rank, timeout_s=600)  # (a hang must show as one, not as a timeout)
@@ -184,10 +184,10 @@ def _rank_in_a_restore(rank: int, port: int, root: str, nbytes: int, out: str) -
 
     import torch.distributed as dist
 
+    from hpclaunch.rank.snapshots.buddies import Pull
+    from hpclaunch.rank.snapshots.store import NodeStore, describe_json
+    from hpclaunch.rank.snapshots.transfer import exchange_pulls, open_sends
     from hpclaunch.rundir.shm import user_root
-    from hpclaunch.trainer.snapshots.buddies import Pull
-    from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
-    from hpclaunch.trainer.snapshots.transfer import exchange_pulls, open_sends
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=3)
     store = NodeStore(user_root(Path(root)) / "run", Path(root), f"n{rank}", "1.0")

@@ -19,8 +19,8 @@ from tests.shm_fixtures import other_user
 
 from hpclaunch.config import load_config
 from hpclaunch.errors import ConfigError
+from hpclaunch.rank.snapshots.store import NodeStore, describe_json
 from hpclaunch.rundir.shm import Hold, TierPlaceError, private_dirs, sweep, user_root
-from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
 
 pytestmark = pytest.mark.fast
 
@@ -119,7 +119,7 @@ def _two_users(base: Path, uid: int, gid: int) -> None:
         f"""
         from pathlib import Path
         from hpclaunch.rundir.shm import user_root
-        from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
+        from hpclaunch.rank.snapshots.store import NodeStore, describe_json
         base = Path({str(base)!r})
         store = NodeStore(user_root(base) / "run", base, "n1", "1.0")
         pending = store.begin(5, 2, 0, 4)

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 import torch
 
+from hpclaunch.rank.checkpoint.staging import SharedStager
+from hpclaunch.rank.snapshots import shard
+from hpclaunch.rank.snapshots.buddies import buddy_of, plan_restore, ward_of
+from hpclaunch.rank.snapshots.store import NodeStore, describe_json
 from hpclaunch.rundir.shm import sweep, user_root
-from hpclaunch.trainer.checkpoint.staging import SharedStager
-from hpclaunch.trainer.snapshots import shard
-from hpclaunch.trainer.snapshots.buddies import buddy_of, plan_restore, ward_of
-from hpclaunch.trainer.snapshots.store import NodeStore, describe_json
 
 pytestmark = pytest.mark.fast
 

@@ -12,14 +12,14 @@ import torch
 from tests.unit.tiny_model import tiny_model
 
 from hpclaunch.config import RunConfig, load_config
+from hpclaunch.rank.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
+from hpclaunch.rank.checkpoint.staging import SharedStager
+from hpclaunch.rank.snapshots.store import NodeStore
+from hpclaunch.rank.snapshots.transfer import JobThread, Link, SnapshotJob, SnapshotPlace
 from hpclaunch.rundir import RunPaths
 from hpclaunch.rundir.shm import user_root
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint.fault_hooks import ENV_SNAPSHOT_DELAY_COPY
-from hpclaunch.trainer.checkpoint.staging import SharedStager
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.snapshots.store import NodeStore
-from hpclaunch.trainer.snapshots.transfer import JobThread, Link, SnapshotJob, SnapshotPlace
 
 MODEL = tiny_model(2)
 
@@ -54,7 +54,8 @@ def test_a_skipped_step_waits_for_the_snapshots_copies_before_an_evaluation_swap
 ) -> None:
     """Step 3 is skipped (non-finite) and evaluates with the EMA's weights swapped into the
     parameters; the snapshot of step 2 copies them meanwhile (its copy held back 1 s here). Only
-    an applied step waited for the copies before: the snapshot could hold the EMA as the weights."""
+    an applied step waited for the copies before (the optimizer's step): the snapshot could hold
+    the EMA as the weights. The evaluation waits for them before it swaps."""
     monkeypatch.setenv(ENV_SNAPSHOT_DELAY_COPY, "1")
     cfg = config(
         tmp_path, data, "train.ema_decay=0.9", "data.val_fraction=0.2", "train.eval_every=3",
@@ -71,7 +72,16 @@ def test_a_skipped_step_waits_for_the_snapshots_copies_before_an_evaluation_swap
         assert job is not None and job.staged is not None and not job.staged.copied.is_set()
         applied, *_ = tr.train_step()  # step 3
         assert not applied
-        assert job.staged.copied.is_set()  # before the loop goes on to evaluate (the EMA swap)
+        assert tr.ema is not None
+        swap, seen = tr.ema.applied, []
+
+        def applied_after_the_copies(*args: object, **kwargs: object) -> object:
+            seen.append(job.staged is not None and job.staged.copied.is_set())
+            return swap(*args, **kwargs)  # type: ignore[arg-type]
+
+        tr.ema.applied = applied_after_the_copies  # type: ignore[method-assign]
+        tr.evaluate()
+        assert seen == [True]  # the copies were done when the EMA was swapped in
     finally:
         tr.close()
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch.distributed.checkpoint.state_dict import get_state_dict
 
+from hpclaunch.rank.state_cache import CachedStateDicts
 from hpclaunch.trainer.state import flat_items, init_adamw_state
-from hpclaunch.trainer.state_cache import CachedStateDicts
 
 pytestmark = pytest.mark.fast
 

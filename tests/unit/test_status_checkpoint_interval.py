@@ -72,7 +72,7 @@ def test_before_anything_is_measured_and_for_runs_without_decisions() -> None:
 def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
     """CI: the trainer recorded 0.718 s, `status` showed 0.719 s. The trainer halved the unrounded
     interval, `status` the rounded one it reads back; now both halve what the ledger keeps."""
-    from hpclaunch.trainer.checkpoint.save_interval import Policy, SaveSchedule
+    from hpclaunch.rank.checkpoint.save_interval import Policy, SaveSchedule
 
     for cost in (0.0001 * k for k in range(1, 400)):
         s = SaveSchedule(Policy("auto", None, None, 0.0004 * 3600), start_step=0)
@@ -89,7 +89,7 @@ def test_status_shows_the_loss_the_trainer_recorded_to_the_last_digit() -> None:
 def test_auto_in_a_short_run_is_bounded_by_the_run_and_says_so() -> None:
     """Issue 39 (3): a 60-step run (~1.5 s of training) was told "every 179898 steps (~52.1 min) ... a
     failure is expected to lose ~26.1 min": an interval the run never reaches, a loss it cannot have."""
-    from hpclaunch.trainer.checkpoint.save_interval import Policy, SaveSchedule
+    from hpclaunch.rank.checkpoint.save_interval import Policy, SaveSchedule
 
     s = SaveSchedule(Policy("auto", None, None, 24 * 3600.0, last_step=60), start_step=0)
     for _ in range(6):

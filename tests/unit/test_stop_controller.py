@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpclaunch.jobs.stop import StopController, StopGroup
+from hpclaunch.rank.stop import StopController, StopGroup
 from hpclaunch.rundir import RunPaths
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.clock import AttemptClock

@@ -13,9 +13,9 @@ import torch
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
+from hpclaunch.rank.checkpoint import Checkpointer, RunCheckpoints
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.checkpoint import Checkpointer, RunCheckpoints
 
 pytestmark = pytest.mark.fast
 

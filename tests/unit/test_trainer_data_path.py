@@ -13,7 +13,7 @@ import torch
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
-from hpclaunch.jobs.helper_signals import STOP_SIGNALS
+from hpclaunch.rank.helper_signals import STOP_SIGNALS
 from hpclaunch.shards import checked as record
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data import SampleOrder, ShardedDataset, holdout_split

@@ -263,7 +263,7 @@ WORKER = textwrap.dedent(
     from pathlib import Path
     from hpclaunch.config import RunConfig
     from hpclaunch.rundir import RunPaths
-    from hpclaunch.trainer.rank_progress import register_stack_dump
+    from hpclaunch.rank.progress import register_stack_dump
 
     register_stack_dump(RunConfig(), RunPaths(Path(sys.argv[1])), "j.0", 3)
 

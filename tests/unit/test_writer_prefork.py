@@ -18,7 +18,7 @@ from tests.runlib import process_running, start_script, wait_for
 
 RANK = r"""
 import json, os, sys, threading
-from hpclaunch.trainer.checkpoint import writer_process as wp
+from hpclaunch.rank.checkpoint import writer_process as wp
 
 if sys.argv[1] == "thread":
     threading.Thread(target=threading.Event().wait, daemon=True).start()

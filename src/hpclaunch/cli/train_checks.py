@@ -61,7 +61,7 @@ def refuse_missing_memory_dir(cfg: RunConfig) -> None:
 
 def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
     """UserInputError when the run's newest published checkpoint holds another model shape."""
-    from ..trainer.checkpoint.manifest import InvalidCheckpoint, published_dirs, read_manifest
+    from ..rank.checkpoint.manifest import InvalidCheckpoint, published_dirs, read_manifest
 
     checkpoints = RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints
     for _, path in reversed(published_dirs(checkpoints)):
@@ -97,7 +97,7 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
     and never looks at ``init_from`` again. ``pending_ok``: chained after the source (``--after``)."""
     if not cfg.train.init_from:
         return
-    from ..trainer.checkpoint.manifest import published_dirs
+    from ..rank.checkpoint.manifest import published_dirs
     from ..trainer.init_source import check_fits
 
     if published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints):

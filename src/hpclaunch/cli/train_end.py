@@ -11,11 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..rundir import RunPaths
-from ..rundir.cause import Cause
+from ..rundir.cause import STOP_EXIT_CODES, Cause
 from ..rundir.outcome import AttemptOutcome
 from .common import console, err_console
-
-_STOP_EXIT = {Cause.USER: 3, Cause.CANCELLED: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}
 
 
 def last_word(paths: RunPaths, config: list[Path], overrides: list[str] | None, agent_code: int) -> int:
@@ -52,7 +50,7 @@ def exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
     if outcome.status == "finished":
         return 0
     if outcome.status == "stopped":
-        return _STOP_EXIT.get(outcome.cause or Cause.USER, 3)
+        return STOP_EXIT_CODES.get(outcome.cause or Cause.USER, 3)
     return 1
 
 

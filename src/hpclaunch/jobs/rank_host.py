@@ -1,4 +1,4 @@
-"""The node agent's side of the rank host (``hpclaunch.trainer.launcher``, started by module name so
+"""The node agent's side of the rank host (``hpclaunch.rank.host``, started by module name so
 that ``jobs`` never imports the trainer).
 
 One rank host per node per allocation, started as the agent starts (it warms up, importing the
@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
+from ..rank.helper_signals import launcher_preexec
 from ..rundir.attempt_records import REPLY_MARK, AttemptEnd, HostReady, HostReply, RankRequest
 from ..rundir.plan import LAUNCHER_MODULE  # noqa: F401  (re-exported: where tests look for it)
-from .helper_signals import launcher_preexec
 
 _MARK = REPLY_MARK.encode()
 
@@ -59,7 +59,7 @@ class LogSink:
 
 
 class RankHost:
-    """A started ``hpclaunch.trainer.launcher`` process and the pipes to it."""
+    """A started ``hpclaunch.rank.host`` process and the pipes to it."""
 
     def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, sink: LogSink, *, echo_stderr: bool):
         self.sink = sink

@@ -1,7 +1,7 @@
 """Stragglers: a rank whose own work per step exceeds the fastest rank's, summary after summary.
 
 Every rank appends a step-time summary every ``watchdog.straggler_every`` steps to
-``RUN/steptimes/rank<r>.jsonl`` (``trainer.rank_progress``); the ranks step in lockstep, so the summaries
+``RUN/steptimes/rank<r>.jsonl`` (``rank.progress``); the ranks step in lockstep, so the summaries
 of one step line up. Node 0's watchdog feeds them to a ``StragglerTracker``: once every rank has
 summarised a step, each rank's ``work_s`` (own work: CPU time on CPU ranks, host time outside
 waits on GPU ranks) is compared with the fastest rank's; a rank slower by more than

@@ -1,7 +1,7 @@
 """The save interval the trainer chose last (its ``checkpoint_interval`` events), for ``status``.
 
 Rank 0 of the trainer records, after every save and at the calibration step of an attempt, the
-interval it chose and the figures behind it (``trainer.checkpoint.save_interval``): the measured cost of
+interval it chose and the figures behind it (``rank.checkpoint.save_interval``): the measured cost of
 a save (the training it took), the step time, the run's MTBF, and the training a failure is
 expected to lose at that interval (half of it), and the share of training time that saves and
 failures take together. Torch-free.

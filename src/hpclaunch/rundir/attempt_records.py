@@ -1,8 +1,8 @@
 """The records one attempt's processes pass to each other, as JSON: the agent's request to its rank
 host (its stdin) and the answer (marked lines of its stderr), the node's report, the roster (files in the attempt's directory).
 
-Typed here, below both sides: the rank host's code is the trainer's (``trainer/launcher.py``), which
-imports nothing of ``jobs`` but its stop protocol, and the agent's is ``jobs``. Plain dicts at run
+Typed here, below both sides: the rank host's code is the rank package's (``rank/host.py``), which
+imports nothing of ``jobs``, and the agent's is ``jobs``. Plain dicts at run
 time (TypedDicts), so what goes over the pipe and into the files is exactly what it was.
 """
 
@@ -34,6 +34,7 @@ class RankRequest(_RankRequired, total=False):
     rdzv_endpoint: str
     rdzv_configs: dict[str, bool | int]  # is_host, join_timeout
     local_addr: str | None
+    program: str  # what each rank runs: "mmdit" (the built-in trainer, the default) or "script"
 
 
 class AttemptEnd(TypedDict, total=False):

@@ -135,3 +135,6 @@ _WORDS = {
 # this order: the user's request is kept apart (``rundir.control``) and wins in ``decide``.
 STOP_CODES = {Cause.USER: 1, Cause.TIMEOUT: 2, Cause.PREEMPTION: 3}
 STOP_BY_CODE = {code: cause for cause, code in STOP_CODES.items()}
+# The exit code of a process whose run stopped for a cause, resumable (``hpclaunch train``, and a
+# script's ``hpclaunch.Stopped`` when it runs standalone): 3 the user, 4 the time limit, 5 preempted.
+STOP_EXIT_CODES = {Cause.USER: 3, Cause.CANCELLED: 3, Cause.TIMEOUT: 4, Cause.PREEMPTION: 5}

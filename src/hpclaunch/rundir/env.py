@@ -17,3 +17,6 @@ ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the s
 FOREGROUND_VAR = "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: the agent runs in its process
 # Set by the node agent: the node-local folder its ranks write their progress to (``rundir.progress``).
 PROGRESS_DIR_VAR = "HPCLAUNCH_PROGRESS_DIR"
+# Set by the node agent for its rank host: the modules (comma-separated) it imports once before it
+# forks the ranks (``rank.host``); unset: the built-in trainer's.
+PRELOAD_VAR = "HPCLAUNCH_PRELOAD"

@@ -335,6 +335,7 @@ class Resumed(Event):
     disk_step: int | None = None  # the newest checkpoint on disk then (the memory tier's gain over it)
     memory_reason: str | None = None  # with the memory tier, why the disk served (or nothing did)
     shards_from: dict[str, list[int]] | None = None  # from memory: node -> the ranks whose shards it served
+    total_steps: int | None = None  # the steps the run trains to (a script's run.steps(total=...))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -397,7 +398,7 @@ class SnapshotSaved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class SnapshotInterval(Event):
-    """The memory tier's next snapshot (``every_steps: auto``; ``trainer.snapshots.snapshot_interval``)."""
+    """The memory tier's next snapshot (``every_steps: auto``; ``rank.snapshots.snapshot_interval``)."""
 
     KIND = k.SNAPSHOT_INTERVAL
     step: int | None = None
@@ -432,7 +433,7 @@ class CheckpointWriterStarved(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointInterval(Event):
-    """``trainer.checkpoint.save_interval``'s decision (``orchestrator.checkpoint_interval``)."""
+    """``rank.checkpoint.save_interval``'s decision (``orchestrator.checkpoint_interval``)."""
 
     KIND = k.CHECKPOINT_INTERVAL
     step: int | None = None

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-# A published checkpoint's directory (``trainer.checkpoint`` writes it; anything else in the folder
+# A published checkpoint's directory (``rank.checkpoint`` writes it; anything else in the folder
 # is a temporary, a leftover or a checkpoint set aside as corrupt).
 STEP_DIR_RE = re.compile(r"^step_(\d{6,})$")
 

@@ -20,7 +20,7 @@ from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
 TRAINER_MODULE = "hpclaunch.trainer"
-LAUNCHER_MODULE = "hpclaunch.trainer.launcher"  # the rank host (started by the agent, by module name)
+LAUNCHER_MODULE = "hpclaunch.rank.host"  # the rank host (started by the agent, by module name)
 
 
 # Where per-job rendezvous ports come from: below Linux's ephemeral range (32768-60999), so a port

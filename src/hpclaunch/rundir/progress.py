@@ -110,7 +110,7 @@ def hang_file(paths: RunPaths, attempt: str) -> Path:
 
 @dataclass(frozen=True)
 class ProgressRecord:
-    """One rank's heartbeat as read back (see ``trainer.rank_progress`` for the writer)."""
+    """One rank's heartbeat as read back (see ``rank.progress`` for the writer)."""
 
     rank: int
     node: str

@@ -7,5 +7,5 @@ saves and checkpoints (``periodic_saves``, ``checkpoint/``), EMA, validation and
 ``tensorboard`` and ``wandb_log``), starting from another run's weights (``init_from``,
 ``init_source``), the rank host that forks the ranks (``launcher``, ``preload``) and the probes
 preflight runs by path (``probe_main``, ``step_probe``, ``smoke``). Stops through the stop protocol
-of ``jobs.stop`` and nothing else of the allocation side; never imports the orchestrator.
+of ``rank.stop`` and nothing else of the allocation side; never imports the orchestrator.
 """

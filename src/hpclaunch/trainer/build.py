@@ -1,5 +1,5 @@
 """Set-up pieces of the trainer that are not the loop: the checked datasets, the wrapped model, the
-optimizer, the EMA and the checkpointer.
+optimizer and the EMA (the checkpointer and memory tier are the run's: ``rank.tiers``).
 
 Data: rank 0 validates the training shards (and the validation shards, when configured) and the
 other ranks get its verdict as JSON (no rank trains on bad data, no pickles cross ranks). The
@@ -8,7 +8,6 @@ token-range check reads only shards no check record vouches for (``shards.checke
 
 from __future__ import annotations
 
-import os
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,15 +18,12 @@ import torch
 
 from ..config import RunConfig, TrainConfig
 from ..errors import DataError, FilesystemError
-from ..rundir import Ledger, RunPaths
+from ..rank.dist import DistContext, broadcast_json
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
-from .checkpoint import Checkpointer, RunCheckpoints, WriterSettings
-from .checkpoint.writing import resolve_write_threads
 from .data import SampleOrder, ShardedDataset, holdout_split
-from .dist import DistContext, broadcast_json, wants_bf16, wrap_model
+from .dist import wants_bf16, wrap_model
 from .ema import EMA
-from .memory_tier import MemoryTier
 from .model import build_model
 from .state import init_adamw_state
 
@@ -145,40 +141,3 @@ def build_optimizer(params: list[torch.nn.Parameter], t: TrainConfig, lr: float)
         betas=(t.betas[0], t.betas[1]),
         fused=True,
     )
-
-
-def _ranks_on_node(cfg: RunConfig) -> int:
-    """This node's ranks: torchrun's count where it started us, else the config's."""
-    local = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(local) if local.isdigit() else max(1, cfg.scheduler.nprocs)
-
-
-def make_memory_tier(
-    cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
-) -> MemoryTier | None:
-    """The memory tier's snapshots (``checkpoint.memory``), or None when it is off."""
-    if cfg.checkpoint.memory.every_steps is None:
-        return None
-    return MemoryTier(cfg, ctx, paths, ledger, ranks_on_node=_ranks_on_node(cfg))
-
-
-def make_checkpointer(
-    cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None
-) -> Checkpointer:
-    c = cfg.checkpoint
-    checkpoints = RunCheckpoints(
-        paths.checkpoints,
-        world_size=ctx.world_size,
-        config_hash=cfg.config_hash(),
-        model_hash=cfg.model_hash(),
-        keep_last=c.keep_last,
-        keep_every=c.keep_every,
-    )
-    writing = WriterSettings(
-        async_save=c.async_save,
-        writer=c.writer,
-        nice=c.writer_nice,
-        idle=c.writer_idle,
-        write_threads=resolve_write_threads(c.write_threads, _ranks_on_node(cfg)),
-    )
-    return Checkpointer(checkpoints, rank=ctx.rank, writing=writing, ledger=ledger)

@@ -9,7 +9,7 @@ can hold it from the start.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -23,7 +23,11 @@ class Counters:
     nonfinite_consecutive: int = 0
     skipped_total: int = 0
 
-    def load(self, saved: Mapping[str, torch.Tensor]) -> None:
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The checkpoint's ``train`` section: the counters as int64 tensors."""
+        return {k: torch.tensor(v, dtype=torch.int64) for k, v in asdict(self).items()}
+
+    def load_state_dict(self, saved: Mapping[str, torch.Tensor]) -> None:
         """Take the counters a checkpoint held (its ``train`` section), in place."""
         loaded = Counters(**{k: int(v) for k, v in saved.items()})
         for f in fields(self):

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..config import RunConfig
-from .dist import DistContext
+from ..rank.dist import DistContext
 from .loader import micro_batches
 
 __all__ = ["DDPBuckets"]

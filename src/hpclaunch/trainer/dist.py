@@ -1,28 +1,24 @@
-"""Distributed set-up for one rank: the process group, the device, deterministic kernels, wrapping
-the model for data parallelism (DDP or FSDP2), and small JSON collectives (rank 0's verdicts reach
-the other ranks as JSON bytes, never pickles).
+"""The MMDiT trainer's distributed set-up for one rank: the process group, the device, deterministic
+kernels, wrapping the model for data parallelism (DDP or FSDP2).
 
-``setup_distributed`` joins the group torchrun describes (NCCL on GPUs, gloo on CPU, plus a gloo
-group for host-side collectives when the training backend is NCCL) or runs as a single process
-(FSDP needs a process group even then: a one-rank gloo group of its own). ``wrap_model`` applies
-activation checkpointing and ``torch.compile`` per MMDiT block, then DDP, or FSDP2 per block and
-on the root. torch is imported inside the functions: the checkpoint package's torch-free part
-imports this module's collectives by name.
+``setup_distributed`` joins the group the rank host describes (NCCL on GPUs, gloo on CPU, plus a
+gloo group for host-side collectives when the training backend is NCCL) or runs as a single
+process. ``wrap_model`` applies activation checkpointing and ``torch.compile`` per MMDiT block,
+then DDP, or FSDP2 per block and on the root. What any rank knows of its place among the ranks
+(``DistContext``) and the JSON collectives are the rank package's (``rank.dist``).
 """
 
 from __future__ import annotations
 
-import json
 import os
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..config import RunConfig
 from ..errors import TrainingError
+from ..rank.dist import DistContext
 
 if TYPE_CHECKING:
     import torch
-    import torch.distributed as dist
 
 
 def set_deterministic(*, compile: bool = False, deterministic: bool = True) -> None:
@@ -62,34 +58,6 @@ def set_deterministic(*, compile: bool = False, deterministic: bool = True) -> N
     torch.backends.cudnn.deterministic = True
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
-
-
-@dataclass
-class DistContext:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    device: torch.device = field(default_factory=lambda: _cpu())
-    initialized: bool = False
-    cpu_group: Any = None  # gloo group for host-side collectives (None = the default group)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    def host_group(self) -> Any:
-        """The gloo group for host-side collectives (None when not distributed)."""
-        if not self.initialized:
-            return None
-        import torch.distributed as dist
-
-        return self.cpu_group if self.cpu_group is not None else dist.group.WORLD
-
-
-def _cpu() -> torch.device:
-    import torch
-
-    return torch.device("cpu")
 
 
 def setup_distributed(cfg: RunConfig) -> DistContext:
@@ -254,44 +222,3 @@ def reshard(model: torch.nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.reshard()
-
-
-# ---- JSON collectives ----------------------------------------------------------------------------
-
-
-def broadcast_json(obj: Any, pg: dist.ProcessGroup | None, *, is_source: bool) -> Any:
-    """Rank 0's ``obj`` on every rank, as JSON bytes over ``pg`` (no pickle)."""
-    if pg is None:
-        return obj
-    import torch
-    import torch.distributed as dist
-
-    data = json.dumps(obj).encode() if is_source else b""
-    size = torch.tensor([len(data)], dtype=torch.int64)
-    dist.broadcast(size, group=pg, group_src=0)
-    buf = (
-        torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if is_source
-        else torch.empty(int(size.item()), dtype=torch.uint8)
-    )
-    dist.broadcast(buf, group=pg, group_src=0)
-    return json.loads(bytes(buf.tolist()))
-
-
-def all_gather_json(obj: Any, pg: dist.ProcessGroup | None) -> list[Any]:
-    """Every rank's ``obj`` (in group-rank order), as JSON bytes over ``pg`` (no pickle)."""
-    if pg is None:
-        return [obj]
-    import torch
-    import torch.distributed as dist
-
-    data = json.dumps(obj).encode()
-    n = dist.get_world_size(pg)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(n)]
-    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64), group=pg)
-    width = max(int(s.item()) for s in sizes)
-    mine = torch.zeros(width, dtype=torch.uint8)
-    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    bufs = [torch.empty(width, dtype=torch.uint8) for _ in range(n)]
-    dist.all_gather(bufs, mine, group=pg)
-    return [json.loads(bytes(b[: int(s.item())].tolist())) for b, s in zip(bufs, sizes, strict=True)]

@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 import torch
 from torch import Tensor, nn
 
-from .state import local
+from ..rank.tensors import local
 
 
 class EMAState(TypedDict):
@@ -80,7 +80,8 @@ class EMA:
             "updates": torch.tensor(self.updates, dtype=torch.int64),
         }
 
-    def load_counts(self, state: EMAState) -> None:
+    def load_state_dict(self, state: EMAState) -> None:
+        """After a load filled the shadow tensors in place: the update count."""
         self.updates = int(state["updates"])
 
     @contextmanager

@@ -1,15 +1,16 @@
-"""The trainer's entry point: ``python -m hpclaunch.trainer RUN_DIR`` on every rank (torchrun starts it).
+"""The MMDiT trainer's entry point: ``python -m hpclaunch.trainer RUN_DIR`` on every rank (the rank
+host runs ``main`` in each rank it forks; a lone process may run it by hand).
 
 Reads ``RUN_DIR/config.yaml``; optional environment ``HPCLAUNCH_ATTEMPT`` (default "local") and
-``HPCLAUNCH_ATTEMPT_CLOCK`` (the attempt's clock, ``rundir.clock``; absent = no deadline). Runs under torchrun (RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single process. Rank 0 writes
-``RUN/attempts/<attempt>.json`` (how the attempt ended); every rank exits 0 unless the run failed.
+``HPCLAUNCH_ATTEMPT_CLOCK`` (the attempt's clock, ``rundir.clock``; absent = no deadline). Runs as
+one of the ranks the rank host started (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_* set) or as a single
+process. Rank 0 writes ``RUN/attempts/<attempt>.json`` (how the attempt ended, ``rank.ending``);
+every rank exits 0 unless the run failed.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
 import traceback
 from contextlib import suppress
@@ -17,34 +18,17 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..errors import (
-    DataError,
-    FilesystemError,
-    HpclaunchError,
-    PreflightFailed,
-    TrainingError,
-    debug_enabled,
-)
-from ..rundir import AttemptOutcome, RunPaths, read_config, write_outcome
-from ..rundir.cause import Cause
+from ..errors import DataError, HpclaunchError, TrainingError, debug_enabled
+from ..rank.checkpoint.writer_process import prefork as prefork_writer
+from ..rank.ending import failure_cause, flush_streams, one_line, write_attempt_outcome
+from ..rank.progress import drop_empty_stack_dump, register_stack_dump
+from ..rank.smoke import StartupHang
+from ..rank.startup import StartupClock
+from ..rundir import AttemptOutcome, RunPaths, read_config
 from ..rundir.clock import AttemptClock
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
-from ..rundir.outcome import write_rank_outcome
-from .checkpoint.writer_process import prefork as prefork_writer
 from .loader import RankDataError
 from .loop import Trainer
-from .rank_progress import drop_empty_stack_dump, register_stack_dump
-from .smoke import StartupHang
-from .startup import StartupClock
-
-
-def _one_line(err: BaseException) -> str:
-    if isinstance(err, HpclaunchError):
-        return err.one_line()
-    # Native errors lead with the C++ source location ("[/__w/pytorch/.../pair.cc:537] Read error
-    # ..."): where torch was built, not what happened.
-    text = re.sub(r"\[/[^\]\s]+:\d+\]\s*", "", f"{type(err).__name__}: {err}").strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = False) -> int:
@@ -89,25 +73,23 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
         )
         collective = collective or (isinstance(err, DataError) and trainer is None)
         if rank == 0 or not collective:
-            print(f"hpclaunch: training failed: {_one_line(err)}", file=sys.stderr, flush=True)
+            print(f"hpclaunch: training failed: {one_line(err)}", file=sys.stderr, flush=True)
             if debug_enabled():
                 traceback.print_exc()
         step = trainer.counters.step if trainer is not None else 0
         world = trainer.ctx.world_size if trainer is not None else int(os.environ.get("WORLD_SIZE", 1))
         cause = failure_cause(err)
-        outcome = AttemptOutcome("failed", cause, step, _one_line(err), world)
+        outcome = AttemptOutcome("failed", cause, step, one_line(err), world)
         if isinstance(err, StartupHang):
             outcome.extra.update(phase="startup", ranks=list(err.ranks))
         if isinstance(err, TrainingError) and trainer is not None:
             with suppress(Exception):  # best effort: the failure itself is what matters
-                outcome = trainer.outcome("failed", cause, _one_line(err))
+                outcome = trainer.outcome("failed", cause, one_line(err))
         code = err.exit_code if isinstance(err, HpclaunchError) else 1
         if not collective:
-            _write_outcome(paths, attempt, outcome, rank)
+            write_attempt_outcome(paths, attempt, outcome, rank)
             if leave_at_once_on_failure:
-                for stream in (sys.stdout, sys.stderr):
-                    with suppress(OSError, ValueError):
-                        stream.flush()
+                flush_streams()
                 os._exit(code)
             return code
     finally:
@@ -115,8 +97,8 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
             try:
                 trainer.close()
             except Exception as e:  # pragma: no cover - a failing close must not hide the outcome
-                print(f"hpclaunch: closing the trainer failed: {_one_line(e)}", file=sys.stderr)
-    _write_outcome(paths, attempt, outcome, rank)
+                print(f"hpclaunch: closing the trainer failed: {one_line(e)}", file=sys.stderr)
+    write_attempt_outcome(paths, attempt, outcome, rank)
     if dist.is_available() and dist.is_initialized():
         # Rank 0 has written the outcome before any rank exits (torchrun stops the others as soon
         # as one exits non-zero).
@@ -124,62 +106,3 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
         dist.destroy_process_group()
     drop_empty_stack_dump()  # last: a hang up to here still has its file for the watchdog's dump
     return code
-
-
-def failure_cause(err: BaseException) -> Cause:
-    """The outcome's cause of a failed attempt, which decides whether it is retried.
-
-    DATA / TRAINING: the run's own verdict (bad data; non-finite steps, an incompatible or
-    unwritable checkpoint) that a retry would repeat. HANG: ranks that never reached the start-up
-    barrier (rank 0 names them), continued within scheduler.max_hang_retries like a hang the node
-    agent's watchdog catches. FILESYSTEM: the run's files could not be read now (a shared
-    filesystem's EIO or ESTALE that outlasted the retries), retried like a crash. CRASH: anything
-    else, the smoke test's other failures included (a link that fails or corrupts an all_reduce is
-    the machine's fault, not the run's), which the node agent may retry within
-    scheduler.max_failure_retries.
-    """
-    if isinstance(err, DataError):
-        return Cause.DATA
-    if isinstance(err, StartupHang):
-        return Cause.HANG
-    if isinstance(err, FilesystemError):
-        return Cause.FILESYSTEM
-    if isinstance(err, PreflightFailed):
-        return Cause.CRASH
-    if isinstance(err, HpclaunchError) and not peer_lost(err):
-        return Cause.TRAINING
-    return Cause.CRASH
-
-
-# What gloo and NCCL say when another rank's process or node is gone (its socket closed, the
-# communicator aborted). A survivor's error that says it (a save that failed because a peer died
-# in it, wrapped as a CheckpointError) is that peer's crash, retried, not this run's own verdict.
-_PEER_LOST = re.compile(
-    r"Connection closed by peer|Connection reset by peer|Broken pipe|remote worker crash|"
-    r"NCCL communicator was aborted|NCCL error.*remote process exited|ProcessGroupGloo.*(?:closed|reset)",
-    re.IGNORECASE,
-)
-
-
-def peer_lost(err: BaseException) -> bool:
-    """``err``, or an error it was raised from, is a lost peer's (see ``_PEER_LOST``)."""
-    seen: set[int] = set()
-    e: BaseException | None = err
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        if isinstance(e, dist.DistError):  # torch's own: backend, network, store
-            return True
-        if _PEER_LOST.search(str(e)):
-            return True
-        e = e.__cause__ or e.__context__
-    return False
-
-
-def _write_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:
-    """Rank 0 writes the attempt's outcome; another rank that failed on its own says why beside it
-    (rank 0 then sees only its peers go, and the agent reads both: ``rundir.attempt_outcome``)."""
-    if rank == 0:
-        write_outcome(paths, attempt, outcome)
-    elif outcome.status == "failed":
-        with suppress(OSError):
-            write_rank_outcome(paths, attempt, rank, outcome)

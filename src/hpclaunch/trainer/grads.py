@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .state import is_dtensor
+from ..rank.tensors import is_dtensor
 
 __all__ = ["clip_", "local_grads", "shard_group", "total_norm"]
 

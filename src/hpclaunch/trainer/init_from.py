@@ -23,13 +23,13 @@ from typing import Any, TypedDict, cast
 import torch
 
 from ..errors import HpclaunchError, TrainingError
+from ..rank.checkpoint.manifest import CheckpointInfo
+from ..rank.checkpoint.reader import dcp_load, read_metadata_everywhere
+from ..rank.dist import DistContext, broadcast_json
+from ..rank.tensors import local
 from ..rundir import INITIALIZED, Ledger
-from .checkpoint.manifest import CheckpointInfo
-from .checkpoint.reader import dcp_load, read_metadata_everywhere
-from .dist import DistContext, broadcast_json
 from .ema import EMA, clean_name
 from .init_source import resolve, shape_differences
-from .state import local
 
 MAX_SHOWN = 4
 
@@ -47,7 +47,7 @@ class _Choice(TypedDict, total=False):
     path: str
     step: int
     run: str | None
-    manifest: Any  # CheckpointInfo.manifest, as trainer.checkpoint types it
+    manifest: Any  # CheckpointInfo.manifest, as rank.checkpoint types it
     error: str
 
 

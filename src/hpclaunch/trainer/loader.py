@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..errors import DataError
-from ..jobs.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
+from ..rank.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 from .data import SampleOrder, ShardedDataset, text_mask
 from .objective import Draws, Losses, Objective, compute_losses, draw
 
@@ -183,7 +183,7 @@ class _Packed(torch.utils.data.Dataset[Packed]):
 
 
 # A scheduler's stop signals reach the workers too; they follow the helpers' signal policy
-# (``jobs.helper_signals``): ignore them, end when the rank says or with the rank.
+# (``rank.helper_signals``): ignore them, end when the rank says or with the rank.
 
 
 def _worker_init(_: int) -> None:

@@ -46,20 +46,25 @@ from __future__ import annotations
 import math
 import time
 from contextlib import nullcontext
-from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..config import RunConfig, TrainConfig
 from ..errors import TrainingError
-from ..jobs.stop import StopController, StopGroup
-from ..rundir import AttemptOutcome, Ledger, RunPaths
+from ..rank import session as sessions
+from ..rank.attach import open_run
+from ..rank.objects import Attached
+from ..rank.run import RunHooks, Stopped
+from ..rank.site import RankSite
+from ..rank.smoke import run_distributed_smoke
+from ..rank.startup import StartupClock
+from ..rank.tensors import params_sha256
+from ..rundir import AttemptOutcome, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
-from .build import build_model_parts, load_data, make_checkpointer, make_memory_tier
-from .checkpoint import RANK_LOCAL, rank_local_key
+from .build import build_model_parts, load_data
 from .compile_cache import CompileCache
 from .counters import Counters
 from .ddp_buckets import DDPBuckets
@@ -67,18 +72,10 @@ from .dist import device_kind, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .grads import clip_, local_grads, shard_group, total_norm
 from .loader import micro_batches, raise_data_problem
-from .memory_tier import TierFields
-from .periodic_saves import PeriodicSaves
 from .profiling import StepProfiler
-from .rank_progress import Progress
 from .rank_run import RankRun
 from .reports import Reports
-from .resume import record_resumed, take_up
-from .saving import CheckpointSaves
-from .smoke import run_distributed_smoke
-from .startup import StartupClock
-from .state import params_sha256, rng_state, state_digests
-from .state_cache import CachedStateDicts
+from .state import state_digests
 from .step_feed import StepFeed
 
 if TYPE_CHECKING:
@@ -98,7 +95,12 @@ def lr_at(step: int, t: TrainConfig) -> float:
 
 
 class Trainer:
-    """One rank's trainer. ``Trainer(cfg, paths, ...).run()`` -> Outcome (raises on failure)."""
+    """One rank's trainer. ``Trainer(cfg, paths, ...).run()`` -> Outcome (raises on failure).
+
+    Built on the rank package's run (``rank.attach.open_run``), as a user's script is: the run owns
+    the boundary between steps (stop agreement, periodic saves, memory-tier snapshots, the stop's
+    and the end's save) and the restore; this class owns the MMDiT's set-up, its step and what it
+    reports."""
 
     def __init__(
         self,
@@ -120,26 +122,22 @@ class Trainer:
         self.startup.begin()
         self.ctx = setup_distributed(cfg)
         self.startup.mark("distributed")
-        # What this rank is doing, for the node agent's watchdog (no collective, no sync).
-        self.progress = Progress.for_rank(
-            cfg, paths, attempt, self.ctx.rank, device_type=self.ctx.device.type, enabled=checkpoints
-        ).start()
-        # Handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
+        # Progress for the node agent's watchdog (no collective, no sync) and the stop signals'
+        # handlers first: a stop signalled during set-up (data check, resume) is kept and honoured
         # after the first step instead of killing the rank with no outcome.
-        self.stop = StopController(
-            paths=paths,
-            attempt=attempt,
-            ranks=StopGroup(self.ctx.rank, self.ctx.world_size, self.ctx.cpu_group),
-            clock=clock,
-        )
-        self.stop.install_signal_handlers()
+        site = RankSite(paths=paths, cfg=cfg, attempt=attempt, clock=clock, managed=True)
+        # (the entry point registered the stack dump; without checkpoints nothing watches the run)
+        self.session = sessions.begin(site, startup=self.startup, watch=checkpoints, dump_stacks=False)
+        self.session.join(self.ctx.rank, self.ctx.world_size, self.ctx.host_group())
+        self.progress = self.session.progress
+        self.progress.cpu_time = self.ctx.device.type == "cpu"
         self.initialized: Initialized | None = None  # where the first weights came from, if not the seed
         self.last_lr = 0.0
+        self._batches: Any = None
         try:
             self._build(checkpoints, echo=echo)
         except BaseException:
-            self.stop.restore_signal_handlers()
-            self.progress.close()
+            sessions.end()
             raise
 
     def _build(self, checkpoints: bool, *, echo: bool) -> None:
@@ -154,7 +152,6 @@ class Trainer:
         self.startup.mark("smoke")
         self.feed = StepFeed(cfg, ctx, self.counters)
         self.inject = set(cfg.testing.inject_nonfinite_at)
-        self.ledger = Ledger(self.paths, role="trainer", attempt=self.attempt) if ctx.is_main else None
         self.data = load_data(cfg, ctx, self.paths.root if checkpoints else None)
         self.startup.mark("data")
 
@@ -171,94 +168,106 @@ class Trainer:
                 cfg, self.data.val, self.data.val_indices, rank=ctx.rank, world=ctx.world_size,
                 batch=self.feed.micro, device=ctx.device,
             )  # fmt: skip
-        self.checkpointer = make_checkpointer(cfg, ctx, self.paths, self.ledger) if checkpoints else None
-        self.memory = make_memory_tier(cfg, ctx, self.paths, self.ledger) if checkpoints else None
-        self._state_dicts: CachedStateDicts | None = None  # the memory tier's, made at its first snapshot
-        self.rank_run = RankRun(cfg, ctx, self.paths, self.attempt, self.ledger, self.counters)
-        self.reports = Reports(self.rank_run, echo=echo)
-        self.saving = CheckpointSaves(
-            self.rank_run, model=self.model, sharded=self.sharded, ema=self.ema is not None,
-            stop=self.stop, progress=self.progress, reports=self.reports,
-        )  # fmt: skip
         self.startup.mark("model")
+        # What a checkpoint holds (``rank.objects``): the model and AdamW through torch's
+        # distributed state-dict helpers (DCP reshards them to any world size and between DDP and
+        # FSDP), the EMA's shadow weights and update count (``ema``; one turned on after the
+        # checkpoint was written starts from the weights), the loop's counters (``train``) and each
+        # rank's RNG states. The loop draws nothing from them (determinism rule); they are kept
+        # for code that does (e.g. dropout).
+        objects: dict[str, Any] = {"train": self.counters}
+        missing = {}
+        if self.ema is not None:
+            objects["ema"] = self.ema
+            missing["ema"] = self.ema.reset_from_model
+        attached = Attached(
+            model=self.model, optimizers=[self.opt], objects=objects, data=None, rank=ctx.rank,
+            device=ctx.device, missing=missing,
+        )  # fmt: skip
+        self.rank_run = RankRun(cfg, ctx, self.paths, self.attempt, self.session.ledger, self.counters)
+        self.reports = Reports(self.rank_run, echo=echo)
+        hooks = RunHooks(
+            manifest_extra=self._manifest_extra,
+            before_last_save=[self._before_last_save],
+            resumed_fields=self._resumed_fields,
+            on_stopped=lambda cause, step: self.reports.mark(
+                "stopped", f"stopped after step {step}: {cause}"
+            ),
+            on_finished=lambda step: self.reports.mark("finished", f"finished at step {step}"),
+            marks_phases=True,
+            step_sleep=False,
+            records_outcome=False,
+            sharded=self.sharded,
+        )
+        hashes = {"config_hash": cfg.config_hash(), "model_hash": cfg.model_hash()}
+        self.run_state = open_run(
+            self.session, ctx, attached, hashes=hashes, hooks=hooks, checkpoints=checkpoints, echo=echo
+        )
 
-    # ---- checkpoint hooks ---------------------------------------------------------------------
+    # ---- what the run's saves and records hold beside the state -------------------------------
+
+    @property
+    def checkpointer(self) -> Any:
+        return self.run_state.checkpointer
+
+    @property
+    def memory(self) -> Any:
+        return self.run_state.memory
+
+    @property
+    def ledger(self) -> Any:
+        return self.session.ledger
 
     def app_state(self) -> dict[str, Any]:
-        """Everything a checkpoint holds (the layout ``checkpoint.Checkpointer`` saves/loads).
-
-        ``model``/``optim``: DCP state dicts (FQN keys, wrappers stripped; DTensor shards under
-        FSDP, so DCP reshards on load to any world size and between DDP and FSDP); ``ema``: the
-        average's shadow weights (sharded like the model) and update count; ``train``: the loop
-        counters as int64 tensors; ``RANK_LOCAL/rank<r>``: this rank's RNG states. The loop draws
-        nothing from them (determinism rule); they are kept for code that does (e.g. dropout).
-        """
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        return self._state_with(*get_state_dict(self.model, self.opt))
+        """Everything a checkpoint holds (``rank.objects``' layout)."""
+        return self.run_state._state()
 
     def snapshot_state(self) -> dict[str, Any]:
-        """``app_state`` for the memory tier: the model's and optimizer's state dicts are made once
-        and reused (``state_cache``: the same live tensors, hyperparameters refreshed)."""
-        if self._state_dicts is None:
-            self._state_dicts = CachedStateDicts(self.model, self.opt)
-        return self._state_with(*self._state_dicts.get())
+        """``app_state`` for the memory tier: the model's and optimizer's state dicts made once and
+        reused (``rank.state_cache``: the same live tensors, hyperparameters refreshed)."""
+        return self.run_state._snapshot_state()
 
-    def _state_with(self, model_sd: dict[str, Any], optim_sd: dict[str, Any]) -> dict[str, Any]:
+    def _manifest_extra(self) -> dict[str, Any]:
         c = self.counters
-        state: dict[str, Any] = {
-            "model": model_sd,
-            "optim": optim_sd,
-            "train": {k: torch.tensor(v, dtype=torch.int64) for k, v in asdict(c).items()},
-            RANK_LOCAL: {rank_local_key(self.ctx.rank): rng_state(self.ctx.device)},
+        return {
+            "samples_consumed": c.samples_consumed,
+            "skipped_total": c.skipped_total,
+            "parallel": self.cfg.train.parallel,
+            "ema": self.ema is not None,
+            "model": self.cfg.model.model_dump(mode="json"),  # names what differs on a refusal
         }
-        if self.ema is not None:
-            state["ema"] = self.ema.state_dict()
-        return state
+
+    def _resumed_fields(self) -> dict[str, Any]:
+        return {
+            "samples_consumed": self.counters.samples_consumed,
+            "parallel": self.cfg.train.parallel,
+            "token_shards_checked": self.data.checked_shards,
+        }
+
+    def _before_last_save(self) -> None:
+        self.profiler.finish()  # (a stop inside the profiled steps: what it has)
+        self._batches = None  # stops the loader's workers before the final save
 
     def resume(self) -> None:
-        """Load the newest valid checkpoint (if any) before the first step; log ``resumed``."""
-        checkpoint_path: str | None = None
-        tier: TierFields = {}  # with the memory tier: which one, and the disk's step beside it
-        if self.checkpointer is not None:
-            state = self.app_state()
-            restored = None
-            if self.memory is not None:
-                restored, tier = self.memory.restore(
-                    state, self.checkpointer.directory, self.ctx.host_group()
-                )
-            result = None if restored is not None else self.checkpointer.load_latest(state)
-            loaded = restored or result  # (the memory's snapshot, or the disk's checkpoint)
-            if loaded is not None:
-                take_up(
-                    state, loaded, self.ctx, model=self.model, opt=self.opt, ema=self.ema,
-                    counters=self.counters,
-                )  # fmt: skip
-                checkpoint_path = (
-                    restored.path if restored is not None else str(result.info.path) if result else None
-                )
-                if self.memory is not None:
-                    tier.setdefault("tier", "disk")
-            elif self.cfg.train.init_from:  # no checkpoint of its own yet: another run's weights
-                from .init_from import init_weights
+        """Before the first step: with no state of its own restored, ``train.init_from``'s weights."""
+        if (
+            self.run_state.restored.checkpoint is None
+            and self.cfg.train.init_from
+            and self.initialized is None
+        ):
+            from .init_from import init_weights
 
-                self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
-        self.startup.mark("load")
-        if self.ledger is not None:
-            record_resumed(
-                self.ledger, self.rank_run, checkpoint=checkpoint_path,
-                token_shards_checked=self.data.checked_shards, startup=self.startup, tier=tier,
-            )  # fmt: skip
+            self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:
-        """Checkpoint the state after step ``counters.step`` (collective; ``saving``)."""
-        if self.checkpointer is not None:
-            self.saving.save(self.checkpointer, self.app_state, blocking=blocking, supersede=supersede)
+        """Checkpoint the state after step ``counters.step`` (collective; ``rank.saving``)."""
+        if self.run_state._disk is not None:
+            self.run_state._disk.save(blocking=blocking, supersede=supersede)
 
     def act_on_failed_background_save(self) -> None:
-        """Save again, blocking, if a background save failed (``saving``); run after every step."""
-        if self.checkpointer is not None:
-            self.saving.act_on_failed_background_save(self.checkpointer, self.app_state)
+        """Save again, blocking, if a background save failed (``rank.saving``)."""
+        if self.run_state._disk is not None:
+            self.run_state._disk.act_on_failed_background_save(self.ctx.host_group())
 
     # ---- one optimizer step -------------------------------------------------------------------
 
@@ -304,13 +313,10 @@ class Trainer:
         grads = local_grads(self.params)
         norm = total_norm(grads, self.shard_group, dev)
         applied = bool(torch.isfinite(norm).item())  # the one host sync of a step
-        if self.memory is not None:  # (every step: a skipped one's evaluation swaps the EMA in)
-            self.memory.before_update()
         if applied:
             if t.grad_clip is not None:
                 clip_(grads, t.grad_clip, norm)
-            if self.checkpointer is not None:  # CUDA: a save's staging copies finish first (on the GPU)
-                self.checkpointer.before_update()
+            # (the run's pre-hook on opt.step: a save's or snapshot's staging copies finish first)
             self.opt.step()
             if self.ema is not None:
                 self.ema.update()
@@ -326,46 +332,40 @@ class Trainer:
     def evaluate(self) -> dict[str, float | None]:
         """Validation losses of the current weights (the EMA's when on); collective."""
         assert self.evaluator is not None
-        self.progress.phase("eval")
-        # The bare model, not the DDP wrapper (no gradient hooks); under FSDP it is the sharded root.
-        if self.ema is None:
-            return self.evaluator.run(self.model, autocast=self.autocast)
-        with self.ema.applied(before=lambda: reshard(self.model)):
-            return self.evaluator.run(self.model, autocast=self.autocast)
+        with self.run_state.phase("eval"):
+            self.run_state.before_update()  # (the EMA is swapped into the live weights)
+            # The bare model, not the DDP wrapper (no gradient hooks); under FSDP the sharded root.
+            if self.ema is None:
+                return self.evaluator.run(self.model, autocast=self.autocast)
+            with self.ema.applied(before=lambda: reshard(self.model)):
+                return self.evaluator.run(self.model, autocast=self.autocast)
 
     # ---- the loop -----------------------------------------------------------------------------
 
     def run(self) -> AttemptOutcome:
         t = self.cfg.train
+        self.resume()
+        c = self.counters
+        # TensorBoard and/or W&B (``explog``) only for runs that keep checkpoints
+        self.reports.open(experiment_logs=self.checkpointer is not None, initialized=self.initialized)
+        self._batches = iter(self.feed.loader(self.data))
+        self.profiler = StepProfiler(
+            t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type
+        )
         try:
-            self.progress.phase("load")
-            self.resume()
-            c = self.counters
-            # TensorBoard and/or W&B (``explog``) only for runs that keep checkpoints
-            self.reports.open(experiment_logs=self.checkpointer is not None, initialized=self.initialized)
-            cause: Cause | None = None
-            saves = PeriodicSaves(
-                self.cfg, self.ctx, self.paths, self.ledger, self.attempt, start_step=c.step
-            )
-            batches: Any = iter(self.feed.loader(self.data))
-            profiler = StepProfiler(
-                t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type
-            )
-            while c.step < t.steps:
-                profiler.before_step(c.step + 1)
+            for step in self.run_state.steps(total=t.steps):
+                self.profiler.before_step(step)
                 t0 = time.perf_counter()
-                self.progress.phase("data", c.step + 1)
-                item = next(batches)
+                self.progress.phase("data", step)
+                item = next(self._batches)
                 raise_data_problem(item)
                 self.buckets.settle(item)  # every attempt's first step on DDP's rebuilt buckets
                 applied, loss, text, latent, norm = self.train_step(item)
                 if self.cfg.testing.step_sleep_s:
                     time.sleep(self.cfg.testing.step_sleep_s)
                 dt = time.perf_counter() - t0
-                profiler.after_step(c.step, dt)
+                self.profiler.after_step(c.step, dt)
                 self.compile_cache.after_step(c.step)
-                self.progress.stepped(c.step, dt)
-                saves.observe(dt, self.checkpointer)
                 self.reports.window.add(loss, text, latent, norm, ok=applied, step_time_s=dt)
                 failing = c.nonfinite_consecutive >= t.max_nonfinite_skips
                 val = self.evaluate() if t.eval_every and c.step % t.eval_every == 0 else None
@@ -377,39 +377,11 @@ class Trainer:
                         f"train.max_nonfinite_skips is {t.max_nonfinite_skips}",
                         hint="lower train.lr, check the data, or raise train.max_nonfinite_skips",
                     )
-                self.act_on_failed_background_save()
-                saves.after_step(self.checkpointer, c.step)
-                if c.step < t.steps:
-                    self.progress.phase("collective")
-                    cause = self.stop.check(c.step, dt)
-                    if cause is not None:
-                        if self.reports.window.steps:
-                            self.reports.log_window(None, lr=self.last_lr)
-                        break
-                    disk_save_now = saves.due(c.step)
-                    if disk_save_now:
-                        self.save(blocking=False)
-                        saves.started(self.checkpointer, c.step)
-                    if self.memory is not None:
-                        self.memory.after_step(c.step, self.snapshot_state, disk_save_now=disk_save_now)
-            profiler.finish()  # (a stop inside the profiled steps: what it has)
-            batches = None  # stops the loader's workers before the final save
-            lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
-            if self.memory is not None:
-                self.memory.drop_pending()
-            self.save(blocking=True, supersede=cause is not None)
-            if self.checkpointer is not None:
-                self.checkpointer.wait()
-            if self.memory is not None:  # the last save is on disk: the node's memory is freed
-                self.memory.close(remove=True)
-                self.memory = None
-            if cause is not None and c.step < t.steps:
-                self.reports.stopped(cause, lead)
-                return self.outcome("stopped", cause)
-            self.reports.finished()
-            return self.outcome("finished", None)
-        finally:
-            self.stop.restore_signal_handlers()
+        except Stopped as stopped:
+            if self.reports.window.steps:
+                self.reports.log_window(None, lr=self.last_lr)
+            return self.outcome("stopped", stopped.cause)
+        return self.outcome("finished", None)
 
     # ---- the end ------------------------------------------------------------------------------
 
@@ -419,10 +391,6 @@ class Trainer:
         return self.reports.outcome(status, cause, error, digests=digests)
 
     def close(self) -> None:
-        self.progress.close()
-        self.stop.restore_signal_handlers()
         self.reports.close()
-        if self.memory is not None:  # (left for an in-place restart after a failure)
-            self.memory.close(remove=False)
-        if self.checkpointer is not None:
-            self.checkpointer.close()
+        self.run_state.close()  # (the memory tier keeps its snapshots for an in-place restart)
+        sessions.end()

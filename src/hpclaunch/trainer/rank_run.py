@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..config import RunConfig
+from ..rank.dist import DistContext
 from ..rundir import Ledger, RunPaths
 from .counters import Counters
-from .dist import DistContext
 
 
 @dataclass(frozen=True)

@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from ..config import RunConfig
 from ..modelmath import peak_tflops, train_flops_per_sample
-from ..rundir import EXPERIMENT_LOG_FAILED, STOPPED, AttemptOutcome
+from ..rank.dist import DistContext, all_gather_json
+from ..rundir import EXPERIMENT_LOG_FAILED, AttemptOutcome
 from ..rundir.cause import Cause
 from ..rundir.outcome import Status
-from .dist import DistContext, all_gather_json
 from .explog import ExperimentLogs, open_experiment_logs
 from .metrics_window import MetricsLog, MetricsWindow, Window, max_memory_gb
 from .rank_run import RankRun
@@ -114,18 +114,10 @@ class Reports:
         if self.tb is not None:
             self.tb.scalars(rec)
 
-    def stopped(self, cause: Cause, lead: Mapping[str, float | None]) -> None:
-        """The attempt stopped before the run's last step: rank 0's ``stopped`` event, with the lead
-        the deadline kept and the save it kept room for (None: planned), and the mark."""
-        step = self.counters.step
-        if self.ledger is not None:
-            self.ledger.append(STOPPED, cause=cause, step=step, **lead)
+    def mark(self, kind: str, text: str) -> None:
+        """A mark in TensorBoard/W&B where the attempt stopped or the run finished."""
         if self.tb is not None:
-            self.tb.mark("stopped", step, f"stopped after step {step}: {cause}")
-
-    def finished(self) -> None:
-        if self.tb is not None:
-            self.tb.mark("finished", self.counters.step, f"finished at step {self.counters.step}")
+            self.tb.mark(kind, self.counters.step, text)
 
     def message(self, text: str) -> None:
         """A line on rank 0's console (beside the progress bar), once the log is open."""

@@ -28,8 +28,8 @@ import torch
 
 from ..config import RunConfig
 from ..fsutil import atomic_write_json
+from ..rank.checkpoint import load_readonly
 from ..shards import TOKENS_KEY, validate_dataset
-from .checkpoint import load_readonly
 from .data import ShardedDataset, holdout_split, text_mask
 from .ema import clean_name
 from .model import MMDiTDiffusion, build_model

@@ -13,9 +13,9 @@ from collections.abc import Iterator
 from torch import Tensor
 
 from ..config import RunConfig
+from ..rank.dist import DistContext
 from .build import DataParts
 from .counters import Counters
-from .dist import DistContext
 from .loader import StepBatches, StepPlan, make_loader
 
 __all__ = ["StepFeed"]

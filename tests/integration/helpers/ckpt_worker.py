@@ -44,8 +44,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from hpclaunch.errors import CheckpointError
-from hpclaunch.rundir import Ledger, RunPaths
-from hpclaunch.trainer.checkpoint import (
+from hpclaunch.rank.checkpoint import (
     ENV_DELAY_WRITE,
     RANK_LOCAL,
     Checkpointer,
@@ -53,7 +52,8 @@ from hpclaunch.trainer.checkpoint import (
     WriterSettings,
     rank_local_key,
 )
-from hpclaunch.trainer.checkpoint.writer_process import prefork as prefork_writer
+from hpclaunch.rank.checkpoint.writer_process import prefork as prefork_writer
+from hpclaunch.rundir import Ledger, RunPaths
 
 K = 4  # save after K steps, then K more
 

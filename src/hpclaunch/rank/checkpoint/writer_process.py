@@ -30,7 +30,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from ...errors import CheckpointError
-from ...jobs.helper_signals import single_threaded, stop_signals_blocked
+from ..helper_signals import single_threaded, stop_signals_blocked
 from . import channel
 from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .writer_protocol import Answer, Failed, SaveRequest, WriterSpec, answer_from_json
@@ -195,7 +195,7 @@ class WriterProcess:
         """A writer started with ``exec`` (a new interpreter)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         spec = replace(spec, fd=theirs.fileno(), parent=os.getpid())
-        argv = [sys.executable, "-m", "hpclaunch.trainer.checkpoint.writer_main", json.dumps(spec.to_json())]
+        argv = [sys.executable, "-m", "hpclaunch.rank.checkpoint.writer_main", json.dumps(spec.to_json())]
         try:
             with stop_signals_blocked():  # until the writer ignores them itself
                 proc = subprocess.Popen(argv, pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ from .directory import CheckpointDir
 from .manifest import _jsonable, step_dir_name
 from .writing import SaveJob, SaveWriter
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from .save_plans import SavePlans
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 @dataclass(frozen=True)

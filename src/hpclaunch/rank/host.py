@@ -1,11 +1,14 @@
-"""The rank host: one per node for the whole allocation (``python -m hpclaunch.trainer.launcher``),
+"""The rank host: one per node for the whole allocation (``python -m hpclaunch.rank.host``),
 started and driven by the node agent.
 
 Every attempt used to pay a whole process start-up: torchrun importing torch, then every rank
 importing torch, mmdit and DCP (2.5-4 s of a 6 s restart on this project's machine). The rank host
-pays it once: it imports the trainer when the allocation starts and forks ``multiprocessing``'s
-forkserver from itself (``forkserver_fork``; where that cannot be done, a forkserver that imports
-the trainer modules itself), and each attempt's ranks are forked from it in milliseconds. An
+pays it once: it imports what the ranks run when the allocation starts (``HPCLAUNCH_PRELOAD``: the
+built-in trainer's modules, or torch, DCP and the rank package plus ``script.preload`` for a
+script) and forks ``multiprocessing``'s forkserver from itself (``forkserver_fork``; where that
+cannot be done, a forkserver that imports them itself), and each attempt's ranks are forked from
+it in milliseconds. Each rank runs the request's program: the MMDiT trainer's entry point, or a
+user's script as ``__main__`` (``script_main``). An
 attempt is one round of torch's own elastic launcher (``elastic_launch``: the
 ``LocalElasticAgent`` spawns, watches and tears down the ranks, c10d rendezvous with a fresh run id
 per attempt, ``max_restarts=0``): whether an attempt is followed by another, and on which nodes, is
@@ -37,20 +40,26 @@ from multiprocessing import forkserver
 from pathlib import Path
 from typing import Any
 
-from ..jobs.helper_signals import ignore_stop_signals
 from ..rundir.attempt_records import REPLY_MARK, REPLY_MAX_BYTES, AttemptEnd, RankRequest
-from ..rundir.env import PRELOAD_COMPILE_VAR
+from ..rundir.env import PRELOAD_COMPILE_VAR, PRELOAD_VAR
+from .helper_signals import ignore_stop_signals
 
-PRELOAD = ["hpclaunch.trainer.preload"]  # torch, mmdit, DCP and the trainer: imported once, forked after
+# What the ranks run, by the request's ``program``: entry points named, not imported (the rank
+# package sits below the trainer; the trainer is imported into the forkserver by name).
+PROGRAMS = {"mmdit": "hpclaunch.trainer.entry", "script": "hpclaunch.rank.script_main"}
+# Imported once, forked after: the built-in trainer's (torch, mmdit, DCP and the trainer) unless the
+# agent names others (a script's run: the rank package and the script's own ``script.preload``).
+PRELOAD = [m for m in os.environ.get(PRELOAD_VAR, "hpclaunch.trainer.preload").split(",") if m]
 if os.environ.get(PRELOAD_COMPILE_VAR):  # train.compile: Dynamo's and inductor's compilers too
     PRELOAD.append("hpclaunch.trainer.preload_compile")
 
 
-def rank_main(run_dir: str, env: dict[str, str]) -> int:
+def rank_main(run_dir: str, env: dict[str, str], program: str = "mmdit") -> int:
     """One rank of one attempt (runs in a process forked from the forkserver)."""
-    os.environ.update(env)  # the attempt's variables: the forkserver's environment is the allocation's
-    from .entry import main
+    import importlib
 
+    os.environ.update(env)  # the attempt's variables: the forkserver's environment is the allocation's
+    main = importlib.import_module(PROGRAMS[program]).main
     code = main([run_dir], leave_at_once_on_failure=True)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
@@ -87,7 +96,7 @@ def run_attempt(request: RankRequest) -> AttemptEnd:
     )
     began = time.time()
     try:
-        elastic_launch(config, rank_main)(request["run_dir"], request["env"])
+        elastic_launch(config, rank_main)(request["run_dir"], request["env"], request.get("program", "mmdit"))
         return {"state": "succeeded", "returncode": 0, "seconds": round(time.time() - began, 3)}
     except ChildFailedError as e:
         codes = {str(rank): f.exitcode for rank, f in e.failures.items()}
@@ -158,7 +167,7 @@ def serve() -> int:
 if __name__ == "__main__":
     if len(sys.argv) != 1:
         print(
-            "usage: python -m hpclaunch.trainer.launcher  (requests on stdin, replies on stderr)",
+            "usage: python -m hpclaunch.rank.host  (requests on stdin, replies on stderr)",
             file=sys.stderr,
         )
         sys.exit(2)

@@ -21,7 +21,7 @@ from typing import Any
 from ...errors import CheckpointError
 from ...fsutil import human_bytes
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -128,7 +128,7 @@ def estimated_bytes(state: Any, world_size: int, rank_local_key: str) -> int:
     """About how many bytes a checkpoint of ``state`` takes on disk, summed over all ranks, computed
     on one rank without a collective: a sharded tensor counts at its global size, a replicated one
     once, rank-local state once per rank."""
-    from ..state import is_dtensor
+    from ..tensors import is_dtensor
 
     def walk(obj: Any, per_rank: bool) -> int:
         if isinstance(obj, dict):

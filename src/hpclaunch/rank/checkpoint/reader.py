@@ -30,7 +30,7 @@ from .save_errors import as_checkpoint_error
 if TYPE_CHECKING:
     import torch.distributed as dist
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 def read_metadata_everywhere(path: Path, pg: dist.ProcessGroup | None) -> Any:

@@ -34,6 +34,7 @@ class PeriodicSaves:
         attempt: str,
         *,
         start_step: int,
+        last_step: int,
     ) -> None:
         c = cfg.checkpoint
         failures, trained_s = 0, 0.0
@@ -41,7 +42,7 @@ class PeriodicSaves:
             failures, trained_s = ledger_failures(read_events(paths).events, current_attempt=attempt)
         policy = policy_from_config(
             c.every_steps, c.every_minutes, c.mtbf_hours, cfg.scheduler.nodes,
-            failures=failures, trained_s=trained_s, last_step=cfg.train.steps,
+            failures=failures, trained_s=trained_s, last_step=last_step,
         )  # fmt: skip
         self.schedule = SaveSchedule(policy, start_step=start_step)
         self.ctx = ctx

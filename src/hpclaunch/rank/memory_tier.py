@@ -107,7 +107,14 @@ class MemoryTier:
     rank, re-raised in the loop."""
 
     def __init__(
-        self, cfg: RunConfig, ctx: DistContext, paths: RunPaths, ledger: Ledger | None, *, ranks_on_node: int
+        self,
+        cfg: RunConfig,
+        ctx: DistContext,
+        paths: RunPaths,
+        ledger: Ledger | None,
+        *,
+        ranks_on_node: int,
+        hashes: dict[str, str],
     ) -> None:
         m = cfg.checkpoint.memory
         assert m.every_steps is not None
@@ -129,7 +136,7 @@ class MemoryTier:
                 sweep(base, self.store.directory.parent)  # run left on this node (the agent: all)
         except (OSError, TierPlaceError) as e:  # (the rank still trades with its buddy and ward)
             self._fail(None, f"the memory tier has no place on node {self.node}: {_words(e)}")
-        self.hashes = {"config_hash": cfg.config_hash(), "model_hash": cfg.model_hash()}
+        self.hashes = dict(hashes)  # (config_hash, model_hash: a snapshot of another model never loads)
         replicated = m.replicas > 0
         buddy = buddy_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
         ward = ward_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None

@@ -38,7 +38,7 @@ from .manifest import (
     verify_checkpoint,
 )
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 # A ledger event as a writer found it (name, fields): appended to the ledger by the training process.

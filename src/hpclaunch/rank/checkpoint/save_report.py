@@ -13,7 +13,7 @@ from ...rundir import CHECKPOINT_SAVED, Ledger
 from .directory import CheckpointDir
 from .writing import Published, SaveJob
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 
 def report_saved(

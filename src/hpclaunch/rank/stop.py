@@ -91,6 +91,10 @@ class StopController:
         self._step_time_s = 0.0
         self._prev_handlers: dict[int, Any] = {}
 
+    def join(self, ranks: StopGroup) -> None:
+        """The ranks that agree from now on (a rank learns them when its script joins its group)."""
+        self.rank, self.world_size, self.group = ranks.rank, ranks.world_size, ranks.group
+
     # ---- sources ------------------------------------------------------------------------------
 
     def install_signal_handlers(self, signals: tuple[int, ...] = tuple(SIGNAL_CAUSES)) -> None:

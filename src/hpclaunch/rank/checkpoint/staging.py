@@ -35,7 +35,7 @@ from typing import Any
 
 import torch
 
-from ..state import is_dtensor
+from ..tensors import is_dtensor
 
 ALIGN = 64  # every slot starts on a cache line (and on any dtype's alignment)
 _SCALARS = (bool, int, float, str, type(None))

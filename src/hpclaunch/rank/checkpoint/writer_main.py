@@ -1,4 +1,4 @@
-"""The checkpoint writer process: ``python -m hpclaunch.trainer.checkpoint.writer_main SPEC``.
+"""The checkpoint writer process: ``python -m hpclaunch.rank.checkpoint.writer_main SPEC``.
 
 One per training rank (``writer_process``): forked by the rank before its first thread, torch
 already imported, waiting for its first save (``main_forked``); or, where there is none waiting
@@ -14,7 +14,7 @@ the non-tensor values as ``torch.save`` bytes, written into the checkpoint as th
 unpickled. A DTensor's shard arrives as a plain tensor with its place in the whole tensor
 (``LocalShard``), planned by DCP exactly as the DTensor would be. It dies with the training thread
 that started it (``PR_SET_PDEATHSIG``), and leaves when its channel closes. The scheduler's stop
-signals do not end it (``jobs.helper_signals``): it finishes the save in flight.
+signals do not end it (``rank.helper_signals``): it finishes the save in flight.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import CheckpointError
-from ...jobs.helper_signals import die_with_parent, ignore_stop_signals
+from ..helper_signals import die_with_parent, ignore_stop_signals
 from . import channel
 from .directory import CheckpointDir, EventBuffer
 from .priority import lower_process_priority
@@ -42,7 +42,7 @@ from .staging import Slot, dtype_of, map_fd
 from .writer_protocol import Answer, Failed, Saved, SaveRequest, WriterSpec
 from .writing import SaveJob, SaveWriter
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 PR_SET_NAME = 15
 GROUP_TIMEOUT_S = 1800  # a collective waits this long for a slow peer's write (gloo's default)
 

@@ -25,7 +25,7 @@ import sys
 from multiprocessing import connection, forkserver, resource_tracker, util
 from typing import Any, cast
 
-from ..jobs.helper_signals import single_threaded
+from .helper_signals import single_threaded
 
 _STATE = ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid")
 _MAIN_PARAMS = ["listener_fd", "alive_r", "preload", "main_path", "sys_path"]

@@ -3,7 +3,7 @@ launcher), each rank's DataLoader workers and its checkpoint writer process.
 
 A scheduler's stop signals go to every process of the job (SLURM signals the whole step, PBS and
 the local scheduler the job's process group, a terminal its foreground group). Stopping is the
-ranks' business (``jobs.stop``: the signal only sets a flag, every rank stops after the same step
+ranks' business (``rank.stop``: the signal only sets a flag, every rank stops after the same step
 and saves): a helper that dies of the signal instead takes its rank's save down with it (a
 DataLoader worker "killed by signal" in the middle of the stop save, a checkpoint writer killed by
 the time-limit warning). So a helper ignores the stop signals and ends when its rank tells it to,

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 
 ENV_DELAY_WRITE = "HPCLAUNCH_TEST_CKPT_DELAY_WRITE_S"
 ENV_KILL = "HPCLAUNCH_TEST_CKPT_KILL"

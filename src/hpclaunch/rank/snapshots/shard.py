@@ -26,7 +26,7 @@ import torch
 from ...errors import CheckpointError
 from ..checkpoint.safe_load import load_item_safely
 from ..checkpoint.staging import Staged, dtype_of
-from ..state import is_dtensor
+from ..tensors import is_dtensor
 
 FORMAT = 2  # 2: the payload's checksum (crc32)
 # What reading a damaged or foreign description can raise (a bug raises anything else).

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .state import flat_items, local
+from .tensors import flat_items, local
 
 log = logging.getLogger("hpclaunch.trainer")
 

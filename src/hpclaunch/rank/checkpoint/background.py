@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .writer_process import WriterProcess
 
-log = logging.getLogger("hpclaunch.trainer.checkpoint")
+log = logging.getLogger("hpclaunch.rank.checkpoint")
 WAIT_POLL_S = 0.2  # while waiting, ranks compare notes this often (one small all-reduce)
 
 

@@ -1,0 +1,320 @@
+"""Where a rank is in its data, kept at the step boundary and put back on resume.
+
+``attach(data=...)`` takes one of:
+
+- a ``torch.utils.data.DataLoader`` (or the sampler a DataLoader iterates): hpclaunch follows the
+  loader. It counts the batches the loader has *delivered* to the script (not what its workers
+  read ahead), the iterations begun, the sampler's epoch where it has one (``DistributedSampler``)
+  and torch's CPU random state at the moment the current iteration began (the loader draws its
+  workers' base seed, and a ``RandomSampler`` without a generator its order, from it). On resume
+  the first iteration of the loader begins where the saved one was: the same epoch, the same random
+  state at its start, and the batches already delivered skipped in the sampler (their indices are
+  drawn, no sample is read). Only that replay touches the random state; the random state of the
+  step boundary is back in place before the first batch is handed over;
+- anything with ``state_dict()``/``load_state_dict()`` (a stateful sampler or loader, e.g.
+  torchdata's ``StatefulDataLoader``): its own state, saved at the step boundary.
+
+Either is rank-local state (each rank its own position). ``DataPosition.batches()`` is an endless
+iterator over a followed loader that begins the next epoch itself (``set_epoch`` where the sampler
+has it): the simplest way to draw one batch per step.
+
+Every DataLoader worker of a rank that attached ignores the stop signals (``helper_signals``): a
+scheduler's SIGTERM reaches every process of the job, and a worker that dies of it takes its rank's
+next step, or its stop save, down with it. torch sets its workers' own SIGTERM handler at their
+start; the hook installed here runs right after it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import weakref
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from .helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
+
+__all__ = ["DataPosition", "FollowedLoader", "data_position"]
+
+_INSTALLED = False
+# Loaders (or samplers, until the loader that iterates them is found) followed in this process.
+_FOLLOWED: weakref.WeakKeyDictionary[Any, FollowedLoader] = weakref.WeakKeyDictionary()
+
+
+class DataPosition:
+    """The rank-local data state a checkpoint holds (``state_dict``/``load_state_dict``)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def batches(self) -> Iterator[Any]:
+        raise TypeError("run.batches() needs attach(data=...) to be a DataLoader")
+
+
+class StatefulData(DataPosition):
+    """An object that keeps its own position (``state_dict``/``load_state_dict``)."""
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": self.obj.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.obj.load_state_dict(state["state"])
+
+    def batches(self) -> Iterator[Any]:
+        while True:  # (a stateful loader resumes its own iteration)
+            yield from self.obj
+
+
+class FollowedLoader(DataPosition):
+    """A DataLoader whose delivered batches hpclaunch counts (see the module docstring)."""
+
+    def __init__(self, loader: Any = None, sampler: Any = None) -> None:
+        self.loader = loader
+        self.sampler = sampler  # (data=sampler: the loader is found at its first iteration)
+        self.iters = 0  # iterations begun
+        self.delivered = 0  # batches handed to the script by the current iteration
+        self.epoch: int | None = None  # the sampler's epoch when the current iteration began
+        self.rng_at_iter = torch.get_rng_state()
+        self._resume: dict[str, Any] | None = None  # armed by a load: the next iteration replays it
+        self._auto_epoch = 0
+
+    # ---- the checkpoint's view -------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "iters": self.iters,
+            "delivered": self.delivered,
+            "epoch": -1 if self.epoch is None else self.epoch,
+            "rng_at_iter": self.rng_at_iter.clone(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._resume = {k: state[k] for k in ("iters", "delivered", "epoch", "rng_at_iter")}
+        self.iters = int(state["iters"])
+        self.delivered = int(state["delivered"])
+        epoch = int(state["epoch"])
+        self.epoch = None if epoch < 0 else epoch
+        self._auto_epoch = max(0, self.iters - 1) if self.epoch is None else self.epoch
+
+    # ---- iteration -----------------------------------------------------------------------------
+
+    def iterate(self, loader: Any, original: Any) -> Iterator[Any]:
+        """What ``iter(loader)`` returns for a followed loader: the loader's own iterator, counted."""
+        self.loader = loader
+        resume, self._resume = self._resume, None
+        skip = 0
+        rng_now = torch.get_rng_state()
+        if resume is not None:
+            skip = int(resume["delivered"])
+            sampler = _sampler_of(loader)
+            if self.epoch is not None and hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self.epoch)
+            torch.set_rng_state(resume["rng_at_iter"])  # the state the saved iteration began with
+        else:
+            self.iters += 1
+            self.delivered = 0
+            self.epoch = _epoch_of(_sampler_of(loader))
+            self.rng_at_iter = rng_now
+        try:
+            with stop_signals_blocked():  # (workers forked here start with the stop signals blocked)
+                inner = _iterator_skipping(loader, original, skip)
+        finally:
+            if resume is not None:
+                torch.set_rng_state(rng_now)  # the step boundary's state: the replay drew nothing
+        self.delivered = skip
+        return _Counted(inner, self)
+
+    def batches(self) -> Iterator[Any]:
+        loader = self.loader
+        if loader is None:
+            raise TypeError("run.batches() needs attach(data=...) to be the DataLoader, not its sampler")
+        empty_passes = 0  # (a resumed pass that had ended yields nothing, once)
+        while True:
+            sampler = _sampler_of(loader)
+            if self._resume is None and hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(self._auto_epoch)  # (a resumed iteration keeps its saved epoch)
+            got = 0
+            for batch in loader:
+                got += 1
+                yield batch
+            empty_passes = 0 if got else empty_passes + 1
+            if empty_passes > 1:
+                raise ValueError("the DataLoader attached as data= yields no batches")
+            self._auto_epoch = (self.epoch if self.epoch is not None else self._auto_epoch) + 1
+
+
+class _Counted:
+    """The loader's iterator, counting what it hands over (the loader's own object stays inside)."""
+
+    def __init__(self, inner: Iterator[Any], followed: FollowedLoader) -> None:
+        self._inner = inner
+        self._followed = followed
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> Any:
+        batch = next(self._inner)
+        self._followed.delivered += 1
+        return batch
+
+    def __len__(self) -> int:
+        return len(self._inner)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:  # (_shutdown_workers, _num_yielded, ... of torch's)
+        return getattr(self._inner, name)
+
+
+def _sampler_of(loader: Any) -> Any:
+    sampler = getattr(loader, "sampler", None)
+    batch_sampler = getattr(loader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    return inner if inner is not None and not hasattr(sampler, "set_epoch") else sampler
+
+
+def _epoch_of(sampler: Any) -> int | None:
+    epoch = getattr(sampler, "epoch", None)
+    return int(epoch) if isinstance(epoch, int) else None
+
+
+class _Skip:
+    """How many items the index samplers made during one iteration's creation skip (then 0)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _SkipFirst:
+    """An index sampler whose iterations begin ``skip.n`` items later (the items are drawn, not
+    read). Lazily, like the sampler's own iteration: the loader makes an iterator in its
+    constructor and another in its first reset, and advances only the second one; a sampler that
+    draws its order from the random state when advanced (``RandomSampler``) draws it once, where
+    the saved iteration did. A loader with persistent workers keeps this object for its later
+    epochs: the skip is set to 0 once the iteration is made."""
+
+    def __init__(self, inner: Any, skip: _Skip) -> None:
+        self.inner, self.skip = inner, skip
+
+    def __iter__(self) -> Iterator[Any]:
+        n, inner = self.skip.n, self.inner
+
+        def skipped() -> Iterator[Any]:
+            it = iter(inner)
+            for _ in itertools.islice(it, n):
+                pass
+            yield from it
+
+        return skipped() if n else iter(inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def _iterator_skipping(loader: Any, original: Any, skip: int) -> Iterator[Any]:
+    """``original(loader)`` (the DataLoader's own ``__iter__``) beginning ``skip`` batches in: in the
+    index sampler where the dataset has one (nothing read), else by reading and dropping them."""
+    if skip <= 0:
+        return original(loader)
+    from torch.utils.data import DataLoader, IterableDataset
+
+    if isinstance(loader.dataset, IterableDataset) or not isinstance(loader, DataLoader):
+        it = original(loader)
+        for _ in itertools.islice(it, skip):
+            pass
+        return it
+    cls = type(loader)
+    skipping = _skipping_class(cls)
+    holder = _Skip(skip)
+    object.__setattr__(loader, "__class__", skipping)
+    try:
+        setattr(loader, _SKIP_ATTR, holder)  # (read by the skipping class's property)
+        return original(loader)
+    finally:
+        holder.n = 0
+        object.__setattr__(loader, "__class__", cls)
+        with contextlib.suppress(AttributeError):
+            delattr(loader, _SKIP_ATTR)
+
+
+_SKIPPING: dict[type, type] = {}
+_SKIP_ATTR = "_hpclaunch_skip"
+
+
+def _skipping_class(cls: type) -> type:
+    """``cls`` whose index sampler skips ``_hpclaunch_skip`` items: the loader's iterator reads its
+    sampler through ``_index_sampler`` when it begins (and primes its workers from it)."""
+    if cls not in _SKIPPING:
+        base_property = cls._index_sampler  # type: ignore[attr-defined]
+
+        def _index_sampler(self: Any) -> Any:
+            return _SkipFirst(base_property.fget(self), getattr(self, _SKIP_ATTR, None) or _Skip(0))
+
+        _SKIPPING[cls] = type(cls.__name__, (cls,), {"_index_sampler": property(_index_sampler)})
+    return _SKIPPING[cls]
+
+
+# ---- the process's hooks -----------------------------------------------------------------------
+
+
+def _install() -> None:
+    """Once per process: DataLoader iteration goes through ``FollowedLoader`` for followed loaders
+    (every other loader iterates exactly as before), and every DataLoader worker ignores the stop
+    signals and dies with its rank."""
+    global _INSTALLED
+    if _INSTALLED:
+        return
+    from torch.utils.data import DataLoader
+    from torch.utils.data._utils import signal_handling
+
+    original_iter = DataLoader.__iter__
+
+    def __iter__(self: Any) -> Any:
+        followed = _FOLLOWED.get(self)
+        if followed is None:
+            sampler = _sampler_of(self)
+            followed = _FOLLOWED.pop(sampler, None) if sampler is not None else None
+            if followed is not None:
+                _FOLLOWED[self] = followed
+        if followed is None:
+            return original_iter(self)
+        return followed.iterate(self, original_iter)
+
+    DataLoader.__iter__ = __iter__  # type: ignore[method-assign]
+    torch_handlers = signal_handling._set_worker_signal_handlers
+
+    def _worker_handlers(*args: Any, **kwargs: Any) -> None:
+        torch_handlers(*args, **kwargs)  # (torch's SIGBUS/SIGSEGV/SIGFPE reports stay)
+        ignore_stop_signals()
+        die_with_parent()
+
+    signal_handling._set_worker_signal_handlers = _worker_handlers
+    _INSTALLED = True
+
+
+def data_position(data: Any) -> DataPosition:
+    """The position of ``attach(data=...)`` (see the module docstring)."""
+    from torch.utils.data import DataLoader, Sampler
+
+    _install()
+    if isinstance(data, DataLoader) and not hasattr(data, "load_state_dict"):
+        followed = FollowedLoader(loader=data)
+        _FOLLOWED[data] = followed
+        return followed
+    if hasattr(data, "state_dict") and hasattr(data, "load_state_dict"):
+        return StatefulData(data)
+    if isinstance(data, Sampler) or hasattr(data, "set_epoch"):
+        followed = FollowedLoader(sampler=data)
+        _FOLLOWED[data] = followed
+        return followed
+    raise TypeError(
+        f"attach(data=...) got a {type(data).__name__}: give the DataLoader (or its sampler), or an "
+        "object with state_dict()/load_state_dict() that keeps its own position"
+    )

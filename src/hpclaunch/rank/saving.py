@@ -1,0 +1,96 @@
+"""A run's saves to disk: a checkpoint of the state after the current step, and what is done when a
+background save failed.
+
+A save first waits for the previous background save (should it have failed unseen), refuses
+parameters that are not finite, and tells the stop controller how long it took (the deadline keeps
+room for the next one). A background save that failed is saved again at once, blocking, and the
+ledger says so (``checkpoint_failed``); a second failure stops the run with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CheckpointError, TrainingError
+from ..rundir import CHECKPOINT_FAILED, Ledger
+from .checkpoint import Checkpointer
+from .progress import Progress
+from .stop import StopController
+
+__all__ = ["DiskSaves"]
+
+
+class DiskSaves:
+    """One rank's saves through its checkpointer (every call collective)."""
+
+    def __init__(
+        self,
+        checkpointer: Checkpointer,
+        *,
+        state: Callable[[], dict[str, Any]],
+        step: Callable[[], int],
+        finite: Callable[[], bool],
+        extra: Callable[[], dict[str, Any]],
+        stop: StopController,
+        progress: Progress,
+        ledger: Ledger | None,
+        say: Callable[[str], None],
+    ) -> None:
+        self.checkpointer = checkpointer
+        self.state, self.step, self.finite, self.extra = state, step, finite, extra
+        self.stop, self.progress, self.ledger, self.say = stop, progress, ledger, say
+
+    def save(self, *, blocking: bool, supersede: bool = False) -> None:
+        """Checkpoint the state after the current step (collective). ``supersede``: a stop's save;
+        a background save still writing is dropped rather than waited for (this step is newer, and
+        the deadline keeps no room for a writer starved of CPU or still starting)."""
+        checkpointer = self.checkpointer
+        try:
+            checkpointer.wait(
+                supersede=supersede
+            )  # the previous background save, should it have failed unseen
+        except CheckpointError as error:
+            return self._save_again_after(error)
+        if not self.finite():
+            raise TrainingError(
+                f"parameters are not finite after step {self.step()}; refusing to checkpoint them"
+            )
+        t0 = time.perf_counter()
+        self.progress.phase("save")
+        checkpointer.save(self.step(), self.state(), blocking=blocking, extra=self.extra())
+        if blocking:
+            self.stop.note_checkpoint_seconds(time.perf_counter() - t0)
+        elif checkpointer.last_save_seconds is not None:
+            self.stop.note_checkpoint_seconds(checkpointer.last_save_seconds)
+
+    def act_on_failed_background_save(self, group: Any) -> None:
+        """A background save that failed is saved again now, blocking; if that fails too, the run
+        stops with the reason (collective while a background save is pending). One that settled
+        is a measured save for the deadline's lead from this step on: without it an attempt whose
+        only save so far ran in the background stops with the plan's estimate, which a loaded
+        machine outruns (the PBS walltime test saved 0.3 s past the walltime that way)."""
+        checkpointer = self.checkpointer
+        settled = checkpointer.settled_saves
+        error = checkpointer.poll_background(group)
+        if error is not None:
+            self._save_again_after(error)
+        elif checkpointer.settled_saves != settled and checkpointer.last_save_seconds is not None:
+            self.stop.note_checkpoint_seconds(checkpointer.last_save_seconds)
+
+    def _save_again_after(self, error: CheckpointError) -> None:
+        step = self.step()
+        if self.ledger is not None:
+            self.ledger.append(CHECKPOINT_FAILED, step=step, error=error.one_line(), action="blocking retry")
+        self.say(f"background checkpoint failed ({error.one_line()}); saving step {step} now")
+        try:
+            self.save(blocking=True)
+        except CheckpointError as again:
+            raise CheckpointError(
+                f"checkpoint failed twice (background, then a blocking retry at step {step}): "
+                f"{again.message}",
+                where=again.where,
+                hint=again.hint
+                or "fix the checkpoint directory, then resume: the last good checkpoint is kept",
+            ) from again
