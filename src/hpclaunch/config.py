@@ -1039,6 +1039,14 @@ class RunConfig(_Section):
         if not isinstance(raw, Mapping):
             return raw
         script = raw.get("script")
+        if isinstance(script, Mapping) and not script.get("path"):
+            for key in ("args", "preload", "workdir"):
+                if script.get(key):
+                    raise KeyedValueError(
+                        f"script.{key}",
+                        "is for a script, but there is no script.path: give --script SCRIPT (or "
+                        "script.path), or drop it (the arguments after -- are the script's)",
+                    )
         if not (isinstance(script, Mapping) and script.get("path")):
             return raw
         for section in BUILTIN_SECTIONS:
@@ -1125,9 +1133,12 @@ class RunConfig(_Section):
             return
         d = self.data
         paths = [("run_dir", self.run_dir), ("checkpoint.dir", self.checkpoint.dir)]
-        paths += [("data.token_dir", d.token_dir), ("data.latent_dir", d.latent_dir)]
-        paths += [("data.val_token_dir", d.val_token_dir), ("data.val_latent_dir", d.val_latent_dir)]
-        paths.append(("train.init_from", self.train.init_from))
+        if self.script.path:
+            paths += [("script.path", self.script.path), ("script.workdir", self.script.workdir)]
+        else:
+            paths += [("data.token_dir", d.token_dir), ("data.latent_dir", d.latent_dir)]
+            paths += [("data.val_token_dir", d.val_token_dir), ("data.val_latent_dir", d.val_latent_dir)]
+            paths.append(("train.init_from", self.train.init_from))
         for key, path in paths:
             if path and ("," in str(path) or ":" in str(path)):
                 raise KeyedValueError(

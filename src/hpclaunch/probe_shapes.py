@@ -82,9 +82,30 @@ class StepMeasure(TypedDict, total=False):
     error: str
 
 
+class ScriptRequest(TypedDict):
+    """A script's run: the script to run as far as its ``hpclaunch.attach`` (``rank/script_probe.py``)."""
+
+    path: str
+    args: list[str]
+    workdir: str | None
+
+
+class ScriptMeasure(TypedDict, total=False):
+    """What the script's probe saw when the script reached ``attach``, or ``{"error": why}``."""
+
+    attach_s: float  # from the script's start to its attach (imports, building)
+    state_bytes: int  # one rank's share of the state a checkpoint holds (one rank here: all of it)
+    params: int
+    objects: list[str]
+    device: str
+    error: str
+
+
 class ProbeRequest(TypedDict, total=False):
     """What the probe reads on stdin: the model to count (ModelConfig's JSON dump), and the steps to
-    time after it (``estimate``) when preflight estimates the run."""
+    time after it (``estimate``) when preflight estimates the run; or a script to run as far as its
+    attach (``script``)."""
 
     model: JSONObject | None
     estimate: StepRequest
+    script: ScriptRequest

@@ -258,8 +258,8 @@ def test_a_signal_during_set_up_stops_after_the_first_step(tmp_path: Path, data:
 
 def test_failure_causes_decide_what_is_retried() -> None:
     from hpclaunch.errors import CheckpointError, DataError, PreflightFailed, TrainingError
-    from hpclaunch.rank.smoke import StartupHang
     from hpclaunch.rank.ending import failure_cause
+    from hpclaunch.rank.smoke import StartupHang
 
     missed = StartupHang("rank 1 did not reach the barrier", ranks=[1], where="rank 0", hint="")
     assert failure_cause(missed) == "hang"  # continued within max_hang_retries

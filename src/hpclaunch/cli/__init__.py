@@ -100,9 +100,13 @@ def _escape(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .common import take_script_args
+
     _register_all()
     try:
-        app(args=argv, prog_name="hpclaunch", standalone_mode=True)
+        # (everything after a literal `--` is the script's: its own options must not reach ours)
+        args = take_script_args(list(sys.argv[1:] if argv is None else argv))
+        app(args=args, prog_name="hpclaunch", standalone_mode=True)
     except HpclaunchError as err:
         if debug_enabled():
             raise

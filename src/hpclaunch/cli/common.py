@@ -40,6 +40,63 @@ SetOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on stdout.")]
+ConfigOptArg = Annotated[
+    list[Path] | None, typer.Argument(help=CONFIG_HELP + " Optional with --script.", metavar="[CONFIG]")
+]
+ScriptOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--script",
+        help="Train your own torch script (it calls hpclaunch.attach; docs/byo.md) instead of the "
+        "built-in MMDiT trainer; the script's own arguments go after --.",
+        metavar="SCRIPT",
+    ),
+]
+
+# What followed a literal ``--`` on the command line: the script's arguments (``main`` splits them
+# off before the command's options are parsed; None: there was no ``--``).
+_script_args: list[str] | None = None
+
+
+def take_script_args(argv: list[str]) -> list[str]:
+    """``argv`` up to a literal ``--``; what follows it is kept as the script's arguments."""
+    global _script_args
+    if "--" not in argv:
+        _script_args = None
+        return argv
+    at = argv.index("--")
+    _script_args = list(argv[at + 1 :])
+    return argv[:at]
+
+
+def script_flags(script: Path | None) -> list[tuple[str, str]]:
+    """``--script`` and the arguments after ``--`` as config keys (``script.path``, ``script.args``),
+    applied after every file and ``--set``."""
+    flags = [(f"script.path={json.dumps(str(script))}", "--script")] if script is not None else []
+    if _script_args is not None:
+        flags.append((f"script.args={json.dumps(_script_args)}", "--"))
+    return flags
+
+
+def load_run_config(
+    config: list[Path] | None,
+    overrides: list[str] | None,
+    script: Path | None,
+    flags: list[tuple[str, str]] | None = None,
+    *,
+    command: str,
+) -> RunConfig:
+    """CONFIG (optional with ``--script``: the defaults) with overrides, a command's flags and the
+    script's; one line and exit 2 when there is nothing to run."""
+    if not config and script is None:
+        from ..errors import UserInputError
+
+        raise UserInputError(
+            "give a CONFIG file or --script SCRIPT",
+            where=command,
+            hint=f"hpclaunch {command} examples/tiny.yaml, or hpclaunch {command} --script train.py -- --epochs 3",
+        )
+    return load(config or [], overrides, [*(flags or []), *script_flags(script)])
 
 
 def load(

@@ -50,10 +50,13 @@ class MetricsFollower:
         return self.last
 
 
-def describe(record: MetricsLine | None, total: int, width: int = 24) -> str:
-    """``train ━━━━━━━╸        120/200  loss 2.3104 (text 1.21, latent 1.10)  val 2.40  85 samples/s  ETA 0:01:20``."""
-    if record is None:
-        return f"train {' ' * width} 0/{total}  starting"
+def describe(record: MetricsLine | None, total: int | None, width: int = 24) -> str:
+    """``train ━━━━━━━╸        120/200  loss 2.3104 (text 1.21, latent 1.10)  val 2.40  85 samples/s  ETA 0:01:20``.
+    ``total`` None: a script's run, whose lines say it (``total``)."""
+    if total is None and record is not None and isinstance(record.value("total"), int):
+        total = int(record.value("total"))
+    if record is None or total is None:
+        return f"train {' ' * width} {record.step or 0 if record else 0}/{total or '?'}  starting"
     step = record.step or 0  # the trainer writes a step on every line
     filled = int(width * min(step, total) / max(total, 1))
     bar = "━" * filled + " " * (width - filled)
@@ -62,7 +65,9 @@ def describe(record: MetricsLine | None, total: int, width: int = 24) -> str:
     def num(v: object, fmt: str) -> str | None:  # the figures are as written: null, or not a number
         return format(v, fmt) if isinstance(v, (int, float)) else None
 
-    if (loss := num(record.loss, ".4f")) is not None:
+    if (loss := num(record.loss, ".4f")) is not None and record.text_loss is None:
+        parts.append(f"loss {loss}")  # (a script's)
+    elif loss is not None:
         parts.append(
             f"loss {loss} (text {num(record.text_loss, '.3f')}, latent {num(record.latent_loss, '.3f')})"
         )
@@ -111,7 +116,7 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def live_progress(metrics: Path, total_steps: int, *, every_s: float = 0.5) -> Iterator[None]:
+def live_progress(metrics: Path, total_steps: int | None, *, every_s: float = 0.5) -> Iterator[None]:
     """Show the progress line at the bottom of the terminal while the block runs (when ``enabled``)."""
     if not enabled():
         yield

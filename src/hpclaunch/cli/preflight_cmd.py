@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from ..errors import PreflightFailed
-from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
+from .common import ConfigOptArg, JsonOpt, ScriptOpt, SetOpt, console, load_run_config, print_json
 
 if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
     from ..estimate import EstimateJSON
@@ -22,8 +22,9 @@ def register(app: typer.Typer) -> None:
 
 
 def preflight(
-    config: ConfigArg,
+    config: ConfigOptArg = None,
     overrides: SetOpt = None,
+    script: ScriptOpt = None,
     as_json: JsonOpt = False,
     only: Annotated[str | None, typer.Option("--only", help=ONLY_HELP, metavar="NAME,...")] = None,
     no_estimate: Annotated[
@@ -42,11 +43,12 @@ def preflight(
       hpclaunch preflight examples/tiny.yaml
       hpclaunch preflight run.yaml --only data,disk --json
       hpclaunch preflight base.yaml exp.yaml --set scheduler.gpu_hour_cost=2.5
+      hpclaunch preflight --script train.py cluster.yaml
     """
     from ..preflight import print_report, run_login_checks
 
     names = None if only is None else {n.strip() for n in only.split(",")}
-    cfg = load(config, overrides)
+    cfg = load_run_config(config, overrides, script, command="preflight")
     from .train_checks import refuse_bad_init_from
 
     refuse_bad_init_from(cfg, cfg.run_path(), pending_ok=True)

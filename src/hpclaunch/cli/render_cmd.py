@@ -13,7 +13,7 @@ from ..fsutil import atomic_write_text
 from ..orchestrator.launch import Prepared, prepare
 from ..schedulers.base import RenderedJob
 from ..schedulers.registry import get_scheduler
-from .common import ConfigArg, SetOpt, err_console, load
+from .common import ConfigOptArg, ScriptOpt, SetOpt, err_console, load_run_config
 
 
 def register(app: typer.Typer) -> None:
@@ -21,8 +21,9 @@ def register(app: typer.Typer) -> None:
 
 
 def render(
-    config: ConfigArg,
+    config: ConfigOptArg = None,
     overrides: SetOpt = None,
+    script: ScriptOpt = None,
     scheduler: Annotated[
         str | None,
         typer.Option("--scheduler", help="Render for this scheduler instead: local, slurm or pbs."),
@@ -50,8 +51,11 @@ def render(
       hpclaunch render examples/slurm-8xh100.yaml
       hpclaunch render examples/tiny.yaml --scheduler pbs --pbs-dialect torque -o job.pbs
       hpclaunch render examples/slurm-8xh100.yaml --rescue
+      hpclaunch render --script train.py examples/slurm-8xh100.yaml -- --lr 3e-4
     """
-    cfg = load(config, overrides, scheduler_flags(scheduler, pbs_dialect))
+    cfg = load_run_config(
+        config, overrides, script, scheduler_flags(scheduler, pbs_dialect), command="render"
+    )
     prepared = prepare(cfg, sweeps=sweep or [])
     if rescue:
         prepared = replace(prepared, rendered=rescue_script(prepared))

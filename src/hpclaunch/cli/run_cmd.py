@@ -19,14 +19,15 @@ from ..orchestrator.stragglers import describe as describe_stragglers
 from ..rundir import SUBMITTED, Ledger, RunPaths
 from ..rundir.readers import sweep_roots
 from .common import (
-    CONFIG_HELP,
-    ConfigArg,
+    ConfigOptArg,
     JsonOpt,
+    ScriptOpt,
     SetOpt,
     console,
     err_console,
-    load,
+    load_run_config,
     print_json,
+    script_flags,
 )
 from .run_dirs import (
     refuse_sweep_with_resume,
@@ -70,8 +71,9 @@ def _preflight_or_refuse(cfg: Any) -> None:
 
 
 def submit(
-    config: Annotated[list[Path] | None, typer.Argument(help=CONFIG_HELP, metavar="CONFIG")] = None,
+    config: ConfigOptArg = None,
     overrides: SetOpt = None,
+    script: ScriptOpt = None,
     resume: Annotated[
         Path | None,
         typer.Option("--resume", help="Continue this existing run (its config + --set).", metavar="RUN"),
@@ -97,8 +99,13 @@ def submit(
 ) -> None:
     """Check, render and submit a run to its scheduler (local by default).
 
+    Exit codes: 0 submitted (with --wait: finished), 1 a check failed (nothing submitted) or, with
+    --wait, the run failed; 2 bad input (nothing written or submitted); with --wait, 3 ended by the
+    user, 4 stopped at the time limit, 5 preempted (3, 4 and 5 resumable with --resume).
+
     Examples:
       hpclaunch submit examples/tiny.yaml --wait
+      hpclaunch submit --script train.py cluster.yaml -- --lr 3e-4
       hpclaunch submit base.yaml exp-highres.yaml --set train.lr=1e-4
       hpclaunch submit run.yaml --sweep train.lr=1e-4,3e-4 --sweep model.depth=2,4
       hpclaunch submit --resume runs/tiny
@@ -115,14 +122,16 @@ def submit(
     refuse_sweep_with_resume(resume, sweep)
     if resume is not None:
         resumed = resumable(resume)
-        cfg = load_existing_run(resumed.root, overrides or [])
+        cfg = load_existing_run(resumed.root, [*(overrides or []), *(k for k, _ in script_flags(script))])
         view = status_view(resumed)
-        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), cfg.train.steps)
-    elif config:
-        cfg = load(config, overrides)
+        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), view.steps or cfg.train.steps)
+    elif config or script is not None:
+        cfg = load_run_config(config, overrides, script, command="submit")
     else:
         raise UserInputError(
-            "give a CONFIG file or --resume RUN", where="submit", hint="hpclaunch submit examples/tiny.yaml"
+            "give a CONFIG file, --script SCRIPT or --resume RUN",
+            where="submit",
+            hint="hpclaunch submit examples/tiny.yaml, or hpclaunch submit --script train.py",
         )
     prepared = prepare(cfg, sweeps=sweep or [])
     for warning in prepared.rendered.warnings:
@@ -220,8 +229,9 @@ def _wait_until_ended(roots: list[Path], poll_s: float) -> list[StatusView]:
 
 
 def train(
-    config: ConfigArg,
+    config: ConfigOptArg = None,
     overrides: SetOpt = None,
+    script: ScriptOpt = None,
     resume: Annotated[
         bool,
         typer.Option(
@@ -241,6 +251,7 @@ def train(
     Examples:
       hpclaunch train examples/tiny.yaml --set train.steps=50
       hpclaunch train runs/tiny --resume --set train.steps=100
+      hpclaunch train --script train.py --set scheduler.procs_per_node=2 -- --steps 200
     """
     import os
 
@@ -256,9 +267,13 @@ def train(
         refuse_other_model_shape,
     )
 
+    config = list(config or [])
     if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
         config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
-    cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")])  # this machine, always
+    # this machine, always
+    cfg = load_run_config(
+        config, overrides, script, [("scheduler.kind=local", "hpclaunch train")], command="train"
+    )
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     refuse_training_in_a_sweep_root(paths.root)
@@ -290,7 +305,7 @@ def train(
                 ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
             ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
             os.environ[FOREGROUND_VAR] = "1"
-            with live_progress(paths.metrics, cfg.train.steps):
+            with live_progress(paths.metrics, None if cfg.is_script else cfg.train.steps):
                 code = _attempts_in_the_foreground(str(paths.root))
     finally:
         lock.release(holder)

@@ -23,7 +23,10 @@ from ..rundir import RunPaths
 
 def refuse_bad_data(cfg: RunConfig) -> None:
     """DataError (exit 2, the file named) when the training or validation shards do not fit the model;
-    a data directory that is not there is named by its key and the file or flag that set it."""
+    a data directory that is not there is named by its key and the file or flag that set it. A
+    script's run reads its own data: its script must exist instead."""
+    if cfg.is_script:
+        return refuse_missing_script(cfg)
     from ..shards import validate_dataset
 
     d = cfg.data
@@ -45,6 +48,22 @@ def refuse_bad_data(cfg: RunConfig) -> None:
         validate_dataset(d.val_token_dir, d.val_latent_dir, cfg.model, max_shards=0)
 
 
+def refuse_missing_script(cfg: RunConfig) -> None:
+    """UserInputError when ``script.path`` is not a file here (or its working directory is missing)."""
+    s = cfg.script
+    path = Path(str(s.path))
+    if not path.is_file():
+        raise UserInputError(
+            f"script.path {cfg.path_said('script.path', str(path))} is not a file",
+            where=cfg.origin("script.path"),
+            hint="check the path; relative paths are relative to the working directory",
+        )
+    if s.workdir and not Path(s.workdir).is_dir():
+        raise UserInputError(
+            f"script.workdir {s.workdir} is not a directory", where=cfg.origin("script.workdir")
+        )
+
+
 def refuse_missing_memory_dir(cfg: RunConfig) -> None:
     """UserInputError when the memory tier is on and its tmpfs is not a directory on this machine."""
     from ..rundir.shm import base_of
@@ -60,7 +79,10 @@ def refuse_missing_memory_dir(cfg: RunConfig) -> None:
 
 
 def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
-    """UserInputError when the run's newest published checkpoint holds another model shape."""
+    """UserInputError when the run's newest published checkpoint holds another model shape (a
+    script's model shapes are checked by its run, which knows them)."""
+    if cfg.is_script:
+        return
     from ..rank.checkpoint.manifest import InvalidCheckpoint, published_dirs, read_manifest
 
     checkpoints = RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints

@@ -16,6 +16,7 @@ from ..rundir.env import (
     JOIN_STDERR_VAR,
     NODE_NAME_VAR,
     PRELOAD_COMPILE_VAR,
+    PRELOAD_VAR,
     PROGRESS_DIR_VAR,
     RUN_DIR_VAR,
 )
@@ -47,7 +48,9 @@ def rank_host_environment(
     env[JOIN_STDERR_VAR] = "1"
     env[NODE_NAME_VAR] = ctx.hostname  # ranks report their node as the scheduler names it
     env[ALLOCATION_VAR] = ctx.allocation  # (the memory tier's snapshots belong to one allocation)
-    if cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
+    if cfg.is_script:  # the script's own slow imports first, then torch's and the rank package's
+        env[PRELOAD_VAR] = ",".join([*cfg.script.preload, "hpclaunch.rank.preload"])
+    elif cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
         env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
     env.pop("SUBMITIT_EXECUTOR", None)
     return env
@@ -109,6 +112,7 @@ def rank_request(
         "run_dir": str(paths.root),
         "log_dir": str(paths.attempt_logs(attempt) / f"elastic-node{ctx.node_rank}"),
         "env": attempt_env(attempt, plan, cfg, ctx, paths),
+        "program": "script" if cfg.is_script else "mmdit",
     }
     if nodes > 1:
         head = roster.training[0]

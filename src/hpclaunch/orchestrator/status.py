@@ -509,7 +509,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     attempts = attempts_from_events(events)
     _add_unsaved_steps(attempts, metrics)
     last = metrics[-1] if metrics else None
-    total_steps = _total_steps(paths)
+    total_steps = _total_steps(paths, events)
     step = max([a.last_step or 0 for a in attempts] + [last.step or 0 if last else 0])
     sched = None
     if scheduler_status is not None:
@@ -586,7 +586,12 @@ def _hint(state: str, run: Path, job_id: str | None, *, rescue: str | None = Non
     return None
 
 
-def _total_steps(paths: RunPaths) -> int | None:
+def _total_steps(paths: RunPaths, events: Sequence[Event] = ()) -> int | None:
+    """The steps the run trains to: what its newest attempt said (a script's ``run.steps(total)``),
+    else the config's ``train.steps``."""
+    said = [e.total_steps for e in of_kind(events, Resumed) if e.total_steps is not None]
+    if said:
+        return said[-1]
     import yaml
 
     try:

@@ -15,7 +15,7 @@ from pathlib import Path
 from .. import __version__
 from ..config import RunConfig
 from ..fsutil import JSONObject
-from ..probe_shapes import StepRequest
+from ..probe_shapes import ScriptRequest, StepRequest
 from ..rundir.container import ContainerPlan
 from .check_context import CheckContext, Findings, Outcome, skip
 from .probe import Probe, ProbeError, StaticProbe, job_python
@@ -59,20 +59,28 @@ def job_probe(
     env: dict[str, str] | None = None,
     which: Callable[[str], str | None] = shutil.which,
 ) -> Probe | StaticProbe:
-    """The probe of the job's Python: in the run's image (through its runtime) when it has one."""
-    model: JSONObject = cfg.model.model_dump(mode="json")
+    """The probe of the job's Python: in the run's image (through its runtime) when it has one. A
+    script's run counts no MMDiT: its probe runs the script as far as its attach instead."""
+    model: JSONObject | None = None if cfg.is_script else cfg.model.model_dump(mode="json")
+    script: ScriptRequest | None = None
+    if cfg.is_script:
+        s = cfg.script
+        script = {"path": str(s.path), "args": list(s.args), "workdir": s.workdir}
+        estimate = None
     plan = ContainerPlan.from_config(cfg)
     if plan is None:
         return Probe(
-            job_python(cfg.launch.python), model=model, timeout_s=timeout_s, estimate=estimate, env=env
-        )
+            job_python(cfg.launch.python), model=model, timeout_s=timeout_s, estimate=estimate, env=env,
+            script=script,
+        )  # fmt: skip
     blocked = probe_blocker(cfg, which)
     if blocked is not None:
         return StaticProbe(error=f"not run: {blocked} (the container check says more)", python=plan.python)
     probe_plan = plan.for_probe()
     return Probe(
-        plan.python, model=model, timeout_s=timeout_s, estimate=estimate, env=env, container=probe_plan
-    )
+        plan.python, model=model, timeout_s=timeout_s, estimate=estimate, env=env, container=probe_plan,
+        script=script,
+    )  # fmt: skip
 
 
 def check_container(ctx: CheckContext) -> Outcome:

@@ -17,8 +17,13 @@ VALUE_CHECKED_SHARDS = 4  # shards whose token values are read in full (the rest
 
 
 def check_data(ctx: CheckContext) -> Outcome:
-    """Data dirs readable, shard pairs complete, a sample of shards validated, samples vs batch x steps."""
+    """Data dirs readable, shard pairs complete, a sample of shards validated, samples vs batch x steps;
+    for a script's run: the script and its working directory (it reads its own data)."""
     cfg = ctx.cfg
+    if cfg.is_script:
+        from .script_check import check_script_files
+
+        return check_script_files(ctx)
     f = Findings()
     for key, raw in (("data.token_dir", cfg.data.token_dir), ("data.latent_dir", cfg.data.latent_dir)):
         d = Path(raw)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .check_context import CheckContext, Findings, Outcome
-from .sizes import human_bytes, human_count, kept_checkpoints, run_checkpoint_bytes
+from .script_check import SCRIPT_PROBE_S
+from .sizes import SCRIPT_STATE_BYTES, human_bytes, human_count, kept_checkpoints, run_checkpoint_bytes
 
 
 @dataclass
@@ -33,12 +34,25 @@ def nearest_existing(path: Path) -> Path:
     return p
 
 
+def _checkpoint_bytes(ctx: CheckContext) -> tuple[int, bool]:
+    """(one checkpoint's bytes, measured or counted?): the MMDiT's from its parameters; a script's
+    from what its probe saw at attach (one rank's state x the ranks), else an assumed size."""
+    cfg = ctx.cfg
+    if not cfg.is_script:
+        params, exact = ctx.parameters()
+        return run_checkpoint_bytes(cfg, params), exact
+    measure = ctx.probe.script_probe(SCRIPT_PROBE_S) if ctx.probe is not None else {}
+    state = measure.get("state_bytes")
+    if isinstance(state, int) and state > 0:
+        return state * cfg.scheduler.world_size, True  # (FSDP shards: an upper bound)
+    return SCRIPT_STATE_BYTES, False
+
+
 def check_disk(ctx: CheckContext) -> Outcome:
     """Free space and inodes at the run and checkpoint directories vs checkpoints kept + reserve."""
     cfg = ctx.cfg
     f = Findings()
-    params, exact = ctx.parameters()
-    ckpt = run_checkpoint_bytes(cfg, params)
+    ckpt, exact = _checkpoint_bytes(ctx)
     kept = kept_checkpoints(cfg)
     run_dir = cfg.run_path()
     ckpt_dir = Path(cfg.checkpoint.dir) if cfg.checkpoint.dir else run_dir / "checkpoints"
@@ -94,6 +108,7 @@ def check_disk(ctx: CheckContext) -> Outcome:
             )
         else:
             f.ok(f"{label}: {human_bytes(free)} free, needs {human_bytes(need.bytes)} ({detail})")
-    if f.items and all(s.value == "pass" for s, _, _ in f.items):
-        f.ok(f"{human_count(params)} parameters{'' if exact else ' (estimated)'}")
+    if f.items and all(s.value == "pass" for s, _, _ in f.items) and not cfg.is_script:
+        params, counted = ctx.parameters()
+        f.ok(f"{human_count(params)} parameters{'' if counted else ' (estimated)'}")
     return f.outcome()

@@ -28,6 +28,7 @@ after its queue wait. With no budget to compare against (a login node without GP
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ..config import RunConfig
 from ..nccl import validate_nccl_env
@@ -54,6 +55,8 @@ MICRO_BATCH_LIMIT = 1024  # the largest micro-batch the memory check looks for
 def check_config(ctx: CheckContext) -> Outcome:
     """Layout (nodes x ranks, samples/rank), stop lead vs estimated save time, walltime vs intervals."""
     cfg = ctx.cfg
+    if cfg.is_script:
+        return _check_script_layout(ctx)
     s, t, c = cfg.scheduler, cfg.train, cfg.checkpoint
     f = Findings()
     layout = (
@@ -116,6 +119,32 @@ def check_config(ctx: CheckContext) -> Outcome:
     _check_memory(ctx, f, params, exact)
     _check_host_memory(ctx, f, params, exact)
     _check_snapshot_tmpfs(ctx, f, params, exact)
+    return f.outcome()
+
+
+def _check_script_layout(ctx: CheckContext) -> Outcome:
+    """A script's run: the layout, the stop lead and the save interval (the model, its batch and
+    its memory are the script's; the ``script`` check's probe measures what a checkpoint holds)."""
+    cfg = ctx.cfg
+    s = cfg.scheduler
+    f = Findings()
+    lead = round(
+        stop_lead_s(
+            fixed_s=cfg.launch.stop_lead_s, save_s=planned_save_s(cfg), margin_s=cfg.launch.stop_margin_s
+        )
+    )
+    lead_text = (
+        f"stop lead ~{lead} s before any save is measured (then the slowest save measured sets it)"
+        if cfg.launch.stop_lead_s is None
+        else f"stop lead {lead} s"
+    )
+    for issue in validate_nccl_env(cfg.nccl.env):
+        hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
+        (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
+    f.ok(
+        f"{s.nodes} node(s) x {s.nprocs} rank(s) = {s.world_size} ({cfg.backend}) running "
+        f"{Path(str(cfg.script.path)).name}; {lead_text}; {_save_interval_text(cfg)}"
+    )
     return f.outcome()
 
 

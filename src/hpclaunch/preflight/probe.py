@@ -23,6 +23,8 @@ from ..fsutil import JSONObject
 from ..probe_shapes import (  # the shapes the probe prints, as the trainer's scripts write them
     ProbeAnswer,
     ProbeRequest,
+    ScriptMeasure,
+    ScriptRequest,
     StepMeasure,
     StepRequest,
 )
@@ -33,10 +35,17 @@ _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
 
 
 class _Line(ProbeAnswer, total=False):
-    """One JSON line the probe printed: its answer, then (when asked) the measured steps."""
+    """One JSON line the probe printed: its answer, then (when asked) the measured steps or the
+    script's attach."""
 
     step_estimate: StepMeasure
+    script_probe: ScriptMeasure
     __unparsed__: str  # a line that began with "{" but was no JSON
+
+
+def _is_answer(line: _Line) -> bool:
+    """The probe's answer, not a line it printed after it (the steps, the script)."""
+    return "step_estimate" not in line and "script_probe" not in line
 
 
 class ProbeError(Exception):
@@ -91,11 +100,16 @@ class Probe:
         estimate: StepRequest | None = None,
         env: dict[str, str] | None = None,
         container: ContainerPlan | None = None,
+        script: ScriptRequest | None = None,
     ):
-        """``container``: run ``python`` (the image's) in the run's image, through its runtime."""
+        """``container``: run ``python`` (the image's) in the run's image, through its runtime.
+        ``script``: a script's run, run as far as its attach after the answer (``script_probe``)."""
         self.python = python
         self.timeout_s = timeout_s
         self.estimating = estimate is not None
+        self.probing_script = script is not None
+        # the answer is the first line and the process goes on (to time steps, or to run a script)
+        self._goes_on = self.estimating or self.probing_script
         self._lock = threading.Lock()
         self._result: ProbeAnswer | None = None
         self._error: str | None = None
@@ -137,6 +151,8 @@ class Probe:
         request: ProbeRequest = {"model": model}
         if estimate is not None:
             request["estimate"] = estimate
+        if script is not None:
+            request["script"] = script
         send_request(self._proc, json.dumps(request))
 
     @property
@@ -202,7 +218,7 @@ class Probe:
             deadline = min(deadline, time.monotonic() + timeout)
 
         def answered() -> bool:
-            return self.estimating and any("step_estimate" not in ln for ln in self._lines)
+            return self._goes_on and any(_is_answer(ln) for ln in self._lines)
 
         if not self._wait_for(answered, deadline):
             if time.monotonic() - self._started < self.timeout_s:
@@ -212,9 +228,9 @@ class Probe:
             self._error = f"no answer within {self.timeout_s:g} s"
             return
         with self._changed:
-            lines = [ln for ln in self._lines if "step_estimate" not in ln]
+            lines = [ln for ln in self._lines if _is_answer(ln)]
             ended = self._eof
-        if self.estimating and lines:
+        if self._goes_on and lines:
             line = lines[0]  # printed before the steps began; the process goes on with them
         else:
             assert ended and self._proc is not None
@@ -249,6 +265,25 @@ class Probe:
             return found
         return {"error": self._why_failed().removeprefix("failed: ")}
 
+    def script_probe(self, timeout_s: float) -> ScriptMeasure:
+        """What the script showed at its attach (``rank/script_probe.py``) or ``{"error": why}``."""
+        if not self.probing_script:
+            return {"error": "not requested"}
+        if self._proc is None:
+            return {"error": f"the job's Python: {self._error}"}
+
+        def reached() -> bool:
+            return any("script_probe" in ln for ln in self._lines)
+
+        if not self._wait_for(reached, self._started + timeout_s):
+            self.close()
+            return {"error": f"the script did not reach hpclaunch.attach() within {timeout_s:.0f} s"}
+        with self._changed:
+            found = next((ln["script_probe"] for ln in self._lines if "script_probe" in ln), None)
+        if isinstance(found, dict):
+            return found
+        return {"error": self._why_failed().removeprefix("failed: ")}
+
     def close(self) -> None:
         """Kill the probe if it is still running (a check that timed out must not leave it behind)."""
         proc = self._proc
@@ -276,6 +311,9 @@ class StaticProbe:
         return self._result
 
     def step_estimate(self, timeout_s: float) -> StepMeasure:
+        return {"error": self._error}
+
+    def script_probe(self, timeout_s: float) -> ScriptMeasure:
         return {"error": self._error}
 
     def close(self) -> None:

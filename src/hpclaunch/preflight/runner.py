@@ -33,6 +33,7 @@ from .node import check_node
 from .probe import Probe, StaticProbe
 from .results import CheckResult, Report, Status
 from .scheduler import check_scheduler
+from .script_check import SCRIPT_PROBE_S, check_script
 
 PROBE_TIMEOUT_S = 60.0
 
@@ -62,9 +63,10 @@ CHECKS: dict[str, Check] = {
         Check("node", check_node, 10),
         Check("fds", check_fds, 5),
         Check("container", check_container, PROBE_TIMEOUT_S + 5, needs_probe=True),
+        Check("script", check_script, SCRIPT_PROBE_S + 10, needs_probe=True),
     )
 }
-LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config", "fds", "container")
+LOGIN_CHECKS = ("env", "gpu", "data", "disk", "network", "scheduler", "config", "fds", "container", "script")
 NODE_CHECKS = ("node", "env", "gpu", "data", "disk", "network", "fds", "container")
 
 

@@ -43,9 +43,16 @@ def estimated_save_s(ckpt_bytes: int) -> float:
     return 2.0 + ckpt_bytes / ASSUMED_WRITE_BPS
 
 
+# A script's state is unknown before its first save (preflight's probe measures it, but the plan
+# must not depend on preflight having run): the stop lead assumes this much until a save is measured.
+SCRIPT_STATE_BYTES = 10**9
+
+
 def planned_save_s(cfg: RunConfig) -> float:
-    """One save of this run as the plan estimates it (parameters by formula), before any save was
-    measured: the save time in the attempt clock's stop lead (``rundir.clock``)."""
+    """One save of this run as the plan estimates it (parameters by formula; a script's assumed),
+    before any save was measured: the save time in the attempt clock's stop lead (``rundir.clock``)."""
+    if cfg.is_script:
+        return round(estimated_save_s(SCRIPT_STATE_BYTES), 3)
     return round(estimated_save_s(run_checkpoint_bytes(cfg, estimate_parameters(cfg.model))), 3)
 
 

@@ -39,6 +39,7 @@ from .data_position import data_position
 from .dist import DistContext, context_now
 from .objects import Attached
 from .run import Run, RunHooks
+from .script_probe import PROBE_VAR, ProbeDone
 from .site import RankSite
 from .tiers import Hashes, make_checkpointer, make_memory_tier
 
@@ -95,6 +96,8 @@ def attach(
         rank=ctx.rank,
         device=ctx.device,
     )
+    if os.environ.get(PROBE_VAR):  # preflight's probe: say what would be saved, and leave
+        raise ProbeDone(_measure(attached, ctx))
     hashes = {"config_hash": _script_hash(session.site), "model_hash": attached.shape_hash()}
     run = open_run(session, ctx, attached, hashes=hashes)
     if not session.site.managed:
@@ -133,6 +136,31 @@ def open_run(
         run.close()
         raise
     return run
+
+
+def _measure(attached: Attached, ctx: DistContext) -> dict[str, Any]:
+    """One rank's state as a checkpoint would hold it (the optimizer's state made first)."""
+    from .tensors import local
+
+    state = attached.state({"step": 0})
+    nbytes = 0
+    stack: list[Any] = [state]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+        elif isinstance(item, torch.Tensor):
+            t = local(item)
+            nbytes += t.numel() * t.element_size()
+    model = attached.model
+    return {
+        "state_bytes": int(nbytes),
+        "params": sum(p.numel() for p in model.parameters()) if model is not None else 0,
+        "objects": attached.names,
+        "device": str(ctx.device),
+    }
 
 
 def _device_of(model: nn.Module | None) -> torch.device | None:

@@ -27,7 +27,9 @@ class Restored:
 
     step: int = 0
     checkpoint: str | None = None  # the checkpoint's or snapshot's path; None: a fresh start
-    tier: TierFields = field(default_factory=lambda: TierFields())  # (with the memory tier: which one, and the disk's step)
+    tier: TierFields = field(
+        default_factory=lambda: TierFields()
+    )  # (with the memory tier: which one, and the disk's step)
     counters: dict[str, int] = field(default_factory=dict)  # the run's own, as saved
 
     @property

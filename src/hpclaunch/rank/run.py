@@ -32,13 +32,14 @@ import torch
 
 from ..errors import UserInputError
 from ..fsutil import append_line
-from ..rundir import STOPPED, AttemptOutcome, Ledger
+from ..rundir import STOPPED, AttemptOutcome, Ledger, read_events
 from ..rundir.cause import STOP_EXIT_CODES, Cause
+from ..rundir.events import CheckpointSaved, of_kind
 from ..rundir.outcome import Status
 from ..rundir.progress import PHASES
 from .checkpoint import Checkpointer
 from .data_position import DataPosition
-from .dist import DistContext, all_gather_json
+from .dist import DistContext, all_gather_json, broadcast_json
 from .memory_tier import MemoryTier
 from .objects import Attached
 from .periodic_saves import PeriodicSaves
@@ -50,6 +51,8 @@ from .step_log import StepLog
 from .tensors import params_finite
 
 __all__ = ["Run", "RunHooks", "Stopped"]
+
+RECENT_SAVES = 4  # the run's newest saves that seed an attempt's stop lead
 
 
 class Stopped(SystemExit):
@@ -203,6 +206,7 @@ class Run:
         self._end(None)
 
     def _begin(self) -> None:
+        self._seed_save_time()
         if self.ledger is not None:
             record_resumed(
                 self.ledger,
@@ -231,6 +235,20 @@ class Run:
         if self.site.cfg.testing.trace_steps:
             self._trace = self.site.paths.root / "trace" / f"rank{self.ctx.rank}.jsonl"
             self._trace.parent.mkdir(parents=True, exist_ok=True)
+
+    def _seed_save_time(self) -> None:
+        """The stop lead starts from the slowest of the run's recent saves (an attempt too short to
+        save before its stop would otherwise keep the plan's estimate for ever): rank 0 reads the
+        ledger, every rank hears (none: the plan's estimate)."""
+        seconds = None
+        if self.ledger is not None:
+            recent = of_kind(read_events(self.site.paths).events, CheckpointSaved)[-RECENT_SAVES:]
+            measured = [e.seconds for e in recent if e.seconds is not None]
+            seconds = max(measured) if measured else None
+        if self.ctx.initialized:
+            seconds = broadcast_json(seconds, self.ctx.host_group(), is_source=self.ctx.is_main)
+        if seconds is not None:
+            self.stop.note_checkpoint_seconds(float(seconds))
 
     def _enter(self, step: int) -> None:
         self._current = step

@@ -86,7 +86,13 @@ def main(argv: list[str], *, leave_at_once_on_failure: bool = False) -> int:
 
 
 def _run_script(path: str, args: list[str], workdir: str | None) -> None:
+    import multiprocessing
+
     script = Path(path)
+    # The rank was forked by the rank host's forkserver, which made forkserver its start method:
+    # a DataLoader's workers would then run the script again from the top in each worker (as
+    # spawn does). Under torchrun a script's helpers fork, as Python's default on Linux has them.
+    multiprocessing.set_start_method("fork", force=True)
     if workdir:
         os.chdir(workdir)
     sys.argv = [str(script), *args]

@@ -181,17 +181,15 @@ class ContainerPlan(BaseModel):
 
 def _mounts(cfg: RunConfig) -> list[Mount]:
     """The run directory, the checkpoint directory, the data, the weights a run starts from and
-    the memory tier's directory at their own paths, then the user's; none inside another."""
-    d = cfg.data
-    own = [
-        str(cfg.run_path()),
-        cfg.checkpoint.dir,
-        d.token_dir,
-        d.latent_dir,
-        d.val_token_dir,
-        d.val_latent_dir,
-    ]
-    own += [cfg.train.init_from, cfg.checkpoint.memory.dir]
+    the memory tier's directory at their own paths (a script's run: the script's folder and its
+    working directory instead of the built-in trainer's data), then the user's; none inside
+    another."""
+    own = [str(cfg.run_path()), cfg.checkpoint.dir, cfg.checkpoint.memory.dir]
+    if cfg.is_script:
+        own += [str(Path(str(cfg.script.path)).parent), cfg.script.workdir]
+    else:
+        d = cfg.data
+        own += [d.token_dir, d.latent_dir, d.val_token_dir, d.val_latent_dir, cfg.train.init_from]
     mounts = [Mount(src=p, dst=p) for p in own if p and p.startswith("/")]
     mounts += [Mount.parse(m) for m in cfg.container.mounts]
     kept: list[Mount] = []

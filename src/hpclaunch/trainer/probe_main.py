@@ -7,7 +7,8 @@ parameter count built on the meta device (no memory, no init cost). Every part r
 error instead of failing the whole probe. Preflight (torch-free) runs it by path, never imports it.
 With ``"estimate": {"config": {...}, "steps": N}`` in the request it then times N training steps
 (``step_probe.measure``) in the same process, torch already imported, and prints
-``{"step_estimate": {...}}`` as a second line.
+``{"step_estimate": {...}}`` as a second line; with ``"script": {...}`` it runs a user's script as
+far as its ``hpclaunch.attach`` (``rank.script_probe``) and prints ``{"script_probe": {...}}``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # not at run time: the probe runs where hpclaunch may not be 
         PackageInfo,
         ProbeAnswer,
         ProbeRequest,
+        ScriptMeasure,
         StepMeasure,
         StepRequest,
         TorchDevice,
@@ -33,7 +35,7 @@ if TYPE_CHECKING:  # not at run time: the probe runs where hpclaunch may not be 
     )
 
 
-Part = TypeVar("Part", "TorchInfo", "PackageInfo", "ModelInfo", "StepMeasure")
+Part = TypeVar("Part", "TorchInfo", "PackageInfo", "ModelInfo", "StepMeasure", "ScriptMeasure")
 
 
 def _torch() -> TorchInfo:
@@ -129,6 +131,14 @@ def main() -> None:
     out["seconds"] = round(time.monotonic() - start, 3)
     sys.stdout.write("\n" + json.dumps(out) + "\n")
     sys.stdout.flush()  # the checks go on with this answer while the steps below are timed
+    if request.get("script") is not None:
+        script: ScriptMeasure
+        if "error" in out["torch"]:
+            script = {"error": f"torch: {out['torch']['error']}"}
+        else:
+            script = _guard(_script, request["script"])
+        sys.stdout.write(json.dumps({"script_probe": script}) + "\n")
+        sys.stdout.flush()
     if request.get("estimate") is not None:
         if "error" in out["torch"]:
             step: StepMeasure = {"error": f"torch: {out['torch']['error']}"}
@@ -136,6 +146,13 @@ def main() -> None:
             step = _guard(_steps, request["estimate"], start)
         sys.stdout.write(json.dumps({"step_estimate": step}) + "\n")
         sys.stdout.flush()
+
+
+def _script(request: Any) -> ScriptMeasure:
+    """A script's run: the script as far as its attach (``rank.script_probe``), torch imported."""
+    from hpclaunch.rank.script_probe import probe
+
+    return cast("ScriptMeasure", probe(request))
 
 
 def _steps(request: StepRequest, start: float) -> StepMeasure:
