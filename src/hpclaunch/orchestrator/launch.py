@@ -108,11 +108,18 @@ def prepare(cfg: RunConfig, *, sweeps: list[str] | None = None) -> Prepared:
         ]
         base = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
         plan = base.model_copy(update={"sweep": sweep})
-        rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+        rendered = _with_config_warnings(get_scheduler(cfg.scheduler.kind).render(plan), cfg)
         return Prepared(cfg, plan, rendered, [c for _, _, c in points])
     plan = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
-    rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+    rendered = _with_config_warnings(get_scheduler(cfg.scheduler.kind).render(plan), cfg)
     return Prepared(cfg, plan, rendered)
+
+
+def _with_config_warnings(rendered: RenderedJob, cfg: RunConfig) -> RenderedJob:
+    """What ``render`` and ``submit`` warn about beside the script's lint: a job asking for fewer
+    CPUs than its ranks keep busy (``preflight`` says the same)."""
+    shortfall = cfg.cpu_shortfall()
+    return rendered if shortfall is None else replace(rendered, warnings=[*rendered.warnings, shortfall])
 
 
 def _check_new_run_dir(root: Path) -> None:

@@ -60,6 +60,10 @@ def check_config(ctx: CheckContext) -> Outcome:
         f"{s.nodes} node(s) x {s.nprocs} rank(s) = {s.world_size} ({cfg.backend}), "
         f"{cfg.per_rank_batch} samples/rank"
     )
+    if s.kind != "local":
+        cpus = "whole nodes" if s.cpus_per_node == "all" else f"{cfg.cpus_per_node} CPUs per node"
+        threads = "counted on the node" if cfg.omp_threads is None else str(cfg.omp_threads)
+        layout += f", {cpus} (OMP_NUM_THREADS {threads})"
     if cfg.grad_accum > 1:
         layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
 
@@ -109,6 +113,8 @@ def check_config(ctx: CheckContext) -> Outcome:
                 "and each attempt relies on its stop save",
                 "lower checkpoint.every_steps or raise scheduler.time_limit",
             )
+    if shortfall := cfg.cpu_shortfall():
+        f.warn(shortfall, "each rank keeps its loader workers and a checkpoint writer busy beside itself")
     for issue in validate_nccl_env(cfg.nccl.env):
         hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
         (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)

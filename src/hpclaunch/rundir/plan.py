@@ -74,7 +74,11 @@ class JobPlan(BaseModel):
     procs_per_node: int
     world_size: int
     gpus_per_node: int
-    cpus_per_task: int
+    cpus_per_task: int  # CPUs per node (one task per node): scheduler.cpus_per_node, or its default
+    # cpus_per_node: all: the job asks for whole nodes (SLURM --exclusive, PBS place=excl) and the
+    # script counts each rank's OpenMP threads from the node's CPUs (less ``helpers_per_rank``).
+    whole_node: bool = False
+    helpers_per_rank: int = 2  # a rank's loader workers and its checkpoint writer
     mem_gb: float | None
     time_limit_s: int
     partition: str | None

@@ -31,7 +31,8 @@ from ..rundir.events import Started
 from ..rundir.plan import write_plan
 from ..templates import jinja, lint
 from ..templates.container_lines import container_lines
-from ..templates.shell import Raw, directive_value, export_line, join
+from ..templates.exports import job_exports
+from ..templates.shell import Raw, directive_value, join
 from . import pbs_json
 from .base import (
     Continuation,
@@ -110,11 +111,13 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         extra_directives=extra,
         run_dirs=run_dirs,
         setup=plan.setup,
-        exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
+        exports=job_exports(plan),
         launcher=plan.pbs_launcher,
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
         task_cmd=Raw(_task_cmd(plan)),
         select=Raw(select_spec(plan, mem)),
+        # whole nodes (cpus_per_node: all): the chunk asks for the ranks' need, excl keeps the rest
+        place="scatter:excl" if plan.whole_node else "scatter",
         container=container_lines(plan),
     )
     generated = max(
