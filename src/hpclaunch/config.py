@@ -78,6 +78,33 @@ def _check_directive_value(value: str | None, key: str) -> str | None:
     return value
 
 
+class RescueConfig(_Section):
+    """The small job left held on each SLURM/PBS job (``afternotok``): it starts only when the job ends
+    failed with its attempt undecided (its batch host died), and continues the run without that node."""
+
+    enabled: bool = Field(
+        True,
+        description="Leave a rescue job held on each SLURM/PBS job; false = none (a batch host's death "
+        "then strands the run until submit --resume). While held it counts against the user's job limits.",
+    )
+    partition: str | None = Field(
+        None, description="Partition / PBS queue of the rescue job; null = scheduler.partition."
+    )
+    qos: str | None = Field(None, description="SLURM QOS of the rescue job; null = scheduler.qos.")
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs the rescue job asks for (it uses none, but some GPU partitions refuse jobs "
+        "without); null = 1 in the run's own partition when the run has GPUs, else 0.",
+    )
+
+    @field_validator("partition", "qos")
+    @classmethod
+    def _directive_safe(cls, v: str | None, info: Any) -> str | None:
+        return _check_directive_value(v, f"scheduler.rescue.{info.field_name}")
+
+
 # Keys renamed since a release: the old name is read as the new one (``RENAMED_KEYS``: dotted).
 _RENAMED_IN_SCHEDULER = {"cpus_per_task": "cpus_per_node"}
 RENAMED_KEYS = {f"scheduler.{old}": f"scheduler.{new}" for old, new in _RENAMED_IN_SCHEDULER.items()}
@@ -136,7 +163,9 @@ class SchedulerConfig(_Section):
     )
     pbs_launcher: Literal["auto", "mpiexec", "pbsdsh"] = Field(
         "auto",
-        description="How a multi-node PBS job starts one agent per node; auto = mpiexec (pro) / pbsdsh (torque).",
+        description="How a multi-node PBS job starts one agent per node: mpiexec -n N --ppn 1 (an MPICH-style "
+        "mpiexec: MPICH/Hydra, Intel MPI, Cray's; OpenMPI's has no --ppn) or pbsdsh (any site; OpenMPI sites "
+        "use this); auto = mpiexec (pro) / pbsdsh (torque).",
     )
     max_requeues: int = Field(
         20, ge=0, le=10000, description="Requeues allowed for timeout, preemption and user stops."
@@ -171,6 +200,7 @@ class SchedulerConfig(_Section):
         ge=0,
         description="Price of one GPU-hour: status and preflight then give the run's cost; null = GPU-hours only.",
     )
+    rescue: RescueConfig = Field(default_factory=RescueConfig)  # type: ignore[arg-type]
 
     @model_validator(mode="before")
     @classmethod

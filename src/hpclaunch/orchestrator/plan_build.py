@@ -6,7 +6,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..preflight.sizes import planned_save_s
 from ..rundir.container import ContainerPlan
-from ..rundir.plan import JobPlan, TorchrunPlan
+from ..rundir.plan import JobPlan, RescuePlan, TorchrunPlan
 
 
 def warn_lead_seconds(cfg: RunConfig) -> int:
@@ -82,4 +82,14 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         hpclaunch_version=__version__,
         array_parallelism=s.array_parallelism,
         container=ContainerPlan.from_config(cfg, env_names=list(env)),
+        rescue=rescue_plan(cfg),
     )
+
+
+def rescue_plan(cfg: RunConfig) -> RescuePlan:
+    """Where the rescue job runs: its own partition and QOS, else the run's; GPUs only where it
+    shares the run's GPU partition (which may refuse a job without any), unless said."""
+    s, r = cfg.scheduler, cfg.scheduler.rescue
+    partition = r.partition or s.partition
+    gpus = r.gpus if r.gpus is not None else (1 if s.gpus_per_node and partition == s.partition else 0)
+    return RescuePlan(enabled=r.enabled, partition=partition, qos=r.qos or s.qos, gpus=gpus)

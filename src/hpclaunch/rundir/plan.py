@@ -59,6 +59,17 @@ class SweepPoint(BaseModel):
     overrides: list[str]
 
 
+class RescuePlan(BaseModel):
+    """The rescue job (``scheduler.rescue``, resolved): whether there is one, where, with what."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    partition: str | None = None
+    qos: str | None = None
+    gpus: int = 0
+
+
 class JobPlan(BaseModel):
     """What will run, where, with which resources. Saved as RUN/plan.json."""
 
@@ -115,6 +126,7 @@ class JobPlan(BaseModel):
     sweep: list[SweepPoint] = []
     array_parallelism: int | None = None
     container: ContainerPlan | None = None  # the image the rank host and the ranks run in
+    rescue: RescuePlan = RescuePlan()  # (plans written before it: the run's partition, no GPUs)
 
     # ---- derived, formatted once ---------------------------------------------------------------
 

@@ -49,7 +49,7 @@ from .base import (
     spares_that_fit,
 )
 from .nodes import resolve_address
-from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
+from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SUBMITIT_DIR = "scheduler/submitit"
 SCRIPT_NAME = "job.sbatch"
@@ -169,15 +169,13 @@ def rescue_sbatch_args(job_id: str) -> list[str]:
 
 
 def render_rescue(plan: JobPlan) -> RenderedJob:
-    """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's partition,
-    account and QOS; its output beside the submitit folder."""
+    """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's account,
+    ``scheduler.rescue``'s partition, QOS and GPUs; its output beside the submitit folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
     log = directive_value(str(Path(plan.run_dir) / "scheduler" / "rescue-%j.out"), what="run_dir")
+    submitted = f"sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB"
     lines = [
-        "#!/bin/bash",
-        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
-        "# undecided (its batch host died); submitted as",
-        f"#   sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB",
+        *rescue_header(plan, submitted),
         f"#SBATCH --job-name={name}",
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks=1",
@@ -187,10 +185,12 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
         "#SBATCH --open-mode=append",
         "#SBATCH --no-requeue",
     ]
-    for key in ("partition", "account", "qos"):
-        value = getattr(plan, key)
+    r = plan.rescue
+    for key, value in (("partition", r.partition), ("account", plan.account), ("qos", r.qos)):
         if value:
             lines.append(f"#SBATCH --{key}={directive_value(value, what=f'scheduler.{key}')}")
+    if r.gpus:
+        lines.append(f"#SBATCH --gpus-per-node={r.gpus}")
     lines += rescue_body(plan, '"$1"')
     return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
 
