@@ -97,6 +97,11 @@ def submit(
 ) -> None:
     """Check, render and submit a run to its scheduler (local by default).
 
+    Exit codes: 0 submitted (with --wait: the run finished, or stopped or was cancelled: the last line
+    says which), 1 a preflight check failed (nothing submitted) or, with --wait, the run failed or was
+    lost, 2 bad input or a run that cannot be resumed now (nothing written), 130 Ctrl-C while waiting
+    (the run goes on).
+
     Examples:
       hpclaunch submit examples/tiny.yaml --wait
       hpclaunch submit base.yaml exp-highres.yaml --set train.lr=1e-4
