@@ -1332,7 +1332,7 @@ def load_config(
     ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
     (or ``--set``, or the flag) that set the bad key."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
-    raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
+    raw, sources = merge_layers([(str(f), _settings_in(Path(f))) for f in files])
     for item in overrides:
         sources[apply_override(raw, item)] = "--set"
     for item, flag in flags:
@@ -1413,6 +1413,19 @@ def _a_directory(path: Path) -> ConfigError:
             f"hpclaunch train {path} --resume (the config it was started with)",
         )
     return ConfigError("a directory, not a CONFIG file", where=str(path), hint="name the run's YAML file")
+
+
+def _settings_in(path: Path) -> dict[str, Any]:
+    """A CONFIG file's settings; an empty one (or only comments) is refused: it would run on every
+    default without a word, which is never what a file named on the command line meant."""
+    data = read_yaml_mapping(path)
+    if not data:
+        raise ConfigError(
+            "holds no settings (it is empty, or only comments): every key would take its default",
+            where=str(path),
+            hint=f"write one with every key: hpclaunch init {path} --force; or name the file you meant",
+        )
+    return data
 
 
 def read_yaml_mapping(path: Path) -> dict[str, Any]:

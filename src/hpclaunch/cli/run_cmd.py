@@ -29,6 +29,7 @@ from .common import (
     print_json,
 )
 from .run_dirs import (
+    found,
     refuse_sweep_with_resume,
     refuse_training_in_a_sweep_root,
     refuse_unless_resumable_now,
@@ -261,8 +262,9 @@ def train(
         refuse_other_model_shape,
     )
 
-    if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
-        config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
+    if resume and len(config) == 1 and not config[0].is_file():
+        # RUN, not a CONFIG file: named like every other command that takes a run (what is there)
+        config = [RunPaths(found(config[0]).path).config]  # the config it was started with
     cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")])  # this machine, always
     prepared = prepare(cfg)
     paths = prepared.plan.paths()

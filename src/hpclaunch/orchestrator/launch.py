@@ -132,8 +132,9 @@ def _check_new_run_dir(root: Path) -> None:
 
 
 def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -> RunPaths:
-    """config.yaml (what actually runs), plan.json and the job script."""
-    paths = plan.paths().ensure()
+    """config.yaml (what actually runs), plan.json and the job script (a sweep's root: no
+    checkpoints, attempts or ledger of its own; each point has them)."""
+    paths = plan.paths().ensure_sweep_root() if plan.sweep else plan.paths().ensure()
     atomic_write_text(paths.config, cfg.to_yaml())
     write_plan(paths, plan)
     if rendered is not None:

@@ -175,7 +175,8 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
 
 def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bool) -> None:
     """The memory tier's snapshots against the node's tmpfs, where this machine is the node. Not
-    fitting is a warning: the tier then says so and steps aside, the run goes on with the disk."""
+    fitting is a warning: the tier then says so and steps aside, the run goes on with the disk. A
+    tmpfs that is not there at all fails the local scheduler's run (``submit`` refuses it too)."""
     cfg = ctx.cfg
     if cfg.checkpoint.memory.every_steps is None:
         return
@@ -188,7 +189,11 @@ def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bo
     try:
         st = os.statvfs(base)
     except OSError:
-        f.warn(f"{text}: {base} does not exist here", "set checkpoint.memory.dir to the nodes' tmpfs")
+        hint = "set checkpoint.memory.dir to the nodes' tmpfs (e.g. /dev/shm), or null for /dev/shm"
+        if not ctx.on_node:  # the local scheduler: here is the node, and submit refuses it as well
+            f.fail(f"{text}: {base} does not exist, and the run runs on this machine", hint)
+        else:  # a node without it: the tier steps aside there, the disk serves
+            f.warn(f"{text}: {base} does not exist here", hint)
         return
     free = st.f_bavail * st.f_frsize
     if need > free:
