@@ -518,6 +518,10 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     rescue = rescue_view(events)
     state = run_state(attempts, events, sched.state if sched else None, exiting=_held_by_a_process(paths))
+    if state == "cancelled" and attempts and attempts[-1].end == "running":
+        # `hpclaunch cancel` ended the run; the job is being killed and its agent has not said yet
+        # how the attempt ended (a few seconds): it is not running on, it is cancelling.
+        attempts[-1].end = "cancelling"
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
