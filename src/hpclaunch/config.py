@@ -527,6 +527,18 @@ class TrainConfig(_Section):
         ge=0,
         description="Linear warmup steps; left out: 10, or a tenth of train.steps for a run of 10 steps or fewer.",
     )
+    lr_schedule_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Steps the warmup + cosine LR schedule spans (past them the LR stays at min_lr_ratio x "
+        "lr); null = train.steps. A resume that changes train.steps sets it as lr_schedule_on_resume says.",
+    )
+    lr_schedule_on_resume: Literal["keep", "stretch"] = Field(
+        "keep",
+        description="A resume that changes train.steps (training further): keep = the LR schedule keeps "
+        "the length the run had (no jump in the LR; past that length it stays at its floor); stretch = "
+        "fitted to the new train.steps (the LR at the resumed step changes). Either is said at submit.",
+    )
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     betas: list[float] = Field(
         default_factory=lambda: [0.9, 0.95], description="AdamW betas (two values in [0, 1))."
@@ -623,6 +635,13 @@ class TrainConfig(_Section):
                 "warmup_steps",
                 f"{self.warmup_steps} must be smaller than train.steps={self.steps}",
                 related=("steps",),
+            )
+        length = self.lr_schedule_steps
+        if length is not None and self.warmup_steps >= length and length > 1:
+            raise KeyedValueError(
+                "warmup_steps",
+                f"{self.warmup_steps} must be smaller than train.lr_schedule_steps={length}",
+                related=("lr_schedule_steps",),
             )
         if self.text_weight == 0 and self.latent_weight == 0:
             raise KeyedValueError(
@@ -1304,7 +1323,11 @@ _NOT_MATH += ("init_from", "init_from_ema", "wandb")
 _NOT_MATH += ("deterministic", "profile")
 # Settings added after the first release enter the hash only when set away from their default, so
 # a run (and its checkpoints, and its rendered scripts) keeps its identity across the upgrade.
-_ADDED_LATER = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile", "ema_decay")
+_ADDED_LATER: tuple[str, ...] = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile")
+_ADDED_LATER += ("ema_decay",)
+_ADDED_LATER += ("lr_schedule_steps",)
+# What a resume does to the schedule is applied at submit (it pins lr_schedule_steps, which is math).
+_NOT_MATH += ("lr_schedule_on_resume",)
 
 
 def omp_threads(cpus: int, ranks: int, helpers_per_rank: int) -> int:

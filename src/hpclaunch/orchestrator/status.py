@@ -30,6 +30,7 @@ from ..rundir.events import (
     RescueCancelled,
     RescueSubmitted,
     Resumed,
+    ScheduleChanged,
     Started,
     Stopped,
     StopRequested,
@@ -444,6 +445,9 @@ class StatusView:
     failed_saves: FailedSaves | None
     experiment_logs: list[ExperimentLogFailure]
     memory_tier: MemoryTierView | None = None
+    # What each resume changed of the LR schedule or the global batch, one line each, oldest first
+    # (the ledger's schedule_changed, written at submit).
+    schedule_changes: list[str] = field(default_factory=list)
 
     @property
     def run_name(self) -> str:
@@ -498,6 +502,7 @@ class StatusView:
             "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
             "experiment_logs": [asdict(f) for f in self.experiment_logs],
             "memory_tier": asdict(self.memory_tier) if self.memory_tier is not None else None,
+            "schedule_changes": self.schedule_changes,
         }
 
 
@@ -557,6 +562,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         failed_saves=failed_saves(events),
         experiment_logs=experiment_log_failures(events),
         memory_tier=memory_tier_view(paths, events),
+        schedule_changes=[e.line for e in of_kind(events, ScheduleChanged) if e.line],
     )
 
 

@@ -60,12 +60,12 @@ def check_config(ctx: CheckContext) -> Outcome:
         f"{s.nodes} node(s) x {s.nprocs} rank(s) = {s.world_size} ({cfg.backend}), "
         f"{cfg.per_rank_batch} samples/rank"
     )
+    if cfg.grad_accum > 1:
+        layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
     if s.kind != "local":
         cpus = "whole nodes" if s.cpus_per_node == "all" else f"{cfg.cpus_per_node} CPUs per node"
         threads = "counted on the node" if cfg.omp_threads is None else str(cfg.omp_threads)
         layout += f", {cpus} (OMP_NUM_THREADS {threads})"
-    if cfg.grad_accum > 1:
-        layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
 
     params, exact = ctx.parameters()
     ckpt = run_checkpoint_bytes(cfg, params)
