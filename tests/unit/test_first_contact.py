@@ -62,3 +62,11 @@ def test_a_missing_memory_tier_tmpfs_fails_where_the_run_runs_here(tmp_path: Pat
     elsewhere = load_config(ROOT / "examples/tiny.yaml", [*missing, "scheduler.kind=slurm"], base=ROOT)
     out = check_config(CheckContext(cfg=elsewhere, node=None, probe=StaticProbe(None)))
     assert out.status is not Status.FAIL and "not checked here (the nodes' tmpfs)" in out.finding
+
+
+def test_the_charliecloud_image_hint_names_what_debians_runtime_can_use() -> None:
+    """Debian's charliecloud-runtime ships ch-run alone: the hint named ch-image and ch-convert."""
+    from hpclaunch.preflight.container_check import BUILD
+
+    assert "ch-image" not in BUILD["charliecloud"] and "ch-convert" not in BUILD["charliecloud"]
+    assert "root filesystem directory" in BUILD["charliecloud"] and "tar -x -C" in BUILD["charliecloud"]
