@@ -8,12 +8,17 @@ STAMP  := $(VENV)/.installed
 .PHONY: venv check test test-serial lint typecheck unit cluster pbs demo golden docs bench gpu-check cluster-up cluster-down clean
 
 # torch is pinned first: a plain `torch` requirement would pull a multi-GB CUDA build here.
+# Quiet pip, so each step says what it is doing: torch alone takes about a minute.
 $(STAMP): pyproject.toml
+	@echo "setting up $(VENV): a virtual environment ..."
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@echo "installing torch 2.13.0 (CPU build; about a minute) ..."
 	$(BIN)/pip install -q torch==2.13.0
+	@echo "installing hpclaunch and its dependencies ..."
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
+	@echo "$(VENV) is ready"
 
 venv: $(STAMP)
 

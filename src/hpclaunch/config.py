@@ -78,6 +78,38 @@ def _check_directive_value(value: str | None, key: str) -> str | None:
     return value
 
 
+class RescueConfig(_Section):
+    """The small job left held on each SLURM/PBS job (``afternotok``): it starts only when the job ends
+    failed with its attempt undecided (its batch host died), and continues the run without that node."""
+
+    enabled: bool = Field(
+        True,
+        description="Leave a rescue job held on each SLURM/PBS job; false = none (a batch host's death "
+        "then strands the run until submit --resume). While held it counts against the user's job limits.",
+    )
+    partition: str | None = Field(
+        None, description="Partition / PBS queue of the rescue job; null = scheduler.partition."
+    )
+    qos: str | None = Field(None, description="SLURM QOS of the rescue job; null = scheduler.qos.")
+    gpus: int | None = Field(
+        None,
+        ge=0,
+        le=64,
+        description="GPUs the rescue job asks for (it uses none, but some GPU partitions refuse jobs "
+        "without); null = 1 in the run's own partition when the run has GPUs, else 0.",
+    )
+
+    @field_validator("partition", "qos")
+    @classmethod
+    def _directive_safe(cls, v: str | None, info: Any) -> str | None:
+        return _check_directive_value(v, f"scheduler.rescue.{info.field_name}")
+
+
+# Keys renamed since a release: the old name is read as the new one (``RENAMED_KEYS``: dotted).
+_RENAMED_IN_SCHEDULER = {"cpus_per_task": "cpus_per_node"}
+RENAMED_KEYS = {f"scheduler.{old}": f"scheduler.{new}" for old, new in _RENAMED_IN_SCHEDULER.items()}
+
+
 class SchedulerConfig(_Section):
     kind: Literal["local", "slurm", "pbs"] = Field(
         "local", description="Where the job runs: the embedded local scheduler, SLURM or PBS."
@@ -102,7 +134,13 @@ class SchedulerConfig(_Section):
         le=256,
         description="Ranks per node (torchrun's --nproc-per-node); default gpus_per_node, or 1.",
     )
-    cpus_per_task: int = Field(2, ge=1, le=1024, description="CPUs for the node agent's task.")
+    cpus_per_node: int | Literal["all"] | None = Field(
+        None,
+        description="CPUs per node for its ranks, their loader workers and checkpoint writers (SLURM "
+        "--cpus-per-task of the one task per node, PBS ncpus); null = ranks x (data.num_workers + 2); all = "
+        "whole nodes (SLURM --exclusive, PBS place=excl). OMP_NUM_THREADS: a rank's share less its workers "
+        "and writer. Formerly cpus_per_task.",
+    )
     mem_gb: float | None = Field(None, gt=0, description="Memory per node in GB; null = site default.")
     time_limit: str = Field(
         "01:00:00", description="Wall time per attempt: HH:MM:SS, D-HH:MM:SS, or 90s / 30m / 2h."
@@ -125,7 +163,9 @@ class SchedulerConfig(_Section):
     )
     pbs_launcher: Literal["auto", "mpiexec", "pbsdsh"] = Field(
         "auto",
-        description="How a multi-node PBS job starts one agent per node; auto = mpiexec (pro) / pbsdsh (torque).",
+        description="How a multi-node PBS job starts one agent per node: mpiexec -n N --ppn 1 (an MPICH-style "
+        "mpiexec: MPICH/Hydra, Intel MPI, Cray's; OpenMPI's has no --ppn) or pbsdsh (any site; OpenMPI sites "
+        "use this); auto = mpiexec (pro) / pbsdsh (torque).",
     )
     max_requeues: int = Field(
         20, ge=0, le=10000, description="Requeues allowed for timeout, preemption and user stops."
@@ -160,6 +200,33 @@ class SchedulerConfig(_Section):
         ge=0,
         description="Price of one GPU-hour: status and preflight then give the run's cost; null = GPU-hours only.",
     )
+    rescue: RescueConfig = Field(default_factory=RescueConfig)  # type: ignore[arg-type]
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        """Keys renamed since a release are still read (configs and run directories written before)."""
+        if not isinstance(data, dict):
+            return data
+        for old, new in _RENAMED_IN_SCHEDULER.items():
+            if old in data:
+                if new in data:
+                    raise KeyedValueError(old, f"is the old name of scheduler.{new}; give only {new}")
+                data = {(new if k == old else k): v for k, v in data.items()}
+        return data
+
+    @field_validator("cpus_per_node", mode="before")
+    @classmethod
+    def _cpus_count_all_or_null(cls, v: Any) -> Any:
+        """One message for every wrong value (pydantic's would name each member of the union)."""
+        if v is None or v == "all":
+            return v
+        text = str(v).strip()
+        if isinstance(v, bool) or not (isinstance(v, int) or text.isdigit()) or not 1 <= int(text) <= 4096:
+            raise ValueError(
+                f"{v!r} is not a CPU count from 1 to 4096, all (whole nodes) or null (the ranks' need)"
+            )
+        return int(text)
 
     @field_validator("time_limit", mode="before")
     @classmethod
@@ -230,6 +297,12 @@ class SchedulerConfig(_Section):
         if self.kind == "local" and self.spare_nodes:
             raise KeyedValueError(
                 "spare_nodes", "the local scheduler runs one node and has no spares; use kind: slurm/pbs"
+            )
+        if self.cpus_per_node == "all" and self.kind == "pbs" and self.pbs_dialect == "torque":
+            raise KeyedValueError(
+                "cpus_per_node",
+                "all asks for whole nodes, which the Torque dialect cannot; give the nodes' CPU count",
+                related=("pbs_dialect",),
             )
         if self.kind != "pbs":
             for key in ("pbs_dialect", "pbs_launcher"):
@@ -454,6 +527,18 @@ class TrainConfig(_Section):
         ge=0,
         description="Linear warmup steps; left out: 10, or a tenth of train.steps for a run of 10 steps or fewer.",
     )
+    lr_schedule_steps: int | None = Field(
+        None,
+        ge=1,
+        description="Steps the warmup + cosine LR schedule spans (past them the LR stays at min_lr_ratio x "
+        "lr); null = train.steps. A resume that changes train.steps sets it as lr_schedule_on_resume says.",
+    )
+    lr_schedule_on_resume: Literal["keep", "stretch"] = Field(
+        "keep",
+        description="A resume that changes train.steps (training further): keep = the LR schedule keeps "
+        "the length the run had (no jump in the LR; past that length it stays at its floor); stretch = "
+        "fitted to the new train.steps (the LR at the resumed step changes). Either is said at submit.",
+    )
     weight_decay: float = Field(0.01, ge=0, description="AdamW weight decay.")
     betas: list[float] = Field(
         default_factory=lambda: [0.9, 0.95], description="AdamW betas (two values in [0, 1))."
@@ -550,6 +635,13 @@ class TrainConfig(_Section):
                 "warmup_steps",
                 f"{self.warmup_steps} must be smaller than train.steps={self.steps}",
                 related=("steps",),
+            )
+        length = self.lr_schedule_steps
+        if length is not None and self.warmup_steps >= length and length > 1:
+            raise KeyedValueError(
+                "warmup_steps",
+                f"{self.warmup_steps} must be smaller than train.lr_schedule_steps={length}",
+                related=("lr_schedule_steps",),
             )
         if self.text_weight == 0 and self.latent_weight == 0:
             raise KeyedValueError(
@@ -1201,6 +1293,46 @@ class RunConfig(_Section):
     def grad_accum(self) -> int:
         return self.per_rank_batch // self.micro_batch
 
+    # ---- CPUs per node: the ranks' share (the rank itself, its loader workers, its writer) ------
+
+    @property
+    def helpers_per_rank(self) -> int:
+        """Processes each rank keeps busy besides itself: its loader workers and its checkpoint writer."""
+        return self.data.num_workers + 1
+
+    @property
+    def cpus_needed(self) -> int:
+        """CPUs per node the ranks use: ranks x (the rank + its helpers); ``cpus_per_node``'s default."""
+        return self.scheduler.nprocs * (1 + self.helpers_per_rank)
+
+    @property
+    def cpus_per_node(self) -> int:
+        """The CPUs per node the job asks for (``all``: at least the ranks' need, the node is whole)."""
+        n = self.scheduler.cpus_per_node
+        return n if isinstance(n, int) else self.cpus_needed
+
+    @property
+    def omp_threads(self) -> int | None:
+        """Each rank's OpenMP threads: its share of the node less its helpers (at least 1); None for
+        ``cpus_per_node: all``, where the script counts the node's CPUs when it runs."""
+        if self.scheduler.cpus_per_node == "all":
+            return None
+        return omp_threads(self.cpus_per_node, self.scheduler.nprocs, self.helpers_per_rank)
+
+    def cpu_shortfall(self) -> str | None:
+        """One line when a ``cpus_per_node`` the user gave starves the loaders: fewer CPUs than
+        ranks x (loader workers + 1); None otherwise."""
+        n, s = self.scheduler.cpus_per_node, self.scheduler
+        floor = s.nprocs * (self.data.num_workers + 1)
+        if s.kind == "local" or not isinstance(n, int) or n >= floor:  # (local: no CPUs are allocated)
+            return None
+        return (
+            f"scheduler.cpus_per_node {n} is fewer than the {s.nprocs} rank(s) x (data.num_workers "
+            f"{self.data.num_workers} + 1) = {floor} processes that read and train on each node: they "
+            f"take turns on the CPUs; set cpus_per_node to at least {floor} (or null: {self.cpus_needed}), "
+            "or all for the whole node"
+        )
+
     def run_path(self) -> Path:
         return Path(self.run_dir) if self.run_dir else Path("runs") / self.name
 
@@ -1297,7 +1429,17 @@ _NOT_MATH += ("init_from", "init_from_ema", "wandb")
 _NOT_MATH += ("deterministic", "profile")
 # Settings added after the first release enter the hash only when set away from their default, so
 # a run (and its checkpoints, and its rendered scripts) keeps its identity across the upgrade.
-_ADDED_LATER = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile", "ema_decay")
+_ADDED_LATER: tuple[str, ...] = ("parallel", "fsdp_shard_size", "activation_checkpointing", "compile")
+_ADDED_LATER += ("ema_decay",)
+_ADDED_LATER += ("lr_schedule_steps",)
+# What a resume does to the schedule is applied at submit (it pins lr_schedule_steps, which is math).
+_NOT_MATH += ("lr_schedule_on_resume",)
+
+
+def omp_threads(cpus: int, ranks: int, helpers_per_rank: int) -> int:
+    """OpenMP threads per rank on ``cpus`` CPUs: a rank's share less its helper processes, at least 1.
+    (The job script computes the same at run time for ``cpus_per_node: all``.)"""
+    return max(1, cpus // max(1, ranks) - helpers_per_rank)
 
 
 def _hash(obj: Any) -> str:
@@ -1319,13 +1461,11 @@ def load_config(
     ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
     (or ``--set``, or the flag) that set the bad key."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
-    raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
+    raw, sources = merge_layers([(str(f), _settings_in(Path(f))) for f in files])
     for item in overrides:
-        apply_override(raw, item)
-        sources[item.partition("=")[0].strip()] = "--set"
+        sources[apply_override(raw, item)] = "--set"
     for item, flag in flags:
-        apply_override(raw, item, where=flag)
-        sources[item.partition("=")[0].strip()] = flag
+        sources[apply_override(raw, item, where=flag)] = flag
     where = " + ".join(str(f) for f in files) or "defaults"
     cfg = validate_config(raw, where=where, sources=sources)
     return cfg.resolved(base) if base is not None else cfg
@@ -1351,8 +1491,27 @@ def merge_layers(layers: Sequence[tuple[str, Mapping[str, Any]]]) -> tuple[dict[
             sources[dotted] = name
 
     for name, layer in layers:
-        merge(merged, layer, name, "")
+        merge(merged, _new_names(layer, name), name, "")
     return merged, sources
+
+
+def _new_names(layer: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """``layer`` with renamed keys under their new names, so that a later layer's new name replaces
+    an earlier layer's old one (``RENAMED_KEYS``)."""
+    section = layer.get("scheduler")
+    if not isinstance(section, Mapping) or not set(_RENAMED_IN_SCHEDULER) & set(section):
+        return layer
+    renamed: dict[str, Any] = {}
+    for key, value in section.items():
+        new = _RENAMED_IN_SCHEDULER.get(str(key), str(key))
+        if new in renamed or (new != key and new in section):
+            raise ConfigError(
+                f"scheduler.{key} is the old name of scheduler.{new}; the file sets both",
+                where=name,
+                hint=f"keep only scheduler.{new}",
+            )
+        renamed[new] = value
+    return {**layer, "scheduler": renamed}
 
 
 def _plain_copy(value: Any) -> Any:
@@ -1385,6 +1544,19 @@ def _a_directory(path: Path) -> ConfigError:
     return ConfigError("a directory, not a CONFIG file", where=str(path), hint="name the run's YAML file")
 
 
+def _settings_in(path: Path) -> dict[str, Any]:
+    """A CONFIG file's settings; an empty one (or only comments) is refused: it would run on every
+    default without a word, which is never what a file named on the command line meant."""
+    data = read_yaml_mapping(path)
+    if not data:
+        raise ConfigError(
+            "holds no settings (it is empty, or only comments): every key would take its default",
+            where=str(path),
+            hint=f"write one with every key: hpclaunch init {path} --force; or name the file you meant",
+        )
+    return data
+
+
 def read_yaml_mapping(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text()
@@ -1415,11 +1587,12 @@ def read_yaml_mapping(path: Path) -> dict[str, Any]:
     return data
 
 
-def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> None:
+def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> str:
     """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map) in place;
-    ``where``: the flag it came from (``--set``, ``--sweep``, ...), named by its errors."""
+    ``where``: the flag it came from (``--set``, ``--sweep``, ...), named by its errors. Returns the
+    dotted key it set (a renamed key's new name)."""
     key, sep, text = item.partition("=")
-    key = key.strip()
+    key = RENAMED_KEYS.get(key.strip(), key.strip())
     if not sep or not key:
         raise ConfigError(
             f"override {item!r} is not of the form dotted.key=value",
@@ -1441,6 +1614,10 @@ def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> N
             raise ConfigError(f"{'.'.join(parts[: i + 1])} is not a section", where=f"{where} {key}")
         node = child
     node[parts[-1]] = value
+    for old_name, new_name in RENAMED_KEYS.items():  # the new name set: the old one goes
+        if key == new_name and parts[:-1] == old_name.split(".")[:-1]:
+            node.pop(old_name.split(".")[-1], None)
+    return key
 
 
 def _section_model(annotation: Any) -> type[BaseModel] | None:

@@ -79,7 +79,9 @@ def test_preflight_passes_the_image_and_catches_a_missing_one_in_one_line(
     assert [(c["name"], c["finding"]) for c in failed] == [
         ("container", f"container.image {missing} does not exist here")
     ]
-    assert "make it (ch-image build" in failed[0]["hint"]
+    # what Debian's charliecloud-runtime can use: a root filesystem tree (it ships no ch-image)
+    assert "make it (a root filesystem directory: mkdir" in failed[0]["hint"]
+    assert "ch-image" not in failed[0]["hint"]
     # submit runs the same checks first and submits nothing
     refused = hpclaunch(
         "submit", str(TINY), *tiny_overrides(work, data, "refused", *in_image(missing)), cwd=work, check=False

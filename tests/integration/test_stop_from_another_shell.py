@@ -96,6 +96,19 @@ def test_a_foreground_train_shows_running_and_stops_at_one_step_from_another_she
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     steps = [e["step"] for e in events(run) if e["event"] == "resumed"]
     assert steps[-1] == stop["step"]
+    # Training it shorter (2000 -> stop + 2 steps) keeps the LR schedule's 2000 steps (issue 46,
+    # docs/runs.md): the first resumed step trains at the LR the run would have had, and it says so.
+    from hpclaunch.config import load_config
+    from hpclaunch.lr_schedule import lr_at
+
+    first = stop["step"] + 1
+    said = f"resume: train.steps 2000 -> {stop['step'] + 2} from step {first}; the LR schedule keeps its 2000"
+    assert said in resumed.stderr, resumed.stderr[-3000:]
+    assert said in "\n".join(status(run, work)["schedule_changes"])
+    started_with = load_config(TINY, [o for o in tiny_overrides(work, data, "fg", *BUSY) if o != "--set"])
+    logged = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    lr = [m["lr"] for m in logged if m["step"] == first][-1]
+    assert lr == pytest.approx(lr_at(first, started_with.train), rel=1e-6)
 
 
 def test_a_submitted_run_is_resumable_as_soon_as_status_calls_it_stopped(work: Path, data: Path) -> None:
@@ -124,6 +137,10 @@ def test_a_submitted_run_is_resumable_as_soon_as_status_calls_it_stopped(work: P
             check=False,
         )
         assert again.returncode == 0, again.stderr
+        # Training it further says what becomes of the LR schedule, at submit and in status.
+        said = "resume: train.steps 2000 -> 4000 from step "
+        assert said in again.stdout and "the LR schedule keeps its 2000 steps" in again.stdout, again.stdout
+        assert any(said in line for line in status(run, work)["schedule_changes"])
     finally:  # the resumed run, or one an assertion left running
         hpclaunch("cancel", str(run), cwd=work, check=False)
 

@@ -82,7 +82,8 @@ def test_two_nodes_one_agent_each_world_size_four(
 ) -> None:
     run: Path = runs[launcher]
     script = (run / "job.pbs").read_text()
-    assert "#PBS -l select=2:ncpus=2:mpiprocs=1\n#PBS -l place=scatter\n" in script
+    # 2 ranks x (1 loader worker + the rank + its writer) per node
+    assert "#PBS -l select=2:ncpus=6:mpiprocs=1\n#PBS -l place=scatter\n" in script
     s = wait_run_done(pbs_server_2nodes, run, timeout=300)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     story = events(run)
@@ -122,4 +123,4 @@ def test_a_node_that_fails_its_check_is_avoided_by_the_next_job(
     # PBS cannot say "not pbsn1" in a select: the new job names the healthy host instead
     new_job = pbs_server_2nodes.job(str(started[-1]["job_id"]))
     assert "host=pbsn2" in new_job["Resource_List"]["select"]
-    assert "#PBS -l select=1:ncpus=2:mpiprocs=1:host=pbsn2" in (run / "job.pbs").read_text()
+    assert "#PBS -l select=1:ncpus=6:mpiprocs=1:host=pbsn2" in (run / "job.pbs").read_text()

@@ -38,7 +38,7 @@ def test_default_queue_limits_and_preemption(
     assert check.finding.startswith(
         f"PBS 23.06.06: queue workq (default), no max walltime, kill_delay {pbs_server.kill_delay_s} s"
     )
-    assert "1 node(s) can take a chunk of select=1:ncpus=2:mpiprocs=1" in check.finding
+    assert "1 node(s) can take a chunk of select=1:ncpus=3:mpiprocs=1" in check.finding
     assert check.finding.endswith("reruns: the job is submitted rerunnable (-r y), preempt_order SCR")
 
 
@@ -67,7 +67,7 @@ def test_select_asking_for_more_gpus_than_a_node_has(real_pbs_first: None, tmp_p
     check = scheduler_check(tmp_path, gpus_per_node=4)
     assert check.status is Status.FAIL
     assert check.finding.startswith(
-        "no node can take select=1:ncpus=2:ngpus=4:mpiprocs=1: ngpus 4 > pbshead's 2"
+        "no node can take select=1:ncpus=12:ngpus=4:mpiprocs=1: ngpus 4 > pbshead's 2"
     ), check.finding
     assert scheduler_check(tmp_path, gpus_per_node=2).status is Status.PASS
 
@@ -75,4 +75,4 @@ def test_select_asking_for_more_gpus_than_a_node_has(real_pbs_first: None, tmp_p
 def test_more_nodes_than_the_server_has(real_pbs_first: None, tmp_path: Path) -> None:
     check = scheduler_check(tmp_path, nodes=2)
     assert check.status is Status.FAIL
-    assert "1 node(s) can take a chunk of select=2:ncpus=2:mpiprocs=1; the run asks for 2" in check.finding
+    assert "1 node(s) can take a chunk of select=2:ncpus=3:mpiprocs=1; the run asks for 2" in check.finding

@@ -39,7 +39,7 @@ CASES = [
         ["scheduler.nodes=0"],
         "scheduler.nodes: Input should be greater than or equal to 1",
     ),
-    ("negative-cpus", None, ["scheduler.cpus_per_task=-4"], "scheduler.cpus_per_task"),
+    ("negative-cpus", None, ["scheduler.cpus_per_task=-4"], "scheduler.cpus_per_node: -4 is not a CPU count"),
     ("negative-lr", None, ["train.lr=-1"], "train.lr: Input should be greater than 0"),
     (
         "bad-time-format",

@@ -28,6 +28,9 @@ ALLOWED: dict[str, set[str]] = {
     "nccl": {"errors"},
     "config": {"errors", "nccl"},
     "modelmath": {"config"},
+    # The LR of every step and what a resume changes of it: the trainer's rule, which submit and
+    # status compute too (without torch).
+    "lr_schedule": {"config"},
     "rundir": {"config", "errors", "fsutil"},
     "shards": {"config", "errors", "fsutil"},
     "templates": {"config", "errors", "rundir"},
@@ -48,12 +51,23 @@ ALLOWED: dict[str, set[str]] = {
     # What every rank runs around its steps (the built-in trainer's and a user's script alike).
     "rank": {"config", "errors", "fsutil", "rundir"},
     "jobs": {"config", "errors", "fsutil", "nccl", "preflight", "proc", "rank", "rundir", "schedulers"},
-    "trainer": {"config", "errors", "fsutil", "modelmath", "probe_shapes", "rank", "rundir", "shards"},
+    "trainer": {
+        "config",
+        "errors",
+        "fsutil",
+        "lr_schedule",
+        "modelmath",
+        "probe_shapes",
+        "rank",
+        "rundir",
+        "shards",
+    },
     "orchestrator": {
         "config",
         "errors",
         "estimate",
         "fsutil",
+        "lr_schedule",
         "modelmath",
         "nccl",
         "preflight",

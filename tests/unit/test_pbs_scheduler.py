@@ -76,7 +76,7 @@ def test_a_rerun_job_comes_back_by_itself(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_select_names_hosts_when_the_plan_pins_them() -> None:
-    p = plan("scheduler.nodes=2", "scheduler.gpus_per_node=2")
+    p = plan("scheduler.nodes=2", "scheduler.gpus_per_node=2", "scheduler.cpus_per_node=2")
     assert pbs.select_spec(p, None) == "2:ncpus=2:ngpus=2:mpiprocs=1"
     pinned = p.model_copy(update={"hosts": ["pbsn2", "pbsn3"]})
     assert pbs.select_spec(pinned, "8gb") == (

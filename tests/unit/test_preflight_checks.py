@@ -504,7 +504,8 @@ def test_config_layout_line(tmp_path: Path) -> None:
     out = check_config(context(cfg))
     assert out.status is Status.PASS
     assert out.finding.startswith(
-        "2 node(s) x 4 rank(s) = 8 (nccl), 8 samples/rank (4 x 2 accumulation steps)"
+        "2 node(s) x 4 rank(s) = 8 (nccl), 8 samples/rank (4 x 2 accumulation steps), "
+        "12 CPUs per node (OMP_NUM_THREADS 1)"
     )
     assert "assumed 200 MB/s" in out.finding
 

@@ -55,7 +55,7 @@ def test_default_queue_and_what_it_allows(tmp_path: Path) -> None:
     assert out.status is Status.PASS
     assert out.finding == (
         "PBS 23.06.06: queue workq (default), no max walltime, kill_delay 10 s; 1 node(s) can take a chunk "
-        "of select=1:ncpus=2:mpiprocs=1; reruns: the job is submitted rerunnable (-r y), preempt_order SCR 80 SC"
+        "of select=1:ncpus=3:mpiprocs=1; reruns: the job is submitted rerunnable (-r y), preempt_order SCR 80 SC"
     )
 
 
@@ -72,10 +72,10 @@ def test_queue_limits(tmp_path: Path) -> None:
 
 def test_select_against_the_nodes(tmp_path: Path) -> None:
     nodes = two_nodes()
-    out = check_scheduler(ctx(tmp_path, pbsnodes=nodes, gpus_per_node=8))
+    out = check_scheduler(ctx(tmp_path, pbsnodes=nodes, gpus_per_node=8, cpus_per_node=2))
     assert out.status is Status.FAIL
     assert out.finding.startswith("no node can take select=1:ncpus=2:ngpus=8:mpiprocs=1: ngpus 8 > pbsn1's 4")
-    out = check_scheduler(ctx(tmp_path, pbsnodes=nodes, nodes=2, gpus_per_node=4))
+    out = check_scheduler(ctx(tmp_path, pbsnodes=nodes, nodes=2, gpus_per_node=4, cpus_per_node=2))
     assert out.status is Status.FAIL
     assert (
         "1 node(s) can take a chunk of select=2:ncpus=2:ngpus=4:mpiprocs=1; the run asks for 2" in out.finding

@@ -96,10 +96,33 @@ def test_report_json_and_table() -> None:
         ],
         "seconds": 1.234,
     }
-    console = Console(record=True, width=120)
+    console = Console(record=True, width=120, force_terminal=True)
     print_report(report, console=console)
     text = console.export_text()
-    assert "missing" in text and "FAILED: 1 pass, 1 fail" in text
+    assert "missing" in text and "FAILED: 1 pass, 1 fail" in text and "┃ check" in text
+
+
+def test_the_report_in_a_file_or_a_pipe_fits_a_log() -> None:
+    """Issue 46: written to a file, the table's rows were padded to ~600 characters."""
+    import io
+
+    long = "x" * 300
+    report = Report(
+        [
+            CheckResult("env", Status.PASS, "ok", None, 0.5),
+            CheckResult("scheduler", Status.WARN, long, "do y"),
+        ],
+        1.0,
+    )
+    out = io.StringIO()
+    print_report(report, console=Console(file=out, width=1000))  # a pipe: not a terminal
+    assert out.getvalue().splitlines() == [
+        "preflight (login)",
+        "  env        pass  ok",
+        f"  scheduler  warn  {long}",
+        "                   hint: do y",
+        "preflight (login) ok: 1 pass, 1 warn in 1.0 s",
+    ]
 
 
 def test_findings_worst_wins_and_pass_line_names_skips() -> None:

@@ -74,7 +74,7 @@ def test_every_number_comes_from_the_plan() -> None:
         [
             "run_dir=/runs/x",
             "scheduler.nodes=3",
-            "scheduler.cpus_per_task=77",
+            "scheduler.cpus_per_node=77",
             "train.global_batch=48",
             "train.micro_batch=null",
         ],

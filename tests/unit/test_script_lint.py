@@ -29,7 +29,8 @@ def render(overrides: list[str]) -> object:
         ("#SBATCH --ntasks-per-node=8", "contradicts"),
         ("#SBATCH --signal=B:USR1@60", "contradicts"),
         ("#SBATCH --open-mode=truncate", "contradicts"),
-        ("#SBATCH --no-requeue", "contradicts"),
+        ("#SBATCH --no-requeue", r"contradicts the generated one \(--requeue\)"),
+        ("#SBATCH --open-mode=truncate", r"contradicts the generated one \(--open-mode=append\)"),
         ("#SBATCH -t 10", "contradicts"),
     ],
 )

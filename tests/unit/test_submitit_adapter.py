@@ -54,6 +54,8 @@ def test_the_sbatch_formatter_renders_what_the_lint_and_the_agent_rely_on(tmp_pa
         assert directive in lines, directive
     assert not any(line.startswith("#SBATCH --error") for line in lines)  # stderr joins stdout
     assert "export A=1" in lines
+    # submitit's marker for its own JobEnvironment: dropped, nothing in the job reads it
+    assert submitit_adapter.SUBMITIT_MARKER not in lines and lines[-2] == "# command"
     # The command is the last line, run by srun on every node, unchanged.
     assert lines[-1] == (
         f"srun --unbuffered --output {tmp_path}/%j_%t_log.out --kill-on-bad-exit=1 "

@@ -13,7 +13,13 @@ from ..errors import UserInputError
 from ..fsutil import atomic_write_text
 from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
 
-config_app = typer.Typer(help="Show the resolved config or its JSON Schema.", no_args_is_help=True)
+config_app = typer.Typer(
+    help="Show the resolved config or its JSON Schema.\n\nExamples:\n"
+    "  hpclaunch config show examples/tiny.yaml --set train.lr=1e-4\n"
+    "  hpclaunch config show base.yaml exp.yaml --json\n"
+    "  hpclaunch config schema --markdown",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,7 +11,12 @@ from ..config import load_config
 from ..errors import UserInputError
 from .common import SetOpt, console
 
-data_app = typer.Typer(help="Datasets in the trainer's format.", no_args_is_help=True)
+data_app = typer.Typer(
+    help="Datasets in the trainer's format.\n\nExamples:\n"
+    "  hpclaunch data synth data/tiny --samples 1024\n"
+    "  hpclaunch data synth data/big --samples 100000 --config run.yaml",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,7 +8,12 @@ from rich.table import Table
 
 from .common import JsonOpt, console, print_json
 
-nccl_app = typer.Typer(help="NCCL presets and their variables.", no_args_is_help=True)
+nccl_app = typer.Typer(
+    help="NCCL presets and their variables.\n\nExamples:\n"
+    "  hpclaunch nccl presets\n"
+    "  hpclaunch nccl presets --json",
+    no_args_is_help=True,
+)
 
 
 def register(app: typer.Typer) -> None:

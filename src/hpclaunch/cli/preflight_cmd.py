@@ -14,7 +14,12 @@ if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
     from ..preflight.run_estimate import CannotEstimate
     from ..probe_shapes import StepMeasure
 
-ONLY_HELP = "Run only these checks (comma-separated): env, gpu, data, disk, network, scheduler, config."
+# The login checks (preflight.runner.LOGIN_CHECKS, which a test holds this to): written out, since
+# importing the runner here would load every check for any command's --help.
+ONLY_HELP = (
+    "Run only these checks (comma-separated): env, gpu, data, disk, network, scheduler, config, fds, "
+    "container, script."
+)
 
 
 def register(app: typer.Typer) -> None:

@@ -86,5 +86,11 @@ def rescue_script(prepared: Prepared) -> RenderedJob:
             where="--rescue",
             hint="rescue jobs are left behind single SLURM and PBS jobs",
         )
+    if not prepared.plan.rescue.enabled:
+        raise UserInputError(
+            "this run leaves no rescue job (scheduler.rescue.enabled is false)",
+            where="--rescue",
+            hint="drop --set scheduler.rescue.enabled=false to see the one it would leave",
+        )
     rendered: RenderedJob = render_rescue(prepared.plan)
     return rendered

@@ -11,7 +11,13 @@ import typer
 from ..errors import PreflightFailed, UserInputError
 from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
-from ..orchestrator.launch import load_existing_run, prepare, refuse_if_locked, write_run_dir
+from ..orchestrator.launch import (
+    load_existing_run,
+    prepare,
+    refuse_if_locked,
+    resume_change,
+    write_run_dir,
+)
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.memory_tier_view import describe_memory_tier
 from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
@@ -30,6 +36,7 @@ from .common import (
     script_flags,
 )
 from .run_dirs import (
+    found,
     refuse_sweep_with_resume,
     refuse_training_in_a_sweep_root,
     refuse_unless_resumable_now,
@@ -99,9 +106,10 @@ def submit(
 ) -> None:
     """Check, render and submit a run to its scheduler (local by default).
 
-    Exit codes: 0 submitted (with --wait: finished), 1 a check failed (nothing submitted) or, with
-    --wait, the run failed; 2 bad input (nothing written or submitted); with --wait, 3 ended by the
-    user, 4 stopped at the time limit, 5 preempted (3, 4 and 5 resumable with --resume).
+    Exit codes: 0 submitted (with --wait: the run finished, or stopped or was cancelled: the last line
+    says which), 1 a preflight check failed (nothing submitted) or, with --wait, the run failed or was
+    lost, 2 bad input or a run that cannot be resumed now (nothing written), 130 Ctrl-C while waiting
+    (the run goes on).
 
     Examples:
       hpclaunch submit examples/tiny.yaml --wait
@@ -120,11 +128,17 @@ def submit(
             "--set train.steps=N), or submit the CONFIG as a new run without --resume",
         )
     refuse_sweep_with_resume(resume, sweep)
+    change = None
     if resume is not None:
         resumed = resumable(resume)
         cfg = load_existing_run(resumed.root, [*(overrides or []), *(k for k, _ in script_flags(script))])
         view = status_view(resumed)
-        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), view.steps or cfg.train.steps)
+        total = None if cfg.is_script else cfg.train.steps
+        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), total)
+        if not cfg.is_script:  # (a script's schedule is its own)
+            from .train_checks import resume_step
+
+            change = resume_change(resumed, cfg, step=resume_step(cfg, resumed.root))
     elif config or script is not None:
         cfg = load_run_config(config, overrides, script, command="submit")
     else:
@@ -160,9 +174,15 @@ def submit(
             refuse_bad_data(point_cfg)
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(
-        prepared, run_preflight=not no_preflight, resume=resume is not None, held=after_paths is not None
+        prepared,
+        run_preflight=not no_preflight,
+        resume=resume is not None,
+        held=after_paths is not None,
+        change=change,
     )
     typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
+    if change is not None:
+        typer.echo(f"  {change.line()}")
     if after_paths is not None:
         from ..orchestrator.chain_submit import register_and_settle
 
@@ -256,7 +276,7 @@ def train(
     import os
 
     from ..orchestrator.launch import scheduler_says_active
-    from ..rundir import STOP_DROPPED, Heartbeat, RunLock
+    from ..rundir import SCHEDULE_CHANGED, STOP_DROPPED, Heartbeat, RunLock
     from ..rundir.control import drop_user_stop
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
@@ -268,12 +288,24 @@ def train(
     )
 
     config = list(config or [])
-    if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
-        config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
-    # this machine, always
-    cfg = load_run_config(
-        config, overrides, script, [("scheduler.kind=local", "hpclaunch train")], command="train"
-    )
+    if resume and len(config) == 1 and not config[0].is_file():
+        # RUN, not a CONFIG file: named like every other command that takes a run (what is there)
+        config = [RunPaths(found(config[0]).path).config]  # the config it was started with
+    here = [("scheduler.kind=local", "hpclaunch train")]  # this machine, always
+    cfg = load_run_config(config, overrides, script, here, command="train")
+    recorded = RunPaths(cfg.run_path())
+    change = None
+    if (
+        resume and recorded.config.is_file() and not cfg.is_script
+    ):  # the schedule's length, as for submit --resume
+        from ..lr_schedule import pinned_length
+        from ..rundir import read_config
+        from .train_checks import resume_step
+
+        pin = pinned_length(read_config(recorded).train, cfg.train, overrides or [])
+        if pin is not None:
+            cfg = load_run_config(config, [*(overrides or []), pin], script, here, command="train")
+        change = resume_change(recorded, cfg, step=resume_step(cfg, recorded.root))
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     refuse_training_in_a_sweep_root(paths.root)
@@ -303,6 +335,9 @@ def train(
             dropped = drop_user_stop(paths) if resume else None
             if dropped is not None:
                 ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
+            if change is not None:
+                ledger.append(SCHEDULE_CHANGED, **change.fields())
+                err_console.print(change.line(), highlight=False, soft_wrap=True)
             ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
             os.environ[FOREGROUND_VAR] = "1"
             with live_progress(paths.metrics, None if cfg.is_script else cfg.train.steps):
@@ -423,7 +458,9 @@ def _status_table(data: StatusView) -> Any:
             Text(end),  # error texts hold brackets ("[/path/pair.cc:537]"): never markup
             Text(a.cause or ""),
         )
-    parts: list[Any] = [head, progress, *lineage_parts(data), table, *time_parts(data)]
+    parts: list[Any] = [head, progress, *lineage_parts(data)]
+    parts += [Text(line, style="cyan") for line in data.schedule_changes]  # what each resume changed
+    parts += [table, *time_parts(data)]
     parts += [Text(note) for note in rescue.notes]
     if interval := describe_interval(data.checkpoint_interval):
         parts.append(Text(interval))

@@ -67,11 +67,12 @@ def resumable(run: Path) -> RunPaths:
     return RunPaths(there.path)
 
 
-def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: int) -> None:
-    """A finished run has nothing to train; one still exiting is not free yet (status says so)."""
+def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: int | None) -> None:
+    """A finished run has nothing to train; one still exiting is not free yet (status says so).
+    ``steps`` None: a script's run, whose new length only the script knows (its arguments)."""
     from ..orchestrator.status import ENDING_STATES
 
-    if state == "finished" and step >= steps:
+    if state == "finished" and steps is not None and step >= steps:
         raise RunStateError(
             f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
             where="--resume",

@@ -24,14 +24,25 @@ RunArg = Annotated[
 ]
 
 
+# States in which a job still runs but its ranks will never read a stop: its attempt decided (a
+# stop saved, all steps done, a failure) or the run cancelled. A stop there would be left, unread.
+_PAST_STOPPING = ("stopping", "finishing", "failing", "cancelling", "cancelled")
+
+
+def _stoppable(view: StatusView) -> bool:
+    return view.in_flight and view.state not in _PAST_STOPPING
+
+
 def _in_flight(run: Path, command: str) -> tuple[Path, list[RunPaths], int]:
-    """The run's root, the runs (a sweep's points) still in flight, and how many points there are;
-    RunStateError when none is (the run, or every point, has ended)."""
+    """The run's root, the runs (a sweep's points) still in flight (for ``stop``: that can still
+    stop), and how many points there are; RunStateError when none is (the run, or every point, has
+    ended)."""
     there = found(run)
     views: dict[RunPaths, StatusView] = {
         p: status_view(p) for p in [RunPaths(p) for p in there.points] or [RunPaths(there.path)]
     }
-    targets = [p for p, view in views.items() if view.in_flight]
+    wanted = _stoppable if command == "stop" else (lambda view: view.in_flight)
+    targets = [p for p, view in views.items() if wanted(view)]
     if not targets:
         states = ", ".join(sorted({view.state for view in views.values()}))
         what = "every point of the sweep has" if there.points else "the run has"
@@ -60,18 +71,33 @@ def stop(
     Example: hpclaunch stop runs/tiny
     """
     from ..orchestrator.status import running_attempt
-    from ..rundir.control import write_user_stop
+    from ..rundir.control import drop_user_stop, write_user_stop
 
     root, targets, points = _in_flight(run, "stop")
+    attempts = {}
     for target in targets:
-        attempt = running_attempt(read_events(target).events)
-        write_user_stop(target, continue_=continue_, attempt=attempt, by="hpclaunch stop")
+        attempts[target] = running_attempt(read_events(target).events)
+        write_user_stop(target, continue_=continue_, attempt=attempts[target], by="hpclaunch stop")
+    # A run can end between the look above and its request landing (its last step already done):
+    # nothing would read the request. Looked at again once it is there, such a request is taken back.
+    late = {t: view.state for t in targets if not _stoppable(view := status_view(t))}
+    for target in late:
+        drop_user_stop(target)
+    targets = [t for t in targets if t not in late]
+    if not targets:
+        states = ", ".join(sorted(set(late.values())))
+        raise RunStateError(
+            f"nothing to stop: the run ended ({states}) before the stop reached it; nothing was left behind",
+            where=str(root),
+            hint=f"see hpclaunch status {root}",
+        )
+    for target in targets:
         Ledger(target, role="cli").append(
             STOP_REQUESTED,
             cause=Cause.USER,
             source="hpclaunch stop",
             continue_=continue_,
-            attempt_seen=attempt,
+            attempt_seen=attempts[target],
         )
     what = f"{len(targets)} of the {points} points of sweep {root}" if points else str(root)
     console.print(f"stop requested for {what}: all ranks will save at the next check", highlight=False)

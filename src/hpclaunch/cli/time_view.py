@@ -79,11 +79,16 @@ def time_parts(data: StatusView) -> list[Any]:
     )
     for i, a in enumerate(spent.attempts, 1):
         if a.lost_steps:
+            steps = (
+                f"step {a.last_step} was"
+                if a.lost_steps == 1
+                else f"steps {(a.kept_step or 0) + 1}-{a.last_step} were"
+            )
             lines.append(
                 Text(
-                    f"attempt {i} lost {a.lost_steps} steps ({fmt_seconds(a.lost_s)}): steps "
-                    f"{(a.kept_step or 0) + 1}-{a.last_step} were computed after its last checkpoint "
-                    f"(step {a.kept_step}) and are computed again",
+                    f"attempt {i} lost {a.lost_steps} step{'s' if a.lost_steps != 1 else ''} "
+                    f"({fmt_seconds(a.lost_s)}): {steps} computed after its last checkpoint "
+                    f"(step {a.kept_step}); {_again(data, i == len(spent.attempts))}",
                     style="yellow",
                 )
             )
@@ -91,6 +96,18 @@ def time_parts(data: StatusView) -> list[Any]:
     if startup:
         lines.append(Text(f"start-up, all attempts: {startup}"))
     return lines
+
+
+def _again(data: StatusView, last: bool) -> str:
+    """What becomes of an attempt's lost steps: a later attempt computed them again, or the next one
+    will; where the run has ended (stopped for good, failed, cancelled), only a resume would."""
+    from ..schedulers.base import ACTIVE_STATES
+
+    if not last:
+        return "a later attempt computed them again"
+    if data.state in ACTIVE_STATES:
+        return "the next attempt computes them again"
+    return f"a resume would compute them again (the run is {data.state})"
 
 
 _STARTUP_LABELS = {

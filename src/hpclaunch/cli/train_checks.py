@@ -131,3 +131,11 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
         # The trainer names the key; here the file or flag that set it comes first, as for any key.
         said = e.message.replace(init_from, cfg.path_said("train.init_from", init_from), 1)
         raise UserInputError(f"{e.where}: {said}", where=cfg.origin("train.init_from"), hint=e.hint) from None
+
+
+def resume_step(cfg: RunConfig, run_dir: Path) -> int:
+    """The first step a resume trains: one past the run's newest published checkpoint (1: none)."""
+    from ..rank.checkpoint.manifest import published_dirs
+
+    found = published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints)
+    return found[-1][0] + 1 if found else 1

@@ -16,8 +16,10 @@ from pathlib import Path
 from ..config import RunConfig, apply_override, validate_config
 from ..errors import HpclaunchError, UserInputError
 from ..fsutil import atomic_write_json, atomic_write_text
+from ..lr_schedule import ResumeChange
 from ..rundir import (
     PREFLIGHT_SKIPPED,
+    SCHEDULE_CHANGED,
     STOP_DROPPED,
     SUBMIT_FAILED,
     SUBMITTED,
@@ -108,11 +110,18 @@ def prepare(cfg: RunConfig, *, sweeps: list[str] | None = None) -> Prepared:
         ]
         base = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
         plan = base.model_copy(update={"sweep": sweep})
-        rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+        rendered = _with_config_warnings(get_scheduler(cfg.scheduler.kind).render(plan), cfg)
         return Prepared(cfg, plan, rendered, [c for _, _, c in points])
     plan = plan_mod.build(cfg, python=python, nccl_env=nccl_plan_env(cfg))
-    rendered = get_scheduler(cfg.scheduler.kind).render(plan)
+    rendered = _with_config_warnings(get_scheduler(cfg.scheduler.kind).render(plan), cfg)
     return Prepared(cfg, plan, rendered)
+
+
+def _with_config_warnings(rendered: RenderedJob, cfg: RunConfig) -> RenderedJob:
+    """What ``render`` and ``submit`` warn about beside the script's lint: a job asking for fewer
+    CPUs than its ranks keep busy (``preflight`` says the same)."""
+    shortfall = cfg.cpu_shortfall()
+    return rendered if shortfall is None else replace(rendered, warnings=[*rendered.warnings, shortfall])
 
 
 def _check_new_run_dir(root: Path) -> None:
@@ -125,8 +134,9 @@ def _check_new_run_dir(root: Path) -> None:
 
 
 def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -> RunPaths:
-    """config.yaml (what actually runs), plan.json and the job script."""
-    paths = plan.paths().ensure()
+    """config.yaml (what actually runs), plan.json and the job script (a sweep's root: no
+    checkpoints, attempts or ledger of its own; each point has them)."""
+    paths = plan.paths().ensure_sweep_root() if plan.sweep else plan.paths().ensure()
     atomic_write_text(paths.config, cfg.to_yaml())
     write_plan(paths, plan)
     if rendered is not None:
@@ -166,11 +176,17 @@ def refuse_if_locked(plan: JobPlan) -> None:
 
 
 def submit(
-    prepared: Prepared, *, run_preflight: bool = True, resume: bool = False, held: bool = False
+    prepared: Prepared,
+    *,
+    run_preflight: bool = True,
+    resume: bool = False,
+    held: bool = False,
+    change: ResumeChange | None = None,
 ) -> tuple[RunPaths, str]:
     """Write the run directory (one per sweep point), take each run's lock and hand the rendered
     script to the scheduler. A run whose lock is held by a live writer is refused (nothing written).
-    ``held``: the job waits until released (a chain's next stage, see ``orchestrator.chain_submit``)."""
+    ``held``: the job waits until released (a chain's next stage, see ``orchestrator.chain_submit``);
+    ``change``: what this resume changes of the LR schedule or the batch, recorded before submitting."""
     plan, rendered = prepared.plan, prepared.rendered
     scheduler = get_scheduler(plan.scheduler)
     roots = [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]
@@ -201,6 +217,8 @@ def submit(
                     ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
             if not run_preflight:
                 ledger.append(PREFLIGHT_SKIPPED, by="--no-preflight")
+            if change is not None:
+                ledger.append(SCHEDULE_CHANGED, **change.fields())
             # Recorded before the scheduler is asked: the job may start (and read the ledger to see
             # whether its run has ended) before the scheduler's answer comes back.
             ledger.append(SUBMITTING, **submission)
@@ -263,8 +281,29 @@ def array_task_id(scheduler: str, job_id: str, index: int) -> str:
 
 
 def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
-    """The config a run was started with, plus new overrides (``submit --resume RUN``)."""
+    """The config a run was started with, plus new overrides (``submit --resume RUN``), its LR
+    schedule's length as ``train.lr_schedule_on_resume`` says (``resumed_config``)."""
     paths = RunPaths(run)
     if not paths.config.exists():
         raise UserInputError(f"{run} is not a hpclaunch run (no config.yaml)", where="--resume")
-    return read_config(paths, overrides)
+    return resumed_config(paths, overrides)
+
+
+def resumed_config(paths: RunPaths, overrides: list[str]) -> RunConfig:
+    """``RUN/config.yaml`` plus ``overrides``; where they change ``train.steps``, the schedule keeps
+    its length (pinned, ``keep``) or is fitted to the new one (``stretch``): ``lr_schedule``."""
+    from ..lr_schedule import pinned_length
+
+    new = read_config(paths, overrides)
+    pin = pinned_length(read_config(paths).train, new.train, overrides)
+    return new if pin is None else read_config(paths, [*overrides, pin])
+
+
+def resume_change(paths: RunPaths, cfg: RunConfig, *, step: int) -> ResumeChange | None:
+    """What resuming the run at ``paths`` with ``cfg`` from ``step`` changes of its LR schedule or
+    global batch (None: nothing), against the config it has recorded."""
+    from ..lr_schedule import resume_change as change
+
+    if not paths.config.exists():
+        return None
+    return change(read_config(paths), cfg, step=step)

@@ -6,7 +6,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..preflight.sizes import planned_save_s
 from ..rundir.container import ContainerPlan
-from ..rundir.plan import JobPlan, TorchrunPlan
+from ..rundir.plan import JobPlan, RescuePlan, TorchrunPlan
 
 
 def warn_lead_seconds(cfg: RunConfig) -> int:
@@ -16,10 +16,6 @@ def warn_lead_seconds(cfg: RunConfig) -> int:
     return int(min(300, max(5, cfg.scheduler.time_limit_s // 5)))
 
 
-def default_threads(cfg: RunConfig) -> int:
-    return max(1, cfg.scheduler.cpus_per_task // max(1, cfg.scheduler.nprocs))
-
-
 def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None) -> JobPlan:
     """The plan for a resolved config (absolute paths). ``python``: the job's interpreter.
 
@@ -27,7 +23,10 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
     ``auto`` preset is resolved on each node by the agent, so it contributes nothing here).
     """
     s = cfg.scheduler
-    env: dict[str, str] = {"OMP_NUM_THREADS": str(default_threads(cfg))}
+    # Each rank's OpenMP threads: its share of the node's CPUs less its loader workers and writer
+    # (``cpus_per_node: all``: counted by the script on the node, ``templates.shell.omp_line``).
+    threads = cfg.omp_threads
+    env: dict[str, str] = {} if threads is None else {"OMP_NUM_THREADS": str(threads)}
     env.update(nccl_env if nccl_env is not None else dict(cfg.nccl.env))
     env.update(cfg.launch.env)
     launcher = (
@@ -44,7 +43,9 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         procs_per_node=s.nprocs,
         world_size=s.world_size,
         gpus_per_node=s.gpus_per_node,
-        cpus_per_task=s.cpus_per_task,
+        cpus_per_task=cfg.cpus_per_node,
+        whole_node=s.cpus_per_node == "all",
+        helpers_per_rank=cfg.helpers_per_rank,
         mem_gb=s.mem_gb,
         time_limit_s=s.time_limit_s,
         partition=s.partition,
@@ -81,4 +82,14 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         hpclaunch_version=__version__,
         array_parallelism=s.array_parallelism,
         container=ContainerPlan.from_config(cfg, env_names=list(env)),
+        rescue=rescue_plan(cfg),
     )
+
+
+def rescue_plan(cfg: RunConfig) -> RescuePlan:
+    """Where the rescue job runs: its own partition and QOS, else the run's; GPUs only where it
+    shares the run's GPU partition (which may refuse a job without any), unless said."""
+    s, r = cfg.scheduler, cfg.scheduler.rescue
+    partition = r.partition or s.partition
+    gpus = r.gpus if r.gpus is not None else (1 if s.gpus_per_node and partition == s.partition else 0)
+    return RescuePlan(enabled=r.enabled, partition=partition, qos=r.qos or s.qos, gpus=gpus)

@@ -30,6 +30,7 @@ from ..rundir.events import (
     RescueCancelled,
     RescueSubmitted,
     Resumed,
+    ScheduleChanged,
     Started,
     Stopped,
     StopRequested,
@@ -444,6 +445,9 @@ class StatusView:
     failed_saves: FailedSaves | None
     experiment_logs: list[ExperimentLogFailure]
     memory_tier: MemoryTierView | None = None
+    # What each resume changed of the LR schedule or the global batch, one line each, oldest first
+    # (the ledger's schedule_changed, written at submit).
+    schedule_changes: list[str] = field(default_factory=list)
 
     @property
     def run_name(self) -> str:
@@ -498,6 +502,7 @@ class StatusView:
             "failed_saves": asdict(self.failed_saves) if self.failed_saves is not None else None,
             "experiment_logs": [asdict(f) for f in self.experiment_logs],
             "memory_tier": asdict(self.memory_tier) if self.memory_tier is not None else None,
+            "schedule_changes": self.schedule_changes,
         }
 
 
@@ -518,6 +523,10 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     rescue = rescue_view(events)
     state = run_state(attempts, events, sched.state if sched else None, exiting=_held_by_a_process(paths))
+    if state == "cancelled" and attempts and attempts[-1].end == "running":
+        # `hpclaunch cancel` ended the run; the job is being killed and its agent has not said yet
+        # how the attempt ended (a few seconds): it is not running on, it is cancelling.
+        attempts[-1].end = "cancelling"
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
     if cost is not None and cost.get("eta_s") is not None:
@@ -553,6 +562,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         failed_saves=failed_saves(events),
         experiment_logs=experiment_log_failures(events),
         memory_tier=memory_tier_view(paths, events),
+        schedule_changes=[e.line for e in of_kind(events, ScheduleChanged) if e.line],
     )
 
 

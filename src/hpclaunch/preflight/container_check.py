@@ -33,7 +33,10 @@ BUILD = {
     "apptainer": "apptainer build IMAGE.sif docker://IMAGE:TAG",
     "singularity": "singularity build IMAGE.sif docker://IMAGE:TAG",
     "podman": "a root filesystem directory (podman export | tar -x), or name a podman image instead",
-    "charliecloud": "ch-image build -t NAME . && ch-convert NAME DIRECTORY",
+    # Debian's charliecloud-runtime ships ch-run alone (no ch-image, ch-convert): an image is any
+    # root filesystem tree, unpacked from another tool's export or a tarball.
+    "charliecloud": "a root filesystem directory: mkdir DIRECTORY && podman export $(podman create "
+    "IMAGE:TAG) | tar -x -C DIRECTORY (or docker export, or a rootfs tarball); docs/clusters.md, 'Making an image'",
 }
 
 

@@ -65,6 +65,10 @@ def check_config(ctx: CheckContext) -> Outcome:
     )
     if cfg.grad_accum > 1:
         layout += f" ({cfg.micro_batch} x {cfg.grad_accum} accumulation steps)"
+    if s.kind != "local":
+        cpus = "whole nodes" if s.cpus_per_node == "all" else f"{cfg.cpus_per_node} CPUs per node"
+        threads = "counted on the node" if cfg.omp_threads is None else str(cfg.omp_threads)
+        layout += f", {cpus} (OMP_NUM_THREADS {threads})"
 
     params, exact = ctx.parameters()
     ckpt = run_checkpoint_bytes(cfg, params)
@@ -112,6 +116,8 @@ def check_config(ctx: CheckContext) -> Outcome:
                 "and each attempt relies on its stop save",
                 "lower checkpoint.every_steps or raise scheduler.time_limit",
             )
+    if shortfall := cfg.cpu_shortfall():
+        f.warn(shortfall, "each rank keeps its loader workers and a checkpoint writer busy beside itself")
     for issue in validate_nccl_env(cfg.nccl.env):
         hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
         (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
@@ -198,7 +204,8 @@ def _check_host_memory(ctx: CheckContext, f: Findings, params: int, exact: bool)
 
 def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bool) -> None:
     """The memory tier's snapshots against the node's tmpfs, where this machine is the node. Not
-    fitting is a warning: the tier then says so and steps aside, the run goes on with the disk."""
+    fitting is a warning: the tier then says so and steps aside, the run goes on with the disk. A
+    tmpfs that is not there at all fails the local scheduler's run (``submit`` refuses it too)."""
     cfg = ctx.cfg
     if cfg.checkpoint.memory.every_steps is None:
         return
@@ -211,7 +218,11 @@ def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bo
     try:
         st = os.statvfs(base)
     except OSError:
-        f.warn(f"{text}: {base} does not exist here", "set checkpoint.memory.dir to the nodes' tmpfs")
+        hint = "set checkpoint.memory.dir to the nodes' tmpfs (e.g. /dev/shm), or null for /dev/shm"
+        if not ctx.on_node:  # the local scheduler: here is the node, and submit refuses it as well
+            f.fail(f"{text}: {base} does not exist, and the run runs on this machine", hint)
+        else:  # a node without it: the tier steps aside there, the disk serves
+            f.warn(f"{text}: {base} does not exist here", hint)
         return
     free = st.f_bavail * st.f_frsize
     if need > free:

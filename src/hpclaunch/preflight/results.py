@@ -126,10 +126,25 @@ class Report:
             )
         return table
 
+    def lines(self) -> list[str]:
+        """The report for a file or a pipe (a log): a line per check and one per hint, as long as
+        what they say; a table there pads every row to its longest finding (~600 characters)."""
+        width = max((len(c.name) for c in self.checks), default=0)
+        out = [f"preflight ({self.where})"]
+        for c in self.checks:
+            out.append(f"  {c.name:<{width}}  {c.status.value:<4}  {c.finding}")
+            if c.hint:
+                out.append(f"  {'':<{width}}        hint: {c.hint}")
+        return out
+
 
 def print_report(report: Report, *, console: Console | None = None) -> None:
-    """The rich table and a one-line verdict."""
+    """The rich table in a terminal, plain lines elsewhere, and a one-line verdict."""
     console = console or Console()
-    console.print(report.table())
+    if console.is_terminal:
+        console.print(report.table())
+    else:
+        for line in report.lines():
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
     style = "bold red" if report.failed else "green"
     console.print(f"[{style}]{escape(report.summary())}[/]")

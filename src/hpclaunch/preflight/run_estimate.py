@@ -44,13 +44,12 @@ def step_request(cfg: RunConfig) -> StepRequest:
 
 def step_env(cfg: RunConfig) -> dict[str, str]:
     """The environment the steps are timed in beyond this one: one rank's CPU threads, as the job
-    sets them (``orchestrator/plan_build.py``: the task's CPUs shared by its ranks, or ``launch.env``'s).
+    sets them (``RunConfig.omp_threads``: a rank's share of the node less its helpers, or ``launch.env``'s).
 
     It was the whole task's CPUs: two threads for one rank of the tiny example, whose ranks get one
     each; on two busy cores those two threads made the measured step 10 to 20 times slower.
     """
-    s = cfg.scheduler
-    threads = str(max(1, s.cpus_per_task // max(1, s.nprocs)))
+    threads = str(cfg.omp_threads or 1)
     return {"OMP_NUM_THREADS": str(cfg.launch.env.get("OMP_NUM_THREADS", threads))}
 
 

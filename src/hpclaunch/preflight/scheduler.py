@@ -30,7 +30,7 @@ from .sizes import estimated_save_s, run_checkpoint_bytes
 
 T = TypeVar("T")
 
-SINFO_FORMAT = "%P|%a|%l|%N|%T|%G|%f"
+SINFO_FORMAT = "%P|%a|%l|%N|%T|%G|%f|%c"
 _FLAGS = "*~#!%$@^-+"
 # Base node states that can run a job now or soon (power-saved nodes are woken up).
 _USABLE = {"idle", "mixed", "allocated", "completing", "planned", "powered_down", "powering_up", "cloud"}
@@ -42,6 +42,7 @@ class SlurmNode:
     state: str
     gpus: int
     features: frozenset[str]
+    cpus: int | None = None  # None: not said (an older recording without %c)
 
     @property
     def usable(self) -> bool:
@@ -96,13 +97,16 @@ def parse_sinfo(text: str) -> dict[str, SlurmPartition]:
         features = frozenset(
             x for x in (fields[6].strip().split(",") if len(fields) > 6 else []) if x and x != "(null)"
         )
+        cpus = fields[7].strip() if len(fields) > 7 else ""
         default = pname.endswith("*")
         pname = pname.rstrip("*")
         p = parts.get(pname)
         if p is None:
             p = parts[pname] = SlurmPartition(pname, default, avail, parse_slurm_time(limit))
         if node not in (n.name for n in p.nodes):
-            p.nodes.append(SlurmNode(node, state, gres_gpus(gres), features))
+            p.nodes.append(
+                SlurmNode(node, state, gres_gpus(gres), features, int(cpus) if cpus.isdigit() else None)
+            )
     return parts
 
 
@@ -184,13 +188,18 @@ def _slurm(ctx: CheckContext) -> Outcome:
     if s.gpus_per_node:
         nodes = [n for n in nodes if n.gpus >= s.gpus_per_node]
     what = "node(s)" + (f" with >= {s.gpus_per_node} GPUs (gres)" if s.gpus_per_node else "")
+    cpus = ctx.cfg.cpus_per_node  # (all: at least the ranks' need)
+    few_cpus = [n for n in nodes if n.cpus is not None and n.cpus < cpus]
+    if few_cpus:  # a job asking for more CPUs per node than a node has never runs there
+        nodes = [n for n in nodes if n not in few_cpus]
+        what += f" and >= {cpus} CPUs"
     what += f" and features {'&'.join(sorted(feats))}" if feats else ""
     what += f" outside exclude {','.join(s.exclude)}" if s.exclude else ""
     usable = [n for n in nodes if n.usable]
     if len(nodes) < s.nodes:
         f.fail(
             f"{label} has {len(nodes)} {what}; the run asks for {s.nodes}",
-            "lower scheduler.nodes / gpus_per_node, or pick a partition with more nodes",
+            "lower scheduler.nodes / gpus_per_node / cpus_per_node, or pick a partition with more nodes",
         )
     elif len(usable) < s.nodes:
         down = ", ".join(f"{n.name} {n.state}" for n in nodes if not n.usable)
@@ -337,9 +346,9 @@ def _pbs_pro(ctx: CheckContext, f: Findings, queues: dict[str, pbs_json.PbsQueue
             "the run resumes from its last periodic checkpoint",
             "pick a queue with a longer kill_delay (qstat -Qf), or keep checkpoint.every_steps small",
         )
-    chunk = select_chunk(s.cpus_per_task, s.gpus_per_node, s.mem_gb)
+    chunk = select_chunk(ctx.cfg.cpus_per_node, s.gpus_per_node, s.mem_gb)
     select = f"select={s.nodes}:{chunk}:mpiprocs=1"
-    _queue_totals(f, label, q, s.nodes, s.cpus_per_task, s.gpus_per_node)
+    _queue_totals(f, label, q, s.nodes, ctx.cfg.cpus_per_node, s.gpus_per_node)
     fit = _nodes_for(ctx, f, select)
     order = _preempt_order(ctx)
     if order and "R" not in order.upper():
@@ -372,7 +381,7 @@ def _queue_totals(f: Findings, label: str, q: pbs_json.PbsQueue, nodes: int, cpu
         if limit is not None and limit.isdigit() and want > int(limit):
             f.fail(
                 f"the job asks for {res} {want} in all; {label}'s resources_max.{res} is {limit}",
-                "lower scheduler.nodes / gpus_per_node / cpus_per_task, or pick another queue",
+                "lower scheduler.nodes / gpus_per_node / cpus_per_node, or pick another queue",
             )
 
 
@@ -383,7 +392,7 @@ def _nodes_for(ctx: CheckContext, f: Findings, select: str) -> int | None:
     if not nodes:
         f.skip("nodes not checked (pbsnodes -a -F json did not answer)")
         return None
-    want = {"ncpus": s.cpus_per_task, "ngpus": s.gpus_per_node}
+    want = {"ncpus": ctx.cfg.cpus_per_node, "ngpus": s.gpus_per_node}
     candidates = [n for n in nodes.values() if n.name not in set(s.exclude)]
     fits = [n for n in candidates if all(n.count(r) >= v for r, v in want.items())]
     usable = [n for n in fits if n.usable]
@@ -398,7 +407,7 @@ def _nodes_for(ctx: CheckContext, f: Findings, select: str) -> int | None:
         )
         f.fail(
             f"no node can take {select}: {short} {want[short]} > {have}",
-            "lower scheduler.gpus_per_node / cpus_per_task (pbsnodes -a lists what the nodes have)",
+            "lower scheduler.gpus_per_node / cpus_per_node (pbsnodes -a lists what the nodes have)",
         )
     elif len(fits) < s.nodes:
         f.fail(

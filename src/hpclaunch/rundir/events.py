@@ -87,6 +87,25 @@ class PreflightSkipped(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ScheduleChanged(Event):
+    """A resume that changes the LR schedule or the global batch (``lr_schedule.ResumeChange``)."""
+
+    KIND = k.SCHEDULE_CHANGED
+    step: int | None = None  # the first step the resume trains
+    rule: str | None = None
+    steps_before: int | None = None
+    steps_after: int | None = None
+    length_before: int | None = None
+    length_after: int | None = None
+    lr_before: float | None = None
+    lr_after: float | None = None
+    lr_other_rule: float | None = None
+    batch_before: int | None = None
+    batch_after: int | None = None
+    line: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class StopRequested(Event):
     KIND = k.STOP_REQUESTED
     cause: str | None = None
@@ -479,6 +498,7 @@ KINDS: dict[str, type[Event]] = {
         StopDropped,
         PreflightSkipped,
         StopRequested,
+        ScheduleChanged,
         ChainWaiting,
         ChainReleased,
         ChainBlocked,

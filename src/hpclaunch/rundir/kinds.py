@@ -5,6 +5,8 @@ SUBMITTED = "submitted"  # the scheduler answered: the job id
 SUBMIT_FAILED = "submit_failed"  # the scheduler refused the submission: nothing runs
 STOP_DROPPED = "stop_dropped"  # `submit --resume` dropped a stop request left from before
 PREFLIGHT_SKIPPED = "preflight_skipped"
+# `submit --resume` / `train --resume`: what the resume changes about the LR schedule or the batch
+SCHEDULE_CHANGED = "schedule_changed"
 STARTED = "started"  # one per node per attempt
 NODE_PREFLIGHT = "node_preflight"
 NCCL_PRESET = "nccl_preset"

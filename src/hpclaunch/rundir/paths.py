@@ -131,6 +131,13 @@ class RunPaths:
             d.mkdir(parents=True, exist_ok=True)
         return self
 
+    def ensure_sweep_root(self) -> RunPaths:
+        """A sweep's root trains nothing itself: its config, plan, script and sweep.json, the
+        scheduler's folder (where the array is submitted from) and logs/ (a PBS array's output)."""
+        for d in (self.root, self.logs, self.scheduler_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        return self
+
     def is_run(self) -> bool:
         return self.plan.exists() or self.events_dir.is_dir() or self.legacy_events.exists()
 

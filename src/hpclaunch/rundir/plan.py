@@ -59,6 +59,17 @@ class SweepPoint(BaseModel):
     overrides: list[str]
 
 
+class RescuePlan(BaseModel):
+    """The rescue job (``scheduler.rescue``, resolved): whether there is one, where, with what."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    partition: str | None = None
+    qos: str | None = None
+    gpus: int = 0
+
+
 class JobPlan(BaseModel):
     """What will run, where, with which resources. Saved as RUN/plan.json."""
 
@@ -74,7 +85,11 @@ class JobPlan(BaseModel):
     procs_per_node: int
     world_size: int
     gpus_per_node: int
-    cpus_per_task: int
+    cpus_per_task: int  # CPUs per node (one task per node): scheduler.cpus_per_node, or its default
+    # cpus_per_node: all: the job asks for whole nodes (SLURM --exclusive, PBS place=excl) and the
+    # script counts each rank's OpenMP threads from the node's CPUs (less ``helpers_per_rank``).
+    whole_node: bool = False
+    helpers_per_rank: int = 2  # a rank's loader workers and its checkpoint writer
     mem_gb: float | None
     time_limit_s: int
     partition: str | None
@@ -111,6 +126,7 @@ class JobPlan(BaseModel):
     sweep: list[SweepPoint] = []
     array_parallelism: int | None = None
     container: ContainerPlan | None = None  # the image the rank host and the ranks run in
+    rescue: RescuePlan = RescuePlan()  # (plans written before it: the run's partition, no GPUs)
 
     # ---- derived, formatted once ---------------------------------------------------------------
 

@@ -15,8 +15,7 @@ def read_config(paths: RunPaths, overrides: list[str] | None = None) -> RunConfi
     raw = read_yaml_mapping(paths.config)
     sources: dict[str, str] = {}
     for item in overrides or []:
-        apply_override(raw, item)
-        sources[item.partition("=")[0].strip()] = "--set"
+        sources[apply_override(raw, item)] = "--set"
     return validate_config(raw, where=str(paths.config), sources=sources)
 
 

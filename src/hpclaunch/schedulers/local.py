@@ -33,7 +33,8 @@ from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
 from ..templates.container_lines import container_lines
-from ..templates.shell import Raw, export_line, join
+from ..templates.exports import job_exports
+from ..templates.shell import Raw, join
 from . import foreground, local_slots
 from .base import (
     LOCAL_REQUEUE_EXIT,
@@ -59,7 +60,7 @@ def render_local(plan: JobPlan) -> RenderedJob:
         config_hash=plan.config_hash,
         run_dir=plan.run_dir,
         setup=plan.setup,
-        exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
+        exports=job_exports(plan),
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
         container=container_lines(plan),
     )

@@ -31,7 +31,8 @@ from ..rundir.events import Started
 from ..rundir.plan import write_plan
 from ..templates import jinja, lint
 from ..templates.container_lines import container_lines
-from ..templates.shell import Raw, directive_value, export_line, join
+from ..templates.exports import job_exports
+from ..templates.shell import Raw, directive_value, join
 from . import pbs_json
 from .base import (
     Continuation,
@@ -47,7 +48,7 @@ from .base import (
     spares_that_fit,
 )
 from .nodes import resolve_address
-from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
+from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SCRIPT_NAME = "job.pbs"
 RESCUE_SCRIPT_NAME = "rescue.pbs"
@@ -110,11 +111,13 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         extra_directives=extra,
         run_dirs=run_dirs,
         setup=plan.setup,
-        exports=[Raw(export_line(name, value)) for name, value in sorted(plan.env.items())],
+        exports=job_exports(plan),
         launcher=plan.pbs_launcher,
         agent_cmd=Raw(join(plan.agent_argv()[:-1])),
         task_cmd=Raw(_task_cmd(plan)),
         select=Raw(select_spec(plan, mem)),
+        # whole nodes (cpus_per_node: all): the chunk asks for the ranks' need, excl keeps the rest
+        place="scatter:excl" if plan.whole_node else "scatter",
         container=container_lines(plan),
     )
     generated = max(
@@ -150,19 +153,20 @@ def rescue_qsub_args(job_id: str) -> list[str]:
 
 def render_rescue(plan: JobPlan) -> RenderedJob:
     """The rescue job's script (``schedulers.rescue_job``): one chunk of one CPU, a few minutes, the
-    run's queue and account; its output in the run's scheduler folder."""
+    run's account, ``scheduler.rescue``'s queue and GPUs; its output in the run's scheduler folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
     log = directive_value(str(Path(plan.run_dir) / "scheduler") + "/", what="run_dir")
-    size = "select=1:ncpus=1" if plan.pbs_dialect == "pro" else "nodes=1:ppn=1"
+    r = plan.rescue
+    if plan.pbs_dialect == "pro":
+        size = "select=1:ncpus=1" + (f":ngpus={r.gpus}" if r.gpus else "")
+    else:
+        size = "nodes=1:ppn=1" + (f":gpus={r.gpus}" if r.gpus else "")
     lines = [
-        "#!/bin/bash",
-        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
-        "# undecided (its batch host died); submitted as",
-        f"#   qsub {' '.join(rescue_qsub_args('JOB'))} {RESCUE_SCRIPT_NAME}",
+        *rescue_header(plan, f"qsub {' '.join(rescue_qsub_args('JOB'))} {RESCUE_SCRIPT_NAME}"),
         f"#PBS -N {name}",
     ]
-    if plan.partition:
-        lines.append(f"#PBS -q {directive_value(plan.partition, what='scheduler.partition')}")
+    if r.partition:
+        lines.append(f"#PBS -q {directive_value(r.partition, what='scheduler.rescue.partition')}")
     if plan.account:
         lines.append(f"#PBS -A {directive_value(plan.account, what='scheduler.account')}")
     lines += [

@@ -5,7 +5,8 @@ Why: when every job process on the batch host dies (the batch script included: t
 emptying node 0, the node's death), SLURM ends the job at once (FAILED 0:9). The agents of the
 other nodes are killed with it, nobody decides the attempt, and nothing would continue the run.
 The scheduler itself then starts the rescue (``python -m hpclaunch.jobs.rescue RUN JOB``, tiny:
-one task, five minutes, the run's partition and account), which decides the attempt as the node
+one task, five minutes, the run's account, ``scheduler.rescue``'s partition, QOS and GPUs: the
+run's partition and QOS, and one GPU where that partition is the run's GPU one), which decides the attempt as the node
 failure it was and submits the continuation without that node. A job that ends well (an agent
 decided, and exited 0) never starts it: SLURM drops it (``--kill-on-invalid-dep=yes``), PBS
 deletes a job whose ``afternotok`` can no longer be satisfied. A requeue (``scontrol requeue``, a
@@ -15,7 +16,8 @@ preemption) puts the same job back to PENDING, which does not satisfy ``afternot
 Each scheduler renders its rescue script (``render_rescue``, the exact text handed over; the job
 id it watches goes on the command line, as ``--hold`` does) and submits it (``submit_rescue``).
 This module holds what they share, records each submission in the ledger (``rescue_submitted``)
-and withdraws the rescue jobs that still wait once the run has ended for good.
+and withdraws the rescue jobs that still wait once the run has ended for good. With
+``scheduler.rescue.enabled: false`` none is left (a held job counts against the user's job limits).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from ..rundir import (
     read_events,
 )
 from ..rundir.events import RescueCancelled, RescueSubmitted, Submitted, Submitting
+from ..templates.exports import script_header
 from ..templates.shell import Raw, join
 
 if TYPE_CHECKING:
@@ -54,6 +57,17 @@ def rescue_argv(plan: JobPlan) -> list[str]:
     return [plan.python, "-u", "-m", RESCUE_MODULE, plan.run_dir]
 
 
+def rescue_header(plan: JobPlan, submitted_as: str) -> list[str]:
+    """The script's first lines: what wrote it, what it is, and how it is handed over."""
+    return [
+        "#!/bin/bash",
+        script_header(plan),
+        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
+        "# undecided (its batch host died); submitted as",
+        f"#   {submitted_as}",
+    ]
+
+
 def rescue_body(plan: JobPlan, job_ref: str) -> list[str]:
     """The script's body: the run's setup lines (its Python may need them), then the rescue on the
     job ``job_ref`` names (shell syntax: ``"$1"``, ``"$VAR"``)."""
@@ -65,7 +79,7 @@ def leave_rescue(scheduler: Any, plan: JobPlan, paths: RunPaths, job_id: str, *,
     scheduler has none (local: its controller outlives the job) or refused it (recorded, never
     raised: a job that runs without a rescue is still a job that runs)."""
     submit = getattr(scheduler, "submit_rescue", None)
-    if submit is None or plan.sweep:
+    if submit is None or plan.sweep or not plan.rescue.enabled:
         return None
     ledger = Ledger(paths, role=role)
     try:

@@ -32,7 +32,8 @@ from ..rundir.cause import Cause
 from ..rundir.plan import write_plan
 from ..templates import lint
 from ..templates.container_lines import container_lines
-from ..templates.shell import Raw, directive_value, export_line, join
+from ..templates.exports import job_exports, script_header
+from ..templates.shell import Raw, directive_value, join
 from . import submitit_adapter
 from .base import (
     Continuation,
@@ -48,7 +49,7 @@ from .base import (
     spares_that_fit,
 )
 from .nodes import resolve_address
-from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body
+from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SUBMITIT_DIR = "scheduler/submitit"
 SCRIPT_NAME = "job.sbatch"
@@ -90,9 +91,11 @@ def agent_command(plan: JobPlan) -> str:
 
 def _setup_lines(plan: JobPlan) -> list[str]:
     lines: list[str] = [Raw(line) for line in plan.setup]
-    # Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch.
-    lines.append(Raw('export SRUN_CPUS_PER_TASK="$SLURM_CPUS_PER_TASK"'))
-    lines += [export_line(name, value) for name, value in sorted(plan.env.items())]
+    # Slurm >= 22.05: srun no longer inherits --cpus-per-task from sbatch. A whole node (--exclusive,
+    # no --cpus-per-task): the agent's task gets every CPU of its node.
+    cpus = "SLURM_CPUS_ON_NODE" if plan.whole_node else "SLURM_CPUS_PER_TASK"
+    lines.append(Raw(f'export SRUN_CPUS_PER_TASK="${cpus}"'))
+    lines += job_exports(plan)
     if plan.pass_env:
         lines.append(
             "# passed from the submitting environment by name (values are never written here): "
@@ -109,7 +112,6 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
         "time": plan.time_limit_minutes,
         "nodes": plan.allocation_nodes,
         "ntasks_per_node": 1,
-        "cpus_per_task": plan.cpus_per_task,
         "signal_delay_s": plan.warn_lead_s,
         "stderr_to_stdout": True,
         "wckey": None,
@@ -121,6 +123,10 @@ def _sbatch_parameters(plan: JobPlan) -> dict[str, Any]:
         # the first live agent when node 0 is the one gone) and continue in place or requeue.
         "srun_args": ["--kill-on-bad-exit=0"],
     }
+    if plan.whole_node:
+        params["exclusive"] = True
+    else:
+        params["cpus_per_task"] = plan.cpus_per_task
     if plan.gpus_per_node:
         params["gpus_per_node"] = plan.gpus_per_node
     mem = mem_directive(plan.mem_gb, lower=False)
@@ -143,6 +149,7 @@ def render_sbatch(plan: JobPlan) -> RenderedJob:
         command=agent_command(plan), folder=submitit_folder(plan.run_dir), **_sbatch_parameters(plan)
     )
     lines = text.split("\n")
+    lines[1:1] = [script_header(plan)]
     last = max(i for i, line in enumerate(lines) if line.startswith("#SBATCH"))
     lines[last + 1 : last + 1] = lint.extra_directives(plan.extra_directives, "#SBATCH")
     text = "\n".join(lines)
@@ -162,15 +169,13 @@ def rescue_sbatch_args(job_id: str) -> list[str]:
 
 
 def render_rescue(plan: JobPlan) -> RenderedJob:
-    """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's partition,
-    account and QOS; its output beside the submitit folder."""
+    """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's account,
+    ``scheduler.rescue``'s partition, QOS and GPUs; its output beside the submitit folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
     log = directive_value(str(Path(plan.run_dir) / "scheduler" / "rescue-%j.out"), what="run_dir")
+    submitted = f"sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB"
     lines = [
-        "#!/bin/bash",
-        "# hpclaunch rescue: runs only if the job it watches ends in a failed state with its attempt",
-        "# undecided (its batch host died); submitted as",
-        f"#   sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB",
+        *rescue_header(plan, submitted),
         f"#SBATCH --job-name={name}",
         "#SBATCH --nodes=1",
         "#SBATCH --ntasks=1",
@@ -180,10 +185,12 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
         "#SBATCH --open-mode=append",
         "#SBATCH --no-requeue",
     ]
-    for key in ("partition", "account", "qos"):
-        value = getattr(plan, key)
+    r = plan.rescue
+    for key, value in (("partition", r.partition), ("account", plan.account), ("qos", r.qos)):
         if value:
             lines.append(f"#SBATCH --{key}={directive_value(value, what=f'scheduler.{key}')}")
+    if r.gpus:
+        lines.append(f"#SBATCH --gpus-per-node={r.gpus}")
     lines += rescue_body(plan, '"$1"')
     return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
 

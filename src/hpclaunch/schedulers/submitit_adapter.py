@@ -22,13 +22,17 @@ from pathlib import Path
 from typing import Any
 
 TESTED = ">=1.5.1,<1.6"  # keep in step with pyproject.toml
+SUBMITIT_MARKER = "export SUBMITIT_EXECUTOR=slurm"
 
 
 def sbatch_text(*, command: str, folder: Path, **parameters: Any) -> str:
     """submitit's sbatch file for ``command`` (a shell command line, already quoted)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    return str(_make_sbatch_string(command=command, folder=folder, **parameters))
+    text = str(_make_sbatch_string(command=command, folder=folder, **parameters))
+    # submitit's marker for its own JobEnvironment inside a job; the node agent never asks it, and
+    # an admin reading the script should not wonder what it is for.
+    return text.replace(f"\n{SUBMITIT_MARKER}\n", "\n", 1)
 
 
 def sacct_state(job_id: str) -> str | None:

@@ -107,6 +107,7 @@ def extra_directives(lines: list[str], prefix: str) -> list[str]:
 
 # hpclaunch's own mechanism: an extra directive may never change these.
 _SLURM_RESERVED = ("--signal", "--open-mode", "--requeue", "--no-requeue")
+_OPPOSITES = {"--no-requeue": ("--requeue", "--no-requeue"), "--requeue": ("--no-requeue", "--requeue")}
 
 
 def lint_slurm(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFinding]:
@@ -161,7 +162,9 @@ def _check_extra_sbatch(
         ]
 
     if key in _SLURM_RESERVED:
-        return contradicts(f"the generated one ({key}{'=' + str(ours[key]) if ours.get(key) else ''})")
+        # name the directive the script has: --no-requeue contradicts the generated --requeue
+        mine = next((k for k in _OPPOSITES.get(key, (key,)) if k in ours), key)
+        return contradicts(f"the generated one ({mine}{'=' + str(ours[mine]) if ours.get(mine) else ''})")
     if key == "--export" and plan.pass_env and not (value or "").upper().startswith("ALL"):
         return [
             LintFinding(

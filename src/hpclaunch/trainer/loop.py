@@ -43,15 +43,15 @@ of each step and its items), ``ddp_buckets`` (the pass before an attempt's first
 
 from __future__ import annotations
 
-import math
 import time
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..config import RunConfig, TrainConfig
+from ..config import RunConfig
 from ..errors import TrainingError
+from ..lr_schedule import lr_at  # the LR rule (a resume's too), shared with submit and status
 from ..rank import session as sessions
 from ..rank.attach import open_run
 from ..rank.objects import Attached
@@ -82,16 +82,6 @@ if TYPE_CHECKING:
     from .init_from import Initialized
 
 __all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
-
-
-def lr_at(step: int, t: TrainConfig) -> float:
-    """LR of optimizer step ``step`` (1-based): linear warmup, then cosine to ``min_lr_ratio * lr``."""
-    if t.warmup_steps and step <= t.warmup_steps:
-        return t.lr * step / t.warmup_steps
-    span = max(1, t.steps - t.warmup_steps)
-    progress = min(1.0, (step - t.warmup_steps) / span)
-    low = t.lr * t.min_lr_ratio
-    return low + (t.lr - low) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class Trainer:
