@@ -1061,6 +1061,12 @@ class TestingConfig(_Section):
     fail_node_check: FailNodeCheckKnob | None = Field(
         None, description="Make one host's node check fail (a bad GPU found between attempts)."
     )
+    stop_at_step: int | None = Field(
+        None, ge=1, description="Rank 0 asks for a user's stop after this step (once per run)."
+    )
+    crash_at_step: int | None = Field(
+        None, ge=1, description="The last rank dies (os._exit) after this step (once per run)."
+    )
     trace_steps: bool = Field(
         False,
         description="Every rank writes RUN/trace/rank<r>.jsonl: each step's random state at its start "

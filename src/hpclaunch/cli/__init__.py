@@ -79,6 +79,7 @@ def _register_all() -> None:
         "data_cmd",
         "report_cmd",
         "sample_cmd",
+        "verify_cmd",
     ):
         __import__(f"{__name__}.{name}", fromlist=["register"]).register(app)
 

@@ -55,14 +55,19 @@ def restore_rng_state(saved: dict[str, Any], device: torch.device | None = None)
             torch.cuda.set_rng_state(saved["cuda_rng"], device)
 
 
-def rng_digest() -> str:
-    """A short digest of this process's RNG states now (verify-resume compares them step by step)."""
-    h = hashlib.sha256()
-    h.update(torch.get_rng_state().numpy().tobytes())
-    h.update(repr(random.getstate()).encode())
+def rng_digest() -> dict[str, str]:
+    """A short digest of each of this process's generators now (verify-resume compares them step by
+    step, each on its own: a generator the script never seeds differs between any two runs)."""
+
+    def short(data: bytes) -> str:
+        return hashlib.sha256(data).hexdigest()[:16]
+
     _kind, key, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    h.update(np.asarray(key).tobytes() + f"{pos},{has_gauss},{cached}".encode())
+    out = {
+        "torch": short(torch.get_rng_state().numpy().tobytes()),
+        "python": short(repr(random.getstate()).encode()),
+        "numpy": short(np.asarray(key).tobytes() + f"{pos},{has_gauss},{cached}".encode()),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        for state in torch.cuda.get_rng_state_all():
-            h.update(state.numpy().tobytes())
-    return h.hexdigest()[:16]
+        out["cuda"] = short(b"".join(s.numpy().tobytes() for s in torch.cuda.get_rng_state_all()))
+    return out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -235,6 +236,11 @@ class Run:
         if self.site.cfg.testing.trace_steps:
             self._trace = self.site.paths.root / "trace" / f"rank{self.ctx.rank}.jsonl"
             self._trace.parent.mkdir(parents=True, exist_ok=True)
+            digests = self.attached.digests()  # (collective under FSDP: every rank traces)
+            self._write_trace(
+                {"kind": "begin", "step": self.step, "rng": rng_digest(), "objects": digests["objects"],
+                 "params": digests["params_sha256"], "resumed_from": self.resumed_from}
+            )  # fmt: skip
 
     def _seed_save_time(self) -> None:
         """The stop lead starts from the slowest of the run's recent saves (an attempt too short to
@@ -270,7 +276,8 @@ class Run:
         self.step, self._current = step, None
         self.progress.stepped(step, dt)
         if self._trace is not None:
-            self._write_trace(step)
+            self._write_trace({"kind": "step", "step": step, **self._step_facts()})
+        self._testing_knobs(step)
         if self.log_writer is not None:
             self.log_writer.stepped(step, dt)
         saves, disk = self._saves, self._disk
@@ -319,6 +326,13 @@ class Run:
                 self.hooks.on_finished(self.step)
         if self.hooks.records_outcome:  # (collective, while the script's group still exists)
             self.outcome_record = self.outcome("stopped" if cause is not None else "finished", cause)
+        if self._trace is not None:
+            params = self.outcome_record.extra.get("params_sha256") if self.outcome_record else None
+            self._write_trace({"kind": "end", "step": self.step, "cause": cause, "params": params})
+        if self.checkpointer is not None and self.hooks.records_outcome:
+            # nothing more is saved: the writer and the checkpointer's group go while the script's
+            # process group (which a script may destroy after its loop) still exists
+            self.checkpointer.close()
         self.progress.phase("done")
 
     # ---- what the script may call between steps ------------------------------------------------
@@ -418,21 +432,45 @@ class Run:
     def _manifest_extra(self) -> dict[str, Any]:
         return {"objects": self.attached.names, "total_steps": self.total, **self.hooks.manifest_extra()}
 
-    def _write_trace(self, step: int) -> None:
-        """verify-resume's record of this step: the random state at its start and end, every
-        attached object's digest after it, and what was logged."""
-        assert self._trace is not None
+    def _step_facts(self) -> dict[str, Any]:
+        """verify-resume's record of a step: the random state at its start and end, every attached
+        object's digest after it, and what was logged."""
         logged = dict(self._logged)
-        record = {
-            "step": step,
-            "attempt": self.site.attempt,
-            "world_size": self.ctx.world_size,
+        return {
             "rng_begin": logged.pop("_rng_begin", None),
             "rng_end": rng_digest(),
             "objects": self.attached.digests(whole=False)["objects"],
             "logged": logged,
         }
+
+    def _write_trace(self, record: dict[str, Any]) -> None:
+        assert self._trace is not None
+        record.update(attempt=self.site.attempt, world_size=self.ctx.world_size)
         append_line(self._trace, json.dumps(record))
+
+    def _testing_knobs(self, step: int) -> None:
+        """``testing.stop_at_step`` (rank 0 writes a user's stop, as ``hpclaunch stop`` does) and
+        ``testing.crash_at_step`` (the last rank dies), each once per run (a marker file)."""
+        t = self.site.cfg.testing
+        if t.stop_at_step == step and self.ctx.is_main and _first_time(self.site.paths.attempts, "stop"):
+            from ..rundir.control import write_user_stop
+
+            write_user_stop(self.site.paths, continue_=False, attempt=None, by="testing.stop_at_step")
+        last = self.ctx.rank == self.ctx.world_size - 1
+        if t.crash_at_step == step and last and _first_time(self.site.paths.attempts, "crash"):
+            print(
+                f"hpclaunch: testing.crash_at_step: rank {self.ctx.rank} dies after step {step}", flush=True
+            )
+            os._exit(1)
+
+
+def _first_time(directory: Path, what: str) -> bool:
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        os.close(os.open(directory / f"testing-{what}.fired", os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        return False
+    return True
 
 
 def _number(value: Any) -> float | int | None:

@@ -9,6 +9,7 @@ training loop). See the package docstring for the layout and the state-dict conv
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -266,7 +267,10 @@ class Checkpointer:
         if self._owns_pg and self._pg is not None:
             import torch.distributed as dist
 
-            dist.destroy_process_group(self._pg)
+            # (a script may have destroyed every group itself, ours with them)
+            with contextlib.suppress(ValueError, RuntimeError):
+                if dist.is_initialized():
+                    dist.destroy_process_group(self._pg)
         self._pg = None
 
     # ---- load ---------------------------------------------------------------------------------
