@@ -186,33 +186,54 @@ def _epoch_of(sampler: Any) -> int | None:
 
 
 class _Skip:
-    """How many items the index samplers made during one iteration's creation skip (then 0)."""
+    """How many items the index samplers made during one iteration's creation skip (then 0), and
+    the iterations they made."""
 
     def __init__(self, n: int) -> None:
         self.n = n
+        self.made: list[_Skipping] = []
+
+
+class _Skipping:
+    """An index sampler's iteration that begins ``n`` items in (the items are drawn, not read),
+    started on its first ``next`` as the sampler's own would be, or by ``start``."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self._inner, self._n = inner, n
+        self._it: Iterator[Any] | None = None
+
+    def start(self) -> None:
+        if self._it is None:
+            self._it = iter(self._inner)
+            for _ in itertools.islice(self._it, self._n):
+                pass
+
+    def __iter__(self) -> _Skipping:
+        return self
+
+    def __next__(self) -> Any:
+        self.start()
+        assert self._it is not None
+        return next(self._it)
 
 
 class _SkipFirst:
-    """An index sampler whose iterations begin ``skip.n`` items later (the items are drawn, not
-    read). Lazily, like the sampler's own iteration: the loader makes an iterator in its
-    constructor and another in its first reset, and advances only the second one; a sampler that
-    draws its order from the random state when advanced (``RandomSampler``) draws it once, where
-    the saved iteration did. A loader with persistent workers keeps this object for its later
-    epochs: the skip is set to 0 once the iteration is made."""
+    """An index sampler whose iterations begin ``skip.n`` items later. A loader makes an iteration
+    in its constructor and (with workers) another in its first reset, and advances only the last
+    one: the replay starts that one inside its window (``_iterator_skipping``), so that a sampler
+    that draws its order from the random state when first advanced (``RandomSampler``) draws it
+    from the state the saved iteration began with. A loader with persistent workers keeps this
+    object for its later epochs: the skip is 0 once the iteration is made."""
 
     def __init__(self, inner: Any, skip: _Skip) -> None:
         self.inner, self.skip = inner, skip
 
     def __iter__(self) -> Iterator[Any]:
-        n, inner = self.skip.n, self.inner
-
-        def skipped() -> Iterator[Any]:
-            it = iter(inner)
-            for _ in itertools.islice(it, n):
-                pass
-            yield from it
-
-        return skipped() if n else iter(inner)
+        if not self.skip.n:
+            return iter(self.inner)
+        made = _Skipping(self.inner, self.skip.n)
+        self.skip.made.append(made)
+        return made
 
     def __len__(self) -> int:
         return len(self.inner)
@@ -236,7 +257,10 @@ def _iterator_skipping(loader: Any, original: Any, skip: int) -> Iterator[Any]:
     object.__setattr__(loader, "__class__", skipping)
     try:
         setattr(loader, _SKIP_ATTR, holder)  # (read by the skipping class's property)
-        return original(loader)
+        it = original(loader)
+        if holder.made:
+            holder.made[-1].start()  # the one the loader advances: drawn here, in the replay's window
+        return it
     finally:
         holder.n = 0
         object.__setattr__(loader, "__class__", cls)
