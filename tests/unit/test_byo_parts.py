@@ -32,7 +32,7 @@ def test_a_scripts_run_refuses_the_builtin_trainers_keys_naming_the_first() -> N
     with pytest.raises(ConfigError) as e:
         load_config(None, ["script.path=train.py", "train.steps=10"])
     assert "train.steps" in e.value.one_line() and "built-in MMDiT trainer" in e.value.one_line()
-    with pytest.raises(ConfigError, match="script.args"):
+    with pytest.raises(ConfigError, match=r"script\.args"):
         load_config(None, ["script.args=[--lr, '3']"])  # arguments for a script that is not there
 
 

@@ -321,9 +321,13 @@ class MemoryTier:
 
     # ---- resume -------------------------------------------------------------------------------
 
-    def restore(self, state: State, disk: Path, group: Any) -> tuple[Restored | None, TierFields]:
-        """Collective: fill ``state`` from the newest whole snapshot newer than the newest checkpoint
-        on ``disk``; (what was restored or None, what the ledger's ``resumed`` says of the tiers)."""
+    def restore(
+        self, template: Callable[[], State], disk: Path, group: Any
+    ) -> tuple[tuple[Restored, State] | None, TierFields]:
+        """Collective: fill a ``template()`` from the newest whole snapshot newer than the newest
+        checkpoint on ``disk``; ((what was restored, the state) or None, what the ledger's
+        ``resumed`` says of the tiers). The template is made only when a snapshot is there to fill
+        it: making an optimizer's state dict may run its first (zero-lr) step."""
         held = self.store.holdings() if self.ctx.local_rank == 0 and self.store is not None else {}
         report = {
             "node": self.node,
@@ -348,11 +352,12 @@ class MemoryTier:
         tier: TierFields = {"disk_step": on_disk}
         if plan.step is None:
             return None, {**tier, "memory_reason": plan.reason}
+        state = template()
         why = self._fill(state, plan, group)
         if why is not None:
             return None, {**tier, "memory_reason": why}
         path = str(self.store.step_dir(plan.step, self.ctx.world_size)) if self.store else "pulled"
-        return Restored(plan.step, self._sections, path), {
+        return (Restored(plan.step, self._sections, path), state), {
             **tier,
             "tier": "memory",
             "shards_from": plan.shards_from(),

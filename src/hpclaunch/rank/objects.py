@@ -113,6 +113,13 @@ class Attached:
         state[RANK_LOCAL] = {rank_local_key(self.rank): mine}
         return state
 
+    def _model_only(self) -> dict[str, Any] | None:
+        if self.model is None:
+            return None
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        return get_model_state_dict(self.model)
+
     def _model_and_optim(self, cached: bool) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
         if self.model is None:
             return None, None
@@ -181,7 +188,12 @@ class Attached:
         ``whole``: only then), ``state_sha256`` (this rank's part of everything attached) and one
         digest per object."""
         per: dict[str, str] = {}
-        model_sd, optim_sd = self._model_and_optim(cached=False)
+        # (an optimizer without state yet is hashed as it is: torch's helper would run its first,
+        # zero-lr step to make one, and every later step would count from there)
+        fresh = any(not opt.state for opt in self.optimizers)
+        model_sd, optim_sd = self._model_and_optim(cached=False) if not fresh else (self._model_only(), None)
+        if fresh:
+            optim_sd = {str(i): opt.state_dict() for i, opt in enumerate(self.optimizers)}
         if model_sd is not None:
             per["model"] = local_state_sha256(flat_items("model", model_sd))
         if optim_sd is not None:

@@ -57,13 +57,14 @@ def restore(
     loaded: Any = None
     path: str | None = None
     if memory is not None:
-        state = attached.state(empty)
-        loaded, tier = memory.restore(state, checkpointer.directory, ctx.host_group())
-        if loaded is not None:
+        found, tier = memory.restore(lambda: attached.state(empty), checkpointer.directory, ctx.host_group())
+        if found is not None:
+            loaded, state = found
             path = loaded.path
     if loaded is None and _disk_has_one(paths, ctx):
-        # (the template is built only now: an optimizer's state dict may run its zero-lr first step)
-        state = state if state is not None else attached.state(empty)
+        # (the template is made only now: an optimizer's state dict may run its zero-lr first step,
+        # which a run that restores nothing must not)
+        state = attached.state(empty)
         result = checkpointer.load_latest(state)
         if result is not None:
             loaded, path = result, str(result.info.path)
