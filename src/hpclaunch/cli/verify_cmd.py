@@ -27,6 +27,9 @@ def verify_resume(
         ),
     ] = None,
     ranks: Annotated[int, typer.Option("--ranks", min=1, max=8, help="Ranks (gloo, this machine).")] = 2,
+    only: Annotated[
+        str | None, typer.Option("--only", help="Only these scenarios (comma-separated): stop, crash, ranks.")
+    ] = None,
     keep: Annotated[
         Path | None, typer.Option("--keep", help="Keep the runs, their logs and traces in this folder.")
     ] = None,
@@ -44,7 +47,7 @@ def verify_resume(
       hpclaunch verify-resume --script examples/byo/gpt_ddp.py -- --steps 30
       hpclaunch verify-resume --script train.py --ranks 1 --keep verify-out -- --epochs 1
     """
-    from ..orchestrator.verify_resume import VerifyPlan
+    from ..orchestrator.verify_resume import SCENARIOS, VerifyPlan
     from ..orchestrator.verify_resume import verify_resume as run_verify
 
     if script is None:
@@ -56,10 +59,24 @@ def verify_resume(
     if not script.is_file():
         raise UserInputError(f"{script} is not a file", where="--script")
     args = common._script_args or []
+    chosen = frozenset(n.strip() for n in (only or "").split(",") if n.strip())
+    unknown = sorted(chosen - set(SCENARIOS))
+    if unknown:
+        raise UserInputError(
+            f"--only {','.join(unknown)}: no such scenario",
+            where="verify-resume",
+            hint=f"choose from {', '.join(SCENARIOS)}",
+        )
     with tempfile.TemporaryDirectory(prefix="hpclaunch-verify-") as tmp:
         work = (keep or Path(tmp)).resolve()
         plan = VerifyPlan(
-            script.resolve(), [c.resolve() for c in config or []], overrides or [], args, ranks, work
+            script.resolve(),
+            [c.resolve() for c in config or []],
+            overrides or [],
+            args,
+            ranks,
+            work,
+            only=chosen,
         )
         say = (lambda text: None) if as_json else (lambda text: console.print(text, highlight=False))
         findings = run_verify(plan, say=say)

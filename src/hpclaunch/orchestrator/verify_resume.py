@@ -34,7 +34,9 @@ from ..fsutil import read_jsonl
 from ..rundir import RunPaths, read_events
 from ..rundir.events import Resumed, of_kind
 
-__all__ = ["Finding", "Scenario", "VerifyPlan", "verify_resume"]
+__all__ = ["SCENARIOS", "Finding", "Scenario", "VerifyPlan", "verify_resume"]
+
+SCENARIOS = ("stop", "crash", "ranks")
 
 Record = dict[str, Any]
 
@@ -79,6 +81,11 @@ class Scenario:
     bitwise: bool = True
     run: Path = field(default_factory=Path)
 
+    @property
+    def key(self) -> str:
+        """The name ``--only`` takes: stop, crash, ranks."""
+        return "ranks" if "->" in self.name else self.name
+
 
 @dataclass
 class VerifyPlan:
@@ -88,6 +95,7 @@ class VerifyPlan:
     args: list[str]
     ranks: int
     work: Path
+    only: frozenset[str] = frozenset()  # scenarios to run (stop, crash, ranks); empty: all
     timeout_s: float = 900.0
 
 
@@ -127,6 +135,8 @@ def verify_resume(plan: VerifyPlan, *, say: Any = print) -> list[Finding]:
                 bitwise=False,
             )
         )
+    if plan.only:
+        scenarios = [sc for sc in scenarios if sc.key in plan.only]
     findings: list[Finding] = []
     reference = _traces(ref)
     for sc in scenarios:
