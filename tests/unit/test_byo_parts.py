@@ -287,3 +287,12 @@ def test_a_resumed_loader_with_workers_continues_at_the_next_batch(persistent: b
     restore_rng_state(rng)
     batches = again.batches()
     assert [next(batches)[0].tolist() for _ in range(15)] == want
+
+
+def test_a_sweep_over_a_scripts_arguments_separates_its_lists_by_semicolons(tmp_path: Path) -> None:
+    from hpclaunch.orchestrator.launch import expand_sweep
+
+    cfg = load_config(None, ["script.path=train.py", "name=s"], base=tmp_path)
+    points = expand_sweep(cfg, ["script.args=[--lr,1e-3];[--lr,3e-4]", "checkpoint.keep_last=1,2"])
+    assert [p[2].script.args for p in points] == [["--lr", "1e-3"]] * 2 + [["--lr", "3e-4"]] * 2
+    assert all("/" not in name and "," not in name for name, _, _ in points)

@@ -61,7 +61,9 @@ def nccl_plan_env(cfg: RunConfig) -> dict[str, str]:
 
 
 def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str], RunConfig]]:
-    """``k=a,b`` x ``j=c,d`` -> the cartesian product: (point name, overrides, config) each."""
+    """``k=a,b`` x ``j=c,d`` -> the cartesian product: (point name, overrides, config) each. Values
+    that are lists themselves (a script's arguments) are separated by ``;`` instead:
+    ``script.args=[--lr,1e-3];[--lr,3e-4]``."""
     axes: list[list[str]] = []
     for item in sweeps:
         key, sep, values = item.partition("=")
@@ -77,7 +79,8 @@ def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str]
                 where="--sweep",
                 hint="sweep model/train/data/checkpoint keys; submit separate runs for other resources",
             )
-        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(",") if v.strip()])
+        sep = ";" if ";" in values else ","
+        axes.append([f"{key.strip()}={v.strip()}" for v in values.split(sep) if v.strip()])
     points = []
     root = cfg.run_path()
     for index, combo in enumerate(itertools.product(*axes)):
@@ -85,7 +88,7 @@ def expand_sweep(cfg: RunConfig, sweeps: list[str]) -> list[tuple[str, list[str]
         for override in combo:
             apply_override(raw, override, where="--sweep")
         label = "-".join(o.split("=", 1)[0].rsplit(".", 1)[-1] + o.split("=", 1)[1] for o in combo)
-        name = f"p{index}-{label}"[:60].replace("/", "_")
+        name = _safe_name(f"p{index}-{label}")[:60]
         raw["run_dir"] = str(root / name)
         raw["name"] = _safe_name(f"{cfg.name}-{name}")
         # The base config was valid: whatever fails now, the point's --sweep values made it so.

@@ -53,7 +53,7 @@ from .tensors import params_finite
 
 __all__ = ["Run", "RunHooks", "Stopped"]
 
-RECENT_SAVES = 4  # the run's newest saves that seed an attempt's stop lead
+RECENT_SAVES = 8  # the run's newest saves among which the blocking ones seed an attempt's stop lead
 
 
 class Stopped(SystemExit):
@@ -243,13 +243,14 @@ class Run:
             )  # fmt: skip
 
     def _seed_save_time(self) -> None:
-        """The stop lead starts from the slowest of the run's recent saves (an attempt too short to
-        save before its stop would otherwise keep the plan's estimate for ever): rank 0 reads the
-        ledger, every rank hears (none: the plan's estimate)."""
+        """The stop lead starts from the slowest of the run's recent blocking saves (an attempt too
+        short to save before its stop would otherwise keep the plan's estimate for ever): rank 0
+        reads the ledger, every rank hears (none: the plan's estimate)."""
         seconds = None
         if self.ledger is not None:
             recent = of_kind(read_events(self.site.paths).events, CheckpointSaved)[-RECENT_SAVES:]
-            measured = [e.seconds for e in recent if e.seconds is not None]
+            # (a stop's save is blocking: a background save's time is its writer's, starved or not)
+            measured = [e.seconds for e in recent if e.seconds is not None and e.blocking]
             seconds = max(measured) if measured else None
         if self.ctx.initialized:
             seconds = broadcast_json(seconds, self.ctx.host_group(), is_source=self.ctx.is_main)

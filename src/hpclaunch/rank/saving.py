@@ -47,10 +47,11 @@ class DiskSaves:
         a background save still writing is dropped rather than waited for (this step is newer, and
         the deadline keeps no room for a writer starved of CPU or still starting)."""
         checkpointer = self.checkpointer
+        # Waiting for the previous background save (should it have failed unseen) is save time: the
+        # watchdog's long window, not a step's (a writer starved of CPU on a loaded node is no hang).
+        self.progress.phase("save")
         try:
-            checkpointer.wait(
-                supersede=supersede
-            )  # the previous background save, should it have failed unseen
+            checkpointer.wait(supersede=supersede)
         except CheckpointError as error:
             return self._save_again_after(error)
         if not self.finite():
@@ -58,7 +59,6 @@ class DiskSaves:
                 f"parameters are not finite after step {self.step()}; refusing to checkpoint them"
             )
         t0 = time.perf_counter()
-        self.progress.phase("save")
         checkpointer.save(self.step(), self.state(), blocking=blocking, extra=self.extra())
         if blocking:
             self.stop.note_checkpoint_seconds(time.perf_counter() - t0)
