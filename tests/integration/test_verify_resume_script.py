@@ -1,4 +1,4 @@
-"""``hpclaunch verify-resume`` on real scripts: the FSDP2 example (nanoGPT's batches from each rank's
+"""``hpclaunch verify-resume`` on real scripts: the DDP example on three ranks resumes exactly; the FSDP2 example (nanoGPT's batches from each rank's
 random state) resumes exactly after a stop and a crash and restores equal on fewer ranks; a variant
 that draws its next batch before the step boundary fails, naming the first step that differs and
 the random state."""
@@ -54,3 +54,16 @@ def test_a_batch_drawn_before_the_step_boundary_is_named(tmp_path: Path) -> None
         finding
     )
     assert "batch drawn before the loop" in finding["hint"], finding
+
+
+def test_the_ddp_example_on_three_ranks_resumes_exactly(tmp_path: Path) -> None:
+    # Three ranks: the ring all-reduce's summation order follows DDP's bucket layout, which a fresh
+    # process used to build differently for its first step than the uninterrupted run had rebuilt it.
+    out = hpclaunch(
+        "verify-resume", "--script", str(EXAMPLES / "gpt_ddp.py"), "--ranks", "3", "--only", "stop", "--json",
+        "--", "--steps", "24",
+        cwd=tmp_path, timeout=1200,
+    )  # fmt: skip
+    (finding,) = json.loads(out.stdout)
+    assert finding["ok"], finding
+    assert "bitwise equal at every step of 24" in finding["summary"], finding

@@ -75,6 +75,8 @@ class Attached:
             if name in RESERVED or not name.isidentifier():
                 raise UserInputError(f"attach(): {name!r} cannot name an object", where="hpclaunch.attach()")
         self.model = model
+        if model is not None:
+            fix_ddp_bucket_order(model)
         self.optimizers = optimizers
         self.objects = {name: _stateful(name, obj) for name, obj in objects.items() if obj is not None}
         self.data = data
@@ -208,6 +210,23 @@ class Attached:
             "state_sha256": together,
             "objects": per,
         }
+
+
+def fix_ddp_bucket_order(model: nn.Module) -> None:
+    """Buckets a DDP model's gradients in one order in every process, fresh or resumed.
+
+    DDP buckets the gradients in one order for its first backward pass and rebuilds the buckets,
+    once, in the order the gradients became ready. Where an element sits in its bucket decides the
+    order in which the ring all-reduce sums the ranks' values, and with three ranks or more that
+    order changes the rounding: a process that resumed at step 21 reduced step 21 with the first
+    order where the uninterrupted run used the rebuilt one. Pushing every parameter, in index
+    order, before the first backward makes each process rebuild to that one layout at its first
+    forward (a no-op where the buckets were rebuilt already or are never rebuilt).
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if isinstance(model, DistributedDataParallel) and getattr(model, "reducer", None) is not None:
+        model.reducer._push_all_rebuilt_params()
 
 
 def _tensors(counters: Mapping[str, Any]) -> dict[str, torch.Tensor]:
