@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from ..config import RunConfig
@@ -47,6 +48,7 @@ from ..rundir import (
 )
 from ..rundir.attempt_records import AttemptEnd
 from ..rundir.env import FOREGROUND_VAR  # `hpclaunch train`: keep the launcher's report off the terminal
+from ..rundir.node_dir import NodeDir, consume_seen, node_directory
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
@@ -79,6 +81,8 @@ class NodeAgent:
         self.decider = Decider(self.node, self.relay)
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
+        self.node_dir = node_directory(in_image=plan.container is not None)  # (None: none could be made)
+        self.shared_dir: NodeDir | None = None  # the node directory, once the rank host proved it shares it
         self.sink = LogSink()
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
@@ -115,9 +119,13 @@ class NodeAgent:
             self.memory.free()  # (the allocation ends on this node: its snapshots with it)
             self.node.alloc.stop_beating()
             self.decider.close()
-            remove_local_dirs(self.node.paths.root, self.node.ctx.hostname, self.node.ctx.allocation)
             if self.host is not None:
                 self.host.close()
+            if self.node_dir is not None:
+                remove_local_dirs(
+                    self.node_dir.path, self.node.paths.root, self.node.ctx.hostname, self.node.ctx.allocation
+                )
+                self.node_dir.remove_fallback()
             self.sink.close()
 
     def _start(self, barrier: StartBarrier) -> int | None:
@@ -216,23 +224,41 @@ class NodeAgent:
 
     def _start_host(self) -> RankHost:
         quiet = os.environ.get(FOREGROUND_VAR) == "1"
-        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths)
-        return RankHost(
-            argv,
-            env(
-                rank_host_environment(
-                    self.node.plan,
-                    self.node.cfg,
-                    self.node.ctx,
-                    self.node.scheduler,
-                    self.node.paths,
-                    self.node.ledger,
-                )
-            ),
-            self.node.paths.root,
-            self.sink,
-            echo_stderr=not quiet,
+        token = uuid.uuid4().hex
+        env = rank_host_environment(
+            self.node.plan,
+            self.node.cfg,
+            self.node.ctx,
+            self.node.scheduler,
+            self.node.paths,
+            self.node.ledger,
+            self.node_dir,
+            token,
         )
+        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths, env, self.node_dir)
+        host = RankHost(argv, env, self.node.paths.root, self.sink, echo_stderr=not quiet)
+        host.token = token
+        return host
+
+    def _shared_node_dir(self, host: RankHost) -> NodeDir | None:
+        """The node directory when this rank host shares it with this agent (it proved it at its start,
+        writing there what is read here: in an image, through the runtime's mount), else None: the
+        ranks then report in the run directory, said once per rank host."""
+        if self.node_dir is None:
+            return None
+        if host.node_dir_seen is None:
+            host.node_dir_seen = consume_seen(self.node_dir.path, host.token)
+            if not host.node_dir_seen:
+                why = (
+                    f"the ranks in the image do not see this node's directory {self.node_dir.path} at "
+                    f"{self.node_dir.ranks_path} (container.flags or the runtime's mounts hide it): their "
+                    "heartbeats go to the run directory instead"
+                )
+                print(f"hpclaunch: node {self.node.ctx.hostname}: {why}", file=sys.stderr, flush=True)
+                self.node.ledger.append(
+                    NODE_PREFLIGHT, ok=True, checks=[{"name": "node_dir", "status": "warn", "finding": why}]
+                )
+        return self.node_dir if host.node_dir_seen else None
 
     def _run_attempt(self) -> AttemptEnd:
         """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
@@ -243,6 +269,7 @@ class NodeAgent:
             self.host = self._start_host()
             if not self.host.wait_ready(HOST_READY_S):
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
+        self.shared_dir = self._shared_node_dir(self.host)
         request = rank_request(
             self.attempt,
             plan=self.node.plan,
@@ -251,6 +278,7 @@ class NodeAgent:
             scheduler=self.node.scheduler,
             paths=self.node.paths,
             roster=self.roster,
+            node_dir=self.shared_dir,
         )
         self.sink.switch(
             self.node.paths.node_log(self.attempt, self.node.ctx.node_rank),
@@ -285,6 +313,7 @@ class NodeAgent:
             roster=self.roster,
             watchdog=watchdog,
             hang=self.hang,
+            node_dir=self.shared_dir.path if self.shared_dir is not None else None,
         )
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------

@@ -286,6 +286,10 @@ class Watched:
     local_dir: Path | None = None
     local_ranks: int = 0
     alone: bool = True
+    # No node directory shared with this node's ranks (``rundir.node_dir``): they write their shared
+    # files, read here, while the other nodes' ranks may report into theirs (read from their nodes'
+    # aggregates as ever).
+    shared_files: bool = False
 
 
 class Watchdog:
@@ -323,7 +327,7 @@ class Watchdog:
         self._records: dict[int, dict[str, Any]] = {}  # this node's ranks' last heartbeats
         # This node's ranks are all the ranks (the only training node; or, without a node-local
         # folder, every rank's shared file is read here): no other node's file to read.
-        self.whole = watched.alone or watched.local_dir is None
+        self.whole = watched.alone or (watched.local_dir is None and not watched.shared_files)
         self.node = NodeFiles(
             paths,
             self.attempt,

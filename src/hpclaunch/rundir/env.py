@@ -17,3 +17,7 @@ ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the s
 FOREGROUND_VAR = "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: the agent runs in its process
 # Set by the node agent: the node-local folder its ranks write their progress to (``rundir.progress``).
 PROGRESS_DIR_VAR = "HPCLAUNCH_PROGRESS_DIR"
+# Set by the node agent: this user's node-local directory as the ranks see it (``rundir.node_dir``),
+# and the token its rank host proves it with.
+NODE_DIR_VAR = "HPCLAUNCH_NODE_DIR"
+NODE_DIR_TOKEN_VAR = "HPCLAUNCH_NODE_DIR_TOKEN"

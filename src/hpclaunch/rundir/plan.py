@@ -9,13 +9,14 @@ address, node rank, job id).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from ..fsutil import atomic_write_json
 from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
-from .container import NODE, ContainerPlan
+from .container import NODE, NODE_DIR, ContainerPlan
 from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
@@ -159,12 +160,17 @@ class JobPlan(BaseModel):
         """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""
         return [self.python, "-u", "-m", AGENT_MODULE, run_dir or self.run_dir]
 
-    def rank_host_argv(self, *, node: str = NODE) -> list[str]:
+    def rank_host_argv(
+        self, *, node: str = NODE, node_dir: str | None = NODE_DIR, env: Mapping[str, str] | None = None
+    ) -> list[str]:
         """The command a node agent starts its rank host with: in the container's image when the run
-        has one (``node``: this node's name, which pyxis's step names), else with the job's Python."""
+        has one (``node``: this node's name, which pyxis's step names; ``node_dir``: this user's
+        node-local directory there, mounted in the image; ``env``: the ranks' environment, whose
+        names pass), else with the job's Python."""
         if self.container is None:
             return [self.python, "-u", "-m", LAUNCHER_MODULE]
-        return self.container.wrap([self.container.python, "-u", "-m", LAUNCHER_MODULE], node=node)
+        argv = [self.container.python, "-u", "-m", LAUNCHER_MODULE]
+        return self.container.wrap(argv, node=node, node_dir=node_dir, env=env)
 
     def torchrun_argv(
         self, *, run_dir: str, node_rank: int, job_id: str, head_addr: str | None, local_addr: str | None
