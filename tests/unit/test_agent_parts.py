@@ -144,11 +144,18 @@ def test_a_continuation_hands_the_lock_to_the_job_that_continues(tmp_path: Path)
     ] == [["n2"]]
 
 
-def test_a_continuation_the_scheduler_refuses_fails_the_run_and_releases_the_lock(tmp_path: Path) -> None:
+def test_a_continuation_the_scheduler_refuses_ends_the_run_resumable_and_releases_the_lock(
+    tmp_path: Path,
+) -> None:
+    """Never FAILED for the scheduler's refusal (issue 49, M1: tests/unit/test_continue_patiently.py)."""
     code, recorded, released = _carry(tmp_path, CONTINUE, Continuations(fail=True))
     assert code == 1 and released == [None]
-    ((failed, _),) = recorded
-    assert failed.action is Action.FAIL and "continuing failed: sbatch: error" in failed.reason
+    ((ended, _),) = recorded
+    assert (
+        ended.action is Action.END
+        and "continuing through the scheduler failed (sbatch: error" in ended.reason
+    )
+    assert "submit --resume" in ended.reason
 
 
 def test_a_cancellation_while_the_continuation_was_asked_for_is_a_cancellation(tmp_path: Path) -> None:

@@ -323,6 +323,7 @@ class NodeAgent:
         waited for (and made here after all if the decider's agent is gone)."""
         published = self.decider.await_decision(self.roster)
         if published is not None:
+            self.decider.record_followed(published)
             return published
         alone = tuple(self.roster.training) == (self.node.ctx.hostname,)
         dead, stuck = self._await_reports() if not alone else ((), ())

@@ -23,7 +23,7 @@ import time
 from typing import Any
 
 from ..errors import HpclaunchError
-from ..fsutil import retry_transient
+from ..fsutil import create_exclusive, retry_patiently, retry_transient
 from ..rundir import (
     HANG,
     NODE_REPLACED,
@@ -35,11 +35,13 @@ from ..rundir import (
 )
 from ..rundir.control import take_user_stop
 from ..rundir.env import FOREGROUND_VAR
-from ..rundir.events import Cancelled, Event, Started, of_kind
+from ..rundir.events import Cancelled, Event, RescueSubmitted, Started, of_kind
+from ..rundir.kinds import AGENT_ERROR
 from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
 from ..schedulers.base import NodeContext
+from ..schedulers.rescue_job import waiting_rescues
 from .agent_records import decision_fields
 from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
@@ -89,6 +91,7 @@ class Decider:
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
+        self.followed: DecisionRecord | None = None  # the last in-place decision followed
 
     @property
     def attempt(self) -> str:
@@ -159,6 +162,8 @@ class Decider:
             flush=True,
         )
         self.hold(holder)
+        if self.followed is not None:  # (the last decision followed, perhaps recorded by nobody)
+            self.record_followed(self.followed)
         return True
 
     def hold(self, holder: LockHolder | None) -> None:
@@ -177,6 +182,8 @@ class Decider:
         ``train``, which hold it: nobody else can decide there)."""
         if self.holder is None:
             return True
+        if self._beat is not None and self._beat.lost:
+            return False  # (its heartbeat found the lock another's: deposed, whatever a read says now)
         try:
             return self.lock.holds(self.holder)
         except OSError:
@@ -343,10 +350,51 @@ class Decider:
         if decision.in_place:
             for bad, spare in decision.replace:
                 self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=decision.reason)
-            with contextlib.suppress(Deposed):  # (every agent follows it: only the record is left out)
-                self.record(decision, next_attempt=record["next"], roster=record["roster"])
+            # Deposed right here, every agent still follows it: the decider that deposed this one
+            # records it (``record_followed``), so it is recorded once and the attempt ends.
+            with contextlib.suppress(Deposed):
+                self.record_in_place(decision, record)
             return record
         return {**record, "exit_code": self.carry_out(decision)}
+
+    def record_in_place(self, decision: Decision, published: DecisionRecord) -> None:
+        """Record an in-place decision, once whoever records it: the first to create the attempt's
+        ``recorded`` marker (its publisher, or the decider that deposed it) appends the record."""
+        if not self.fenced():
+            raise Deposed(f"record {decision.action.value}")
+        marker = self.node.paths.attempt_dir(published["attempt"]) / "recorded"
+        if not retry_patiently(lambda: create_exclusive(marker, published.get("nonce", ""))):
+            return  # (recorded already)
+        ledger = (
+            self.ledger if published["attempt"] == self.attempt else self._ledger_of(published["attempt"])
+        )
+        # (after the marker the record is this agent's to make, deposed meanwhile or not: a fact
+        # of the attempt, written once)
+        self.record(
+            decision,
+            next_attempt=published["next"],
+            roster=published["roster"],
+            ledger=ledger,
+            note=""
+            if published.get("by") == self.ctx.hostname
+            else f"decided by {published['by']} (deposed)",
+            fence=False,
+        )
+
+    def record_followed(self, published: DecisionRecord) -> None:
+        """A published in-place decision this agent follows: when this agent decides now and the
+        decision's publisher held an older epoch (it was deposed, perhaps before it recorded it),
+        the record is made here unless it exists (``record_in_place``'s marker)."""
+        self.followed = published if published.get("in_place") else None
+        if self.followed is None or not self.leads or self.holder is None:
+            return
+        if int(published.get("epoch") or 0) >= self.holder.epoch:
+            return  # (its publisher decides still: it records it)
+        with contextlib.suppress(Deposed, OSError):
+            self.record_in_place(as_decision(published), published)
+
+    def _ledger_of(self, attempt: str) -> Ledger:
+        return Ledger(self.node.paths, role="agent", attempt=attempt, node=self.ctx.node_rank)
 
     def wait_published(self) -> DecisionRecord:
         """The decision that stands on this attempt (it exists: this decider's publication lost to
@@ -362,7 +410,10 @@ class Decider:
         theirs = int(published.get("epoch") or 0)
         if theirs > epoch:
             self.step_down("decide this attempt")  # (its decider claimed the role after this one)
-        if published.get("in_place") or theirs >= epoch or not self.fenced():
+        if published.get("in_place"):
+            self.record_followed(published)
+            return published
+        if theirs >= epoch or not self.fenced():
             return published
         return {**published, "exit_code": self.complete(published)}
 
@@ -395,6 +446,7 @@ class Decider:
                 recheck=self.unless_cancelled_meanwhile,
                 record=self.record,
                 release=self.release_lock,
+                leave=self.leave_to_rescue,
             )
         except Deposed as e:
             self.step_down(e.what)
@@ -404,6 +456,36 @@ class Decider:
                     print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
             return 0
 
+    def leave_to_rescue(self, decision: Decision, error: str) -> bool:
+        """The scheduler kept refusing to continue the run: when a rescue job waits on this job
+        (``schedulers.rescue_job``), the decision stays published and unrecorded, the lock this
+        agent's, and the rescue carries it out once this job has ended (the agent exits 1: the job
+        ends failed, which starts it). False when none waits."""
+        events = self.ledger.events()
+        waiting = set(waiting_rescues(events))
+        ours = [e.rescue_job for e in of_kind(events, RescueSubmitted) if str(e.job_id) == self.ctx.job_id]
+        rescue = next((r for r in reversed(ours) if r in waiting), None)
+        if rescue is None or not self.fenced():
+            return False
+        if self.node.alloc.decision(self.attempt) is None:  # (decided after the checks: not published)
+            epoch = self.holder.epoch if self.holder is not None else 0
+            record = decision_record(
+                decision,
+                attempt=self.attempt,
+                by=self.ctx.hostname,
+                epoch=epoch,
+                roster=Roster(()),
+                next_attempt="",
+            )
+            self.node.alloc.publish(self.attempt, record)
+        words = (
+            f"continuing through the scheduler failed ({error}); the rescue job {rescue} continues the run "
+            f"once job {self.ctx.job_id} has ended"
+        )
+        self.ledger.append(AGENT_ERROR, error=words)
+        print(f"hpclaunch: {words}", file=sys.stderr, flush=True)
+        return True
+
     def record(
         self,
         decision: Decision,
@@ -412,6 +494,7 @@ class Decider:
         by: str = "agent",
         note: str = "",
         ledger: Ledger | None = None,
+        fence: bool = True,
         **extra: Any,
     ) -> None:
         """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
@@ -427,7 +510,7 @@ class Decider:
             note=note,
         )
         fields.update(extra)
-        if not self.fenced():
+        if fence and not self.fenced():
             raise Deposed(f"record {decision.action.value}", job_id)
         written = ledger or self.ledger
         written.append(decision.event, **fields)
