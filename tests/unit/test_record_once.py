@@ -97,3 +97,47 @@ def test_a_decider_whose_lock_heartbeat_found_it_deposed_is_not_fenced(tmp_path:
     d._beat.lost = True  # (what its thread sets when lock.heartbeat says the lock is not its own)
     assert not d.fenced()
     d.close()
+
+
+class RequeueOnce(FakeScheduler):
+    """SLURM's requeue of this very job: a second ``scontrol requeue`` of the requeued job fails."""
+
+    def __init__(self, run: Path) -> None:
+        super().__init__(run)
+        self.requeued = 0
+        self.then: Any = None  # what happens right after the call returned (a stall)
+
+    def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Any:
+        from hpclaunch.errors import SchedulerError
+        from hpclaunch.schedulers.base import Continuation
+
+        self.requeued += 1
+        if self.requeued > 1:
+            raise SchedulerError(
+                "scontrol requeue failed: Job is pending execution", where="scontrol requeue"
+            )
+        if self.then is not None:
+            self.then()
+        return Continuation("7")
+
+
+def test_a_decider_deposed_between_its_requeue_and_its_record_is_not_requeued_twice(tmp_path: Path) -> None:
+    """L2: the decider that deposed it found no record, requeued again, and recorded that second
+    requeue's failure: FAILED. It records the requeue that was made instead, once."""
+    scheduler = RequeueOnce(tmp_path)
+    old, new = decider(tmp_path, 0, scheduler), decider(tmp_path, 1, scheduler)
+    for d in (old, new):
+        d.beat_every_s = 3600.0
+    old.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
+    timeout = Decision(Action.CONTINUE, Cause.TIMEOUT, "the time limit", counts_as=Budget.REQUEUE)
+    scheduler.then = new.take_over  # (n1 stalls right after its requeue, before its record)
+    published = old.publish(timeout, Roster(("n1", "n2")))
+    assert published["exit_code"] == 0 and not old.leads
+    new.publish(timeout, Roster(("n1", "n2")))  # n2 finds n1's decision standing and completes it
+    assert scheduler.requeued == 1
+    decided = [e.record for e in read_events(RunPaths(tmp_path)).events if e.event in ("requeued", "failed")]
+    assert [(e["event"], e.get("job_id")) for e in decided] == [("requeued", "7")]
+    holder = RunLock(RunPaths(tmp_path)).read()
+    assert holder is not None and (holder.job_id, holder.role) == ("7", "job")  # handed to the requeued job
+    old.close()
+    new.close()

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import sys
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Protocol, TypeVar
 
 from ..errors import HpclaunchError, SchedulerError
+from ..fsutil import create_exclusive, poll_json
 from ..rundir import ENDED, NODE_EXCLUDED, RunLock
 from ..rundir.cause import Cause
 from ..rundir.events import Cancelled, Event, of_kind
@@ -99,6 +102,8 @@ def carry_out(
         record(ended)
         release(None)
         return 1
+    if job_id is not None:
+        note_carried(node, job_id=job_id, by=by, exit_code=code, held=held)
     record(decision, job_id=job_id, by=by)
     release(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
     if held and job_id:
@@ -107,6 +112,33 @@ def carry_out(
             withdraw_stranded(node, decision, job_id, stranded)
             return 1
     return code
+
+
+def carried_file(node: NodeRun) -> Path:
+    return node.paths.attempt_dir(node.attempt) / "carried.json"
+
+
+def note_carried(node: NodeRun, *, job_id: str, by: str, exit_code: int, held: bool) -> None:
+    """What the scheduler call did, written as soon as it returned (before the record, which needs
+    the decider's epoch): a decider deposed between the two leaves a fact behind, and the one that
+    deposed it records that instead of asking the scheduler again (a second ``scontrol requeue``
+    of a requeued job fails, and was recorded FAILED). Created exclusively: the first call's stands."""
+    fact = {"job_id": job_id, "by": by, "exit_code": exit_code, "held": held}
+    with contextlib.suppress(OSError):
+        create_exclusive(carried_file(node), json.dumps(fact) + "\n")
+
+
+def read_carried(node: NodeRun) -> Continuation | None:
+    """The scheduler call another decider made for this attempt (``note_carried``), or None."""
+    data = poll_json(carried_file(node))
+    if not isinstance(data, dict) or not data.get("job_id"):
+        return None
+    return Continuation(
+        str(data["job_id"]),
+        int(data.get("exit_code") or 0),
+        str(data.get("by") or "agent"),
+        bool(data.get("held")),
+    )
 
 
 def _continue(decision: Decision, node: NodeRun) -> Continuation:

@@ -45,7 +45,7 @@ from ..schedulers.rescue_job import waiting_rescues
 from .agent_records import decision_fields
 from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
-from .carry_out import cancelled_meanwhile, carry_out
+from .carry_out import cancelled_meanwhile, carry_out, read_carried, start_held, withdraw_stranded
 from .decision_rules import Action, Budgets, Decision, Facts, History, decide
 from .fenced import Deposed, as_decision, decision_record, recorded
 from .node_checks import StartBarrier, Verdicts, Word
@@ -430,7 +430,25 @@ class Decider:
             flush=True,
         )
         if done is None:
-            return self.carry_out(decision)
+            carried = read_carried(self.node)
+            if carried is None:
+                return self.carry_out(decision)
+            # Its scheduler call was made (it was deposed before the record): recorded here, never
+            # asked again (L2: a second requeue of the requeued job failed and was recorded FAILED).
+            try:
+                self.record(
+                    decision, job_id=carried.job_id, by=carried.by, note=f"carried out by {published['by']}"
+                )
+            except Deposed as e:
+                self.step_down(e.what)
+                return 0
+            self.release_lock(carried.job_id)
+            if carried.held:
+                stranded = start_held(self.node, carried.job_id)
+                if stranded is not None:
+                    withdraw_stranded(self.node, decision, carried.job_id, stranded)
+                    return 1
+            return carried.exit_code
         job = done.job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None
         self.release_lock(str(job) if job else None)
         return 0
@@ -450,7 +468,12 @@ class Decider:
             )
         except Deposed as e:
             self.step_down(e.what)
-            if e.job_id and e.job_id != self.ctx.job_id:
+            # A job its call made is withdrawn when the decider that deposed this one continued the
+            # run with another; while none is recorded, that decider finds this call's fact
+            # (``carry_out.note_carried``) and records it instead of calling again.
+            done = recorded(self.ledger.events(), self.attempt)
+            theirs = str(done.job_id) if done is not None and done.job_id else None
+            if e.job_id and e.job_id != self.ctx.job_id and theirs is not None and theirs != e.job_id:
                 with contextlib.suppress(HpclaunchError, OSError):
                     self.node.scheduler.cancel(self.node.paths, e.job_id)
                     print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
