@@ -69,6 +69,7 @@ from .watchdog import Verdict
 from .watching import AttemptWatch
 
 POLL_S = 0.2
+GO_WAIT_S = 3600.0  # how long a node waits for the start's word, take-overs included
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
 
 
@@ -137,13 +138,19 @@ class NodeAgent:
                 None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
             )
         barrier.report(verdict)
+        deadline = barrier.clock() + GO_WAIT_S  # (one wait in all, whatever take-overs fail on the way)
         while True:
             if not self.decider.leads:
-                word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
+                left = max(0.0, deadline - barrier.clock())
+                word = barrier.wait_go(timeout_s=left, take_over=lambda: self.decider.gone(self.roster))
                 if not word.take_over:
                     return self._heard(word)
-                if not self.decider.take_over():  # (the decider died during the checks; lost: wait on)
+                refusal = self._take_over_at_start()
+                if refusal is False:  # (another agent claimed it first: wait on for its word)
                     continue
+                if isinstance(refusal, str):
+                    barrier.announce(go=False, reason=refusal)
+                    return 0
             verdicts = barrier.gather(
                 node_ranks(self.node.ctx.hosts, self.roster.nodes),
                 gone=lambda h: not self.node.alloc.alive(h),
@@ -190,10 +197,26 @@ class NodeAgent:
                 if started is not None:
                     return started
 
+    def _take_over_at_start(self) -> bool | str:
+        """The decider died during the checks and this agent is next: it takes the role (False:
+        another agent claimed it first). When the run lock is still the queued job's, node 0's agent
+        died before its admission: this agent admits the attempt instead (a string: why it does not
+        run, recorded), so that an ended run is withdrawn and an attempt left undecided is decided."""
+        before = None
+        with contextlib.suppress(OSError):
+            before = self.decider.lock.read()
+        if not self.decider.take_over():
+            return False
+        if self.node.ctx.in_place == 0 and (before is None or before.role != "agent"):
+            refusal = self._may_run(adopted=True)
+            return refusal if refusal is not None else True
+        return True
+
     # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
-    def _may_run(self) -> str | None:
-        """None, or why this attempt does not run (recorded; the run is left untouched)."""
+    def _may_run(self, *, adopted: bool = False) -> str | None:
+        """None, or why this attempt does not run (recorded; the run is left untouched).
+        ``adopted``: this agent holds the lock already (it took the role over at the start)."""
         admission = admit(
             paths=self.node.paths,
             plan=self.node.plan,
@@ -202,8 +225,10 @@ class NodeAgent:
             ledger=self.node.ledger,
             lock=self.decider.lock,
             record=self.decider.record,
+            held=self.decider.holder if adopted else None,
         )
-        self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
+        if not adopted or admission.holder is None:
+            self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------

@@ -175,6 +175,11 @@ class Decider:
         if holder is not None:
             self._beat = Heartbeat(self.lock, holder, every_s=self.beat_every_s).__enter__()
 
+    @property
+    def lost_lock(self) -> bool:
+        """The lock's heartbeat found the lock another's (``Heartbeat.lost``): deposed; no read."""
+        return self._beat is not None and self._beat.lost
+
     def fenced(self) -> bool:
         """This decider's authority still holds: no later epoch of the run lock was claimed (it was
         not deposed while it stalled). Asked right before each write only the decider may make.
@@ -182,7 +187,7 @@ class Decider:
         ``train``, which hold it: nobody else can decide there)."""
         if self.holder is None:
             return True
-        if self._beat is not None and self._beat.lost:
+        if self.lost_lock:
             return False  # (its heartbeat found the lock another's: deposed, whatever a read says now)
         try:
             return self.lock.holds(self.holder)

@@ -74,6 +74,9 @@ class AttemptWatch:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
         verdict and the stop-save cut-off, which ends the attempt everywhere."""
         self.relay.handle_signals()
+        if self.decider.leads and self.decider.lost_lock:
+            # (its lock's heartbeat found another holder: no watchdog verdict or cut-off from here)
+            self.decider.step_down("lead the watchdog")
         if not self.decider.leads and self.decider.gone(self.roster, LOOK_S):
             self.decider.take_over()
         if self.watchdog is not None:
