@@ -324,8 +324,11 @@ class Allocation:
         path = self._dir(attempt) / "decision.json"
         return retry_patiently(lambda: create_exclusive(path, json.dumps(record, indent=1) + "\n"))
 
+    def decision_file(self, attempt: str) -> Path:
+        return self._dir(attempt) / "decision.json"
+
     def decision(self, attempt: str) -> DecisionRecord | None:
-        data = poll_json(self._dir(attempt) / "decision.json")
+        data = poll_json(self.decision_file(attempt))
         return cast(DecisionRecord, data) if isinstance(data, dict) else None  # as ``publish`` wrote it
 
 

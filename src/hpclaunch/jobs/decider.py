@@ -20,7 +20,7 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from ..errors import HpclaunchError
 from ..fsutil import create_exclusive, retry_patiently, retry_transient
@@ -48,7 +48,7 @@ from .attribution import Suspicion, suspect
 from .carry_out import cancelled_meanwhile, carry_out, read_carried, start_held, withdraw_stranded
 from .decision_rules import Action, Budgets, Decision, Facts, History, decide
 from .fenced import Deposed, as_decision, decision_record, recorded
-from .node_checks import StartBarrier, Verdicts, Word
+from .node_checks import StartBarrier, Verdicts, Word, read_standing
 from .node_run import NodeRun
 from .stop_relay import StopRelay
 from .watchdog import Verdict, startup_hang
@@ -404,9 +404,8 @@ class Decider:
     def wait_published(self) -> DecisionRecord:
         """The decision that stands on this attempt (it exists: this decider's publication lost to
         it), once it can be read."""
-        while (published := self.node.alloc.decision(self.attempt)) is None:
-            time.sleep(POLL_S)
-        return published
+        data = read_standing(self.node.alloc.decision_file(self.attempt))
+        return cast(DecisionRecord, data)  # (as ``Allocation.publish`` wrote it)
 
     def follow_published(self, published: DecisionRecord, epoch: int) -> DecisionRecord:
         """Another decider's decision stands. When it was made under an older epoch than this
