@@ -53,7 +53,14 @@ def preflight(cwd: Path, *extra: str) -> tuple[float, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="pairs of runs (default 5)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds = 1
     with tempfile.TemporaryDirectory(prefix="bench-preflight-") as d:
         cwd = Path(d)
         shutil.copy(TINY, cwd / "tiny.yaml")

@@ -245,7 +245,14 @@ def main() -> None:
         default=None,
         help="agree: agents in the fault table (default: the largest N)",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.scenario, args.agents, args.steady_s = ["local", "agree"], [4], 1.0
     if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
         torch_s = import_torch_s()
         print(f'python -c "import torch": {torch_s:.2f} s (median of 3, this run)')
