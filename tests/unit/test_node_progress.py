@@ -138,3 +138,26 @@ def test_a_node_directory_another_user_could_enter_is_not_written_into_the_node_
     assert local.is_relative_to(fallback.path) and list(elsewhere.iterdir()) == []
     fallback.remove_fallback()
     assert not fallback.path.exists()
+
+
+def test_a_short_runs_straggler_is_reported_at_the_attempts_end(tmp_path: Path) -> None:
+    """Issue 49: a run that ended between two of the watchdog's polls never had its stragglers
+    reported (nothing read the summaries once more at the attempt's end): ``final`` does."""
+    paths = RunPaths(tmp_path).ensure()
+    lead, other = dog(paths, 0, lead=True), dog(paths, 1, lead=False)
+    for d in (lead, other):
+        d.check(lambda: [], now=1.0)  # the polls during the run: no summary yet
+    for rank in range(4):
+        host = "n1" if rank < 2 else "n2"
+        lines = [
+            {"attempt": "j.0", "rank": rank, "node": host, "step": step, "work_s": 0.9 if rank == 1 else 0.3}
+            for step in (5, 10, 15, 20)
+        ]
+        heartbeat(paths, host, rank, "done", 20, 2.0, last_step_s=0.1, summaries=lines)
+    assert lead.check(lambda: [], now=1.5) is None  # (not due: the next poll would come after the end)
+    other.final()  # each agent's last look, before it reports ...
+    lead.final()  # ... and the decider's, after every report
+    (found,) = [e.record for e in read_events(paths).named("straggler")]
+    assert (found["rank"], found["rank_node"]) == (1, "n1")
+    lead.final()  # (once)
+    assert len(read_events(paths).named("straggler")) == 1

@@ -88,6 +88,7 @@ class NodeAgent:
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
+        self.attempt_watch: AttemptWatch | None = None  # this node's watch of its last attempt
 
     @property
     def attempt(self) -> str:
@@ -323,6 +324,8 @@ class NodeAgent:
                 stop_workers(self.host.rank_pids())
             time.sleep(POLL_S)
         self.hang = watch.hang
+        watch.final()
+        self.attempt_watch = watch
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
@@ -365,6 +368,11 @@ class NodeAgent:
         expect = node_ranks(self.node.ctx.hosts, self.roster.training)
         reports = await_reports(self.node.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
         self.hang = watch.hang
+        # Every node reported, after its own last look: the summaries they published last are read
+        # (by this watch when this agent does not train, else by its own attempt's).
+        watch.final()
+        if self.attempt_watch is not None and self.node.ctx.hostname in self.roster.training:
+            self.attempt_watch.final()
         return reports
 
     def _next_in_place(self, record: DecisionRecord) -> None:

@@ -396,6 +396,21 @@ class Watchdog:
             self._respond(verdict, worker_pids())
         return verdict
 
+    def final(self) -> None:
+        """At the attempt's end: this node's ranks' last heartbeats read and published, and (the lead)
+        every step-time summary not judged yet fed to the straggler tracker. A short run ended
+        between two polls: its stragglers were never reported, their last summaries never read."""
+        if self.verdict is not None:
+            return
+        self.observe(time.time())
+        if self.lead:
+            lines = self.node.new_summaries()
+            if not self.whole:
+                others = self._other_nodes()
+                others.read_all()
+                lines += others.new_summaries()
+            self._note_stragglers(lines)
+
     def observe(self, now: float) -> list[RankState]:
         """This node's ranks' states now (a rank without a heartbeat is still launching); its
         aggregate rewritten, its stall marker set or cleared."""

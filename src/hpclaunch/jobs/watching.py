@@ -90,6 +90,12 @@ class AttemptWatch:
                 self.node.ctx.attempt, f"node {self.node.ctx.hostname}: the stop save overran"
             )
 
+    def final(self) -> None:
+        """The attempt is over here: the watchdog's last look (``Watchdog.final``)."""
+        if self.watchdog is not None:
+            self.watchdog.lead = self.decider.leads
+            self.watchdog.final()
+
     def ended(self) -> bool:
         """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per
         ``LOOK_S``: a peer's failure usually reaches this node's ranks first, through their

@@ -29,12 +29,15 @@ LAUNCHER_MODULE = "hpclaunch.trainer.launcher"  # the rank host (started by the 
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 12768
 
 
-def rdzv_port_for(job_id: str, fixed: int | None) -> int:
-    """The rendezvous port of ``job_id``: ``launch.rdzv_port`` when set, else derived from the job
-    id (every node of the job derives the same one; jobs sharing a head node get different ones)."""
+def rdzv_port_for(attempt: str, fixed: int | None) -> int:
+    """The rendezvous port of ``attempt`` (its key, ``NodeContext.attempt``): ``launch.rdzv_port``
+    when set, else derived from the key (every node of the attempt derives the same one; jobs sharing
+    a head node, and an attempt restarted in place beside its predecessor's store, get different
+    ones). The one rule: the ranks' rendezvous (``jobs.attempt_env``) and the node checks'
+    (``preflight.network``) both ask it."""
     if fixed is not None:
         return fixed
-    return RDZV_PORT_BASE + zlib.crc32(job_id.encode()) % RDZV_PORT_SPAN
+    return RDZV_PORT_BASE + zlib.crc32(attempt.encode()) % RDZV_PORT_SPAN
 
 
 class TorchrunPlan(BaseModel):
