@@ -273,11 +273,6 @@ class LaunchConfig(_Section):
         default_factory=list,
         description="Names of variables (secrets) passed from the submitting shell; values are never written.",
     )
-    shutdown_timeout_s: int = Field(
-        60,
-        ge=1,
-        description="Seconds workers get to finish after a hard stop before they are killed.",
-    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -1364,8 +1359,30 @@ def _check_known_path(parts: Sequence[str], *, where: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section", where=where)
 
 
+# Keys that existed once and were removed: a run directory written before keeps them in its
+# config.yaml (dropped when it is read: ``drop_retired``); a user's file or --set is told why.
+RETIRED_KEYS = {
+    (
+        "launch",
+        "shutdown_timeout_s",
+    ): "it was read by nothing (the rank host's elastic launch stops the ranks)",
+}
+
+
+def drop_retired(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` without the retired keys (a run's own config, written by an older version)."""
+    for section, key in RETIRED_KEYS:
+        part = raw.get(section)
+        if isinstance(part, dict):
+            part.pop(key, None)
+    return raw
+
+
 def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) -> ConfigError:
     dotted = ".".join(parts)
+    retired = RETIRED_KEYS.get(tuple(parts))  # type: ignore[arg-type]
+    if retired is not None:
+        return ConfigError(f"{dotted!r} was removed: {retired}", where=where, hint=f"delete {dotted}")
     prefix = ".".join(parts[:-1])
     allowed = list(allowed)
     suggestion = did_you_mean(parts[-1], allowed, prefix=prefix + "." if prefix else "")

@@ -564,7 +564,7 @@ def startup_hang(
     that never reached the start-up barrier (``preflight.smoke_timeout_s``, usually shorter than
     ``watchdog.startup_s``, so it is the first to notice). Their node comes from their heartbeats;
     None when they name none or more than one. Node 0's watchdog acts on it as on its own verdicts
-    (stacks, then stop: torchrun would wait ``launch.shutdown_timeout_s`` for the hung rank), and the
+    (stacks, then stop: the elastic launch would wait for the hung rank), and the
     agent's decision reads it when the watchdog is off or torchrun ended first."""
     if outcome is None or outcome.status != "failed" or outcome.cause is not Cause.HANG:
         return None
