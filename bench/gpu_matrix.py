@@ -191,7 +191,9 @@ def main() -> None:
         help="a config override for every configuration",
     )
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one configuration
-    ap.add_argument("--smoke", action="store_true", help="--cpu: the code path in seconds (make test runs it)")
+    ap.add_argument(
+        "--smoke", action="store_true", help="--cpu: the code path in seconds (make test runs it)"
+    )
     args = ap.parse_args()
     args.cpu = args.cpu or args.smoke
     if args.one is not None:

@@ -1202,13 +1202,17 @@ def load_config(
     *,
     base: Path | None = None,
     flags: Sequence[tuple[str, str]] = (),
+    run_written: bool = False,
 ) -> RunConfig:
     """Read ``path`` (None = defaults; several files: layered, see ``merge_layers``), apply
     overrides, then ``flags`` (``(key=value, flag)``: a command's own options that set a key, such as
     ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
-    (or ``--set``, or the flag) that set the bad key."""
+    (or ``--set``, or the flag) that set the bad key. ``run_written``: ``path`` is a run directory's
+    own config.yaml (an older version may have written keys removed since: ``RETIRED_KEYS``)."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     raw, sources = merge_layers([(str(f), read_yaml_mapping(Path(f))) for f in files])
+    if run_written:
+        drop_retired(raw)
     for item in overrides:
         apply_override(raw, item)
         sources[item.partition("=")[0].strip()] = "--set"

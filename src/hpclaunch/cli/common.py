@@ -43,12 +43,16 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable JSON on 
 
 
 def load(
-    config: Path | list[Path], overrides: list[str] | None, flags: list[tuple[str, str]] | None = None
+    config: Path | list[Path],
+    overrides: list[str] | None,
+    flags: list[tuple[str, str]] | None = None,
+    *,
+    run_written: bool = False,
 ) -> RunConfig:
     """Load and validate CONFIG (one file, or several layered) with overrides (and ``flags``: a
     command's options that set a key, applied last); relative paths resolve against the current
-    directory, not the config file's."""
-    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [])
+    directory, not the config file's. ``run_written``: CONFIG is a run directory's own."""
+    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [], run_written=run_written)
 
 
 def config_names(config: Path | list[Path]) -> str:

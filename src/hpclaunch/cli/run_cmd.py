@@ -256,9 +256,11 @@ def train(
         refuse_other_model_shape,
     )
 
-    if resume and len(config) == 1 and (config[0] / "config.yaml").is_file():
+    own = resume and len(config) == 1 and (config[0] / "config.yaml").is_file()
+    if own:
         config = [config[0] / "config.yaml"]  # a run directory: the config it was started with
-    cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")])  # this machine, always
+    # (this machine, always)
+    cfg = load(config, overrides, [("scheduler.kind=local", "hpclaunch train")], run_written=own)
     prepared = prepare(cfg)
     paths = prepared.plan.paths()
     refuse_training_in_a_sweep_root(paths.root)
