@@ -71,7 +71,8 @@ def main() -> None:
             capture_output=True,
         )
         print(f"load average before: {load()}  ({os.cpu_count()} cores)")
-        preflight(cwd)  # warm the file cache once, not counted
+        if not args.smoke:
+            preflight(cwd)  # warm the file cache once, not counted
         without, with_est = [], []
         for i in range(args.rounds):
             # alternate which goes first, so that neither always follows the other

@@ -260,7 +260,7 @@ def main() -> None:
         cli("data", "synth", str(data), "--samples", "1024", cwd=work)
         if not args.skip_cost:
             cost(work, data, args.rounds, args.steps)
-        hang(work, data, args.hang_at, args.step_min_s, 12 if args.smoke else 60)
+        hang(work, data, args.hang_at, args.step_min_s, 24 if args.smoke else 60)
 
 
 if __name__ == "__main__":
