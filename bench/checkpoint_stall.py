@@ -91,7 +91,14 @@ def main() -> None:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--dir", type=Path, default=None, help="where the run (and checkpoints) go")
     ap.add_argument("--worker", type=Path, default=None, help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds, args.every = 1, 2
     global WRITERS
     if args.nice_arm:
         WRITERS = ("thread", "process", "process-nice")

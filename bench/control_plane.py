@@ -27,6 +27,17 @@ from typing import Any
 from fsops import Counter
 
 
+def node_dir(paths: Any) -> Path:
+    """The simulated nodes' node-local directory (``rundir.node_dir``): beside the run directory,
+    not in it, so that the counter (which counts what names a path in the run directory) leaves
+    the ranks' node-local heartbeats out, as on real nodes."""
+    from hpclaunch.rundir.node_dir import NodeDir
+
+    tmp = paths.root.parent / f"node-tmp-{paths.root.name}"
+    tmp.mkdir(parents=True, exist_ok=True)
+    return NodeDir.prepare(tmp=tmp).path
+
+
 def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, scheduler: Any = None) -> Any:
     """What a NodeAgent's poll loop touches (no plan, rank host or scheduler): its decider's part,
     its watch over the attempt (with the watchdog) and the one the decider polls while it waits for
@@ -50,7 +61,7 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
     watch = AttemptWatch(node, relay=relay, decider=decider, roster=roster, watchdog=False)
     watched = Watched(
         world_size=world,
-        local_dir=local_progress_dir(paths.root, ctx.hostname, ctx.attempt),
+        local_dir=local_progress_dir(node_dir(paths), paths.root, ctx.hostname, ctx.attempt),
         local_ranks=world // len(hosts),
         alone=len(hosts) == 1,
     )
@@ -80,7 +91,7 @@ def simulate(
     paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
     now = time.time()
     for rank in range(world):  # the ranks' heartbeats, on their node as the trainer leaves them
-        local = prepare_local_dir(paths.root, hosts[rank // ranks_per_node], attempt)
+        local = prepare_local_dir(node_dir(paths), paths.root, hosts[rank // ranks_per_node], attempt)
         (local / f"rank{rank}.progress.json").write_text(
             json.dumps(
                 {

@@ -40,15 +40,16 @@ class NoScheduler:
 
 
 def _heartbeats(paths: Any, hosts: tuple[str, ...], attempt: str, ranks_per_node: int) -> None:
+    from control_plane import node_dir
     from hpclaunch.jobs.node_progress import prepare_local_dir
 
     now = time.time()
     for rank in range(len(hosts) * ranks_per_node):
         host = hosts[rank // ranks_per_node]
         record = {"rank": rank, "node": host, "pid": None, "step": 10, "phase": "compute"}
-        (prepare_local_dir(paths.root, host, attempt) / f"rank{rank}.progress.json").write_text(
-            json.dumps({**record, "phase_since": now, "updated": now, "last_step_s": 1.0})
-        )
+        (
+            prepare_local_dir(node_dir(paths), paths.root, host, attempt) / f"rank{rank}.progress.json"
+        ).write_text(json.dumps({**record, "phase_since": now, "updated": now, "last_step_s": 1.0}))
 
 
 def _decisions(paths: Any, attempt: str) -> int:

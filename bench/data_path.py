@@ -37,7 +37,7 @@ from hpclaunch.trainer.data import SampleOrder, ShardedDataset, text_mask
 from hpclaunch.trainer.dist import set_deterministic
 from hpclaunch.trainer.loader import StepBatches, StepPlan, make_loader, micro_batches
 from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import compute_losses, draw
+from hpclaunch.trainer.objective import Objective, compute_losses, draw
 
 
 def in_memory_items(
@@ -85,7 +85,6 @@ def consume(
     cfg: RunConfig,
 ) -> tuple[float, float]:
     """(wall s, this process's CPU s) to go through ``items`` (training a step on each when given)."""
-    t, m = cfg.train, cfg.model
     start, cpu = time.perf_counter(), time.process_time()
     for item in items:
         if train is None:
@@ -93,15 +92,7 @@ def consume(
         model, opt = train
         (mb,) = micro_batches(item, torch.device("cpu"))
         losses = compute_losses(
-            model,
-            mb.tokens,
-            mb.latents,
-            mb.draws,
-            mode=t.mode,
-            mask_id=m.vocab_size,
-            text_weight=1.0,
-            latent_weight=1.0,
-            text_mask=mb.text_mask,
+            model, mb.tokens, mb.latents, mb.draws, Objective.of(cfg), text_mask=mb.text_mask
         )
         losses.total.backward()
         opt.step()
@@ -119,7 +110,14 @@ def main() -> None:
     ap.add_argument("--prefetch", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads of the training process")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.rounds = 2, 1
     torch.set_num_threads(args.threads)
     set_deterministic()
     with tempfile.TemporaryDirectory() as tmp:

@@ -133,7 +133,14 @@ def main() -> None:
     ap.add_argument("--size", help=argparse.SUPPRESS)
     ap.add_argument("--data", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.warmup, args.sizes = 1, 1, "small"
     if args.worker:
         worker(args)
         return

@@ -314,7 +314,11 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     ap.add_argument("--tmp", default=None, help="where the run directories go (default: the system's tmp)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--smoke", action="store_true", help="--cpu: the code path in seconds (make test runs it)"
+    )
     args = ap.parse_args()
+    args.cpu = args.cpu or args.smoke
     if args.cpu and args.batch_per_gpu == 16:
         args.batch_per_gpu = 4
     report = check(args)

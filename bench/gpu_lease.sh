@@ -3,7 +3,7 @@
 # important first; each part has its own time limit, so a slow one costs only itself.
 #
 #   bash bench/gpu_lease.sh            # from the repository root, with python3 holding CUDA torch
-#   bash bench/gpu_lease.sh --cpu      # the same parts' code paths on the CPU (tiny model; no figures)
+#   bash bench/gpu_lease.sh --cpu      # the same parts' code paths on the CPU (tiny model; no figures; --smoke too)
 #
 # Where the machine lacks this project's pure-Python dependencies, put their wheels in .whl/
 # (docs/figures.md, "How to measure", says which); they are installed to /tmp/site. Logs and JSON go
@@ -13,7 +13,8 @@ set -u
 OUT=${OUT:-/tmp/gpu-lease}
 BUDGET_S=${BUDGET_S:-480}
 CPU=""
-[ "${1:-}" = "--cpu" ] && CPU="--cpu"
+# --smoke is --cpu: the smallest sizes, the code paths only (make test runs it: test_gpu_lease_cpu.py)
+[ "${1:-}" = "--cpu" ] || [ "${1:-}" = "--smoke" ] && CPU="--cpu"
 # PARTS=env,matrix,preflight,determinism picks parts (default: all); a part gets what is left of
 # BUDGET_S if that is less than its own limit. LIMIT_SCALE (default 1) multiplies every part's limit:
 # the CPU run on a loaded 2-core machine (the test) compiles for minutes, not a GPU's seconds.

@@ -191,7 +191,11 @@ def main() -> None:
         help="a config override for every configuration",
     )
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # the child: one configuration
+    ap.add_argument(
+        "--smoke", action="store_true", help="--cpu: the code path in seconds (make test runs it)"
+    )
     args = ap.parse_args()
+    args.cpu = args.cpu or args.smoke
     if args.one is not None:
         # The child ends with os._exit either way: a failed step must not leave it waiting in a
         # teardown (a process group, loader workers) while the matrix's budget runs out.

@@ -113,7 +113,14 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1, choices=(1, 2), help="2: each snapshot also to a buddy")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", default=None, help="work here and keep it (the attempts' logs)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.kills, args.steps, args.disk, args.memory = 1, 24, 8, "4"
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(args.keep) if args.keep else Path(tmp)

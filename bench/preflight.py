@@ -53,7 +53,14 @@ def preflight(cwd: Path, *extra: str) -> tuple[float, dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5, help="pairs of runs (default 5)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.rounds = 1
     with tempfile.TemporaryDirectory(prefix="bench-preflight-") as d:
         cwd = Path(d)
         shutil.copy(TINY, cwd / "tiny.yaml")
@@ -64,7 +71,8 @@ def main() -> None:
             capture_output=True,
         )
         print(f"load average before: {load()}  ({os.cpu_count()} cores)")
-        preflight(cwd)  # warm the file cache once, not counted
+        if not args.smoke:
+            preflight(cwd)  # warm the file cache once, not counted
         without, with_est = [], []
         for i in range(args.rounds):
             # alternate which goes first, so that neither always follows the other

@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import restart_cost
 from restart_cost import cli, import_torch_s, ledger, metrics, slurm_lock, wait
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -245,7 +246,15 @@ def main() -> None:
         default=None,
         help="agree: agents in the fault table (default: the largest N)",
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.scenario, args.agents, args.steady_s = ["local", "agree"], [4], 1.0
+        restart_cost.REPEATS = 1  # (the process-start figures: one sample each)
     if set(args.scenario) & {"local", "compile", "slurm", "spare"}:
         torch_s = import_torch_s()
         print(f'python -c "import torch": {torch_s:.2f} s (median of 3, this run)')

@@ -198,7 +198,11 @@ def breakdown(run: Path, work: Path, signalled: float | None) -> dict[str, Any]:
     return {"rows": rows, "total": total, "save": first["end_save_s"], "startup": second["startup_parts"]}
 
 
-def import_torch_s(python: str = sys.executable, repeats: int = 3) -> float:
+REPEATS = 3  # each process-start figure is a median of this many (--smoke: 1)
+
+
+def import_torch_s(python: str = sys.executable, repeats: int | None = None) -> float:
+    repeats = repeats or REPEATS
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -216,8 +220,9 @@ _PARTS = (
 )
 
 
-def process_parts_s(python: str = sys.executable, repeats: int = 3) -> tuple[float, float, float]:
+def process_parts_s(python: str = sys.executable, repeats: int | None = None) -> tuple[float, float, float]:
     """Medians of: import torch, then mmdit + DCP, inside the process; and its exit (last line -> reaped)."""
+    repeats = repeats or REPEATS
     rows = []
     for _ in range(repeats):
         out = subprocess.run([python, "-c", _PARTS], check=True, capture_output=True, text=True)
@@ -258,7 +263,15 @@ def main() -> None:
     ap.add_argument(
         "--scenario", nargs="+", choices=sorted(SCENARIOS), default=["sigterm", "deadline", "slurm"]
     )
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        global REPEATS
+        args.scenario, REPEATS = ["sigterm"], 1
     print(
         f"machine: {os.cpu_count()} cores; load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}"
     )

@@ -29,7 +29,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--dir", default=None, help="where to write (default: the system's tmp)")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.gb, args.rounds, args.threads = 0.05, 1, 2
     tensors = max(1, int(args.gb * 1e9 / 16e6))
     state = {"model": {f"w{i}": torch.randn(4_000_000) for i in range(tensors)}}
     nbytes = tensors * 16e6

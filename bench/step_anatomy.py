@@ -158,7 +158,14 @@ def main() -> None:
     ap.add_argument("--parts", default="eager,compiled", help="eager, compiled or both (comma-separated)")
     ap.add_argument("--json", action="store_true", help="end with one JSON line of the figures")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.depth, args.steps, args.warmup, args.parts = 1, 1, 1, "eager"
     torch._inductor.config.cpp.enable_kernel_profile = True  # compiled kernels named in the profile
     for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         os.environ.pop(var, None)  # one process of its own, whatever launched it

@@ -36,7 +36,7 @@ from hpclaunch.trainer.data import ShardedDataset
 from hpclaunch.trainer.dist import set_deterministic
 from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import Draws, compute_losses
+from hpclaunch.trainer.objective import Draws, Objective, compute_losses
 
 
 def bare_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
@@ -51,6 +51,7 @@ def bare_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
         lr=t.lr, betas=(t.betas[0], t.betas[1]),
     )  # fmt: skip
     b = t.global_batch
+    objective = Objective.of(cfg)
     wall, cpu = time.perf_counter(), time.process_time()
     for step in range(steps):
         ids, lat = data.get((np.arange(b) + step * b) % len(data))
@@ -60,10 +61,7 @@ def bare_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
             torch.rand(b, m.text_len),
             torch.randn(b, m.latent_len, m.latent_dim),
         )
-        losses = compute_losses(
-            model, torch.from_numpy(ids), torch.from_numpy(lat), d,
-            mode=t.mode, mask_id=m.vocab_size, text_weight=t.text_weight, latent_weight=t.latent_weight,
-        )  # fmt: skip
+        losses = compute_losses(model, torch.from_numpy(ids), torch.from_numpy(lat), d, objective)
         losses.total.backward()
         torch.nn.utils.clip_grad_norm_(params, t.grad_clip or float("inf"))
         opt.step()
@@ -89,7 +87,14 @@ def main() -> None:
     ap.add_argument("--log-every", type=int, default=10)
     ap.add_argument("--workers", type=int, default=0, help="data.num_workers of the hpclaunch loop")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = ap.parse_args()
+    if args.smoke:
+        args.steps, args.rounds, args.log_every = 3, 1, 1
     torch.set_num_threads(args.threads)
     set_deterministic()  # both loops under the same kernel settings
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,6 +34,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpclaunch.rundir import RunPaths
+from hpclaunch.rundir.progress import read_progress
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny.yaml"
 
@@ -178,13 +181,13 @@ def metric_lines(run: Path) -> int:
         return 0
 
 
-def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None) -> None:
+def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None, steps: int = 60) -> None:
     name = "hang"
     run = work / "runs" / name
     knobs = [
-        "train.steps=60",
+        f"train.steps={steps}",
         "train.log_every=1",
-        "checkpoint.every_steps=20",
+        f"checkpoint.every_steps={max(1, steps // 3)}",
         f"testing.hang=[{{rank: 1, phase: data, step: {hang_at}}}]",
     ]
     if step_min_s is not None:
@@ -204,10 +207,11 @@ def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None) -> None:
         time.sleep(0.05)
     story = events(run)
     verdict = next(e for e in story if e["event"] == "hang")
-    report = json.loads((run / "attempts" / verdict["attempt"] / "rank1.progress.json").read_text())
+    # (rank 1's last heartbeat, as its node's agent aggregated it: ``rundir.progress.read_progress``)
+    report = read_progress(RunPaths(run), verdict["attempt"])[1]
     started = [e for e in story if e["event"] == "started"][1]
     resumed = [e for e in story if e["event"] == "resumed"][1]
-    stopped_at = report["phase_since"]
+    stopped_at = report.phase_since
     parts = [
         (
             "detection (rank stops -> verdict)",
@@ -242,14 +246,21 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int, default=30)
     parser.add_argument("--step-min-s", type=int, default=None, help="watchdog.step_min_s (default: 60)")
     parser.add_argument("--skip-cost", action="store_true")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smallest sizes, in seconds: that it runs (make test), no figures",
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.rounds, args.steps, args.hang_at, args.step_min_s = 1, 25, 6, 5
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         data = work / "data"
         cli("data", "synth", str(data), "--samples", "1024", cwd=work)
         if not args.skip_cost:
             cost(work, data, args.rounds, args.steps)
-        hang(work, data, args.hang_at, args.step_min_s)
+        hang(work, data, args.hang_at, args.step_min_s, 24 if args.smoke else 60)
 
 
 if __name__ == "__main__":

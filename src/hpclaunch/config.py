@@ -346,11 +346,6 @@ class LaunchConfig(_Section):
         default_factory=list,
         description="Names of variables (secrets) passed from the submitting shell; values are never written.",
     )
-    shutdown_timeout_s: int = Field(
-        60,
-        ge=1,
-        description="Seconds workers get to finish after a hard stop before they are killed.",
-    )
 
     @field_validator("env", mode="before")
     @classmethod
@@ -1461,13 +1456,17 @@ def load_config(
     *,
     base: Path | None = None,
     flags: Sequence[tuple[str, str]] = (),
+    run_written: bool = False,
 ) -> RunConfig:
     """Read ``path`` (None = defaults; several files: layered, see ``merge_layers``), apply
     overrides, then ``flags`` (``(key=value, flag)``: a command's own options that set a key, such as
     ``render --scheduler``), validate once; paths resolved against ``base``. An error names the file
-    (or ``--set``, or the flag) that set the bad key."""
+    (or ``--set``, or the flag) that set the bad key. ``run_written``: ``path`` is a run directory's
+    own config.yaml (an older version may have written keys removed since: ``RETIRED_KEYS``)."""
     files = [] if path is None else [path] if isinstance(path, (str, Path)) else list(path)
     raw, sources = merge_layers([(str(f), _settings_in(Path(f))) for f in files])
+    if run_written:
+        drop_retired(raw)
     for item in overrides:
         sources[apply_override(raw, item)] = "--set"
     for item, flag in flags:
@@ -1653,8 +1652,30 @@ def _check_known_path(parts: Sequence[str], *, where: str) -> None:
             raise ConfigError(f"{'.'.join(parts[: i + 1])} is a value, not a section", where=where)
 
 
+# Keys that existed once and were removed: a run directory written before keeps them in its
+# config.yaml (dropped when it is read: ``drop_retired``); a user's file or --set is told why.
+RETIRED_KEYS = {
+    (
+        "launch",
+        "shutdown_timeout_s",
+    ): "it was read by nothing (the rank host's elastic launch stops the ranks)",
+}
+
+
+def drop_retired(raw: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` without the retired keys (a run's own config, written by an older version)."""
+    for section, key in RETIRED_KEYS:
+        part = raw.get(section)
+        if isinstance(part, dict):
+            part.pop(key, None)
+    return raw
+
+
 def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) -> ConfigError:
     dotted = ".".join(parts)
+    retired = RETIRED_KEYS.get(tuple(parts))  # type: ignore[arg-type]
+    if retired is not None:
+        return ConfigError(f"{dotted!r} was removed: {retired}", where=where, hint=f"delete {dotted}")
     prefix = ".".join(parts[:-1])
     allowed = list(allowed)
     suggestion = did_you_mean(parts[-1], allowed, prefix=prefix + "." if prefix else "")

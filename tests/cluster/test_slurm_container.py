@@ -3,12 +3,19 @@
 on the node. Two jobs side by side meet both kinds of recovery: in one a rank SIGKILLed is restarted
 in place (the warm rank host in the image kept); the other the one-minute time limit stops, saves
 and requeues until it finishes. Both end bitwise equal to the same run without a container. (One
-job cannot meet both: an attempt is restarted in place only with more than a minute left.)"""
+job cannot meet both: an attempt is restarted in place only with more than a minute left.)
+
+Issue 49: the image's /tmp is not the node's in either job (H1): the crash job's ch-run has
+``--private-tmp``, the time-limit job's agents a ``$TMPDIR`` of their own (which ch-run binds at /tmp
+in place of /tmp); both outlast a short launch window with no hang declared. And in the time-limit
+job the first ``scontrol requeue`` fails (a wrapper on the agents' PATH, as a busy slurmctld's
+timeout): it is asked again and the run continues (M1)."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,7 +50,16 @@ RUN = (
     "checkpoint.every_steps=50",
     "scheduler.max_failure_retries=1",
     "nccl.env.NCCL_DEBUG=WARN",  # (in the plan's environment: it must reach the ranks in the image)
+    "watchdog.launch_s=20",  # (attempts outlast it: a rank that never reports is a launch hang)
 )
+# The first `scontrol requeue` fails as a busy controller's does; every other call is SLURM's own.
+SCONTROL = """#!/bin/sh
+if [ "$1" = requeue ] && mkdir "{marker}" 2>/dev/null; then
+    echo "scontrol: error: Socket timed out on send/recv operation" >&2
+    exit 1
+fi
+exec {real} "$@"
+"""
 
 
 class ContainerRuns:
@@ -54,6 +70,7 @@ class ContainerRuns:
         self.status: dict[str, dict[str, Any]] = {}
         self.seen: dict[str, Any] = {}
         self.reference = ""
+        self.work = Path()
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +90,26 @@ def container_runs(
         f"container.image={image}",
         f"container.python={IMAGE_PYTHON}",
     )
-    limits = {"crash": "scheduler.time_limit=00:10:00", "timeout": "scheduler.time_limit=00:01:00"}
+    job_tmp, wrappers = work / "job-tmp", work / "bin"
+    job_tmp.mkdir()
+    wrappers.mkdir()
+    real = shutil.which("scontrol")
+    assert real is not None
+    (wrappers / "scontrol").write_text(SCONTROL.format(marker=work / "requeue-refused", real=real))
+    (wrappers / "scontrol").chmod(0o755)
+    limits = {
+        "crash": ("scheduler.time_limit=00:10:00", "container.flags=[--private-tmp]"),
+        "timeout": (
+            "scheduler.time_limit=00:01:00",
+            f"launch.env.TMPDIR={job_tmp}",
+            f"launch.env.PATH={wrappers}:{os.environ['PATH']}",
+            "launch.stop_margin_s=12",  # (time left after the save for the requeue to be asked again)
+        ),
+    }
     runs = ContainerRuns({name: work / "runs" / name for name in limits})
-    for name, limit in limits.items():
-        overrides = tiny_overrides(work, data, name, *RUN, "scheduler.kind=slurm", limit, *inside)
+    runs.work = work
+    for name, extra in limits.items():
+        overrides = tiny_overrides(work, data, name, *RUN, "scheduler.kind=slurm", *extra, *inside)
         hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
     # The same run outside any container, in the foreground meanwhile (no sleep: the math is the same).
     outside = tiny_overrides(work, data, "outside", *RUN, "testing.step_sleep_s=0")
@@ -166,3 +199,22 @@ def test_container_run_stops_at_the_time_limit_requeues_and_ends_bitwise_equal_t
     assert [a["restart_count"] for a in s["attempts"]] == list(range(len(causes)))
     assert s["step_counts"]["repeated_steps"] == 0 and s["step_counts"]["lost_steps"] == 0
     assert final_params_sha(container_runs.paths["timeout"]) == container_runs.reference
+    # the first requeue was refused, asked again, and the run went on (never FAILED for it)
+    assert (container_runs.work / "requeue-refused").is_dir()
+    logs = "".join(
+        p.read_text(errors="replace") for p in container_runs.paths["timeout"].glob("logs/**/*.log")
+    )
+    assert "Socket timed out on send/recv operation; trying again" in logs
+
+
+@pytest.mark.parametrize("name", ["crash", "timeout"])
+def test_container_with_a_private_tmp_or_its_own_tmpdir_trains_past_the_launch_window(
+    container_runs: ContainerRuns, name: str
+) -> None:
+    """The ranks' heartbeats reach their agent (--private-tmp; $TMPDIR bound at /tmp): no hang."""
+    run = container_runs.paths[name]
+    assert [e for e in events(run) if e["event"] in ("hang", "failed")] == []
+    assert not list(run.glob("attempts/*/rank*.progress.json"))  # (node-local, not the fallback)
+    node_dir = f"hpclaunch-{os.getuid()}"
+    if name == "timeout":
+        assert list((container_runs.work / "job-tmp" / node_dir).glob("progress"))

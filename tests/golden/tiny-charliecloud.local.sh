@@ -9,6 +9,7 @@ cd "$HPCLAUNCH_RUN_DIR" || { echo "hpclaunch: cannot enter $HPCLAUNCH_RUN_DIR" >
 export OMP_NUM_THREADS=1
 
 # container (charliecloud): each node's agent runs here and starts its rank host, and so the ranks, in the image:
-#   ch-run -b /runs/tiny:/runs/tiny -b /data/tiny/latents:/data/tiny/latents -b /data/tiny/tokens:/data/tiny/tokens -c /runs/tiny /images/mmdit -- /opt/venv/bin/python -u -m hpclaunch.rank.host
+#   ch-run -b /runs/tiny:/runs/tiny -b /data/tiny/latents:/data/tiny/latents -b /data/tiny/tokens:/data/tiny/tokens -b NODE_DIR:/tmp/NODE_DIR -c /runs/tiny /images/mmdit -- /opt/venv/bin/python -u -m hpclaunch.rank.host
+# NODE_DIR: this user's node-local directory (hpclaunch-<uid> in the node's $TMPDIR or /tmp), at /tmp/<its name> in the image
 # ch-run passes the node's environment whole (the image's own is not applied)
 exec /opt/venv/bin/python -u -m hpclaunch.jobs.agent "$HPCLAUNCH_RUN_DIR"

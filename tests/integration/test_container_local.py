@@ -1,7 +1,12 @@
 """Issue 37 with a real container runtime (Charliecloud's ch-run) on the embedded local scheduler: an
 image made on this machine (``tests/containerlib.py``), the ranks running in it, a crashed rank
 restarted in place, bitwise equal to the same run outside; preflight's container check, for real,
-on a good image and a missing one."""
+on a good image and a missing one.
+
+Issue 49, H1: the image's /tmp is not the node's (``ch-run --private-tmp``, and ``$TMPDIR`` set as
+clusters set it per job, which ch-run binds at /tmp instead of /tmp): the ranks' heartbeats went to
+a /tmp the agent never read, and after ``watchdog.launch_s`` every healthy rank was killed as a
+launch hang. The submitted run here has both, and a launch window shorter than its attempts."""
 
 from __future__ import annotations
 
@@ -29,11 +34,14 @@ pytestmark = pytest.mark.slow
 
 STEPS = (
     "train.steps=120",
-    "testing.step_sleep_s=0.1",
+    "testing.step_sleep_s=0.2",  # (each attempt outlasts the launch window below)
     "train.log_every=1",
     "checkpoint.every_steps=30",
     "scheduler.max_failure_retries=1",
 )
+# The image's /tmp private and the node's $TMPDIR elsewhere (issue 49, H1); a launch window the
+# attempts outlast (the first report of a rank forked warm comes in seconds).
+PRIVATE_TMP = ("container.flags=[--private-tmp]", "watchdog.launch_s=10", "watchdog.poll_s=1")
 
 
 @pytest.fixture(scope="module")
@@ -99,10 +107,15 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
     hpclaunch(
         "train", str(TINY), *tiny_overrides(work, data, "outside", *STEPS, "testing.step_sleep_s=0"), cwd=work
     )
+    job_tmp = work / "job-tmp"  # the node's $TMPDIR, as a cluster sets it per job
+    job_tmp.mkdir()
+    node_dir = job_tmp / f"hpclaunch-{os.getuid()}"
     hpclaunch(
         "submit",
         str(TINY),
-        *tiny_overrides(work, data, "inside", *STEPS, *in_image(image)),
+        *tiny_overrides(
+            work, data, "inside", *STEPS, *in_image(image), *PRIVATE_TMP, f"launch.env.TMPDIR={job_tmp}"
+        ),
         "--no-preflight",
         cwd=work,
     )
@@ -112,6 +125,10 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
     assert rank.cmdline()[:4] == [IMAGE_PYTHON, "-u", "-m", "hpclaunch.rank.host"]
     assert not Path(IMAGE_PYTHON).exists()
     assert os.readlink(f"/proc/{rank.pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+    # it reports at /tmp/hpclaunch-<uid>/... in the image, which is the node's $TMPDIR/hpclaunch-<uid>,
+    # read there by its agent: not in the run directory (where ranks with no node directory report)
+    assert list(node_dir.glob("progress/*/*/*/rank0.progress.json")), sorted(map(str, node_dir.rglob("*")))
+    assert not list(run.glob("attempts/*/rank*.progress.json"))
     wait_for(
         lambda: any(e["event"] == "checkpoint_saved" and e.get("step") == 30 for e in events(run)),
         timeout=400,  # (the ranks start inside the image; CI's cores are busy)
@@ -136,6 +153,7 @@ def test_ranks_run_in_the_image_and_a_crash_restarts_in_place_bitwise_equal_to_o
         ("finished", None),
     ]
     assert final_params_sha(run) == final_params_sha(work / "runs" / "outside")
+    assert not [e for e in events(run) if e["event"] == "hang"]  # past launch_s, no hang declared
     # the node checks ran on the node (the agent's side) before both attempts, the container's too
     checks = [
         {c["name"]: c["status"] for c in e["checks"]} for e in events(run) if e["event"] == "node_preflight"

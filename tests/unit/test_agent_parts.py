@@ -27,6 +27,7 @@ from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
 from hpclaunch.rundir.events import as_events
+from hpclaunch.rundir.node_dir import NodeDir
 from hpclaunch.schedulers.base import Continuation, NodeContext
 
 pytestmark = pytest.mark.fast
@@ -143,11 +144,18 @@ def test_a_continuation_hands_the_lock_to_the_job_that_continues(tmp_path: Path)
     ] == [["n2"]]
 
 
-def test_a_continuation_the_scheduler_refuses_fails_the_run_and_releases_the_lock(tmp_path: Path) -> None:
+def test_a_continuation_the_scheduler_refuses_ends_the_run_resumable_and_releases_the_lock(
+    tmp_path: Path,
+) -> None:
+    """Never FAILED for the scheduler's refusal (issue 49, M1: tests/unit/test_continue_patiently.py)."""
     code, recorded, released = _carry(tmp_path, CONTINUE, Continuations(fail=True))
     assert code == 1 and released == [None]
-    ((failed, _),) = recorded
-    assert failed.action is Action.FAIL and "continuing failed: sbatch: error" in failed.reason
+    ((ended, _),) = recorded
+    assert (
+        ended.action is Action.END
+        and "continuing through the scheduler failed (sbatch: error" in ended.reason
+    )
+    assert "submit --resume" in ended.reason
 
 
 def test_a_cancellation_while_the_continuation_was_asked_for_is_a_cancellation(tmp_path: Path) -> None:
@@ -242,9 +250,18 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
     assert request["rdzv_endpoint"].startswith("10.0.0.3:")  # the roster's first node hosts it, not node 0
     host = request_of(2)
     assert host["rdzv_configs"]["is_host"] is True
-    env = attempt_env("7.1", plan, cfg, ctx(), paths)  # no clock, gloo: its key, its heartbeats' folder
+    node_tmp = tmp_path / "node-tmp"
+    node_tmp.mkdir()
+    node = NodeDir.prepare(tmp=node_tmp)
+    env = attempt_env("7.1", plan, cfg, ctx(), paths, node)  # no clock, gloo: its key, its heartbeats' folder
     assert env[ATTEMPT_VAR] == "7.1" and set(env) == {ATTEMPT_VAR, PROGRESS_DIR_VAR}
-    assert Path(env[PROGRESS_DIR_VAR]).is_dir() and not Path(env[PROGRESS_DIR_VAR]).is_relative_to(paths.root)
+    assert Path(env[PROGRESS_DIR_VAR]).is_dir() and Path(env[PROGRESS_DIR_VAR]).is_relative_to(node.path)
+    # in an image: the same folder below the node directory's place there (/tmp/<its name>)
+    in_image = NodeDir.prepare(tmp=node_tmp, in_image=True)
+    seen = attempt_env("7.1", plan, cfg, ctx(), paths, in_image)[PROGRESS_DIR_VAR]
+    assert Path(seen) == Path("/tmp", node.path.name) / Path(env[PROGRESS_DIR_VAR]).relative_to(node.path)
+    # no node directory shared with the ranks: they report in the run directory, as without an agent
+    assert set(attempt_env("7.1", plan, cfg, ctx(), paths)) == {ATTEMPT_VAR}
 
 
 # ---- the decider's role ---------------------------------------------------------------------------

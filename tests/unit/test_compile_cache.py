@@ -50,20 +50,39 @@ def test_a_directory_the_user_chose_is_kept_and_its_parent_untouched(
     assert shared.stat().st_mode & 0o7777 == 0o1777
 
 
-def test_a_node_local_root_that_is_not_this_users_is_refused(
+def test_a_node_local_root_that_is_not_private_is_not_used_and_the_rank_compiles_on(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
+    """Issue 49, M4: such a root (any local user can make hpclaunch-<uid> first in a sticky /tmp)
+    crashed every attempt in a rank; a compile without the node's cache is only slower."""
     from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-    from hpclaunch.rundir.shm import TierPlaceError
-
     monkeypatch.setenv(CACHE_VAR, default_cache_dir())
+    monkeypatch.delenv("HPCLAUNCH_NODE_DIR", raising=False)
     root = tmp_path / "node-tmp" / f"hpclaunch-{os.getuid()}"
     root.mkdir(mode=0o755)
     root.chmod(0o755)  # readable by everyone: another user could plant compiled code
     cache = CompileCache(RunPaths(tmp_path / "run"), enabled=True, rank=0, device_kind="cpu")
-    with pytest.raises(TierPlaceError, match="open to other users"):
-        cache.prepare()
+    cache.prepare()
+    assert cache.directory is not None and not cache.directory.is_relative_to(root)
+    assert os.environ[CACHE_VAR] == str(cache.directory)
+    assert cache.directory.stat().st_mode & 0o777 == 0o700
+    assert list(root.iterdir()) == []  # nothing written into the open one
+
+
+def test_the_cache_goes_in_the_node_directory_its_agent_named(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """In an image, the node directory the agent mounted (``rundir.node_dir``), not the image's /tmp."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    named = tmp_path / "mounted" / "hpclaunch-x"
+    named.mkdir(parents=True, mode=0o700)
+    monkeypatch.setenv(CACHE_VAR, default_cache_dir())
+    monkeypatch.setenv("HPCLAUNCH_NODE_DIR", str(named))
+    cache = CompileCache(RunPaths(tmp_path / "run"), enabled=True, rank=0, device_kind="cpu")
+    cache.prepare()
+    assert cache.directory == named / "compile" and cache.directory.is_dir()
 
 
 def test_a_torn_artifact_is_not_loaded_and_does_not_fail_the_rank(

@@ -184,3 +184,19 @@ def test_a_value_given_for_a_section_names_the_section_not_an_internal_class() -
     assert e.value.one_line() == "--set: train is a section, not a value (got 5)"
     assert e.value.hint is not None and e.value.hint.startswith("set one of its keys, e.g. train.seed=...")
     assert "Config" not in e.value.one_line()
+
+
+def test_a_removed_key_is_named_removed_and_a_run_written_before_still_reads(tmp_path: Path) -> None:
+    """Issue 49: ``launch.shutdown_timeout_s`` was documented and read by nothing; removed. A user's
+    file or --set that names it is told so in one line; a run directory written before keeps it in
+    its config.yaml, which still reads (its agents and ``submit --resume`` must go on)."""
+    from hpclaunch.config import load_config
+    from hpclaunch.errors import ConfigError
+    from hpclaunch.rundir import RunPaths, read_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["launch.shutdown_timeout_s=60"])
+    assert "'launch.shutdown_timeout_s' was removed: it was read by nothing" in e.value.one_line()
+    paths = RunPaths(tmp_path).ensure()
+    paths.config.write_text("name: old\nlaunch:\n  shutdown_timeout_s: 60\n  stop_margin_s: 30\n")
+    assert read_config(paths).launch.stop_margin_s == 30

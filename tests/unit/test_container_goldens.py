@@ -16,6 +16,7 @@ pytestmark = pytest.mark.fast
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 LAUNCH = ["-u", "-m", "hpclaunch.rank.host"]
 RUN, DATA = "/runs/mmdit-8xh100", ["/datasets/ldlm/tokens", "/datasets/ldlm/latents"]
+NODE_DIR = "NODE_DIR:/tmp/NODE_DIR"  # this user's node-local directory, at /tmp/<its name> in the image
 
 
 def _lines(name: str) -> tuple[list[str], str]:
@@ -39,9 +40,15 @@ def test_pyxis_golden_script_not_run_here() -> None:
     assert flags["--container-image"] == "nvcr.io#nvidia/pytorch:24.05-py3"
     mounts = flags["--container-mounts"].split(",")
     assert {f"{p}:{p}" for p in [RUN, *DATA]} <= set(mounts) and "/scratch:/scratch" in mounts
+    assert NODE_DIR in mounts  # what the ranks share with their agent (issue 49, H1)
     assert flags["--container-workdir"] == RUN
     assert flags["--gpus-per-node"] == "8"
     assert set(flags["--container-env"].split(",")) == {"HF_HOME", "OMP_NUM_THREADS", "WANDB_API_KEY"}
+    # and, on the node, every HPCLAUNCH_/NCCL_/TORCH_/GLOO_ variable set there (issue 49, L4)
+    assert (
+        "--container-env also names each variable set on the node"
+        in (GOLDEN / "slurm-8xh100-pyxis.sbatch").read_text()
+    )
     assert argv[-4:] == ["python", *LAUNCH]
 
 
@@ -53,7 +60,7 @@ def test_apptainer_golden_script_not_run_here(name: str) -> None:
     binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
     run = RUN if name.startswith("slurm") else "/runs/mmdit-pbs"
     data = DATA if name.startswith("slurm") else ["/scratch/ldlm/tokens", "/scratch/ldlm/latents"]
-    assert {f"{p}:{p}" for p in [run, *data]} == set(binds)
+    assert {f"{p}:{p}" for p in [run, *data]} | {NODE_DIR} == set(binds)
     assert argv[argv.index("--pwd") + 1] == run
     assert argv[-5:] == ["/images/mmdit.sif", "python3", *LAUNCH]
     text = (GOLDEN / name).read_text()

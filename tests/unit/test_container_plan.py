@@ -32,6 +32,10 @@ BASE = [
 ]
 LAUNCHER = ["-u", "-m", "hpclaunch.rank.host"]
 SAME = ["/data/lat:/data/lat", "/data/tok:/data/tok", "/runs/x:/runs/x"]
+# this user's node-local directory (``rundir.node_dir``), at /tmp/<its name> in every image; render
+# shows its place holder, the agent its path on the node
+NODE_DIR = "NODE_DIR:/tmp/NODE_DIR"
+MOUNTED = [*SAME, NODE_DIR]
 
 
 def plan_of(*overrides: str) -> JobPlan:
@@ -49,7 +53,7 @@ def test_charliecloud_binds_the_run_and_the_data_at_their_own_paths() -> None:
     plan = plan_of(
         "container.runtime=charliecloud", "container.image=img", "container.python=/opt/py/bin/python"
     )
-    binds = [a for pair in zip(["-b"] * 3, SAME, strict=True) for a in pair]
+    binds = [a for pair in zip(["-b"] * 4, MOUNTED, strict=True) for a in pair]
     # a relative image path resolves like the data directories
     assert plan.rank_host_argv() == [
         "ch-run", *binds, "-c", "/runs/x", "/work/img", "--", "/opt/py/bin/python", *LAUNCHER
@@ -65,7 +69,7 @@ def test_apptainer_binds_asks_for_gpus_and_passes_names_as_apptainerenv() -> Non
         "train.global_batch=16",
         "container.flags=[--writable-tmpfs]",
     )
-    binds = [a for m in SAME for a in ("--bind", m)]
+    binds = [a for m in MOUNTED for a in ("--bind", m)]
     assert plan.rank_host_argv() == [
         "apptainer", "exec", "--nv", *binds, "--pwd", "/runs/x", "--writable-tmpfs", "/img/m.sif", "python3", *LAUNCHER
     ]  # fmt: skip
@@ -94,7 +98,7 @@ def test_podman_shares_the_nodes_pids_network_and_shm_and_passes_variables_by_na
     for flag in ("-i", "--pid=host", "--network=host", "--ipc=host", "--sig-proxy=false"):
         assert flag in argv
     volumes = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
-    assert volumes == SAME
+    assert volumes == MOUNTED
     passed = [argv[i + 1] for i, a in enumerate(argv) if a == "--env"]
     assert passed == [
         "HPCLAUNCH_*", "NCCL_*", "TORCH_*", "GLOO_*", "CUDA_VISIBLE_DEVICES",
@@ -122,10 +126,49 @@ def test_pyxis_starts_a_one_task_step_on_the_agents_own_node() -> None:
         "--kill-on-bad-exit=1",
     ]
     assert "--container-image=nvcr.io#nvidia/pytorch:24.05-py3" in argv
-    assert f"--container-mounts={','.join(['/scratch:/scratch:ro', *SAME])}" in argv  # parents first
+    assert f"--container-mounts={','.join(['/scratch:/scratch:ro', *MOUNTED])}" in argv  # parents first
     assert "--container-env=OMP_NUM_THREADS,WANDB_API_KEY,WANDB_MODE" in argv
     assert "--container-workdir=/runs/x" in argv and argv[-4:] == ["python3", *LAUNCHER]
     assert plan.container is not None and not plan.container.runs_outside_an_allocation
+
+
+def test_pyxis_names_every_variable_the_node_decided_so_the_images_env_never_wins() -> None:
+    """Issue 49, L4: enroot starts from the image's ENV (NGC images set NCCL_ and TORCH_ variables),
+    and only the names in --container-env take the node's value: the NCCL preset, the attempt's
+    HPCLAUNCH_ variables and the node's CUDA_VISIBLE_DEVICES were the image's."""
+    plan = plan_of(
+        "scheduler.kind=slurm", "container.runtime=pyxis", "container.image=nvcr.io#nvidia/pytorch:24.05-py3"
+    )
+    node_env = {
+        "NCCL_IB_HCA": "mlx5",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+        "HPCLAUNCH_RUN_DIR": "/runs/x",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "PATH": "/usr/bin",
+        "WANDB_MODE": "offline",
+    }
+    argv = plan.rank_host_argv(node="n7", node_dir="/tmp/hpclaunch-1000", env=node_env)
+    (passed,) = [a.removeprefix("--container-env=") for a in argv if a.startswith("--container-env=")]
+    assert passed.split(",") == [
+        "CUDA_VISIBLE_DEVICES", "HPCLAUNCH_RUN_DIR", "NCCL_IB_HCA", "OMP_NUM_THREADS",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING", "WANDB_API_KEY", "WANDB_MODE",
+    ]  # fmt: skip
+    assert "PATH" not in passed.split(",") and "mlx5" not in " ".join(argv)  # names, never values
+    mounts = next(a for a in argv if a.startswith("--container-mounts="))
+    assert mounts.endswith(",/tmp/hpclaunch-1000:/tmp/hpclaunch-1000")
+
+
+@pytest.mark.parametrize("runtime", ["pyxis", "apptainer", "podman", "charliecloud"])
+def test_every_runtime_mounts_the_node_directory_at_tmp_under_its_name(runtime: str) -> None:
+    """Issue 49, H1: the ranks' heartbeats and the compile cache live in this user's node-local
+    directory, which the image's own /tmp (enroot's and podman's tmpfs, ch-run's $TMPDIR or
+    --private-tmp, Apptainer's --contain) does not hold: every runtime's line mounts it."""
+    extra = ["scheduler.kind=slurm"] if runtime == "pyxis" else []
+    plan = plan_of(*extra, f"container.runtime={runtime}", "container.image=/img/m")
+    argv = plan.rank_host_argv(node="n1", node_dir="/scratch/job7/hpclaunch-1000-x1y2")
+    spec = "/scratch/job7/hpclaunch-1000-x1y2:/tmp/hpclaunch-1000-x1y2"
+    assert spec in argv or f"--container-mounts={','.join([*SAME, spec])}" in argv, argv
+    assert plan.rank_host_argv(node="n1", node_dir=None) != argv  # (the probe without one)
 
 
 def test_mounts_inside_another_are_not_mounted_twice() -> None:

@@ -71,3 +71,39 @@ def test_an_ended_attempt_whose_job_is_still_exiting_is_stopping_not_stopped() -
     assert run_state(attempts, events, "completed", exiting=True) == "stopping"
     finished = as_events([*LEDGER[:3], {"event": "finished", "ts": 9.0, "attempt": "local7.0", "step": 50}])
     assert run_state(attempts_from_events(finished), finished, None, exiting=True) == "finishing"
+
+
+@pytest.mark.spawns
+def test_cancel_never_signals_a_process_that_took_the_dead_trains_pid(tmp_path: Path) -> None:
+    """Issue 49, L5: a foreground train died holding the lock, and its pid now names another process
+    (pids are reused): ``cancel`` sent that process SIGTERM. The lock names the holder's start too."""
+    import subprocess
+    import sys
+
+    from hpclaunch.errors import SchedulerError
+    from hpclaunch.rundir.lock import process_start
+
+    paths = RunPaths(tmp_path).ensure()
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        now = time.time()
+        host = socket.gethostname().split(".")[0]
+        started = process_start(other.pid)
+        job = f"fg{other.pid}"
+        # the train that held the lock under this pid started at another time: this is not it
+        RunLock(paths).set(
+            LockHolder(job, "local", "train", host, other.pid, now, now, pid_start=started - 7)
+        )
+        assert foreground.status(paths, job).state is JobState.FAILED
+        with pytest.raises(SchedulerError, match="not running"):
+            foreground.cancel(paths, job)
+        assert other.poll() is None  # not signalled
+        # the very process that holds it is signalled (through a pidfd)
+        RunLock(paths).set(LockHolder(job, "local", "train", host, other.pid, now, now, pid_start=started))
+        assert foreground.status(paths, job).state is JobState.RUNNING
+        foreground.cancel(paths, job)
+        assert other.wait(timeout=60) == -15
+    finally:
+        if other.poll() is None:
+            other.kill()
+            other.wait()

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from hpclaunch.config import WatchdogConfig
 from hpclaunch.jobs.node_progress import prepare_local_dir, remove_local_dirs, stalled_dir
 from hpclaunch.jobs.watchdog import Watchdog, Watched
 from hpclaunch.rundir import Ledger, RunPaths, read_events
+from hpclaunch.rundir.node_dir import NodeDir
 from hpclaunch.rundir.progress import node_progress_file, read_progress
 from hpclaunch.schedulers.base import NodeContext
 
@@ -25,18 +25,18 @@ CFG = WatchdogConfig(launch_s=300, startup_s=120, checkpoint_s=600, step_min_s=6
 HOSTS = ("n1", "n2")
 
 
-@pytest.fixture(autouse=True)
-def _local_dirs(tmp_path: Path) -> Iterator[None]:
-    yield
-    for host in HOSTS:  # (the nodes' local folders live outside tmp_path, as on a real node)
-        remove_local_dirs(RunPaths(tmp_path).root, host, "j.0")
+def node_dir(paths: RunPaths) -> Path:
+    """The nodes' directory (``rundir.node_dir``), in the test's own temporary directory."""
+    tmp = paths.root / "node-tmp"
+    tmp.mkdir(exist_ok=True)
+    return NodeDir.prepare(tmp=tmp).path
 
 
 def heartbeat(
     paths: RunPaths, host: str, rank: int, phase: str, step: int, since: float, **extra: object
 ) -> None:
     """A rank's heartbeat where the trainer leaves it under an agent: on its node."""
-    local = prepare_local_dir(paths.root, host, "j.0")
+    local = prepare_local_dir(node_dir(paths), paths.root, host, "j.0")
     record = {"rank": rank, "node": host, "pid": None, "step": step, "phase": phase, "phase_since": since}
     (local / f"rank{rank}.progress.json").write_text(json.dumps({**record, "updated": since, **extra}))
 
@@ -44,7 +44,10 @@ def heartbeat(
 def dog(paths: RunPaths, node: int, *, lead: bool) -> Watchdog:
     ctx = NodeContext("slurm", "j", node, 2, HOSTS[node], HOSTS)
     watched = Watched(
-        world_size=4, local_dir=prepare_local_dir(paths.root, HOSTS[node], "j.0"), local_ranks=2, alone=False
+        world_size=4,
+        local_dir=prepare_local_dir(node_dir(paths), paths.root, HOSTS[node], "j.0"),
+        local_ranks=2,
+        alone=False,
     )
     w = Watchdog(
         CFG,
@@ -107,29 +110,54 @@ def test_the_decider_reads_other_nodes_in_turn_and_finds_a_straggler(tmp_path: P
 def test_an_agent_leaving_removes_its_own_attempts_heartbeats_only(tmp_path: Path) -> None:
     """The agent of the job that continues the run may already run beside it on this node."""
     paths = RunPaths(tmp_path).ensure()
-    mine = [prepare_local_dir(paths.root, "n1", a) for a in ("j.0", "j.0.1")]
-    theirs = prepare_local_dir(paths.root, "n1", "j.1")
-    remove_local_dirs(paths.root, "n1", "j.0")
+    node = node_dir(paths)
+    mine = [prepare_local_dir(node, paths.root, "n1", a) for a in ("j.0", "j.0.1")]
+    theirs = prepare_local_dir(node, paths.root, "n1", "j.1")
+    remove_local_dirs(node, paths.root, "n1", "j.0")
     assert not any(p.exists() for p in mine) and theirs.is_dir()
-    remove_local_dirs(paths.root, "n1", "j.1")
 
 
-def test_a_progress_folder_another_user_could_enter_is_refused_not_written_into(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_node_directory_another_user_could_enter_is_not_written_into_the_node_uses_its_own(
+    tmp_path: Path,
 ) -> None:
-    """The ranks' heartbeats live in the node's shared /tmp: a hpclaunch-<uid>/ made first, open to
-    others, was only chmod'ed (quietly, where it failed) and then written into."""
-    import tempfile
-
-    from hpclaunch.rundir.shm import TierPlaceError
-
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(tmp_path))
-    made = prepare_local_dir(tmp_path / "run", "n1", "7.0")
-    assert made.is_dir() and (tmp_path / f"hpclaunch-{os.getuid()}").stat().st_mode & 0o777 == 0o700
+    """The ranks' heartbeats live in the node's shared /tmp: a hpclaunch-<uid>/ made first by someone
+    else (here a link to elsewhere) was refused, and the refusal failed the whole run (issue 49, M4):
+    the node now uses a private directory of its own, and says so."""
+    made = NodeDir.prepare(tmp=tmp_path)
+    assert made.path == tmp_path / f"hpclaunch-{os.getuid()}" and not made.fallback
+    assert made.path.stat().st_mode & 0o777 == 0o700
     planted, elsewhere = tmp_path / "other", tmp_path / "elsewhere"
     planted.mkdir()
     elsewhere.mkdir(mode=0o700)
-    monkeypatch.setattr(tempfile, "gettempdir", lambda: str(planted))
     (planted / f"hpclaunch-{os.getuid()}").symlink_to(elsewhere, target_is_directory=True)
-    with pytest.raises(TierPlaceError, match="not a directory"):
-        prepare_local_dir(tmp_path / "run", "n1", "7.0")
+    fallback = NodeDir.prepare(tmp=planted)
+    assert "not a directory" in fallback.fallback
+    assert fallback.path.parent == planted and fallback.path.name.startswith(f"hpclaunch-{os.getuid()}-")
+    assert fallback.path.stat().st_mode & 0o777 == 0o700 and not fallback.path.is_symlink()
+    local = prepare_local_dir(fallback.path, tmp_path / "run", "n1", "7.0")
+    assert local.is_relative_to(fallback.path) and list(elsewhere.iterdir()) == []
+    fallback.remove_fallback()
+    assert not fallback.path.exists()
+
+
+def test_a_short_runs_straggler_is_reported_at_the_attempts_end(tmp_path: Path) -> None:
+    """Issue 49: a run that ended between two of the watchdog's polls never had its stragglers
+    reported (nothing read the summaries once more at the attempt's end): ``final`` does."""
+    paths = RunPaths(tmp_path).ensure()
+    lead, other = dog(paths, 0, lead=True), dog(paths, 1, lead=False)
+    for d in (lead, other):
+        d.check(lambda: [], now=1.0)  # the polls during the run: no summary yet
+    for rank in range(4):
+        host = "n1" if rank < 2 else "n2"
+        lines = [
+            {"attempt": "j.0", "rank": rank, "node": host, "step": step, "work_s": 0.9 if rank == 1 else 0.3}
+            for step in (5, 10, 15, 20)
+        ]
+        heartbeat(paths, host, rank, "done", 20, 2.0, last_step_s=0.1, summaries=lines)
+    assert lead.check(lambda: [], now=1.5) is None  # (not due: the next poll would come after the end)
+    other.final()  # each agent's last look, before it reports ...
+    lead.final()  # ... and the decider's, after every report
+    (found,) = [e.record for e in read_events(paths).named("straggler")]
+    assert (found["rank"], found["rank_node"]) == (1, "n1")
+    lead.final()  # (once)
+    assert len(read_events(paths).named("straggler")) == 1

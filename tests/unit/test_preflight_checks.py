@@ -432,6 +432,41 @@ def test_network_rendezvous_port_already_bound(tmp_path: Path) -> None:
     assert port_in_use(port) is None
 
 
+def test_network_checks_the_rendezvous_port_the_ranks_of_this_attempt_use(tmp_path: Path) -> None:
+    """Issue 49: the node check tested the port keyed on the job id, the ranks use the one keyed on
+    the attempt (``jobs.attempt_env``): it checked a port nobody used. One rule now."""
+    from hpclaunch.jobs.allocation import Roster
+    from hpclaunch.jobs.attempt_env import rank_request
+    from hpclaunch.orchestrator.plan_build import build
+    from hpclaunch.rundir import RunPaths
+    from hpclaunch.rundir.plan import rdzv_port_for
+
+    node = NodeContext("pbs", "7.server", 0, 2, "203.0.113.10", ("203.0.113.10", "203.0.113.11"), in_place=2)
+    cfg = two_nodes(tmp_path)
+
+    class Nodes:
+        def node_address(self, host: str) -> str:
+            return host
+
+    request = rank_request(
+        node.attempt, plan=build(cfg, python="python3"), cfg=cfg, ctx=node, scheduler=Nodes(),  # type: ignore[arg-type]
+        paths=RunPaths(tmp_path / "run"), roster=Roster(node.hosts),
+    )  # fmt: skip
+    port = int(request["rdzv_endpoint"].rsplit(":", 1)[1])
+    assert port == rdzv_port_for(node.attempt, None) != rdzv_port_for(node.job_id, None)
+    holder = socket.socket()
+    try:
+        holder.bind(("0.0.0.0", port))
+    except OSError:
+        pytest.skip(f"port {port} is taken on this machine")
+    holder.listen()
+    try:
+        out = check_network(context(cfg, node=node))
+        assert out.status is Status.FAIL and f"rendezvous port {port} cannot be bound" in out.finding
+    finally:
+        holder.close()
+
+
 def test_network_reachability_probe(monkeypatch: pytest.MonkeyPatch) -> None:
     free = socket.socket()
     free.bind(("127.0.0.1", 0))

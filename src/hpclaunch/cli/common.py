@@ -85,9 +85,11 @@ def load_run_config(
     flags: list[tuple[str, str]] | None = None,
     *,
     command: str,
+    run_written: bool = False,
 ) -> RunConfig:
     """CONFIG (optional with ``--script``: the defaults) with overrides, a command's flags and the
-    script's; one line and exit 2 when there is nothing to run."""
+    script's; one line and exit 2 when there is nothing to run. ``run_written``: CONFIG is a run
+    directory's own config.yaml."""
     if not config and script is None:
         from ..errors import UserInputError
 
@@ -96,16 +98,20 @@ def load_run_config(
             where=command,
             hint=f"hpclaunch {command} examples/tiny.yaml, or hpclaunch {command} --script train.py -- --epochs 3",
         )
-    return load(config or [], overrides, [*(flags or []), *script_flags(script)])
+    return load(config or [], overrides, [*(flags or []), *script_flags(script)], run_written=run_written)
 
 
 def load(
-    config: Path | list[Path], overrides: list[str] | None, flags: list[tuple[str, str]] | None = None
+    config: Path | list[Path],
+    overrides: list[str] | None,
+    flags: list[tuple[str, str]] | None = None,
+    *,
+    run_written: bool = False,
 ) -> RunConfig:
     """Load and validate CONFIG (one file, or several layered) with overrides (and ``flags``: a
     command's options that set a key, applied last); relative paths resolve against the current
-    directory, not the config file's."""
-    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [])
+    directory, not the config file's. ``run_written``: CONFIG is a run directory's own."""
+    return load_config(config, overrides or [], base=Path.cwd(), flags=flags or [], run_written=run_written)
 
 
 def config_names(config: Path | list[Path]) -> str:

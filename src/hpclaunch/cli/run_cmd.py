@@ -288,11 +288,12 @@ def train(
     )
 
     config = list(config or [])
-    if resume and len(config) == 1 and not config[0].is_file():
+    own = resume and len(config) == 1 and not config[0].is_file()
+    if own:
         # RUN, not a CONFIG file: named like every other command that takes a run (what is there)
         config = [RunPaths(found(config[0]).path).config]  # the config it was started with
     here = [("scheduler.kind=local", "hpclaunch train")]  # this machine, always
-    cfg = load_run_config(config, overrides, script, here, command="train")
+    cfg = load_run_config(config, overrides, script, here, command="train", run_written=own)
     recorded = RunPaths(cfg.run_path())
     change = None
     if (
@@ -304,7 +305,9 @@ def train(
 
         pin = pinned_length(read_config(recorded).train, cfg.train, overrides or [])
         if pin is not None:
-            cfg = load_run_config(config, [*(overrides or []), pin], script, here, command="train")
+            cfg = load_run_config(
+                config, [*(overrides or []), pin], script, here, command="train", run_written=own
+            )
         change = resume_change(recorded, cfg, step=resume_step(cfg, recorded.root))
     prepared = prepare(cfg)
     paths = prepared.plan.paths()

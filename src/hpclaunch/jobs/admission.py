@@ -41,14 +41,23 @@ def admit(
     ledger: Ledger,
     lock: RunLock,
     record: Callable[..., None],
+    held: LockHolder | None = None,
 ) -> Admission:
     """Node 0's answer (see the module docstring); ``record(decision, **fields)`` appends a
-    decision to the ledger the way the agent does."""
+    decision to the ledger the way the agent does. ``held``: the lock this agent holds already (it
+    took the decider's role over before node 0's agent could admit the attempt)."""
     events = ledger.events()
     withdraw = decide_start(History.from_events(events))
     if withdraw is not None:
         record(withdraw, note=scheduler.withdraw(paths, ctx))
+        if held is not None:
+            with contextlib.suppress(OSError):
+                lock.release(held)
         return Admission(withdraw.reason, None)
+    if held is not None:
+        return _settled(
+            events, held, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, lock=lock, record=record
+        )
     holder = lock.read()
     # "" is a submission that has not learned its job id yet: this job, just started.
     ours = holder is None or holder.job_id in ("", ctx.job_id)
@@ -66,6 +75,24 @@ def admit(
     if holder is None or holder.job_id != ctx.job_id or holder.role not in ("controller", "train"):
         # (else the local controller / the foreground command holds it for this job)
         mine = lock.adopt(job_id=ctx.job_id, role="agent")
+    return _settled(
+        events, mine, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, lock=lock, record=record
+    )
+
+
+def _settled(
+    events: list[Event],
+    mine: LockHolder | None,
+    *,
+    paths: RunPaths,
+    plan: JobPlan,
+    ctx: NodeContext,
+    scheduler: Scheduler,
+    lock: RunLock,
+    record: Callable[..., None],
+) -> Admission:
+    """The attempt before this one settled (``_settle_unended``); the lock released when that ends
+    the run."""
     refusal = _settle_unended(events, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, record=record)
     if refusal is not None and mine is not None:
         with contextlib.suppress(OSError):

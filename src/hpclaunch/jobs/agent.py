@@ -32,6 +32,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from pathlib import Path
 
 from ..config import RunConfig
@@ -47,6 +48,7 @@ from ..rundir import (
 )
 from ..rundir.attempt_records import AttemptEnd
 from ..rundir.env import FOREGROUND_VAR  # `hpclaunch train`: keep the launcher's report off the terminal
+from ..rundir.node_dir import NodeDir, consume_seen, node_directory
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
@@ -67,6 +69,7 @@ from .watchdog import Verdict
 from .watching import AttemptWatch
 
 POLL_S = 0.2
+GO_WAIT_S = 3600.0  # how long a node waits for the start's word, take-overs included
 HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkserver warms after
 
 
@@ -79,10 +82,13 @@ class NodeAgent:
         self.decider = Decider(self.node, self.relay)
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
+        self.node_dir = node_directory(in_image=plan.container is not None)  # (None: none could be made)
+        self.shared_dir: NodeDir | None = None  # the node directory, once the rank host proved it shares it
         self.sink = LogSink()
         self.host: RankHost | None = None
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
+        self.attempt_watch: AttemptWatch | None = None  # this node's watch of its last attempt
 
     @property
     def attempt(self) -> str:
@@ -115,9 +121,13 @@ class NodeAgent:
             self.memory.free()  # (the allocation ends on this node: its snapshots with it)
             self.node.alloc.stop_beating()
             self.decider.close()
-            remove_local_dirs(self.node.paths.root, self.node.ctx.hostname, self.node.ctx.allocation)
             if self.host is not None:
                 self.host.close()
+            if self.node_dir is not None:
+                remove_local_dirs(
+                    self.node_dir.path, self.node.paths.root, self.node.ctx.hostname, self.node.ctx.allocation
+                )
+                self.node_dir.remove_fallback()
             self.sink.close()
 
     def _start(self, barrier: StartBarrier) -> int | None:
@@ -129,13 +139,19 @@ class NodeAgent:
                 None if verdict.ok else self.decider.carry_out(self.decider.after_checks(Verdicts([verdict])))
             )
         barrier.report(verdict)
+        deadline = barrier.clock() + GO_WAIT_S  # (one wait in all, whatever take-overs fail on the way)
         while True:
             if not self.decider.leads:
-                word = barrier.wait_go(timeout_s=3600, take_over=lambda: self.decider.gone(self.roster))
+                left = max(0.0, deadline - barrier.clock())
+                word = barrier.wait_go(timeout_s=left, take_over=lambda: self.decider.gone(self.roster))
                 if not word.take_over:
                     return self._heard(word)
-                if not self.decider.take_over():  # (the decider died during the checks; lost: wait on)
+                refusal = self._take_over_at_start()
+                if refusal is False:  # (another agent claimed it first: wait on for its word)
                     continue
+                if isinstance(refusal, str):
+                    barrier.announce(go=False, reason=refusal)
+                    return 0
             verdicts = barrier.gather(
                 node_ranks(self.node.ctx.hosts, self.roster.nodes),
                 gone=lambda h: not self.node.alloc.alive(h),
@@ -182,10 +198,26 @@ class NodeAgent:
                 if started is not None:
                     return started
 
+    def _take_over_at_start(self) -> bool | str:
+        """The decider died during the checks and this agent is next: it takes the role (False:
+        another agent claimed it first). When the run lock is still the queued job's, node 0's agent
+        died before its admission: this agent admits the attempt instead (a string: why it does not
+        run, recorded), so that an ended run is withdrawn and an attempt left undecided is decided."""
+        before = None
+        with contextlib.suppress(OSError):
+            before = self.decider.lock.read()
+        if not self.decider.take_over():
+            return False
+        if self.node.ctx.in_place == 0 and (before is None or before.role != "agent"):
+            refusal = self._may_run(adopted=True)
+            return refusal if refusal is not None else True
+        return True
+
     # ---- may this attempt run? (node 0) ------------------------------------------------------------
 
-    def _may_run(self) -> str | None:
-        """None, or why this attempt does not run (recorded; the run is left untouched)."""
+    def _may_run(self, *, adopted: bool = False) -> str | None:
+        """None, or why this attempt does not run (recorded; the run is left untouched).
+        ``adopted``: this agent holds the lock already (it took the role over at the start)."""
         admission = admit(
             paths=self.node.paths,
             plan=self.node.plan,
@@ -194,8 +226,10 @@ class NodeAgent:
             ledger=self.node.ledger,
             lock=self.decider.lock,
             record=self.decider.record,
+            held=self.decider.holder if adopted else None,
         )
-        self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
+        if not adopted or admission.holder is None:
+            self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------
@@ -216,23 +250,41 @@ class NodeAgent:
 
     def _start_host(self) -> RankHost:
         quiet = os.environ.get(FOREGROUND_VAR) == "1"
-        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths)
-        return RankHost(
-            argv,
-            env(
-                rank_host_environment(
-                    self.node.plan,
-                    self.node.cfg,
-                    self.node.ctx,
-                    self.node.scheduler,
-                    self.node.paths,
-                    self.node.ledger,
-                )
-            ),
-            self.node.paths.root,
-            self.sink,
-            echo_stderr=not quiet,
+        token = uuid.uuid4().hex
+        env = rank_host_environment(
+            self.node.plan,
+            self.node.cfg,
+            self.node.ctx,
+            self.node.scheduler,
+            self.node.paths,
+            self.node.ledger,
+            self.node_dir,
+            token,
         )
+        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths, env, self.node_dir)
+        host = RankHost(argv, env, self.node.paths.root, self.sink, echo_stderr=not quiet)
+        host.token = token
+        return host
+
+    def _shared_node_dir(self, host: RankHost) -> NodeDir | None:
+        """The node directory when this rank host shares it with this agent (it proved it at its start,
+        writing there what is read here: in an image, through the runtime's mount), else None: the
+        ranks then report in the run directory, said once per rank host."""
+        if self.node_dir is None:
+            return None
+        if host.node_dir_seen is None:
+            host.node_dir_seen = consume_seen(self.node_dir.path, host.token)
+            if not host.node_dir_seen:
+                why = (
+                    f"the ranks in the image do not see this node's directory {self.node_dir.path} at "
+                    f"{self.node_dir.ranks_path} (container.flags or the runtime's mounts hide it): their "
+                    "heartbeats go to the run directory instead"
+                )
+                print(f"hpclaunch: node {self.node.ctx.hostname}: {why}", file=sys.stderr, flush=True)
+                self.node.ledger.append(
+                    NODE_PREFLIGHT, ok=True, checks=[{"name": "node_dir", "status": "warn", "finding": why}]
+                )
+        return self.node_dir if host.node_dir_seen else None
 
     def _run_attempt(self) -> AttemptEnd:
         """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
@@ -243,6 +295,7 @@ class NodeAgent:
             self.host = self._start_host()
             if not self.host.wait_ready(HOST_READY_S):
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
+        self.shared_dir = self._shared_node_dir(self.host)
         request = rank_request(
             self.attempt,
             plan=self.node.plan,
@@ -251,6 +304,7 @@ class NodeAgent:
             scheduler=self.node.scheduler,
             paths=self.node.paths,
             roster=self.roster,
+            node_dir=self.shared_dir,
         )
         self.sink.switch(
             self.node.paths.node_log(self.attempt, self.node.ctx.node_rank),
@@ -270,6 +324,8 @@ class NodeAgent:
                 stop_workers(self.host.rank_pids())
             time.sleep(POLL_S)
         self.hang = watch.hang
+        watch.final()
+        self.attempt_watch = watch
         self.relay.handle_signals()
         self.relay.ranks = list
         if result.get("state") != "succeeded":
@@ -285,6 +341,7 @@ class NodeAgent:
             roster=self.roster,
             watchdog=watchdog,
             hang=self.hang,
+            node_dir=self.shared_dir.path if self.shared_dir is not None else None,
         )
 
     # ---- after an attempt: one decision for the whole allocation ----------------------------------
@@ -294,6 +351,7 @@ class NodeAgent:
         waited for (and made here after all if the decider's agent is gone)."""
         published = self.decider.await_decision(self.roster)
         if published is not None:
+            self.decider.record_followed(published)
             return published
         alone = tuple(self.roster.training) == (self.node.ctx.hostname,)
         dead, stuck = self._await_reports() if not alone else ((), ())
@@ -310,6 +368,11 @@ class NodeAgent:
         expect = node_ranks(self.node.ctx.hosts, self.roster.training)
         reports = await_reports(self.node.alloc, self.attempt, expect, poll=lambda: watch.poll(list))
         self.hang = watch.hang
+        # Every node reported, after its own last look: the summaries they published last are read
+        # (by this watch when this agent does not train, else by its own attempt's).
+        watch.final()
+        if self.attempt_watch is not None and self.node.ctx.hostname in self.roster.training:
+            self.attempt_watch.final()
         return reports
 
     def _next_in_place(self, record: DecisionRecord) -> None:

@@ -14,7 +14,9 @@ is one metadata operation, a write or flush on an open descriptor a data operati
   a beat is one data write and its flush, no metadata operation. Read only when someone needs to
   know who is alive. Liveness is by
   observation: an observer notes when it last saw the counter change, on its own monotonic clock,
-  and calls a host gone only after ``DEAD_AFTER_S`` without a change. Nothing compares a remote
+  and calls a host gone only after ``DEAD_AFTER_S`` without a change seen by reads that succeeded
+  (a heartbeat the observer cannot read, ESTALE or EIO on its side, ages nothing; an open link to
+  the host is evidence of its life meanwhile). Nothing compares a remote
   file's mtime with the local clock: NFS caches attributes for 3-60 s and clocks skew, so an mtime
   makes a live node look dead (or a dead one alive). Reading the content is safe under NFS's
   close-to-open consistency: every read opens the file.
@@ -164,6 +166,7 @@ class Allocation:
         self._count = 0
         self._fd: int | None = None  # this agent's heartbeat file, kept open between beats
         self._seen: dict[str, tuple[str, float]] = {}  # host -> (its last token, when it changed here)
+        self._read_at: dict[str, float] = {}  # host -> when this observer last looked at its heartbeat
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.links: Links | None = None  # the first evidence of a death (``links``), once listening
@@ -251,8 +254,9 @@ class Allocation:
         try:
             token = self._token(host)
         except OSError:
-            token = ""  # cannot read now: no observation, the last one stands
+            return self._unread(host, now)
         seen = self._seen.get(host)
+        self._read_at[host] = now
         if token is None:
             if seen is None:
                 self._seen[host] = (_NEVER, now)
@@ -262,6 +266,23 @@ class Allocation:
             self._seen[host] = (token or (seen[0] if seen else ""), now)
             return True
         return now - seen[1] < (START_GRACE_S if seen[0] == _NEVER else DEAD_AFTER_S)
+
+    def _unread(self, host: str, now: float) -> bool:
+        """``host``'s heartbeat cannot be read now (ESTALE, EIO: the observer's filesystem, not the
+        host, is what fails): no observation, so nothing ages. An open link to it is evidence of
+        life (its kernel would have closed it with its agent); without one, the last observation is
+        kept as it stood at the last read, and the window goes on only once reads succeed again."""
+        seen = self._seen.get(host)
+        last = self._read_at.get(host, now)
+        self._read_at[host] = now
+        if self.links is not None and self.links.linked(host):
+            self._seen[host] = (seen[0] if seen else "", now)
+            return True
+        if seen is None:
+            self._seen[host] = (_NEVER, now)
+            return True
+        self._seen[host] = (seen[0], seen[1] + (now - last))  # (the unreadable time is not counted)
+        return now - self._seen[host][1] < (START_GRACE_S if seen[0] == _NEVER else DEAD_AFTER_S)
 
     def decider(self, roster: Roster | None = None, now: float | None = None) -> str | None:
         """Who decides: the first live agent in ``roster`` order (training nodes, then spares); with
@@ -303,8 +324,11 @@ class Allocation:
         path = self._dir(attempt) / "decision.json"
         return retry_patiently(lambda: create_exclusive(path, json.dumps(record, indent=1) + "\n"))
 
+    def decision_file(self, attempt: str) -> Path:
+        return self._dir(attempt) / "decision.json"
+
     def decision(self, attempt: str) -> DecisionRecord | None:
-        data = poll_json(self._dir(attempt) / "decision.json")
+        data = poll_json(self.decision_file(attempt))
         return cast(DecisionRecord, data) if isinstance(data, dict) else None  # as ``publish`` wrote it
 
 

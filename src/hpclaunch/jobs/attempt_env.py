@@ -5,7 +5,6 @@ ranks see)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 
 from ..config import RunConfig
 from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
@@ -14,12 +13,15 @@ from ..rundir.env import (
     ALLOCATION_VAR,
     ATTEMPT_VAR,
     JOIN_STDERR_VAR,
+    NODE_DIR_TOKEN_VAR,
+    NODE_DIR_VAR,
     NODE_NAME_VAR,
     PRELOAD_COMPILE_VAR,
     PRELOAD_VAR,
     PROGRESS_DIR_VAR,
     RUN_DIR_VAR,
 )
+from ..rundir.node_dir import NodeDir
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
@@ -29,11 +31,21 @@ from .node_progress import prepare_local_dir
 
 
 def rank_host_environment(
-    plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler, paths: RunPaths, ledger: Ledger
+    plan: JobPlan,
+    cfg: RunConfig,
+    ctx: NodeContext,
+    scheduler: Scheduler,
+    paths: RunPaths,
+    ledger: Ledger,
+    node_dir: NodeDir | None = None,
+    token: str = "",
 ) -> dict[str, str]:
     """The rank host's environment, the same for every attempt of this allocation (the NCCL preset
-    it resolves is recorded)."""
+    it resolves is recorded); ``node_dir``: this user's node-local directory, which the rank host
+    proves it shares by writing ``token`` there (``rundir.node_dir``)."""
     env = dict(os.environ)
+    env.pop(NODE_DIR_VAR, None)  # (an agent started inside another's job must not pass its own on)
+    env.pop(NODE_DIR_TOKEN_VAR, None)
     # The batch script exports these too, but launchers such as pbsdsh start agents with a
     # minimal environment: the plan is the source of truth.
     env.update(plan.env)
@@ -52,21 +64,27 @@ def rank_host_environment(
         env[PRELOAD_VAR] = ",".join([*cfg.script.preload, "hpclaunch.rank.preload"])
     elif cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
         env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
+    if node_dir is not None:
+        env[NODE_DIR_VAR] = str(node_dir.ranks_path)
+        env[NODE_DIR_TOKEN_VAR] = token
     env.pop("SUBMITIT_EXECUTOR", None)
     return env
 
 
 def rank_host_command(
-    plan: JobPlan, ctx: NodeContext, paths: RunPaths
-) -> tuple[list[str], Callable[[dict[str, str]], dict[str, str]]]:
-    """The command that starts this node's rank host (in the run's image, when it has one) and
-    what the runtime's own environment is for the ranks' (``ContainerPlan.environment``)."""
+    plan: JobPlan, ctx: NodeContext, paths: RunPaths, env: dict[str, str], node_dir: NodeDir | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The command that starts this node's rank host (in the run's image, when it has one, with
+    ``node_dir`` mounted) and the runtime's own environment for the ranks' ``env``
+    (``ContainerPlan.environment``)."""
     container = plan.container
     if container is None:
-        return plan.rank_host_argv(), dict
+        return plan.rank_host_argv(), env
     # A container runtime mounts only what exists: the checkpoint directory may not yet.
     paths.checkpoints.mkdir(parents=True, exist_ok=True)
-    return plan.rank_host_argv(node=ctx.hostname), container.environment
+    mounted = str(node_dir.path) if node_dir is not None else None
+    argv = plan.rank_host_argv(node=ctx.hostname, node_dir=mounted, env=env)
+    return argv, container.environment(env)
 
 
 def _nccl_env(plan: JobPlan, cfg: RunConfig, ledger: Ledger) -> dict[str, str]:
@@ -80,11 +98,20 @@ def _nccl_env(plan: JobPlan, cfg: RunConfig, ledger: Ledger) -> dict[str, str]:
 
 
 def attempt_env(
-    attempt: str, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, paths: RunPaths
+    attempt: str,
+    plan: JobPlan,
+    cfg: RunConfig,
+    ctx: NodeContext,
+    paths: RunPaths,
+    node_dir: NodeDir | None = None,
 ) -> dict[str, str]:
-    """What only this attempt's ranks see: its key, its clock, where its flight record goes."""
-    # The ranks' heartbeats stay on this node; its agent keeps one file per node (``node_progress``).
-    env = {ATTEMPT_VAR: attempt, PROGRESS_DIR_VAR: str(prepare_local_dir(paths.root, ctx.hostname, attempt))}
+    """What only this attempt's ranks see: its key, its clock, where its flight record goes, and
+    where their heartbeats go: this node's directory, shared with its agent (``node_dir``), else
+    (none that both see) the run directory, as without an agent."""
+    env = {ATTEMPT_VAR: attempt}
+    if node_dir is not None:  # (its agent keeps one file per node: ``node_progress``)
+        local = prepare_local_dir(node_dir.path, paths.root, ctx.hostname, attempt)
+        env[PROGRESS_DIR_VAR] = str(node_dir.for_ranks(local))
     if ctx.clock is not None:
         env.update(ctx.clock.to_env())
     if plan.backend == "nccl" and cfg.nccl.preset != "none":
@@ -101,6 +128,7 @@ def rank_request(
     scheduler: Scheduler,
     paths: RunPaths,
     roster: Roster,
+    node_dir: NodeDir | None = None,
 ) -> RankRequest:
     """This node's part of the attempt, for its rank host (torch's elastic launcher): the roster's
     first training node hosts the rendezvous."""
@@ -111,7 +139,7 @@ def rank_request(
         "nproc": plan.torchrun.nproc_per_node,
         "run_dir": str(paths.root),
         "log_dir": str(paths.attempt_logs(attempt) / f"elastic-node{ctx.node_rank}"),
-        "env": attempt_env(attempt, plan, cfg, ctx, paths),
+        "env": attempt_env(attempt, plan, cfg, ctx, paths, node_dir),
         "program": "script" if cfg.is_script else "mmdit",
     }
     if nodes > 1:

@@ -20,10 +20,10 @@ import contextlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from ..errors import HpclaunchError
-from ..fsutil import retry_transient
+from ..fsutil import create_exclusive, retry_patiently, retry_transient
 from ..rundir import (
     HANG,
     NODE_REPLACED,
@@ -35,18 +35,20 @@ from ..rundir import (
 )
 from ..rundir.control import take_user_stop
 from ..rundir.env import FOREGROUND_VAR
-from ..rundir.events import Cancelled, Event, Started, of_kind
+from ..rundir.events import Cancelled, Event, RescueSubmitted, Started, of_kind
+from ..rundir.kinds import AGENT_ERROR
 from ..rundir.lock import HEARTBEAT_EVERY_S
 from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
 from ..schedulers.base import NodeContext
+from ..schedulers.rescue_job import waiting_rescues
 from .agent_records import decision_fields
 from .allocation import BEAT_S, POLL_S, REPORT_GRACE_S, DecisionRecord, Roster, node_ranks
 from .attribution import Suspicion, suspect
-from .carry_out import cancelled_meanwhile, carry_out
+from .carry_out import cancelled_meanwhile, carry_out, read_carried, start_held, withdraw_stranded
 from .decision_rules import Action, Budgets, Decision, Facts, History, decide
 from .fenced import Deposed, as_decision, decision_record, recorded
-from .node_checks import StartBarrier, Verdicts, Word
+from .node_checks import StartBarrier, Verdicts, Word, read_standing
 from .node_run import NodeRun
 from .stop_relay import StopRelay
 from .watchdog import Verdict, startup_hang
@@ -89,6 +91,7 @@ class Decider:
         self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
         self._next_look = 0.0  # when this agent next looks whether the decider still beats
+        self.followed: DecisionRecord | None = None  # the last in-place decision followed
 
     @property
     def attempt(self) -> str:
@@ -159,6 +162,8 @@ class Decider:
             flush=True,
         )
         self.hold(holder)
+        if self.followed is not None:  # (the last decision followed, perhaps recorded by nobody)
+            self.record_followed(self.followed)
         return True
 
     def hold(self, holder: LockHolder | None) -> None:
@@ -170,6 +175,11 @@ class Decider:
         if holder is not None:
             self._beat = Heartbeat(self.lock, holder, every_s=self.beat_every_s).__enter__()
 
+    @property
+    def lost_lock(self) -> bool:
+        """The lock's heartbeat found the lock another's (``Heartbeat.lost``): deposed; no read."""
+        return self._beat is not None and self._beat.lost
+
     def fenced(self) -> bool:
         """This decider's authority still holds: no later epoch of the run lock was claimed (it was
         not deposed while it stalled). Asked right before each write only the decider may make.
@@ -177,6 +187,8 @@ class Decider:
         ``train``, which hold it: nobody else can decide there)."""
         if self.holder is None:
             return True
+        if self.lost_lock:
+            return False  # (its heartbeat found the lock another's: deposed, whatever a read says now)
         try:
             return self.lock.holds(self.holder)
         except OSError:
@@ -343,17 +355,57 @@ class Decider:
         if decision.in_place:
             for bad, spare in decision.replace:
                 self.ledger.append(NODE_REPLACED, nodes=[bad], spare=spare, reason=decision.reason)
-            with contextlib.suppress(Deposed):  # (every agent follows it: only the record is left out)
-                self.record(decision, next_attempt=record["next"], roster=record["roster"])
+            # Deposed right here, every agent still follows it: the decider that deposed this one
+            # records it (``record_followed``), so it is recorded once and the attempt ends.
+            with contextlib.suppress(Deposed):
+                self.record_in_place(decision, record)
             return record
         return {**record, "exit_code": self.carry_out(decision)}
+
+    def record_in_place(self, decision: Decision, published: DecisionRecord) -> None:
+        """Record an in-place decision, once whoever records it: the first to create the attempt's
+        ``recorded`` marker (its publisher, or the decider that deposed it) appends the record."""
+        if not self.fenced():
+            raise Deposed(f"record {decision.action.value}")
+        marker = self.node.paths.attempt_dir(published["attempt"]) / "recorded"
+        if not retry_patiently(lambda: create_exclusive(marker, published.get("nonce", ""))):
+            return  # (recorded already)
+        ledger = (
+            self.ledger if published["attempt"] == self.attempt else self._ledger_of(published["attempt"])
+        )
+        # (after the marker the record is this agent's to make, deposed meanwhile or not: a fact
+        # of the attempt, written once)
+        self.record(
+            decision,
+            next_attempt=published["next"],
+            roster=published["roster"],
+            ledger=ledger,
+            note=""
+            if published.get("by") == self.ctx.hostname
+            else f"decided by {published['by']} (deposed)",
+            fence=False,
+        )
+
+    def record_followed(self, published: DecisionRecord) -> None:
+        """A published in-place decision this agent follows: when this agent decides now and the
+        decision's publisher held an older epoch (it was deposed, perhaps before it recorded it),
+        the record is made here unless it exists (``record_in_place``'s marker)."""
+        self.followed = published if published.get("in_place") else None
+        if self.followed is None or not self.leads or self.holder is None:
+            return
+        if int(published.get("epoch") or 0) >= self.holder.epoch:
+            return  # (its publisher decides still: it records it)
+        with contextlib.suppress(Deposed, OSError):
+            self.record_in_place(as_decision(published), published)
+
+    def _ledger_of(self, attempt: str) -> Ledger:
+        return Ledger(self.node.paths, role="agent", attempt=attempt, node=self.ctx.node_rank)
 
     def wait_published(self) -> DecisionRecord:
         """The decision that stands on this attempt (it exists: this decider's publication lost to
         it), once it can be read."""
-        while (published := self.node.alloc.decision(self.attempt)) is None:
-            time.sleep(POLL_S)
-        return published
+        data = read_standing(self.node.alloc.decision_file(self.attempt))
+        return cast(DecisionRecord, data)  # (as ``Allocation.publish`` wrote it)
 
     def follow_published(self, published: DecisionRecord, epoch: int) -> DecisionRecord:
         """Another decider's decision stands. When it was made under an older epoch than this
@@ -362,7 +414,10 @@ class Decider:
         theirs = int(published.get("epoch") or 0)
         if theirs > epoch:
             self.step_down("decide this attempt")  # (its decider claimed the role after this one)
-        if published.get("in_place") or theirs >= epoch or not self.fenced():
+        if published.get("in_place"):
+            self.record_followed(published)
+            return published
+        if theirs >= epoch or not self.fenced():
             return published
         return {**published, "exit_code": self.complete(published)}
 
@@ -379,7 +434,25 @@ class Decider:
             flush=True,
         )
         if done is None:
-            return self.carry_out(decision)
+            carried = read_carried(self.node)
+            if carried is None:
+                return self.carry_out(decision)
+            # Its scheduler call was made (it was deposed before the record): recorded here, never
+            # asked again (L2: a second requeue of the requeued job failed and was recorded FAILED).
+            try:
+                self.record(
+                    decision, job_id=carried.job_id, by=carried.by, note=f"carried out by {published['by']}"
+                )
+            except Deposed as e:
+                self.step_down(e.what)
+                return 0
+            self.release_lock(carried.job_id)
+            if carried.held:
+                stranded = start_held(self.node, carried.job_id)
+                if stranded is not None:
+                    withdraw_stranded(self.node, decision, carried.job_id, stranded)
+                    return 1
+            return carried.exit_code
         job = done.job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None
         self.release_lock(str(job) if job else None)
         return 0
@@ -395,14 +468,50 @@ class Decider:
                 recheck=self.unless_cancelled_meanwhile,
                 record=self.record,
                 release=self.release_lock,
+                leave=self.leave_to_rescue,
             )
         except Deposed as e:
             self.step_down(e.what)
-            if e.job_id and e.job_id != self.ctx.job_id:
+            # A job its call made is withdrawn when the decider that deposed this one continued the
+            # run with another; while none is recorded, that decider finds this call's fact
+            # (``carry_out.note_carried``) and records it instead of calling again.
+            done = recorded(self.ledger.events(), self.attempt)
+            theirs = str(done.job_id) if done is not None and done.job_id else None
+            if e.job_id and e.job_id != self.ctx.job_id and theirs is not None and theirs != e.job_id:
                 with contextlib.suppress(HpclaunchError, OSError):
                     self.node.scheduler.cancel(self.node.paths, e.job_id)
                     print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
             return 0
+
+    def leave_to_rescue(self, decision: Decision, error: str) -> bool:
+        """The scheduler kept refusing to continue the run: when a rescue job waits on this job
+        (``schedulers.rescue_job``), the decision stays published and unrecorded, the lock this
+        agent's, and the rescue carries it out once this job has ended (the agent exits 1: the job
+        ends failed, which starts it). False when none waits."""
+        events = self.ledger.events()
+        waiting = set(waiting_rescues(events))
+        ours = [e.rescue_job for e in of_kind(events, RescueSubmitted) if str(e.job_id) == self.ctx.job_id]
+        rescue = next((r for r in reversed(ours) if r in waiting), None)
+        if rescue is None or not self.fenced():
+            return False
+        if self.node.alloc.decision(self.attempt) is None:  # (decided after the checks: not published)
+            epoch = self.holder.epoch if self.holder is not None else 0
+            record = decision_record(
+                decision,
+                attempt=self.attempt,
+                by=self.ctx.hostname,
+                epoch=epoch,
+                roster=Roster(()),
+                next_attempt="",
+            )
+            self.node.alloc.publish(self.attempt, record)
+        words = (
+            f"continuing through the scheduler failed ({error}); the rescue job {rescue} continues the run "
+            f"once job {self.ctx.job_id} has ended"
+        )
+        self.ledger.append(AGENT_ERROR, error=words)
+        print(f"hpclaunch: {words}", file=sys.stderr, flush=True)
+        return True
 
     def record(
         self,
@@ -412,6 +521,7 @@ class Decider:
         by: str = "agent",
         note: str = "",
         ledger: Ledger | None = None,
+        fence: bool = True,
         **extra: Any,
     ) -> None:
         """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
@@ -427,7 +537,7 @@ class Decider:
             note=note,
         )
         fields.update(extra)
-        if not self.fenced():
+        if fence and not self.fenced():
             raise Deposed(f"record {decision.action.value}", job_id)
         written = ledger or self.ledger
         written.append(decision.event, **fields)

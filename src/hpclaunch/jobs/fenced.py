@@ -67,13 +67,15 @@ def decision_record(
 
 
 def as_decision(record: DecisionRecord) -> Decision:
-    """The published decision again (through the scheduler: the in-place ones need no carrying out)."""
+    """The published decision again (to carry out one through the scheduler, or to record an in-place
+    one whose publisher was deposed before it could)."""
     return Decision(
         Action(record["action"]),
         Cause.parse_optional(record.get("cause")),
         str(record.get("reason") or f"{record['action']} (decided by {record['by']})"),
         exclude=tuple(record.get("exclude") or ()),
         counts_as=Budget.parse_optional(record.get("counts_as")),
+        in_place=bool(record.get("in_place")),
     )
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import select
 import socket
 import threading
 import time
@@ -58,6 +57,10 @@ class Listener:
             self._held.append(conn)
 
     def close(self) -> None:
+        # shutdown first: a close alone leaves the socket listening while the accepting thread
+        # still waits in accept(), and a watcher's confirming connection would be accepted there.
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self.sock.close()
         for conn in self._held:
@@ -84,6 +87,11 @@ class Links:
         """Evidence on an existing connection only (no new connection is made): ``host`` is dead."""
         return host in self._dead or (host in self._conns and self.dead(host))
 
+    def linked(self, host: str) -> bool:
+        """A connection to ``host``'s agent is open (as last looked at by ``dead``): evidence that it
+        lives, since its kernel closes it when the agent dies."""
+        return host in self._conns and host not in self._dead
+
     def dead(self, host: str) -> bool:
         """Whether ``host``'s agent is known dead now: its connection ended and nothing listens
         where it did. False is "no evidence", never "alive" (the heartbeat still decides)."""
@@ -107,7 +115,11 @@ class Links:
         try:
             if not isinstance(where, dict):
                 raise LookupError(host)
-            self._conns[host] = socket.create_connection((str(where["address"]), int(where["port"])), timeout)
+            conn = socket.create_connection((str(where["address"]), int(where["port"])), timeout)
+            # Non-blocking from now on: a socket with a timeout waits for data before any recv,
+            # MSG_DONTWAIT or not, and the peek in ``_closed`` must never wait.
+            conn.setblocking(False)
+            self._conns[host] = conn
         except ConnectionRefusedError:
             self._dead.add(host)
         except (OSError, LookupError, KeyError, ValueError):
@@ -125,13 +137,12 @@ class Links:
 
 
 def _closed(conn: socket.socket) -> bool:
-    """The peer closed (or reset) the connection: readable, and a peek reads nothing or fails."""
+    """The peer closed (or reset) the connection: a peek that does not wait reads nothing (end of
+    file) or fails. One call, no ``select``: ``select()`` refuses a descriptor >= FD_SETSIZE (1024),
+    and a decider holds one per agent (``preflight/fds.py``), so hundreds of agents pass it."""
     try:
-        readable, _, _ = select.select([conn], [], [], 0)
-        if not readable:
-            return False
         return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
-    except BlockingIOError:
-        return False
+    except (BlockingIOError, InterruptedError, TimeoutError):
+        return False  # nothing to read, the connection still open
     except OSError:
         return True

@@ -20,6 +20,7 @@ some nodes only (a missing mount), those nodes are the problem.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -105,6 +106,22 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
         flush=True,
     )
     return NodeVerdict(ctx.node_rank, ctx.hostname, False, first.name, first.finding), rows
+
+
+# How long a file that exists (its exclusive create said so) may stay unreadable before the agent
+# waiting for it gives up: an agent error (``agent_exit``), the role moving on, never the run's.
+STANDING_READ_S = float(os.environ.get("HPCLAUNCH_STANDING_READ_S") or 300.0)
+
+
+def read_standing(path: Path, *, clock: Callable[[], float] = time.monotonic) -> Any:
+    """The JSON of ``path``, which exists (another writer's exclusive create won): read until it can
+    be, for ``STANDING_READ_S`` at most; then an ``OSError`` (EIO) naming it."""
+    deadline = clock() + STANDING_READ_S
+    while (data := poll_json(path)) is None:
+        if clock() >= deadline:
+            raise OSError(errno.EIO, f"unreadable for {STANDING_READ_S:.0f} s", str(path))
+        time.sleep(POLL_S)
+    return data
 
 
 def within_deadline(work: Callable[[], T], deadline_s: float) -> T | None:
@@ -243,9 +260,7 @@ class StartBarrier:
         text = json.dumps(word, indent=2, sort_keys=True) + "\n"
         if retry_patiently(lambda: create_exclusive(self.dir / "go.json", text)):
             return Word(go, reason, roster, ours=True)
-        while (data := poll_json(self.dir / "go.json")) is None:
-            time.sleep(POLL_S)
-        return self._word(data)
+        return self._word(read_standing(self.dir / "go.json", clock=self.clock))
 
     @staticmethod
     def _word(data: Any) -> Word:

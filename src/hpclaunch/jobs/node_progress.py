@@ -20,7 +20,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -202,19 +201,18 @@ def _unseen(
     return out
 
 
-def prepare_local_dir(root: Path, host: str, attempt: str) -> Path:
-    """This node's folder for ``attempt``'s rank heartbeats, made private to this user."""
-    path = local_progress_dir(root, host, attempt)
-    # Every folder from hpclaunch-<uid>/ down made 0700 and checked: one another user made first
-    # in the shared /tmp is refused, not written into.
-    return private_dirs(path, Path(tempfile.gettempdir()))
+def prepare_local_dir(node_dir: Path, root: Path, host: str, attempt: str) -> Path:
+    """This node's folder for ``attempt``'s rank heartbeats, in this user's node directory
+    (``rundir.node_dir``, private already), each folder below it made 0700 and checked."""
+    path = local_progress_dir(node_dir, root, host, attempt)
+    return private_dirs(path, node_dir.parent, root=node_dir)
 
 
-def remove_local_dirs(root: Path, host: str, allocation: str) -> None:
+def remove_local_dirs(node_dir: Path, root: Path, host: str, allocation: str) -> None:
     """This node's rank heartbeats of ``allocation``'s attempts, when its agent leaves (they are in
     the node files). Only its own: the agent of the job that continues the run may already be
     writing beside them on this node."""
-    folder = local_progress_dir(root, host, allocation).parent
+    folder = local_progress_dir(node_dir, root, host, allocation).parent
     with contextlib.suppress(OSError):
         for attempt in folder.iterdir():
             if attempt.name == allocation or attempt.name.startswith(f"{allocation}."):

@@ -84,6 +84,8 @@ class RankHost:
         for thread in self._threads:
             thread.start()
         self._ready: HostReady | None = None
+        self.token = ""  # what it writes in the node directory at its start (``rundir.node_dir``)
+        self.node_dir_seen: bool | None = None  # whether the agent found it there (None: not looked)
 
     # ---- life ------------------------------------------------------------------------------------
 

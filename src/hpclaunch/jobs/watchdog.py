@@ -286,6 +286,10 @@ class Watched:
     local_dir: Path | None = None
     local_ranks: int = 0
     alone: bool = True
+    # No node directory shared with this node's ranks (``rundir.node_dir``): they write their shared
+    # files, read here, while the other nodes' ranks may report into theirs (read from their nodes'
+    # aggregates as ever).
+    shared_files: bool = False
 
 
 class Watchdog:
@@ -323,7 +327,7 @@ class Watchdog:
         self._records: dict[int, dict[str, Any]] = {}  # this node's ranks' last heartbeats
         # This node's ranks are all the ranks (the only training node; or, without a node-local
         # folder, every rank's shared file is read here): no other node's file to read.
-        self.whole = watched.alone or watched.local_dir is None
+        self.whole = watched.alone or (watched.local_dir is None and not watched.shared_files)
         self.node = NodeFiles(
             paths,
             self.attempt,
@@ -391,6 +395,21 @@ class Watchdog:
             self.verdict = verdict
             self._respond(verdict, worker_pids())
         return verdict
+
+    def final(self) -> None:
+        """At the attempt's end: this node's ranks' last heartbeats read and published, and (the lead)
+        every step-time summary not judged yet fed to the straggler tracker. A short run ended
+        between two polls: its stragglers were never reported, their last summaries never read."""
+        if self.verdict is not None:
+            return
+        self.observe(time.time())
+        if self.lead:
+            lines = self.node.new_summaries()
+            if not self.whole:
+                others = self._other_nodes()
+                others.read_all()
+                lines += others.new_summaries()
+            self._note_stragglers(lines)
 
     def observe(self, now: float) -> list[RankState]:
         """This node's ranks' states now (a rank without a heartbeat is still launching); its
@@ -545,7 +564,7 @@ def startup_hang(
     that never reached the start-up barrier (``preflight.smoke_timeout_s``, usually shorter than
     ``watchdog.startup_s``, so it is the first to notice). Their node comes from their heartbeats;
     None when they name none or more than one. Node 0's watchdog acts on it as on its own verdicts
-    (stacks, then stop: torchrun would wait ``launch.shutdown_timeout_s`` for the hung rank), and the
+    (stacks, then stop: the elastic launch would wait for the hung rank), and the
     agent's decision reads it when the watchdog is off or torchrun ended first."""
     if outcome is None or outcome.status != "failed" or outcome.cause is not Cause.HANG:
         return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from ..rundir.progress import local_progress_dir
 from .allocation import LOOK_S, Roster, node_ranks
@@ -21,16 +22,19 @@ from .stop_relay import StopRelay
 from .watchdog import Verdict, Watchdog, Watched
 
 
-def node_watchdog(node: NodeRun, *, lead: bool, roster: Roster) -> Watchdog:
-    """This node's watchdog over the attempt ``roster`` trains on (``lead``: this agent decides)."""
+def node_watchdog(node: NodeRun, *, lead: bool, roster: Roster, node_dir: Path | None) -> Watchdog:
+    """This node's watchdog over the attempt ``roster`` trains on (``lead``: this agent decides;
+    ``node_dir``: where its ranks' heartbeats are, None: in the run directory)."""
     ctx, plan = node.ctx, node.plan
+    local = local_progress_dir(node_dir, node.paths.root, ctx.hostname, ctx.attempt) if node_dir else None
     watched = Watched(
         world_size=plan.world_size,
         nccl=plan.backend == "nccl",
         smoke_timeout_s=float(node.cfg.preflight.smoke_timeout_s),
-        local_dir=local_progress_dir(node.paths.root, ctx.hostname, ctx.attempt),
+        local_dir=local,
         local_ranks=plan.torchrun.nproc_per_node if ctx.hostname in roster.training else 0,
         alone=roster.training == (ctx.hostname,),
+        shared_files=node_dir is None,
     )
     dog = Watchdog(node.cfg.watchdog, node.paths, ctx, node.ledger, watched, lead=lead)
     dog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
@@ -49,7 +53,10 @@ class AttemptWatch:
         roster: Roster,
         watchdog: bool = True,
         hang: Verdict | None = None,
+        node_dir: Path | None = None,
     ) -> None:
+        """``node_dir``: this user's node directory, shared with this node's ranks (None: none is,
+        and they report in the run directory)."""
         self.node = node
         self.relay = relay
         self.decider = decider
@@ -57,7 +64,7 @@ class AttemptWatch:
         self.hang = hang
         self.watchdog: Watchdog | None = None
         if watchdog and node.cfg.watchdog.enabled:
-            self.watchdog = node_watchdog(node, lead=decider.leads, roster=roster)
+            self.watchdog = node_watchdog(node, lead=decider.leads, roster=roster, node_dir=node_dir)
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
         # The first evidence of a death (``links``): the decider holds a connection to every node
         # it waits for, the others one to the decider.
@@ -67,6 +74,9 @@ class AttemptWatch:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
         verdict and the stop-save cut-off, which ends the attempt everywhere."""
         self.relay.handle_signals()
+        if self.decider.leads and self.decider.lost_lock:
+            # (its lock's heartbeat found another holder: no watchdog verdict or cut-off from here)
+            self.decider.step_down("lead the watchdog")
         if not self.decider.leads and self.decider.gone(self.roster, LOOK_S):
             self.decider.take_over()
         if self.watchdog is not None:
@@ -79,6 +89,12 @@ class AttemptWatch:
             self.node.alloc.signal_end(
                 self.node.ctx.attempt, f"node {self.node.ctx.hostname}: the stop save overran"
             )
+
+    def final(self) -> None:
+        """The attempt is over here: the watchdog's last look (``Watchdog.final``)."""
+        if self.watchdog is not None:
+            self.watchdog.lead = self.decider.leads
+            self.watchdog.final()
 
     def ended(self) -> bool:
         """The attempt's ``end`` file exists (another node's ranks ended it), looked at once per

@@ -75,7 +75,6 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
             nnodes=s.nodes,
             nproc_per_node=s.nprocs,
             rdzv_port=cfg.launch.rdzv_port,
-            shutdown_timeout_s=cfg.launch.shutdown_timeout_s,
         ),
         backend=cfg.backend,
         config_hash=cfg.config_hash(),

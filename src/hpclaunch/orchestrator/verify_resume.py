@@ -41,7 +41,7 @@ SCENARIOS = ("stop", "crash", "ranks")
 Record = dict[str, Any]
 
 # What a difference found first usually means (the report's hint).
-CAUSES = {
+USUAL_REASONS = {
     "restored": "{obj} is not what was saved at step {step}: part of it does not round-trip through its "
     "state_dict()/load_state_dict(), or the script changed it between attach() and the loop",
     "rng_after_restore": "the random state at the loop's start differs from the one saved: the script drew "
@@ -233,7 +233,7 @@ def compare_bitwise(
     missing = _missing(run, total)
     if missing is not None:
         return Finding(name, False, f"step {missing} was never trained", step=missing, what="missing",
-                       hint=CAUSES["missing"].format(step=missing))  # fmt: skip
+                       hint=USUAL_REASONS["missing"].format(step=missing))  # fmt: skip
     resumed = [rec for rec in run[0] if rec["kind"] == "begin" and rec["step"]]
     froms = ", ".join(f"step {rec['step']} ({rec.get('resumed_from') or 'disk'})" for rec in resumed)
     again = sum(1 for rec in run[0] if rec["kind"] == "step") - total
@@ -268,13 +268,13 @@ def _differs(name: str, rank: int, rec: Record, ref: dict[int, Record], seeded: 
                 kind = "data" if obj == "data" else "restored"
                 return Finding(name, False, f"after the resume at step {step}, rank {rank}: {obj} differs from what "
                                "the uninterrupted run had there", step=step, rank=rank, what=f"restored.{obj}",
-                               hint=CAUSES[kind].format(obj=obj, step=step))  # fmt: skip
+                               hint=USUAL_REASONS[kind].format(obj=obj, step=step))  # fmt: skip
         gen = _rng_differs(rec["rng"], saved["rng_end"], seeded)
         if gen is not None:
             return Finding(name, False, f"step {step + 1}, rank {rank}: the random state ({gen}) differs "
                            f"already before the step (resumed at step {step}; at the loop's start it is not the "
                            "one saved)", step=step + 1, rank=rank, what=f"rng_after_restore.{gen}",
-                           hint=CAUSES["rng_after_restore"])  # fmt: skip
+                           hint=USUAL_REASONS["rng_after_restore"])  # fmt: skip
         return None
     if rec["kind"] != "step" or step not in ref:
         return None
@@ -283,17 +283,17 @@ def _differs(name: str, rank: int, rec: Record, ref: dict[int, Record], seeded: 
     if gen is not None:
         return Finding(name, False, f"step {step}, rank {rank}: the random state ({gen}) at the step's start "
                        "differs", step=step, rank=rank, what=f"rng_begin.{gen}",
-                       hint=CAUSES["rng_begin"].format(step=step))  # fmt: skip
+                       hint=USUAL_REASONS["rng_begin"].format(step=step))  # fmt: skip
     for obj, digest in rec["objects"].items():
         if want["objects"].get(obj) != digest:
             kind = "data" if obj == "data" else "object"
             return Finding(name, False, f"step {step}, rank {rank}: {obj} differs after the step", step=step,
-                           rank=rank, what=f"objects.{obj}", hint=CAUSES[kind].format(obj=obj, step=step))  # fmt: skip
+                           rank=rank, what=f"objects.{obj}", hint=USUAL_REASONS[kind].format(obj=obj, step=step))  # fmt: skip
     for key, value in rec["logged"].items():
         if want["logged"].get(key) != value:
             return Finding(name, False, f"step {step}, rank {rank}: logged {key} {value!r}, the uninterrupted "
                            f"run {want['logged'].get(key)!r}", step=step, rank=rank, what=f"logged.{key}",
-                           hint=CAUSES["logged"].format(step=step))  # fmt: skip
+                           hint=USUAL_REASONS["logged"].format(step=step))  # fmt: skip
     return None
 
 
@@ -315,7 +315,7 @@ def compare_restore(name: str, run: dict[int, list[Record]], total: int) -> Find
         return Finding(name, False, f"the parameters restored on {restored['world_size']} rank(s) at step "
                        f"{restored['step']} differ from those {saved['world_size']} saved at step {saved['step']}",
                        step=restored["step"], what="restored.model",
-                       hint=CAUSES["restored"].format(obj="the model", step=restored["step"]))  # fmt: skip
+                       hint=USUAL_REASONS["restored"].format(obj="the model", step=restored["step"]))  # fmt: skip
     after = [
         int(rec["step"])
         for rec in records

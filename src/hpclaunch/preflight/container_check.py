@@ -17,6 +17,7 @@ from ..config import RunConfig
 from ..fsutil import JSONObject
 from ..probe_shapes import ScriptRequest, StepRequest
 from ..rundir.container import ContainerPlan
+from ..rundir.node_dir import consume_seen, node_directory
 from .check_context import CheckContext, Findings, Outcome, skip
 from .probe import Probe, ProbeError, StaticProbe, job_python
 
@@ -81,9 +82,15 @@ def job_probe(
         return StaticProbe(error=f"not run: {blocked} (the container check says more)", python=plan.python)
     probe_plan = plan.for_probe()
     return Probe(
-        plan.python, model=model, timeout_s=timeout_s, estimate=estimate, env=env, container=probe_plan,
+        plan.python,
+        model=model,
+        timeout_s=timeout_s,
+        estimate=estimate,
+        env=env,
+        container=probe_plan,
         script=script,
-    )  # fmt: skip
+        node_dir=node_directory(in_image=True),  # (proved as the agents will use it: ``_node_dir``)
+    )
 
 
 def check_container(ctx: CheckContext) -> Outcome:
@@ -189,3 +196,22 @@ def _trainer_starts(ctx: CheckContext, plan: ContainerPlan, f: Findings) -> None
         )
     else:
         f.ok(f"{plan.python} in the image starts hpclaunch {__version__} ({info.get('executable')})")
+    _node_dir(ctx, f)
+
+
+def _node_dir(ctx: CheckContext, f: Findings) -> None:
+    """What the ranks and their node agent share on a node (``rundir.node_dir``), proved: the probe
+    wrote a token in the node directory as the image sees it, read back here outside."""
+    proof = getattr(ctx.probe, "node_dir_proof", None)
+    if proof is None:
+        return
+    node_dir, token = proof
+    if consume_seen(node_dir.path, token):
+        f.ok(f"the node directory {node_dir.path} is the image's {node_dir.ranks_path}")
+    else:
+        f.warn(
+            f"the image does not see the node directory {node_dir.path} at {node_dir.ranks_path}: the "
+            "ranks' heartbeats would go to the run directory (one file per rank per second on the "
+            "shared filesystem) and the compile cache would not outlive an attempt",
+            "check container.flags: a flag that hides /tmp's mounts, or a runtime that refuses the mount",
+        )

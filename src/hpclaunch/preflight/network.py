@@ -65,7 +65,7 @@ def _rendezvous(ctx: CheckContext, f: Findings, own_addr: str | None) -> None:
     except NodeContextError as e:
         f.fail(e.message, e.hint)
         return
-    port = rdzv_port_for(node.job_id, cfg.launch.rdzv_port)
+    port = rdzv_port_for(node.attempt, cfg.launch.rdzv_port)  # (this attempt's: the ranks' own)
     if node.is_head:
         problem = port_in_use(port)
         if problem:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import cast
@@ -29,6 +30,8 @@ from ..probe_shapes import (  # the shapes the probe prints, as the trainer's sc
     StepRequest,
 )
 from ..rundir.container import ContainerPlan
+from ..rundir.env import NODE_DIR_TOKEN_VAR, NODE_DIR_VAR
+from ..rundir.node_dir import NodeDir
 
 # Run as a script by path (never imported here): it lives with the trainer, whose model it builds.
 _SCRIPT = Path(__file__).resolve().parents[1] / "trainer" / "probe_main.py"
@@ -101,10 +104,14 @@ class Probe:
         env: dict[str, str] | None = None,
         container: ContainerPlan | None = None,
         script: ScriptRequest | None = None,
+        node_dir: NodeDir | None = None,
     ):
-        """``container``: run ``python`` (the image's) in the run's image, through its runtime.
-        ``script``: a script's run, run as far as its attach after the answer (``script_probe``)."""
+        """``container``: run ``python`` (the image's) in the run's image, through its runtime, with
+        ``node_dir`` mounted as a node agent mounts it for its ranks: the probe writes a token there
+        (``node_dir_proof``), which the container check reads back outside. ``script``: a script's
+        run, run as far as its attach after the answer (``script_probe``)."""
         self.python = python
+        self.node_dir_proof: tuple[NodeDir, str] | None = None
         self.timeout_s = timeout_s
         self.estimating = estimate is not None
         self.probing_script = script is not None
@@ -131,7 +138,12 @@ class Probe:
         # image the text needs no file of this machine's.
         argv = [python, "-c", _SCRIPT.read_text()]
         if container is not None:
-            argv, penv = container.wrap(argv), container.environment(penv)
+            mounted = str(node_dir.path) if node_dir is not None else None
+            if node_dir is not None:
+                token = uuid.uuid4().hex
+                penv.update({NODE_DIR_VAR: str(node_dir.ranks_path), NODE_DIR_TOKEN_VAR: token})
+                self.node_dir_proof = (node_dir, token)
+            argv, penv = container.wrap(argv, node_dir=mounted, env=penv), container.environment(penv)
         try:
             self._proc = subprocess.Popen(
                 argv,

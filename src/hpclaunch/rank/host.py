@@ -42,6 +42,7 @@ from typing import Any
 
 from ..rundir.attempt_records import REPLY_MARK, REPLY_MAX_BYTES, AttemptEnd, RankRequest
 from ..rundir.env import PRELOAD_COMPILE_VAR, PRELOAD_VAR
+from ..rundir.node_dir import write_seen
 from .helper_signals import ignore_stop_signals
 
 # What the ranks run, by the request's ``program``: entry points named, not imported (the rank
@@ -153,6 +154,11 @@ def serve() -> int:
     import torch._dynamo.config
     import torch.distributed.launcher.api  # noqa: F401  (the elastic launcher, imported before the first attempt)
 
+    # What this host and its agent share on the node (the ranks' heartbeats): proved before the
+    # first attempt, written here in the image and read by the agent outside (``rundir.node_dir``).
+    unseen = write_seen()
+    if unseen is not None:
+        print(f"hpclaunch rank host: the node directory: {unseen}", file=sys.stderr, flush=True)
     send(ready={"pid": os.getpid(), "forkserver": forkserver._forkserver._forkserver_pid})  # type: ignore[attr-defined]
     for line in sys.stdin:
         if not line.strip():

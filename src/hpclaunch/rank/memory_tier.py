@@ -20,6 +20,7 @@ trainer ends with its last save on disk.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import socket
@@ -350,11 +351,18 @@ class MemoryTier:
                 node_holds.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
         plan = plan_restore(hosts, holdings, on_disk)
         tier: TierFields = {"disk_step": on_disk}
+        if self.ctx.local_rank == 0 and self.store is not None:
+            # (before any rank of this node writes again: their first steps need this rank)
+            with contextlib.suppress(OSError):
+                self.store.forget_after(plan.step)
         if plan.step is None:
             return None, {**tier, "memory_reason": plan.reason}
         state = template()
         why = self._fill(state, plan, group)
         if why is not None:
+            if self.ctx.local_rank == 0 and self.store is not None:
+                with contextlib.suppress(OSError):  # (the disk serves: a new timeline from its step)
+                    self.store.forget_after(None)
             return None, {**tier, "memory_reason": why}
         path = str(self.store.step_dir(plan.step, self.ctx.world_size)) if self.store else "pulled"
         return (Restored(plan.step, self._sections, path), state), {

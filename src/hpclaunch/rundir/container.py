@@ -14,6 +14,7 @@ so what the ranks write names paths the login node can read.
 from __future__ import annotations
 
 import getpass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -29,8 +30,11 @@ EXECUTABLES: dict[str, str] = {
     "podman": "podman",
     "charliecloud": "ch-run",
 }
-# What the rendered command shows where the node's own name goes (pyxis: the step's one node).
+# What the rendered command shows where the node's own name goes (pyxis: the step's one node), and
+# where this user's node-local directory goes (``rundir.node_dir``: chosen on the node).
 NODE = "NODE"
+NODE_DIR = "NODE_DIR"
+IN_IMAGE_TMP = "/tmp"  # the node directory's place in every image: /tmp/<its name>
 # Variables hpclaunch itself sets or relies on in the ranks, passed by these prefixes where a
 # runtime starts from the image's environment (podman); names: launch.env, launch.pass_env and
 # container.env.
@@ -103,15 +107,30 @@ class ContainerPlan(BaseModel):
         """The runtime can start the image on the login node (pyxis exists only inside srun steps)."""
         return self.runtime != "pyxis"
 
-    def wrap(self, argv: list[str], *, node: str = NODE) -> list[str]:
-        """``argv`` (whose program is the image's) as the runtime runs it; ``node``: this node's name."""
+    def wrap(
+        self,
+        argv: list[str],
+        *,
+        node: str = NODE,
+        node_dir: str | None = NODE_DIR,
+        env: Mapping[str, str] | None = None,
+    ) -> list[str]:
+        """``argv`` (whose program is the image's) as the runtime runs it; ``node``: this node's name;
+        ``node_dir``: this user's node-local directory on the node, mounted at ``/tmp/<its name>``
+        in the image (what the ranks and their agent share: ``rundir.node_dir``; None: not mounted);
+        ``env``: the ranks' environment on the node, whose names a runtime that starts from the
+        image's environment is given (pyxis; None: ``render``, before any node)."""
+        wrapped = self if node_dir is None else self.with_mount(node_dir_mount(node_dir))
         return {
-            "pyxis": self._pyxis,
-            "apptainer": self._apptainer,
-            "singularity": self._apptainer,
-            "podman": self._podman,
-            "charliecloud": self._charliecloud,
-        }[self.runtime](argv, node)
+            "pyxis": wrapped._pyxis,
+            "apptainer": wrapped._apptainer,
+            "singularity": wrapped._apptainer,
+            "podman": wrapped._podman,
+            "charliecloud": wrapped._charliecloud,
+        }[self.runtime](argv, node, env or {})
+
+    def with_mount(self, mount: Mount) -> ContainerPlan:
+        return self.model_copy(update={"mounts": [*self.mounts, mount]})
 
     def environment(self, env: dict[str, str]) -> dict[str, str]:
         """The runtime's own process environment for ``env`` (the ranks' environment on the node):
@@ -127,7 +146,13 @@ class ContainerPlan(BaseModel):
 
     # ---- one command line per runtime ---------------------------------------------------------------
 
-    def _pyxis(self, argv: list[str], node: str) -> list[str]:
+    def passed_names(self, env: Mapping[str, str]) -> list[str]:
+        """The variables whose node value must win over the image's: the plan's names, and every
+        one hpclaunch sets or relies on (``PASSED_PREFIXES``, ``PASSED_NAMES``) that ``env`` has."""
+        ours = [n for n in env if n.startswith(PASSED_PREFIXES) or n in PASSED_NAMES]
+        return sorted({*self.env, *ours})
+
+    def _pyxis(self, argv: list[str], node: str, env: Mapping[str, str]) -> list[str]:
         # pyxis exists only as srun's flags: the agent starts its rank host as a one-task step on
         # its own node, sharing the allocation with the agents' step (--overlap).
         out = [self.command, "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={node}"]
@@ -139,11 +164,14 @@ class ContainerPlan(BaseModel):
             f"--container-mounts={','.join(m.spec() for m in self.mounts)}",
         ]
         out += [f"--container-workdir={self.workdir}", "--no-container-mount-home"]
-        if self.env:
-            out.append(f"--container-env={','.join(self.env)}")
+        # enroot starts from the image's ENV, and NGC images set NCCL_ and TORCH_ variables there: a
+        # name listed here takes the node's value (what the agent and the NCCL preset decided).
+        names = self.passed_names(env)
+        if names:
+            out.append(f"--container-env={','.join(names)}")
         return [*out, *self.flags, *argv]
 
-    def _apptainer(self, argv: list[str], node: str) -> list[str]:
+    def _apptainer(self, argv: list[str], node: str, env: Mapping[str, str]) -> list[str]:
         out = [self.command, "exec"]
         if self.gpus:
             out.append("--nv")
@@ -152,7 +180,7 @@ class ContainerPlan(BaseModel):
         out += ["--pwd", self.workdir]
         return [*out, *self.flags, self.image, *argv]
 
-    def _podman(self, argv: list[str], node: str) -> list[str]:
+    def _podman(self, argv: list[str], node: str, env: Mapping[str, str]) -> list[str]:
         # The node's PID, network and IPC namespaces (the agent signals the ranks by pid; NCCL and
         # gloo reach the other nodes; the memory tier and DataLoader workers use the node's
         # /dev/shm); no signal proxy (the agent relays stops itself); stdin open (the agent's
@@ -171,12 +199,19 @@ class ContainerPlan(BaseModel):
         image = ["--rootfs", self.image] if self.image_is_path else [self.image]
         return [*out, *image, *argv]
 
-    def _charliecloud(self, argv: list[str], node: str) -> list[str]:
+    def _charliecloud(self, argv: list[str], node: str, env: Mapping[str, str]) -> list[str]:
         out = [self.command]
         for m in self.mounts:  # (ch-run 0.31 binds read-write only)
             out += ["-b", f"{m.src}:{m.dst}"]
         out += ["-c", self.workdir]
         return [*out, *self.flags, self.image, "--", *argv]
+
+
+def node_dir_mount(node_dir: str) -> Mount:
+    """The node directory at ``/tmp/<its name>`` in the image: not its own path, since a read-only
+    image (Charliecloud's) has no mount point for an arbitrary one, and every runtime can make one
+    in /tmp (ch-run binds the node's $TMPDIR there, or a private tmpfs; the others make their own)."""
+    return Mount(src=node_dir, dst=f"{IN_IMAGE_TMP}/{Path(node_dir).name}")
 
 
 def _mounts(cfg: RunConfig) -> list[Mount]:

@@ -20,3 +20,7 @@ PROGRESS_DIR_VAR = "HPCLAUNCH_PROGRESS_DIR"
 # Set by the node agent for its rank host: the modules (comma-separated) it imports once before it
 # forks the ranks (``rank.host``); unset: the built-in trainer's.
 PRELOAD_VAR = "HPCLAUNCH_PRELOAD"
+# Set by the node agent: this user's node-local directory as the ranks see it (``rundir.node_dir``),
+# and the token its rank host proves it with.
+NODE_DIR_VAR = "HPCLAUNCH_NODE_DIR"
+NODE_DIR_TOKEN_VAR = "HPCLAUNCH_NODE_DIR_TOKEN"

@@ -94,13 +94,23 @@ class Ledger:
         data = (json.dumps(record, default=str) + "\n").encode()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write() per line, to a file no other process writes: a reader sees whole lines or,
-        # if this process dies mid-write, one torn last line that read_events reports.
-        fd = retry_transient(lambda: os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        # if this process dies mid-write, one torn last line that read_events reports. The open
+        # and the write are tried again together while the filesystem says "not now" (EIO, ESTALE).
+        retry_transient(lambda: self._write_line(data))
+        return record
+
+    def _write_line(self, data: bytes) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # (read: its last byte)
         try:
-            os.write(fd, data)
+            size = os.fstat(fd).st_size
+            if size and os.pread(fd, 1, size - 1) != b"\n":
+                # A try that failed part way left a torn line: it ends here, as a torn line of its
+                # own (read_events reports it), and the record starts a whole line of its own.
+                data = b"\n" + data
+            while data:
+                data = data[os.write(fd, data) :]
         finally:
             os.close(fd)
-        return record
 
     def events(self) -> list[Event]:
         """The whole run's ledger (every writer's file, merged), typed (``read_events``; its torn

@@ -80,6 +80,9 @@ class LockHolder:
     acquired: float
     heartbeat: float
     epoch: int = 0  # the fencing token: which claim of the lock this holder made (0: before epochs)
+    # The holder process's start (``/proc/<pid>/stat`` field 22, clock ticks since boot; 0: not
+    # known): a pid is the holder's only while it names the same process (pids are reused).
+    pid_start: int = 0
 
     def describe(self, now: float | None = None) -> str:
         age = (now or time.time()) - self.heartbeat
@@ -117,14 +120,34 @@ def _this_host() -> str:
     return socket.gethostname().split(".")[0]
 
 
-def _pid_alive(pid: int) -> bool:
+def _stat_fields(pid: int) -> list[str] | None:
+    """``/proc/<pid>/stat`` after the command's name (state first), or None: no such process."""
     if pid <= 0:
-        return False
+        return None
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except (FileNotFoundError, IndexError, PermissionError):
+            return f.read().rsplit(") ", 1)[1].split()
+    except (FileNotFoundError, IndexError, PermissionError, ProcessLookupError):
+        return None
+
+
+def process_start(pid: int) -> int:
+    """When process ``pid`` started (clock ticks since boot), 0 when there is no such process."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields is not None and len(fields) > 19 else 0
+
+
+def _pid_alive(pid: int, start: int = 0) -> bool:
+    """Process ``pid`` runs (not a zombie) and, when ``start`` is known, is the one that started
+    then: after its death the same pid may name another process."""
+    fields = _stat_fields(pid)
+    if fields is None or fields[0] == "Z":
         return False
+    return not start or (len(fields) > 19 and int(fields[19]) == start)
+
+
+def _own_start() -> int:
+    return process_start(os.getpid())
 
 
 def _holder_gone_here(token: str) -> bool:
@@ -140,7 +163,7 @@ def liveness(holder: LockHolder, *, is_active: ActiveCheck | None, now: float | 
     """Whether ``holder`` may still write, and why (see the module docstring for the order)."""
     now = time.time() if now is None else now
     if holder.role in PROCESS_ROLES and holder.host == _this_host():
-        alive = _pid_alive(holder.pid)
+        alive = _pid_alive(holder.pid, holder.pid_start)
         return Liveness(alive, f"pid {holder.pid} on this host {'runs' if alive else 'is gone'}")
     if now - holder.heartbeat < STALE_AFTER_S:
         return Liveness(True, f"its heartbeat is {now - holder.heartbeat:.0f} s old")
@@ -169,7 +192,11 @@ def _holder_of(data: object) -> LockHolder | None:
     is not one (a release's record, or something else)."""
     if not isinstance(data, dict) or data.get("released"):
         return None
-    return LockHolder(**{k: data[k] for k in _FIELDS}, epoch=int(data.get("epoch") or 0))
+    return LockHolder(
+        **{k: data[k] for k in _FIELDS},
+        epoch=int(data.get("epoch") or 0),
+        pid_start=int(data.get("pid_start") or 0),
+    )
 
 
 class RunLock:
@@ -207,7 +234,9 @@ class RunLock:
     def acquire(self, *, job_id: str, scheduler: str, role: str, is_active: ActiveCheck | None) -> LockHolder:
         """Take the lock or raise RunLockedError naming the live holder."""
         now = time.time()
-        mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), now, now)
+        mine = LockHolder(
+            job_id, scheduler, role, _this_host(), os.getpid(), now, now, pid_start=_own_start()
+        )
         for _ in range(5):
             epoch, holder = self.state()
             if holder is None:
@@ -252,7 +281,9 @@ class RunLock:
             now = time.time()
             acquired = holder.acquired if holder is not None else now
             scheduler = holder.scheduler if holder is not None else "?"
-            mine = LockHolder(job_id, scheduler, role, _this_host(), os.getpid(), acquired, now)
+            mine = LockHolder(
+                job_id, scheduler, role, _this_host(), os.getpid(), acquired, now, pid_start=_own_start()
+            )
             claimed = self._claim(epoch, mine)
             if claimed is not None:
                 return claimed
@@ -266,7 +297,16 @@ class RunLock:
         if holder is None or holder.job_id != job_id:
             return None
         now = time.time()
-        mine = LockHolder(job_id, holder.scheduler, "agent", _this_host(), os.getpid(), holder.acquired, now)
+        mine = LockHolder(
+            job_id,
+            holder.scheduler,
+            "agent",
+            _this_host(),
+            os.getpid(),
+            holder.acquired,
+            now,
+            pid_start=_own_start(),
+        )
         return self._claim(epoch, mine)
 
     def heartbeat(self, holder: LockHolder) -> bool:
@@ -287,7 +327,7 @@ class RunLock:
         epoch, current = self.state()
         if not holder.same(current):
             return False
-        queued = replace(holder, job_id=job_id, role="job", pid=0, heartbeat=time.time())
+        queued = replace(holder, job_id=job_id, role="job", pid=0, pid_start=0, heartbeat=time.time())
         return self._claim(epoch, queued) is not None
 
     def release(self, holder: LockHolder | None = None) -> None:

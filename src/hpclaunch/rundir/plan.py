@@ -9,13 +9,14 @@ address, node rank, job id).
 from __future__ import annotations
 
 import zlib
+from collections.abc import Mapping
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
 from ..fsutil import atomic_write_json
 from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
-from .container import NODE, ContainerPlan
+from .container import NODE, NODE_DIR, ContainerPlan
 from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
@@ -28,12 +29,15 @@ LAUNCHER_MODULE = "hpclaunch.rank.host"  # the rank host (started by the agent, 
 RDZV_PORT_BASE, RDZV_PORT_SPAN = 20000, 12768
 
 
-def rdzv_port_for(job_id: str, fixed: int | None) -> int:
-    """The rendezvous port of ``job_id``: ``launch.rdzv_port`` when set, else derived from the job
-    id (every node of the job derives the same one; jobs sharing a head node get different ones)."""
+def rdzv_port_for(attempt: str, fixed: int | None) -> int:
+    """The rendezvous port of ``attempt`` (its key, ``NodeContext.attempt``): ``launch.rdzv_port``
+    when set, else derived from the key (every node of the attempt derives the same one; jobs sharing
+    a head node, and an attempt restarted in place beside its predecessor's store, get different
+    ones). The one rule: the ranks' rendezvous (``jobs.attempt_env``) and the node checks'
+    (``preflight.network``) both ask it."""
     if fixed is not None:
         return fixed
-    return RDZV_PORT_BASE + zlib.crc32(job_id.encode()) % RDZV_PORT_SPAN
+    return RDZV_PORT_BASE + zlib.crc32(attempt.encode()) % RDZV_PORT_SPAN
 
 
 class TorchrunPlan(BaseModel):
@@ -175,12 +179,17 @@ class JobPlan(BaseModel):
         """The command one node agent runs (``python -m hpclaunch.jobs.agent RUN_DIR``)."""
         return [self.python, "-u", "-m", AGENT_MODULE, run_dir or self.run_dir]
 
-    def rank_host_argv(self, *, node: str = NODE) -> list[str]:
+    def rank_host_argv(
+        self, *, node: str = NODE, node_dir: str | None = NODE_DIR, env: Mapping[str, str] | None = None
+    ) -> list[str]:
         """The command a node agent starts its rank host with: in the container's image when the run
-        has one (``node``: this node's name, which pyxis's step names), else with the job's Python."""
+        has one (``node``: this node's name, which pyxis's step names; ``node_dir``: this user's
+        node-local directory there, mounted in the image; ``env``: the ranks' environment, whose
+        names pass), else with the job's Python."""
         if self.container is None:
             return [self.python, "-u", "-m", LAUNCHER_MODULE]
-        return self.container.wrap([self.container.python, "-u", "-m", LAUNCHER_MODULE], node=node)
+        argv = [self.container.python, "-u", "-m", LAUNCHER_MODULE]
+        return self.container.wrap(argv, node=node, node_dir=node_dir, env=env)
 
     def torchrun_argv(
         self, *, run_dir: str, node_rank: int, job_id: str, head_addr: str | None, local_addr: str | None

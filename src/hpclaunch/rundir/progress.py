@@ -2,7 +2,7 @@
 and ``status`` read.
 
 ```
-<node-local>/rank<r>.progress.json              heartbeat, replaced about once a second (``local_progress_dir``)
+<node dir>/progress/.../rank<r>.progress.json   heartbeat, replaced about once a second (``local_progress_dir``)
 RUN/attempts/<attempt>/node<n>.progress.json    the node agent's aggregate of its ranks' heartbeats
 RUN/logs/attempt-<attempt>/rank<r>.stacks.txt   Python stacks of every thread, appended on STACK_SIGNAL
 RUN/logs/attempt-<attempt>/nccl/                NCCL flight recorder: trigger pipes and dumps (NCCL only)
@@ -25,9 +25,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import signal
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -61,12 +59,12 @@ def node_progress_file(paths: RunPaths, attempt: str, node_rank: int) -> Path:
     return paths.attempt_dir(attempt) / f"node{node_rank}.progress.json"
 
 
-def local_progress_dir(root: Path, host: str, attempt: str) -> Path:
-    """The node-local folder a node's ranks write their heartbeats to: this user's, keyed by the run
-    and the node (nodes that share a /tmp, as a test cluster's do, never share it)."""
+def local_progress_dir(node_dir: Path, root: Path, host: str, attempt: str) -> Path:
+    """The folder in this user's node directory (``rundir.node_dir``) a node's ranks write their
+    heartbeats to, keyed by the run and the node (nodes that share a /tmp, as a test cluster's do,
+    never share it)."""
     key = hashlib.sha256(str(Path(root).resolve()).encode()).hexdigest()[:16]
-    base = Path(tempfile.gettempdir()) / f"hpclaunch-{os.getuid()}" / "progress"
-    return base / key / host / attempt
+    return Path(node_dir) / "progress" / key / host / attempt
 
 
 def stacks_file(paths: RunPaths, attempt: str, rank: int) -> Path:

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..config import RunConfig, apply_override, read_yaml_mapping, validate_config
+from ..config import RunConfig, apply_override, drop_retired, read_yaml_mapping, validate_config
 from .paths import RunPaths
 
 
 def read_config(paths: RunPaths, overrides: list[str] | None = None) -> RunConfig:
     """``RUN/config.yaml`` (plus ``overrides``), validated like any config."""
-    raw = read_yaml_mapping(paths.config)
+    raw = drop_retired(read_yaml_mapping(paths.config))  # (written by an older version: its keys)
     sources: dict[str, str] = {}
     for item in overrides or []:
         sources[apply_override(raw, item)] = "--set"

@@ -96,10 +96,11 @@ def _close_own(path: Path) -> None:
             os.chmod(path, 0o700)
 
 
-def private_dirs(leaf: Path, base: Path) -> Path:
-    """Make ``leaf`` and every directory between ``base``'s user root and it, 0700, each checked; the
-    base must exist already. Retried when a sweep removes a directory on the way meanwhile."""
-    root = user_root(base)
+def private_dirs(leaf: Path, base: Path, *, root: Path | None = None) -> Path:
+    """Make ``leaf`` and every directory between ``root`` (``base``'s user root by default) and it,
+    0700, each checked; the base must exist already. Retried when a sweep removes a directory on the
+    way meanwhile."""
+    root = user_root(base) if root is None else root
     if not base.is_dir():
         raise TierPlaceError(
             f"{base} does not exist (checkpoint.memory.dir names the node's tmpfs; it is never created)",

@@ -15,7 +15,7 @@ import signal
 
 from ..errors import SchedulerError
 from ..rundir import RunLock, RunPaths
-from ..rundir.lock import liveness
+from ..rundir.lock import liveness, process_start
 from .base import JobState, SchedulerStatus
 
 PREFIX = "fg"
@@ -55,8 +55,22 @@ def cancel(paths: RunPaths, job: str) -> None:
             f"the foreground train {job} runs on {holder.host}: cancel it there (Ctrl-C, or this command)",
             where="cancel",
         )
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(holder.pid, signal.SIGTERM)
+    # Signalled through a pidfd, opened first and then checked to be the process that took the lock
+    # (its start time): a pid the train process left behind may name another process by now.
+    try:
+        fd = os.pidfd_open(holder.pid)
+    except ProcessLookupError:
+        return
+    try:
+        if holder.pid_start and process_start(holder.pid) != holder.pid_start:
+            raise SchedulerError(
+                f"the foreground train {job} is not running (its pid {holder.pid} is another process now)",
+                where="cancel",
+            )
+        with contextlib.suppress(ProcessLookupError):
+            signal.pidfd_send_signal(fd, signal.SIGTERM)
+    finally:
+        os.close(fd)
 
 
 def _this_host() -> str:

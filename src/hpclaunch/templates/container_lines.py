@@ -5,7 +5,7 @@ agent must stay outside the image: it needs the scheduler's commands and the nod
 
 from __future__ import annotations
 
-from ..rundir.container import NODE, PASSED_PREFIXES
+from ..rundir.container import IN_IMAGE_TMP, NODE, NODE_DIR, PASSED_NAMES, PASSED_PREFIXES
 from ..rundir.plan import JobPlan
 from .shell import Raw, join
 
@@ -20,11 +20,18 @@ def container_lines(plan: JobPlan) -> list[Raw]:
         f"# container ({c.runtime}): each node's agent runs here and starts its rank host, and so the "
         f"ranks, in the image{where}:",
         "#   " + join(plan.rank_host_argv()),
+        f"# {NODE_DIR}: this user's node-local directory (hpclaunch-<uid> in the node's $TMPDIR or /tmp), "
+        f"at {IN_IMAGE_TMP}/<its name> in the image",
     ]
     if c.runtime in ("apptainer", "singularity"):
         names = " ".join([*(p + "*" for p in PASSED_PREFIXES), *c.env])
         lines.append(
             f"# passed as {c.runtime.upper()}ENV_<name>, the node's value winning over the image's: {names}"
+        )
+    elif c.runtime == "pyxis":
+        names = ", ".join([*(p + "*" for p in PASSED_PREFIXES), *PASSED_NAMES])
+        lines.append(
+            f"# --container-env also names each variable set on the node of these, its value winning over the image's: {names}"
         )
     elif c.runtime == "charliecloud":
         lines.append("# ch-run passes the node's environment whole (the image's own is not applied)")

@@ -3,8 +3,8 @@ run directory, so a cache miss costs once per job and node, not once per attempt
 
 ``torch.compile`` keeps what it made (the FX graphs, AOTAutograd's results, inductor's kernels and
 their autotuning) in ``TORCHINDUCTOR_CACHE_DIR``. Each rank points it at a node-local directory of
-this user (``/tmp/hpclaunch-<uid>/compile``, 0700, shared by the user's runs; a directory the user
-set in ``TORCHINDUCTOR_CACHE_DIR`` is kept), so an in-place restart on the same node finds every
+this user (``<node dir>/compile``, 0700, shared by the user's runs: ``rundir.node_dir``; a directory
+the user set in ``TORCHINDUCTOR_CACHE_DIR`` is kept), so an in-place restart on the same node finds every
 graph compiled before and pays only Dynamo's tracing and the loading of the cached code. A requeued
 attempt or a continuation job may land on other nodes with an empty ``/tmp``: there rank 0's
 collection of the caches it used (torch's cache artifacts, "Mega-Cache",
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 
 from ..fsutil import atomic_write_bytes
 from ..rundir import RunPaths
-from ..rundir.shm import private_dirs
+from ..rundir.node_dir import rank_node_dir
+from ..rundir.shm import TierPlaceError, private_dirs
 
 __all__ = ["CompileCache"]
 
@@ -33,10 +35,27 @@ CACHE_VAR = "TORCHINDUCTOR_CACHE_DIR"
 SAVE_AFTER_STEP = 2
 
 
-def node_cache_dir() -> Path:
-    """This user's node-local cache directory, shared by the user's runs (inductor keys every entry
-    by what it compiled, so another run of the same model is warm too)."""
-    return Path(tempfile.gettempdir()) / f"hpclaunch-{os.getuid()}" / "compile"
+def node_cache_dir() -> Path | None:
+    """This user's node-local cache directory (in the node directory its agent named, mounted in the
+    image when there is one: ``rundir.node_dir``), shared by the user's runs (inductor keys every
+    entry by what it compiled, so another run of the same model is warm too); None when no private
+    one can be had here."""
+    node = rank_node_dir()
+    if node is None:
+        return None
+    try:
+        return private_dirs(node / "compile", node.parent, root=node)
+    except (TierPlaceError, OSError) as e:
+        why = e.one_line() if isinstance(e, TierPlaceError) else str(e)
+        print(f"hpclaunch: no node-local compile cache ({why}): compiling without one", file=sys.stderr)
+        return None
+
+
+def _private_dir() -> Path | None:
+    try:
+        return Path(tempfile.mkdtemp(prefix="hpclaunch-compile-"))
+    except OSError:
+        return None
 
 
 def artifact_name(device_kind: str) -> str:
@@ -70,10 +89,12 @@ class CompileCache:
             self.directory = Path(chosen)  # the user's: left as it is
             self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         else:
-            self.directory = node_cache_dir()
-            os.environ[CACHE_VAR] = str(self.directory)
-            # This user's alone, each folder checked (compiled code is run from here):
-            private_dirs(self.directory, Path(tempfile.gettempdir()))
+            # This user's alone, each folder checked (compiled code is run from here); without one,
+            # a private directory of this process's, which only this attempt finds warm: a compile
+            # without a cache is slower, never a rank's failure.
+            self.directory = node_cache_dir() or _private_dir()
+            if self.directory is not None:  # (else inductor's default)
+                os.environ[CACHE_VAR] = str(self.directory)
         if self.artifact is not None and self.artifact.is_file():
             import torch
 

@@ -115,6 +115,18 @@ def _guard(fn: Callable[..., Part], *args: Any) -> Part:
         return cast(Part, {"error": f"{type(e).__name__}: {e}".strip()[:500]})
 
 
+def _prove_node_dir() -> None:
+    """Write the token preflight gave in the node directory as this image sees it (read back outside:
+    ``preflight.container_check``); an older image's hpclaunch without it is said by the version row."""
+    try:
+        from hpclaunch.rundir.node_dir import write_seen
+    except ImportError:
+        return
+    unseen = write_seen()
+    if unseen is not None:
+        print(f"probe: the node directory: {unseen}", file=sys.stderr)
+
+
 def main() -> None:
     start = time.monotonic()
     request: ProbeRequest
@@ -128,6 +140,7 @@ def main() -> None:
     out["hpclaunch"] = _guard(_hpclaunch)
     if request.get("model") is not None and "error" not in out["torch"]:
         out["model"] = _guard(_model, request["model"])
+    _prove_node_dir()
     out["seconds"] = round(time.monotonic() - start, 3)
     sys.stdout.write("\n" + json.dumps(out) + "\n")
     sys.stdout.flush()  # the checks go on with this answer while the steps below are timed

@@ -227,6 +227,16 @@ class NodeStore:
         for d in newer + older[keep_last:]:
             self._remove_ranks(d, ranks)
 
+    def forget_after(self, step: int | None) -> None:
+        """At a resume from ``step`` (None: not from this tier, the disk or nothing): every snapshot
+        newer is of the timeline the run left, and goes, whole directories and every rank's shard in
+        them (this node's ranks' and their wards' copies) before any rank writes again. Left, a rank
+        whose first snapshot of the new timeline failed kept the old one's shard of that step, and
+        the next restore joined it to its peers' new ones (issue 49, L1)."""
+        for s, _, d in self._step_dirs():
+            if step is None or s > step:
+                remove_tree(d)
+
     def _remove_ranks(self, d: Path, ranks: list[int]) -> None:
         for rank in ranks:  # (description first; and what a killed rank left half-written)
             for name in (
