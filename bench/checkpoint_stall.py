@@ -301,7 +301,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
 
     from hpclaunch.rank.checkpoint import Checkpointer, WriterSettings
     from hpclaunch.rundir import RunPaths, read_config
-    from hpclaunch.trainer.dist import all_gather_json
+    from hpclaunch.rank.dist import all_gather_json
     from hpclaunch.trainer.loop import Trainer
 
     torch.set_num_threads(1)
@@ -321,20 +321,26 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         for w in WRITERS
     }
     state_dict_s = [0.0]
-    original_app_state = trainer.app_state
+    disk = trainer.run_state._disk  # the run's saves: the checkpointer they write through is swapped
+    assert disk is not None
+    original_state = disk.state
 
-    def timed_app_state() -> Any:
+    def timed_state() -> Any:
         t0 = time.perf_counter()
-        state = original_app_state()
+        state = original_state()
         state_dict_s[0] = time.perf_counter() - t0
         return state
 
-    trainer.app_state = timed_app_state  # type: ignore[method-assign]
+    disk.state = timed_state
+
+    def use(ckpt: Any) -> None:
+        disk.checkpointer = ckpt
+        trainer.run_state.checkpointer = ckpt
 
     def interval(writer: str | None) -> dict[str, Any]:
         """``every`` steps; with a writer, a background save first and its wait at the end."""
         ckpt = writers[writer] if writer else None
-        trainer.checkpointer = ckpt or sync_ckpt
+        use(ckpt or sync_ckpt)
         dist.barrier(group=group)
         usage = Usage([w.writer_pid for w in writers.values()])
         out: dict[str, Any] = {"steps": []}
@@ -366,7 +372,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         return out
 
     def sync_save() -> float:
-        trainer.checkpointer = sync_ckpt
+        use(sync_ckpt)
         dist.barrier(group=group)
         t0 = time.perf_counter()
         trainer.save(blocking=True)
@@ -404,7 +410,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         )
     for ckpt in writers.values():
         ckpt.close()
-    trainer.checkpointer = sync_ckpt
+    use(sync_ckpt)
     trainer.close()
     dist.destroy_process_group()
 

@@ -73,7 +73,7 @@ def worker(args: argparse.Namespace) -> None:
     from hpclaunch.config import load_config
     from hpclaunch.rundir import RunPaths
     from hpclaunch.trainer.loop import Trainer
-    from hpclaunch.trainer.state import local
+    from hpclaunch.rank.tensors import local
 
     torch.set_num_threads(1)
     cfg = load_config(
