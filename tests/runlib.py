@@ -90,6 +90,18 @@ def events(run: Path) -> list[dict[str, Any]]:
     return [e.record for e in read_events(RunPaths(run)).events]
 
 
+def attempt_ids(run: Path) -> list[str]:
+    """The run's attempts in the order they started, by its ledger."""
+    return list(dict.fromkeys(e["attempt"] for e in events(run) if e["event"] == "started"))
+
+
+def last_logged_step(run: Path) -> int:
+    """The newest step in ``RUN/metrics.jsonl`` (0 before the first)."""
+    path = run / "metrics.jsonl"
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    return int(lines[-1]["step"]) if lines else 0
+
+
 def wait_for(predicate: Any, *, timeout: float, poll: float = 0.5, what: str = "condition") -> Any:
     deadline = time.time() + timeout
     while time.time() < deadline:

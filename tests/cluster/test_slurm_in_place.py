@@ -18,10 +18,12 @@ import psutil
 import pytest
 from tests.runlib import (
     TINY,
+    attempt_ids,
     events,
     final_params_sha,
     hpclaunch,
     kill_together,
+    last_logged_step,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -75,16 +77,6 @@ def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
     return work / "runs" / name
 
 
-def _last_step(run: Path) -> int:
-    path = run / "metrics.jsonl"
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    return int(lines[-1]["step"]) if lines else 0
-
-
-def _attempts(run: Path) -> list[str]:
-    return list(dict.fromkeys(e["attempt"] for e in events(run) if e["event"] == "started"))
-
-
 def _rank_on(run: Path, node: str) -> psutil.Process:
     """A running rank of the current attempt on ``node`` (the pid its progress heartbeat names)."""
 
@@ -92,7 +84,7 @@ def _rank_on(run: Path, node: str) -> psutil.Process:
         from hpclaunch.rundir import RunPaths
         from hpclaunch.rundir.progress import read_progress
 
-        attempt = _attempts(run)[-1]
+        attempt = attempt_ids(run)[-1]
         for _, record in sorted(read_progress(RunPaths(run), attempt).items()):
             if record.node == node and record.pid:
                 return psutil.Process(record.pid)
@@ -143,10 +135,13 @@ def test_a_crash_on_a_worker_node_then_on_the_head_restarts_in_place(
 ) -> None:
     """(a): a rank SIGKILLed on the non-head training node, and later one on the head node."""
     run = _submit(work, data, "crashes", SPARE)
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     _rank_on(run, "n2").send_signal(signal.SIGKILL)
     wait_for(
-        lambda: len(_attempts(run)) >= 2 and _last_step(run) >= 45, timeout=300, poll=0.2, what="step 45"
+        lambda: len(attempt_ids(run)) >= 2 and last_logged_step(run) >= 45,
+        timeout=300,
+        poll=0.2,
+        what="step 45",
     )
     _rank_on(run, "n1").send_signal(signal.SIGKILL)
     s = wait_run_done(run, work, timeout=600)
@@ -166,7 +161,7 @@ def test_a_dead_node_without_a_spare_is_kept_off_by_a_new_job(
 ) -> None:
     """(d): the same with no spare: SLURM continues the run as a new job without n2."""
     run = _submit(work, data, "dead-no-spare")
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     assert _kill_node(slurm_cluster_3nodes, "n2")
     s = wait_run_done(run, work, timeout=600)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -189,7 +184,7 @@ def test_head_agent_and_ranks_killed_takeover_restarts_in_place_on_the_spare(
     """(a): node 0's agent, rank host and ranks SIGKILLed (the batch script lives): n2's agent takes
     the decider's role, n3 takes n1's place, one job id."""
     run = _submit(work, data, "head-killed", SPARE)
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     assert _kill_node(slurm_cluster_3nodes, "n1", python_only=True)
     s = wait_run_done(run, work, timeout=600)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -215,7 +210,7 @@ def test_health_a_node_whose_check_fails_after_a_crash_is_replaced_by_the_spare(
     """(c): a rank on n2 crashes; the node checks before the in-place attempt find n2's GPU bad
     (``testing.fail_node_check``): n3 takes its place instead of n2 being restarted."""
     run = _submit(work, data, "health", SPARE, "testing.fail_node_check={host: n2, from_in_place: 1}")
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     _rank_on(run, "n2").send_signal(signal.SIGKILL)
     s = wait_run_done(run, work, timeout=600)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
@@ -271,7 +266,7 @@ def test_takeover_a_hang_after_node_0_was_replaced_is_still_found_and_recovered(
         "watchdog.poll_s=1",
         "testing.hang=[{rank: 1, phase: data, step: 45}]",
     )
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     assert _kill_node(slurm_cluster_3nodes, "n1", python_only=True)
     s = wait_run_done(run, work, timeout=600)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]

@@ -25,10 +25,12 @@ import psutil
 import pytest
 from tests.runlib import (
     ROOT,
+    attempt_ids,
     events,
     final_params_sha,
     hpclaunch,
     kill_together,
+    last_logged_step,
     status,
     wait_for,
     wait_run_done,
@@ -61,16 +63,6 @@ def _reference(work: Path, name: str, ranks: int, steps: int) -> str:
     return final_params_sha(work / "runs" / name)
 
 
-def _last_step(run: Path) -> int:
-    path = run / "metrics.jsonl"
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
-    return int(lines[-1]["step"]) if lines else 0
-
-
-def _attempts(run: Path) -> list[str]:
-    return list(dict.fromkeys(e["attempt"] for e in events(run) if e["event"] == "started"))
-
-
 def _training_node(run: Path) -> str:
     started = [e for e in events(run) if e["event"] == "started" and e.get("node") == 0]
     return str(started[-1]["roster"]["training"][0])
@@ -81,7 +73,7 @@ def _rank_on(run: Path, node: str) -> psutil.Process:
         from hpclaunch.rundir import RunPaths
         from hpclaunch.rundir.progress import read_progress
 
-        for _, record in sorted(read_progress(RunPaths(run), _attempts(run)[-1]).items()):
+        for _, record in sorted(read_progress(RunPaths(run), attempt_ids(run)[-1]).items()):
             if record.node == node and record.pid:
                 return psutil.Process(record.pid)
         return None
@@ -145,7 +137,10 @@ def test_a_script_crashed_hung_and_killed_on_slurm_restarts_in_place_and_on_the_
     )
     _rank_on(run, "n1").send_signal(signal.SIGKILL)
     wait_for(
-        lambda: len(_attempts(run)) >= 3 and _last_step(run) >= 45, timeout=600, poll=0.2, what="step 45"
+        lambda: len(attempt_ids(run)) >= 3 and last_logged_step(run) >= 45,
+        timeout=600,
+        poll=0.2,
+        what="step 45",
     )
     node = _training_node(run)
     assert node != "n1" and _kill_runs_node(run, node)
@@ -168,7 +163,7 @@ def test_a_script_crashed_hung_and_killed_on_slurm_restarts_in_place_and_on_the_
 @pytest.mark.timeout(900)
 def test_a_script_time_limited_on_slurm_is_requeued_and_ends_bitwise(runs: dict[str, Any]) -> None:
     run, work = runs["limited"], runs["work"]
-    wait_for(lambda: _last_step(run) >= 2, timeout=300, poll=0.5, what="a logged step")
+    wait_for(lambda: last_logged_step(run) >= 2, timeout=300, poll=0.5, what="a logged step")
     live = status(run, work)
     assert live["state"] == "running" and live["steps"] == LIMITED_STEPS and live["eta_s"], live
     s = wait_run_done(run, work, timeout=800)
