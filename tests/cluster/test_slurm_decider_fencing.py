@@ -16,12 +16,13 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
-from tests.cluster.test_slurm_in_place import COMMON, SPARE, _last_step
+from tests.cluster.test_slurm_in_place import COMMON, SPARE
 from tests.runlib import (
     TINY,
     events,
     final_params_sha,
     hpclaunch,
+    last_logged_step,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -87,7 +88,7 @@ def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_f
         cwd=work,
     )
     job = next(str(e["job_id"]) for e in events(run) if e["event"] == "submitted")
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     decider = _agent_on(cluster, "n1", job)
     held = RunLock(RunPaths(run)).read()
     assert held is not None and held.pid == decider, (held, decider)  # n1's agent holds the run

@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING
 
 import psutil
 import pytest
-from tests.cluster.test_slurm_in_place import COMMON, SPARE, _last_step
+from tests.cluster.test_slurm_in_place import COMMON, SPARE
 from tests.runlib import (
     TINY,
     events,
     final_params_sha,
     hpclaunch,
     kill_together,
+    last_logged_step,
     status,
     synth_data,
     tiny_overrides,
@@ -94,7 +95,7 @@ def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
     assert rescue["job_id"] == first_job
     assert cluster.job_info(rescue["rescue_job"])["JobState"] == "PENDING"  # held on the job
 
-    wait_for(lambda: _last_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
     killed = _kill_job_on(cluster, "n1", first_job)
     assert any("hpclaunch.jobs.agent" in k for k in killed) and any("slurm_script" in k for k in killed), (
         killed
