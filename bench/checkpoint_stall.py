@@ -300,8 +300,8 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     import torch.distributed as dist
 
     from hpclaunch.rank.checkpoint import Checkpointer, WriterSettings
-    from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.rank.dist import all_gather_json
+    from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.trainer.loop import Trainer
 
     torch.set_num_threads(1)
@@ -321,7 +321,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         for w in WRITERS
     }
     state_dict_s = [0.0]
-    disk = trainer.run_state._disk  # the run's saves: the checkpointer they write through is swapped
+    disk = trainer.run_state.saves.disk  # the run's saves: the checkpointer they write through is swapped
     assert disk is not None
     original_state = disk.state
 
@@ -335,7 +335,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
 
     def use(ckpt: Any) -> None:
         disk.checkpointer = ckpt
-        trainer.run_state.checkpointer = ckpt
+        trainer.run_state.saves.checkpointer = ckpt
 
     def interval(writer: str | None) -> dict[str, Any]:
         """``every`` steps; with a writer, a background save first and its wait at the end."""
