@@ -321,7 +321,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
         for w in WRITERS
     }
     state_dict_s = [0.0]
-    disk = trainer.run_state._disk  # the run's saves: the checkpointer they write through is swapped
+    disk = trainer.run_state.saves.disk  # the run's saves: the checkpointer they write through is swapped
     assert disk is not None
     original_state = disk.state
 
@@ -335,7 +335,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
 
     def use(ckpt: Any) -> None:
         disk.checkpointer = ckpt
-        trainer.run_state.checkpointer = ckpt
+        trainer.run_state.saves.checkpointer = ckpt
 
     def interval(writer: str | None) -> dict[str, Any]:
         """``every`` steps; with a writer, a background save first and its wait at the end."""

@@ -13,10 +13,19 @@ import torch.distributed as dist
 from ..errors import DataError, FilesystemError, HpclaunchError, PreflightFailed
 from ..rundir import AttemptOutcome, RunPaths, write_outcome
 from ..rundir.cause import Cause
-from ..rundir.outcome import write_rank_outcome
+from ..rundir.outcome import Status, write_rank_outcome
+from .dist import DistContext, all_gather_json
+from .objects import Attached
 from .smoke import StartupHang
 
-__all__ = ["failure_cause", "flush_streams", "one_line", "peer_lost", "write_attempt_outcome"]
+__all__ = [
+    "failure_cause",
+    "flush_streams",
+    "gathered_outcome",
+    "one_line",
+    "peer_lost",
+    "write_attempt_outcome",
+]
 
 
 def one_line(err: BaseException) -> str:
@@ -75,6 +84,35 @@ def peer_lost(err: BaseException) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def gathered_outcome(
+    ctx: DistContext,
+    attached: Attached,
+    step: int,
+    end: tuple[Status, Cause | None, str | None],
+    *,
+    attempt: str,
+    total: int | None,
+) -> AttemptOutcome:
+    """The attempt's outcome (``end``: status, cause, error) with every rank's step and digests
+    (collective: every rank calls it; rank 0's parameters' digest is the run's)."""
+    status, cause, error = end
+    mine = {"rank": ctx.rank, "step": step, **attached.digests()}
+    ranks = list(all_gather_json(mine, ctx.host_group()))
+    return AttemptOutcome(
+        status=status,
+        cause=cause,
+        step=step,
+        error=error,
+        world_size=ctx.world_size,
+        extra={
+            "attempt": attempt,
+            "total_steps": total,
+            "params_sha256": ranks[0].get("params_sha256"),
+            "ranks": ranks,
+        },
+    )
 
 
 def write_attempt_outcome(paths: RunPaths, attempt: str, outcome: AttemptOutcome, rank: int) -> None:

@@ -39,20 +39,18 @@ from ..rundir.shm import TierPlaceError, base_of, run_root, sweep
 from .checkpoint.manifest import newest_valid
 from .checkpoint.save_interval import ledger_failures, run_mtbf_s
 from .checkpoint.staging import SharedStager, Staged
-from .dist import DistContext, all_gather_json, broadcast_json
+from .dist import DistContext, broadcast_json
 from .snapshots import shard
-from .snapshots.buddies import RestorePlan, buddy_of, plan_restore, ward_of
+from .snapshots.buddies import buddy_of, ward_of
+from .snapshots.restoring import fill_from_plan, gather_plan, words_of
 from .snapshots.shard import State
 from .snapshots.snapshot_interval import CostMeter, SnapshotSchedule
-from .snapshots.store import HeldShard, NodeStore
+from .snapshots.store import NodeStore
 from .snapshots.transfer import (
-    FAILURES,
     JobThread,
     SnapshotJob,
     SnapshotPlace,
-    exchange_pulls,
     new_link,
-    open_sends,
 )
 
 # A job's waits on its peers, each ended by gloo's timeout: the sizes, the word, the shards, and one
@@ -136,7 +134,7 @@ class MemoryTier:
             if ctx.local_rank == 0:  # memory does not outlive an allocation: what ended ones of this
                 sweep(base, self.store.directory.parent)  # run left on this node (the agent: all)
         except (OSError, TierPlaceError) as e:  # (the rank still trades with its buddy and ward)
-            self._fail(None, f"the memory tier has no place on node {self.node}: {_words(e)}")
+            self._fail(None, f"the memory tier has no place on node {self.node}: {words_of(e)}")
         self.hashes = dict(hashes)  # (config_hash, model_hash: a snapshot of another model never loads)
         replicated = m.replicas > 0
         buddy = buddy_of(ctx.rank, ranks_on_node, ctx.world_size) if replicated else None
@@ -329,27 +327,8 @@ class MemoryTier:
         checkpoint on ``disk``; ((what was restored, the state) or None, what the ledger's
         ``resumed`` says of the tiers). The template is made only when a snapshot is there to fill
         it: making an optimizer's state dict may run its first (zero-lr) step."""
-        held = self.store.holdings() if self.ctx.local_rank == 0 and self.store is not None else {}
-        report = {
-            "node": self.node,
-            "disk": _newest_step(disk) if self.ctx.is_main else None,
-            # (one rank per node says what the node holds: the others would repeat it)
-            "holds": [
-                [s, w, r, n, m]
-                for s, worlds in held.items()
-                for w, ranks in worlds.items()
-                for r, (n, m) in ranks.items()
-            ],
-        }
-        reports = all_gather_json(report, group)
-        on_disk: int | None = reports[0]["disk"]
-        hosts = [r["node"] for r in reports]
-        holdings: dict[str, dict[int, dict[int, dict[int, tuple[int, int]]]]] = {}
-        for r in reports:
-            node_holds = holdings.setdefault(r["node"], {})
-            for s, w, rank, n, m in r["holds"]:
-                node_holds.setdefault(s, {}).setdefault(w, {})[rank] = (n, m)
-        plan = plan_restore(hosts, holdings, on_disk)
+        disk_step = _newest_step(disk) if self.ctx.is_main else None
+        plan, on_disk = gather_plan(self.store, self.ctx, self.node, disk_step, group)
         tier: TierFields = {"disk_step": on_disk}
         if self.ctx.local_rank == 0 and self.store is not None:
             # (before any rank of this node writes again: their first steps need this rank)
@@ -358,58 +337,22 @@ class MemoryTier:
         if plan.step is None:
             return None, {**tier, "memory_reason": plan.reason}
         state = template()
-        why = self._fill(state, plan, group)
+        expect = {"step": plan.step, "rank": self.ctx.rank, "world_size": self.ctx.world_size, **self.hashes}
+        filled = fill_from_plan(state, plan, self.store, self.ctx, expect, group)
+        why = filled if isinstance(filled, str) else None
         if why is not None:
             if self.ctx.local_rank == 0 and self.store is not None:
                 with contextlib.suppress(OSError):  # (the disk serves: a new timeline from its step)
                     self.store.forget_after(None)
             return None, {**tier, "memory_reason": why}
+        assert not isinstance(filled, str)
+        self._sections = filled
         path = str(self.store.step_dir(plan.step, self.ctx.world_size)) if self.store else "pulled"
         return (Restored(plan.step, self._sections, path), state), {
             **tier,
             "tier": "memory",
             "shards_from": plan.shards_from(),
         }
-
-    def _fill(self, state: State, plan: RestorePlan, group: Any) -> str | None:
-        """Collective: this rank's shard (mapped here, or pulled), checked whole on every rank, then
-        copied; the reason when any rank's cannot serve (nothing is copied then, on any rank). Every
-        failure is agreed on before the next collective, so no rank waits on one that gave up."""
-        assert plan.step is not None
-        step, world, rank = plan.step, self.ctx.world_size, self.ctx.rank
-        sends: list[HeldShard] = []
-        local: HeldShard | None = None
-        why: str | None = None
-        try:
-            if self.store is None:
-                raise OSError("this node's tier has no place")
-            sends = open_sends(plan.pulls, self.store, step, world, rank)
-            if not any(p.receiver == rank for p in plan.pulls):
-                local = self.store.open(step, world, rank)
-        except FAILURES as e:
-            why = f"rank {rank}'s node cannot read the snapshot of step {step}: {_words(e)}"
-        try:
-            first = _first(all_gather_json(why, group))
-            if first is not None:
-                return first
-            pulled = exchange_pulls(plan.pulls, sends, rank, group)
-            for h in sends:
-                h.close()
-            meta, payload = pulled if pulled is not None else (local.meta, local.payload())  # type: ignore[union-attr]
-            expect = {"step": step, "rank": rank, "world_size": world, **self.hashes}
-            checked = shard.check(state, meta, payload, expect)
-            why = f"rank {rank}'s snapshot of step {step}: {checked}" if isinstance(checked, str) else None
-            first = _first(all_gather_json(why, group))
-            if first is not None:
-                return first
-            assert not isinstance(checked, str)
-            self._sections = shard.fill(state, checked)
-            return None
-        finally:
-            for h in sends:
-                h.close()
-            if local is not None:
-                local.close()
 
     # ---- end ----------------------------------------------------------------------------------
 
@@ -448,14 +391,6 @@ class MemoryTier:
             if self._copy_wait is None:
                 self._copy_wait = time.perf_counter() - started
         self.stager.before_update()
-
-
-def _first(whys: list[Any]) -> str | None:
-    return next((w for w in whys if w is not None), None)
-
-
-def _words(e: BaseException) -> str:
-    return e.one_line() if isinstance(e, TierPlaceError) else str(e)
 
 
 def _newest_step(directory: Path) -> int | None:

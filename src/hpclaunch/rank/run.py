@@ -21,39 +21,35 @@ a signal handler: signals and deadlines only set the flag that step 3 agrees on.
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import UserInputError
-from ..fsutil import append_line
-from ..rundir import STOPPED, AttemptOutcome, Ledger, read_events
+from ..rundir import STOPPED, AttemptOutcome, Ledger
 from ..rundir.cause import STOP_EXIT_CODES, Cause
-from ..rundir.events import CheckpointSaved, of_kind
 from ..rundir.outcome import Status
 from ..rundir.progress import PHASES
 from .checkpoint import Checkpointer
 from .data_position import DataPosition
-from .dist import DistContext, all_gather_json, broadcast_json
+from .dist import DistContext
+from .ending import gathered_outcome
 from .memory_tier import MemoryTier
 from .objects import Attached
 from .periodic_saves import PeriodicSaves
 from .restore import Restored, record_resumed, restore
-from .rng import rng_digest
-from .saving import DiskSaves
+from .saving import DiskSaves, seed_stop_lead
 from .session import RankSession
+from .state_saves import StateSaves
 from .step_log import StepLog
+from .step_trace import StepTrace
 from .tensors import params_finite
+from .testing_knobs import fire_testing_knobs
 
 __all__ = ["Run", "RunHooks", "Stopped"]
-
-RECENT_SAVES = 8  # the run's newest saves among which the blocking ones seed an attempt's stop lead
 
 
 class Stopped(SystemExit):
@@ -103,8 +99,6 @@ class Run:
         self.site = session.site
         self.ctx = ctx
         self.attached = attached
-        self.checkpointer = checkpointer
-        self.memory = memory
         self.hooks = hooks or RunHooks()
         self.stop = session.stop
         self.progress = session.progress
@@ -116,17 +110,15 @@ class Run:
         self.outcome_record: AttemptOutcome | None = None  # the attempt's end, once known
         self.log_writer: StepLog | None = None
         self._echo = echo
-        self._saves: PeriodicSaves | None = None
-        self._disk: DiskSaves | None = None
         self._outside_s = 0.0  # time the current step spent in run.phase blocks
         self._step_began = 0.0
         self._current: int | None = None  # the step the script is in (None: between steps)
-        self._logged: dict[str, Any] = {}  # the current step's run.log values (the trace's)
-        self._trace: Path | None = None
+        self._trace: StepTrace | None = None  # testing.trace_steps (verify-resume's record)
         self._closed = False
         self._sleep_s = float(self.site.cfg.testing.step_sleep_s) if self.hooks.step_sleep else 0.0
+        disk = None
         if checkpointer is not None:
-            self._disk = DiskSaves(
+            disk = DiskSaves(
                 checkpointer,
                 state=self._state,
                 step=lambda: self.step,
@@ -137,6 +129,15 @@ class Run:
                 ledger=self.ledger,
                 say=self.say,
             )
+        self.saves = StateSaves(checkpointer, memory, disk)
+
+    @property
+    def checkpointer(self) -> Checkpointer | None:
+        return self.saves.checkpointer
+
+    @property
+    def memory(self) -> MemoryTier | None:
+        return self.saves.memory
 
     # ---- what the script reads ----------------------------------------------------------------
 
@@ -207,7 +208,7 @@ class Run:
         self._end(None)
 
     def _begin(self) -> None:
-        self._seed_save_time()
+        seed_stop_lead(self.stop, self.ctx, self.site.paths if self.ledger is not None else None)
         if self.ledger is not None:
             record_resumed(
                 self.ledger,
@@ -225,49 +226,30 @@ class Run:
                 start_step=self.step,
                 echo=self._echo,
             )
+        periodic = None
         if self.checkpointer is not None:
-            ledger = self.ledger
-            self._saves = PeriodicSaves(
-                self.site.cfg, self.ctx, self.site.paths, ledger, self.site.attempt, start_step=self.step,
+            periodic = PeriodicSaves(
+                self.site.cfg, self.ctx, self.site.paths, self.ledger, self.site.attempt, start_step=self.step,
                 last_step=self.total or self.step,
             )  # fmt: skip
-        if self.memory is not None:
-            self.memory.start(self.step)
+        self.saves.begin(periodic, self.step)
         if self.site.cfg.testing.trace_steps:
-            self._trace = self.site.paths.root / "trace" / f"rank{self.ctx.rank}.jsonl"
-            self._trace.parent.mkdir(parents=True, exist_ok=True)
-            digests = self.attached.digests()  # (collective under FSDP: every rank traces)
-            self._write_trace(
-                {"kind": "begin", "step": self.step, "rng": rng_digest(), "objects": digests["objects"],
-                 "params": digests["params_sha256"], "resumed_from": self.resumed_from}
+            self._trace = StepTrace(
+                self.site.paths.root, rank=self.ctx.rank, attempt=self.site.attempt,
+                world_size=self.ctx.world_size, attached=self.attached,
             )  # fmt: skip
-
-    def _seed_save_time(self) -> None:
-        """The stop lead starts from the slowest of the run's recent blocking saves (an attempt too
-        short to save before its stop would otherwise keep the plan's estimate for ever): rank 0
-        reads the ledger, every rank hears (none: the plan's estimate)."""
-        seconds = None
-        if self.ledger is not None:
-            recent = of_kind(read_events(self.site.paths).events, CheckpointSaved)[-RECENT_SAVES:]
-            # (a stop's save is blocking: a background save's time is its writer's, starved or not)
-            measured = [e.seconds for e in recent if e.seconds is not None and e.blocking]
-            seconds = max(measured) if measured else None
-        if self.ctx.initialized:
-            seconds = broadcast_json(seconds, self.ctx.host_group(), is_source=self.ctx.is_main)
-        if seconds is not None:
-            self.stop.note_checkpoint_seconds(float(seconds))
+            self._trace.begin(self.step, self.resumed_from)
 
     def _enter(self, step: int) -> None:
         self._current = step
         self._outside_s = 0.0
-        self._logged = {}
         if not self.hooks.marks_phases:
             self.progress.phase("data", step)
             self.progress.phase("compute")
         else:
             self.progress.step = step
         if self._trace is not None:
-            self._logged["_rng_begin"] = rng_digest()
+            self._trace.enter()
         self._step_began = time.perf_counter()
 
     def _after(self, step: int) -> None:
@@ -277,15 +259,11 @@ class Run:
         self.step, self._current = step, None
         self.progress.stepped(step, dt)
         if self._trace is not None:
-            self._write_trace({"kind": "step", "step": step, **self._step_facts()})
-        self._testing_knobs(step)
+            self._trace.stepped(step)
+        fire_testing_knobs(self.site.cfg, self.site.paths, self.ctx, step)
         if self.log_writer is not None:
             self.log_writer.stepped(step, dt)
-        saves, disk = self._saves, self._disk
-        if saves is not None and disk is not None:
-            saves.observe(dt, self.checkpointer)
-            disk.act_on_failed_background_save(self.ctx.host_group())
-            saves.after_step(self.checkpointer, step)
+        self.saves.after_step(step, dt, self.ctx.host_group())
         if self.total is not None and step >= self.total:
             return
         self.progress.phase("collective")
@@ -293,27 +271,14 @@ class Run:
         if cause is not None:
             self._end(cause)
             raise Stopped(cause, step)
-        disk_now = saves is not None and saves.due(step)
-        if disk_now and disk is not None and saves is not None:
-            disk.save(blocking=False)
-            saves.started(self.checkpointer, step)
-        if self.memory is not None:
-            self.memory.after_step(step, self._snapshot_state, disk_save_now=disk_now)
+        self.saves.when_due(step, self._snapshot_state)
 
     def _end(self, cause: Cause | None) -> None:
         """The last save of this attempt (a stop's, or the run's end), then what the ledger says."""
         lead = self.stop.lead_fields()  # in force at the stop, before its own save is measured
         for hook in self.hooks.before_last_save:
             hook()
-        if self.memory is not None:
-            self.memory.drop_pending()
-        if self._disk is not None:
-            self._disk.save(blocking=True, supersede=cause is not None)
-        if self.checkpointer is not None:
-            self.checkpointer.wait()
-        if self.memory is not None:  # the last save is on disk: the node's memory is freed
-            self.memory.close(remove=True)
-            self.memory = None
+        self.saves.last_save(stopping=cause is not None)
         if cause is not None:
             self.cause = cause
             if self.ledger is not None:
@@ -329,7 +294,7 @@ class Run:
             self.outcome_record = self.outcome("stopped" if cause is not None else "finished", cause)
         if self._trace is not None:
             params = self.outcome_record.extra.get("params_sha256") if self.outcome_record else None
-            self._write_trace({"kind": "end", "step": self.step, "cause": cause, "params": params})
+            self._trace.end(self.step, cause, params)
         if self.checkpointer is not None and self.hooks.records_outcome:
             # nothing more is saved: the writer and the checkpointer's group go while the script's
             # process group (which a script may destroy after its loop) still exists
@@ -344,7 +309,7 @@ class Run:
         GPU, or pass Python numbers)."""
         values = {k: _number(v) for k, v in metrics.items()}
         if self._trace is not None:
-            self._logged.update(values)
+            self._trace.logged(values)
         if self.log_writer is not None:
             self.log_writer.log(self._current if self._current is not None else self.step, values)
 
@@ -365,17 +330,13 @@ class Run:
 
     def save(self) -> None:
         """Save the state after the current step now, blocking (collective: every rank calls it)."""
-        if self._disk is not None:
-            self._disk.save(blocking=True)
+        self.saves.save_now()
 
     def before_update(self) -> None:
         """Before the live tensors change (an optimizer step, an EMA swapped in): the staging copies
         of a save or snapshot just begun are done (registered as a pre-hook of every attached
         optimizer's ``step``)."""
-        if self.checkpointer is not None:
-            self.checkpointer.before_update()
-        if self.memory is not None:
-            self.memory.before_update()
+        self.saves.before_update()
 
     def say(self, text: str) -> None:
         """A line on rank 0's console."""
@@ -389,21 +350,10 @@ class Run:
 
     def outcome(self, status: Status, cause: Cause | None, error: str | None = None) -> AttemptOutcome:
         """The attempt's outcome with every rank's digests (collective: every rank calls it)."""
-        mine = {"rank": self.ctx.rank, "step": self.step, **self.attached.digests()}
-        ranks = list(all_gather_json(mine, self.ctx.host_group()))
-        return AttemptOutcome(
-            status=status,
-            cause=cause,
-            step=self.step,
-            error=error,
-            world_size=self.ctx.world_size,
-            extra={
-                "attempt": self.site.attempt,
-                "total_steps": self.total,
-                "params_sha256": ranks[0].get("params_sha256"),
-                "ranks": ranks,
-            },
-        )
+        return gathered_outcome(
+            self.ctx, self.attached, self.step, (status, cause, error),
+            attempt=self.site.attempt, total=self.total,
+        )  # fmt: skip
 
     def close(self) -> None:
         """Threads, writers and handlers of this run go (the memory tier keeps its snapshots for an
@@ -413,10 +363,7 @@ class Run:
         self._closed = True
         if self.log_writer is not None:
             self.log_writer.close()
-        if self.memory is not None:
-            self.memory.close(remove=False)
-        if self.checkpointer is not None:
-            self.checkpointer.close()
+        self.saves.close()
 
     # ---- state -----------------------------------------------------------------------------------
 
@@ -432,46 +379,6 @@ class Run:
 
     def _manifest_extra(self) -> dict[str, Any]:
         return {"objects": self.attached.names, "total_steps": self.total, **self.hooks.manifest_extra()}
-
-    def _step_facts(self) -> dict[str, Any]:
-        """verify-resume's record of a step: the random state at its start and end, every attached
-        object's digest after it, and what was logged."""
-        logged = dict(self._logged)
-        return {
-            "rng_begin": logged.pop("_rng_begin", None),
-            "rng_end": rng_digest(),
-            "objects": self.attached.digests(whole=False)["objects"],
-            "logged": logged,
-        }
-
-    def _write_trace(self, record: dict[str, Any]) -> None:
-        assert self._trace is not None
-        record.update(attempt=self.site.attempt, world_size=self.ctx.world_size)
-        append_line(self._trace, json.dumps(record))
-
-    def _testing_knobs(self, step: int) -> None:
-        """``testing.stop_at_step`` (rank 0 writes a user's stop, as ``hpclaunch stop`` does) and
-        ``testing.crash_at_step`` (the last rank dies), each once per run (a marker file)."""
-        t = self.site.cfg.testing
-        if t.stop_at_step == step and self.ctx.is_main and _first_time(self.site.paths.attempts, "stop"):
-            from ..rundir.control import write_user_stop
-
-            write_user_stop(self.site.paths, continue_=False, attempt=None, by="testing.stop_at_step")
-        last = self.ctx.rank == self.ctx.world_size - 1
-        if t.crash_at_step == step and last and _first_time(self.site.paths.attempts, "crash"):
-            print(
-                f"hpclaunch: testing.crash_at_step: rank {self.ctx.rank} dies after step {step}", flush=True
-            )
-            os._exit(1)
-
-
-def _first_time(directory: Path, what: str) -> bool:
-    directory.mkdir(parents=True, exist_ok=True)
-    try:
-        os.close(os.open(directory / f"testing-{what}.fired", os.O_CREAT | os.O_EXCL, 0o644))
-    except FileExistsError:
-        return False
-    return True
 
 
 def _number(value: Any) -> float | int | None:

@@ -14,12 +14,33 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import CheckpointError, TrainingError
-from ..rundir import CHECKPOINT_FAILED, Ledger
+from ..rundir import CHECKPOINT_FAILED, Ledger, RunPaths, read_events
+from ..rundir.events import CheckpointSaved, of_kind
 from .checkpoint import Checkpointer
+from .dist import DistContext, broadcast_json
 from .progress import Progress
 from .stop import StopController
 
-__all__ = ["DiskSaves"]
+__all__ = ["DiskSaves", "seed_stop_lead"]
+
+RECENT_SAVES = 8  # the run's newest saves among which the blocking ones seed an attempt's stop lead
+
+
+def seed_stop_lead(stop: StopController, ctx: DistContext, paths: RunPaths | None) -> None:
+    """The stop lead starts from the slowest of the run's recent blocking saves (an attempt too
+    short to save before its stop would otherwise keep the plan's estimate for ever): the rank that
+    reads the ledger (``paths`` given: rank 0 under hpclaunch) reads it, every rank hears (none
+    found: the plan's estimate). A stop's save is blocking; a background save's time is its
+    writer's, starved of CPU or not."""
+    seconds = None
+    if paths is not None:
+        recent = of_kind(read_events(paths).events, CheckpointSaved)[-RECENT_SAVES:]
+        measured = [e.seconds for e in recent if e.seconds is not None and e.blocking]
+        seconds = max(measured) if measured else None
+    if ctx.initialized:
+        seconds = broadcast_json(seconds, ctx.host_group(), is_source=ctx.is_main)
+    if seconds is not None:
+        stop.note_checkpoint_seconds(float(seconds))
 
 
 class DiskSaves:

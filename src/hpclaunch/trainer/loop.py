@@ -251,13 +251,13 @@ class Trainer:
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:
         """Checkpoint the state after step ``counters.step`` (collective; ``rank.saving``)."""
-        if self.run_state._disk is not None:
-            self.run_state._disk.save(blocking=blocking, supersede=supersede)
+        if self.run_state.saves.disk is not None:
+            self.run_state.saves.disk.save(blocking=blocking, supersede=supersede)
 
     def act_on_failed_background_save(self) -> None:
         """Save again, blocking, if a background save failed (``rank.saving``)."""
-        if self.run_state._disk is not None:
-            self.run_state._disk.act_on_failed_background_save(self.ctx.host_group())
+        if self.run_state.saves.disk is not None:
+            self.run_state.saves.disk.act_on_failed_background_save(self.ctx.host_group())
 
     # ---- one optimizer step -------------------------------------------------------------------
 
