@@ -32,7 +32,6 @@ import os
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
 
 from ..config import RunConfig
@@ -47,15 +46,14 @@ from ..rundir import (
     read_plan,
 )
 from ..rundir.attempt_records import AttemptEnd
-from ..rundir.env import FOREGROUND_VAR  # `hpclaunch train`: keep the launcher's report off the terminal
-from ..rundir.node_dir import NodeDir, consume_seen, node_directory
+from ..rundir.node_dir import NodeDir, node_directory
 from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_exit import agent_failed
 from .agent_records import started_fields
 from .allocation import DecisionRecord, Roster, await_reports, node_ranks
-from .attempt_env import rank_host_command, rank_host_environment, rank_request
+from .attempt_env import rank_request
 from .chain_end import after_attempt
 from .decider import Decider
 from .hang_evidence import stop_workers
@@ -64,6 +62,7 @@ from .node_memory import NodeMemory
 from .node_progress import remove_local_dirs
 from .node_run import NodeRun
 from .rank_host import LogSink, RankHost
+from .rank_host_start import shared_node_dir, start_rank_host
 from .stop_relay import StopRelay
 from .watchdog import Verdict
 from .watching import AttemptWatch
@@ -112,7 +111,7 @@ class NodeAgent:
                     if self.node.ctx.num_nodes > 1:
                         barrier.announce(go=False, reason=refusal)
                     return 0
-            self.host = self._start_host()
+            self.host = start_rank_host(self.node, self.node_dir, self.sink)
             started = self._start(barrier)
             if started is not None:
                 return started
@@ -248,54 +247,16 @@ class NodeAgent:
 
     # ---- one attempt -----------------------------------------------------------------------------
 
-    def _start_host(self) -> RankHost:
-        quiet = os.environ.get(FOREGROUND_VAR) == "1"
-        token = uuid.uuid4().hex
-        env = rank_host_environment(
-            self.node.plan,
-            self.node.cfg,
-            self.node.ctx,
-            self.node.scheduler,
-            self.node.paths,
-            self.node.ledger,
-            self.node_dir,
-            token,
-        )
-        argv, env = rank_host_command(self.node.plan, self.node.ctx, self.node.paths, env, self.node_dir)
-        host = RankHost(argv, env, self.node.paths.root, self.sink, echo_stderr=not quiet)
-        host.token = token
-        return host
-
-    def _shared_node_dir(self, host: RankHost) -> NodeDir | None:
-        """The node directory when this rank host shares it with this agent (it proved it at its start,
-        writing there what is read here: in an image, through the runtime's mount), else None: the
-        ranks then report in the run directory, said once per rank host."""
-        if self.node_dir is None:
-            return None
-        if host.node_dir_seen is None:
-            host.node_dir_seen = consume_seen(self.node_dir.path, host.token)
-            if not host.node_dir_seen:
-                why = (
-                    f"the ranks in the image do not see this node's directory {self.node_dir.path} at "
-                    f"{self.node_dir.ranks_path} (container.flags or the runtime's mounts hide it): their "
-                    "heartbeats go to the run directory instead"
-                )
-                print(f"hpclaunch: node {self.node.ctx.hostname}: {why}", file=sys.stderr, flush=True)
-                self.node.ledger.append(
-                    NODE_PREFLIGHT, ok=True, checks=[{"name": "node_dir", "status": "warn", "finding": why}]
-                )
-        return self.node_dir if host.node_dir_seen else None
-
     def _run_attempt(self) -> AttemptEnd:
         """Run this node's ranks for one attempt; the rank host's answer (state, returncode)."""
         assert self.host is not None
         self.hang = None
         if not self.host.alive() or not self.host.wait_ready(HOST_READY_S):
             self.host.kill()
-            self.host = self._start_host()
+            self.host = start_rank_host(self.node, self.node_dir, self.sink)
             if not self.host.wait_ready(HOST_READY_S):
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
-        self.shared_dir = self._shared_node_dir(self.host)
+        self.shared_dir = shared_node_dir(self.node, self.host, self.node_dir)
         request = rank_request(
             self.attempt,
             plan=self.node.plan,
