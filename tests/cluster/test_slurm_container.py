@@ -19,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -75,7 +76,7 @@ class ContainerRuns:
 
 @pytest.fixture(scope="module")
 def container_runs(
-    slurm_cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+    slurm_cluster: SlurmCluster,
 ) -> Iterator[ContainerRuns]:
     why = charliecloud_available()
     if why is not None:
@@ -83,7 +84,10 @@ def container_runs(
             pytest.fail(why)
         pytest.skip(why)
     image = charliecloud_image()
-    work = tmp_path_factory.mktemp("slurm-container")
+    # Not under /tmp: the time-limit run's $TMPDIR is bound at /tmp in the image, and ch-run makes no
+    # mount point under a bind (the run directory under pytest's /tmp could not be mounted there; a
+    # real run directory lives on shared storage, and preflight warns about one under /tmp).
+    work = Path(tempfile.mkdtemp(prefix="hpclaunch-slurm-container-", dir="/var/tmp"))
     data = synth_data(work / "data")
     inside = (
         "container.runtime=charliecloud",
@@ -133,6 +137,7 @@ def container_runs(
             reference.kill()
         for path in runs.paths.values():
             slurm_cluster.cancel(*{str(e["job_id"]) for e in events(path) if e["event"] == "submitted"})
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _crash_a_rank(run: Path) -> dict[str, Any]:

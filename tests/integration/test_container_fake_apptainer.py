@@ -8,6 +8,7 @@ between the agent and the rank host: its replies, its in-place restart, its exit
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import sys
@@ -37,8 +38,9 @@ while args[0].startswith("-"):
     flag = args.pop(0)
     if flag == "--bind":
         src, dst = args.pop(0).split(":")[:2]
-        assert src == dst and os.path.isdir(src), src
-        seen["binds"].append(src)
+        # (the node directory is mounted at /tmp/<its name>; every other path at its own)
+        assert os.path.isdir(src) and dst in (src, "/tmp/" + os.path.basename(src)), (src, dst)
+        seen["binds"].append(src if src == dst else "node dir " + os.path.basename(src))
     elif flag == "--pwd":
         os.chdir(args.pop(0))
     elif flag == "--nv":
@@ -101,7 +103,9 @@ def test_apptainer_through_a_fake_apptainer_not_the_real_one(tmp_path: Path) -> 
     records = [json.loads(p.read_text()) for p in tmp_path.glob("apptainer-record.*.json")]
     assert len(records) == 1  # one rank host for the allocation, kept across the restart in place
     seen = records[0]
-    assert set(seen["binds"]) == {str(run), str(data / "tokens"), str(data / "latents")}
+    # the run, the data, and the node directory the ranks share with their agent (issue 49)
+    node_dir = f"node dir hpclaunch-{os.getuid()}"
+    assert set(seen["binds"]) == {str(run), str(data / "tokens"), str(data / "latents"), node_dir}
     assert not seen["nv"]  # CPU ranks: no --nv
     assert {"MY_SETTING", "OMP_NUM_THREADS", "HPCLAUNCH_RUN_DIR"} <= set(seen["passed"])
     assert "x1" not in " ".join(seen["argv"])  # values never on the command line
