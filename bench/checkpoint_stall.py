@@ -300,8 +300,8 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     import torch.distributed as dist
 
     from hpclaunch.rank.checkpoint import Checkpointer, WriterSettings
-    from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.rank.dist import all_gather_json
+    from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.trainer.loop import Trainer
 
     torch.set_num_threads(1)

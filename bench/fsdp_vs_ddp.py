@@ -71,9 +71,9 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from hpclaunch.config import load_config
+    from hpclaunch.rank.tensors import local
     from hpclaunch.rundir import RunPaths
     from hpclaunch.trainer.loop import Trainer
-    from hpclaunch.rank.tensors import local
 
     torch.set_num_threads(1)
     cfg = load_config(
