@@ -5,6 +5,8 @@ states, and verify-resume's comparisons."""
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -287,6 +289,25 @@ def test_a_resumed_loader_with_workers_continues_at_the_next_batch(persistent: b
     restore_rng_state(rng)
     batches = again.batches()
     assert [next(batches)[0].tolist() for _ in range(15)] == want
+
+
+@pytest.mark.spawns
+def test_a_script_that_keeps_a_loaders_workers_alive_to_its_end_exits(tmp_path: Path) -> None:
+    """Our workers ignore SIGTERM (a scheduler's must not kill them before the rank saves), and at
+    the interpreter's exit multiprocessing terminates daemonic workers with SIGTERM: unless they are
+    shut down first, the process waited for them for ever."""
+    script = tmp_path / "keeps.py"
+    script.write_text(
+        "import torch\n"
+        "from torch.utils.data import DataLoader, TensorDataset\n"
+        "from hpclaunch.rank.data_position import data_position\n"
+        "loader = DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, num_workers=2,\n"
+        "                    persistent_workers=True)\n"
+        "batches = data_position(loader).batches()\n"
+        "print(next(batches)[0].tolist(), flush=True)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "[0.0, 1.0, 2.0, 3.0]" in done.stdout, done.stderr[-2000:]
 
 
 def test_a_sweep_over_a_scripts_arguments_separates_its_lists_by_semicolons(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ start; the hook installed here runs right after it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import itertools
 import weakref
@@ -320,7 +321,34 @@ def _install() -> None:
         die_with_parent()
 
     signal_handling._set_worker_signal_handlers = _worker_handlers
+    _shut_down_workers_at_exit()
     _INSTALLED = True
+
+
+def _shut_down_workers_at_exit() -> None:
+    """At the interpreter's exit, every live multi-process iterator's workers are shut down the
+    way its ``__del__`` would (the end-of-work word on their queues), before torch's exit flag turns
+    that into a no-op and multiprocessing terminates the daemonic workers with SIGTERM: our workers
+    ignore the stop signals, so that SIGTERM left the process waiting for them for ever (a script
+    that kept an iterator alive to its end never exited). atexit runs last-registered first: this
+    hook, registered after torch's import, runs before torch's and multiprocessing's."""
+    from torch.utils.data import dataloader
+
+    live: weakref.WeakSet[Any] = weakref.WeakSet()
+    cls = dataloader._MultiProcessingDataLoaderIter
+    original_init = cls.__init__
+
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+        live.add(self)
+
+    def shut_down() -> None:
+        for iterator in list(live):
+            with contextlib.suppress(Exception):  # (exiting: a worker already gone is no matter)
+                iterator._shutdown_workers()
+
+    cls.__init__ = __init__  # type: ignore[method-assign]
+    atexit.register(shut_down)
 
 
 def data_position(data: Any) -> DataPosition:
