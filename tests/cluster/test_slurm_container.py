@@ -86,7 +86,8 @@ def container_runs(
     image = charliecloud_image()
     # Not under /tmp: the time-limit run's $TMPDIR is bound at /tmp in the image, and ch-run makes no
     # mount point under a bind (the run directory under pytest's /tmp could not be mounted there; a
-    # real run directory lives on shared storage, and preflight warns about one under /tmp).
+    # real run directory lives on shared storage, and preflight warns about one under /tmp). Its
+    # mount points are made in the image below.
     work = Path(tempfile.mkdtemp(prefix="hpclaunch-slurm-container-", dir="/var/tmp"))
     data = synth_data(work / "data")
     inside = (
@@ -111,6 +112,10 @@ def container_runs(
         ),
     }
     runs = ContainerRuns({name: work / "runs" / name for name in limits})
+    # The image's mount points for what the runs bind (a Charliecloud image is read-only: ch-run makes
+    # none outside its /tmp), as a site's image has /scratch; preflight names the ones missing.
+    for target in [*runs.paths.values(), data / "tokens", data / "latents"]:
+        (image / target.relative_to("/")).mkdir(parents=True, exist_ok=True)
     runs.work = work
     for name, extra in limits.items():
         overrides = tiny_overrides(work, data, name, *RUN, "scheduler.kind=slurm", *extra, *inside)

@@ -40,7 +40,8 @@ while args[0].startswith("-"):
         src, dst = args.pop(0).split(":")[:2]
         # (the node directory is mounted at /tmp/<its name>; every other path at its own)
         assert os.path.isdir(src) and dst in (src, "/tmp/" + os.path.basename(src)), (src, dst)
-        seen["binds"].append(src if src == dst else "node dir " + os.path.basename(src))
+        node_dir = dst == "/tmp/" + os.path.basename(src) and os.path.basename(src).startswith("hpclaunch-")
+        seen["binds"].append("node dir " + os.path.basename(src) if node_dir else src)
     elif flag == "--pwd":
         os.chdir(args.pop(0))
     elif flag == "--nv":
