@@ -211,8 +211,10 @@ def test_container_run_stops_at_the_time_limit_requeues_and_ends_bitwise_equal_t
     assert final_params_sha(container_runs.paths["timeout"]) == container_runs.reference
     # the first requeue was refused, asked again, and the run went on (never FAILED for it)
     assert (container_runs.work / "requeue-refused").is_dir()
+    run = container_runs.paths["timeout"]
+    # (the agent says it on its stderr: the job's output file, beside the attempts' node logs)
     logs = "".join(
-        p.read_text(errors="replace") for p in container_runs.paths["timeout"].glob("logs/**/*.log")
+        p.read_text(errors="replace") for p in [*run.glob("logs/**/*.log"), *run.glob("scheduler/**/*.out")]
     )
     assert "Socket timed out on send/recv operation; trying again" in logs
 
