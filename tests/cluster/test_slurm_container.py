@@ -42,7 +42,8 @@ from tests.runlib import (
 if TYPE_CHECKING:
     from tests.cluster.conftest import SlurmCluster
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+# (a ceiling, not a margin: the module fixture runs two jobs and a reference, on CI beside other modules)
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 # More work than a one-minute limit holds on any machine (its sleep alone).
 RUN = (
@@ -132,7 +133,7 @@ def container_runs(
     try:
         runs.seen = _crash_a_rank(runs.paths["crash"])
         for name, path in runs.paths.items():
-            runs.status[name] = wait_run_done(path, work, timeout=600)
+            runs.status[name] = wait_run_done(path, work, timeout=1200)
         _, err = reference.communicate(timeout=600)
         assert reference.returncode == 0, err[-3000:]
         runs.reference = final_params_sha(work / "runs" / "outside")
