@@ -321,17 +321,24 @@ def _install() -> None:
         die_with_parent()
 
     signal_handling._set_worker_signal_handlers = _worker_handlers
-    _shut_down_workers_at_exit()
+    shut_down_workers_at_exit()
     _INSTALLED = True
 
 
-def _shut_down_workers_at_exit() -> None:
+_SHUTDOWN_HOOKED = False
+
+
+def shut_down_workers_at_exit() -> None:
     """At the interpreter's exit, every live multi-process iterator's workers are shut down the
     way its ``__del__`` would (the end-of-work word on their queues), before torch's exit flag turns
     that into a no-op and multiprocessing terminates the daemonic workers with SIGTERM: our workers
     ignore the stop signals, so that SIGTERM left the process waiting for them for ever (a script
     that kept an iterator alive to its end never exited). atexit runs last-registered first: this
     hook, registered after torch's import, runs before torch's and multiprocessing's."""
+    global _SHUTDOWN_HOOKED
+    if _SHUTDOWN_HOOKED:
+        return
+    _SHUTDOWN_HOOKED = True
     from torch.utils.data import dataloader
 
     live: weakref.WeakSet[Any] = weakref.WeakSet()

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..config import RunConfig
 from ..errors import DataError
+from ..rank.data_position import shut_down_workers_at_exit
 from ..rank.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
 from .data import SampleOrder, ShardedDataset, text_mask
 from .objective import Draws, Losses, Objective, compute_losses, draw
@@ -225,6 +226,7 @@ def make_loader(
     if num_workers == 0:
         yield from (batches[i] for i in range(len(batches)))
         return
+    shut_down_workers_at_exit()  # (the workers ignore SIGTERM: multiprocessing's at exit would not end them)
     loader = torch.utils.data.DataLoader(
         _Packed(batches),
         batch_size=None,
