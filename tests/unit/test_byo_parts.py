@@ -291,21 +291,38 @@ def test_a_resumed_loader_with_workers_continues_at_the_next_batch(persistent: b
     assert [next(batches)[0].tolist() for _ in range(15)] == want
 
 
+KEEPS_WORKERS = (
+    "import torch\n"
+    "from torch.utils.data import DataLoader, TensorDataset\n"
+    "from hpclaunch.rank.data_position import data_position\n"
+    "def main():\n"
+    "    loader = DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, num_workers=2,\n"
+    "                        persistent_workers=True)\n"
+    "    global batches\n"
+    "    batches = data_position(loader).batches()\n"
+    "    print(next(batches)[0].tolist(), flush=True)\n"
+)
+# As the rank host runs a rank: a forked multiprocessing child, which ends through multiprocessing's
+# exit function and os._exit (no atexit), its iterator still alive (a failure's traceback holds it).
+IN_A_FORKED_CHILD = (
+    "if __name__ == '__main__':\n"
+    "    import multiprocessing, sys\n"
+    "    child = multiprocessing.get_context('fork').Process(target=main)\n"
+    "    child.start()\n"
+    "    child.join()\n"
+    "    sys.exit(child.exitcode)\n"
+)
+
+
 @pytest.mark.spawns
-def test_a_script_that_keeps_a_loaders_workers_alive_to_its_end_exits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["main", "forked child"])
+def test_a_script_that_keeps_a_loaders_workers_alive_to_its_end_exits(tmp_path: Path, where: str) -> None:
     """Our workers ignore SIGTERM (a scheduler's must not kill them before the rank saves), and at
     the interpreter's exit multiprocessing terminates daemonic workers with SIGTERM: unless they are
-    shut down first, the process waited for them for ever."""
+    shut down first, the process waited for them for ever (in a forked child too: CI's SLURM chain,
+    a rank that failed at step 60 waited 25 minutes)."""
     script = tmp_path / "keeps.py"
-    script.write_text(
-        "import torch\n"
-        "from torch.utils.data import DataLoader, TensorDataset\n"
-        "from hpclaunch.rank.data_position import data_position\n"
-        "loader = DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, num_workers=2,\n"
-        "                    persistent_workers=True)\n"
-        "batches = data_position(loader).batches()\n"
-        "print(next(batches)[0].tolist(), flush=True)\n"
-    )
+    script.write_text(KEEPS_WORKERS + ("main()\n" if where == "main" else IN_A_FORKED_CHILD))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "[0.0, 1.0, 2.0, 3.0]" in done.stdout, done.stderr[-2000:]
 

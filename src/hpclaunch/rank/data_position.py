@@ -29,6 +29,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import itertools
+import multiprocessing.util
+import os
 import weakref
 from collections.abc import Iterator
 from typing import Any
@@ -334,7 +336,13 @@ def shut_down_workers_at_exit() -> None:
     that into a no-op and multiprocessing terminates the daemonic workers with SIGTERM: our workers
     ignore the stop signals, so that SIGTERM left the process waiting for them for ever (a script
     that kept an iterator alive to its end never exited). atexit runs last-registered first: this
-    hook, registered after torch's import, runs before torch's and multiprocessing's."""
+    hook, registered after torch's import, runs before torch's and multiprocessing's.
+
+    A rank forked by the rank host is a multiprocessing child: it ends through multiprocessing's
+    own exit function and ``os._exit``, where atexit never runs, and that exit function terminates
+    and joins the daemonic workers (a rank that failed waited for its workers for ever: CI's SLURM
+    chain). Its finalizers with an exit priority run first, so the same hook is also one of those,
+    registered in the process that makes the iterator (a fork clears the registry)."""
     global _SHUTDOWN_HOOKED
     if _SHUTDOWN_HOOKED:
         return
@@ -342,12 +350,16 @@ def shut_down_workers_at_exit() -> None:
     from torch.utils.data import dataloader
 
     live: weakref.WeakSet[Any] = weakref.WeakSet()
+    finalized_in: list[int] = []  # the process whose multiprocessing finalizers hold the hook
     cls = dataloader._MultiProcessingDataLoaderIter
     original_init = cls.__init__
 
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         live.add(self)
+        if finalized_in[-1:] != [os.getpid()]:
+            finalized_in.append(os.getpid())
+            multiprocessing.util.Finalize(None, shut_down, exitpriority=100)
 
     def shut_down() -> None:
         for iterator in list(live):
