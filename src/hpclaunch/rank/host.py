@@ -55,19 +55,50 @@ if os.environ.get(PRELOAD_COMPILE_VAR):  # train.compile: Dynamo's and inductor'
     PRELOAD.append("hpclaunch.trainer.preload_compile")
 
 
+# A rank whose work has ended (its outcome written) leaves its process within this long, whatever
+# the process still waits for at exit.
+EXIT_GRACE_S = 60.0
+
+
 def rank_main(run_dir: str, env: dict[str, str], program: str = "mmdit") -> int:
     """One rank of one attempt (runs in a process forked from the forkserver)."""
     import importlib
 
     os.environ.update(env)  # the attempt's variables: the forkserver's environment is the allocation's
     main = importlib.import_module(PROGRAMS[program]).main
-    code = main([run_dir], leave_at_once_on_failure=True)
+    code = 1  # (what an exception out of main leaves)
+    try:
+        code = main([run_dir], leave_at_once_on_failure=True)
+    finally:
+        exit_within(EXIT_GRACE_S, code)
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     if code:
         raise SystemExit(code)  # the elastic agent sees a failed rank
     return 0
+
+
+def exit_within(grace_s: float, code: int) -> None:
+    """Past this point the process must end: after ``grace_s`` a daemon thread ends it with
+    ``code``. A forked rank ends through multiprocessing's exit function, which terminates and joins
+    every child the rank left (a DataLoader's workers, which ignore SIGTERM, held a failed rank for
+    25 minutes on CI) and the watchdog's window for the final teardown is the checkpoint's; the
+    rank's outcome is written by now, so what is cut is only a wait."""
+    import threading
+
+    def leave() -> None:
+        time.sleep(grace_s)
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"hpclaunch: rank process {os.getpid()} ended its work {grace_s:g} s ago and had not "
+                "exited (something it started was still running): it exits now",
+                file=sys.stderr,
+                flush=True,
+            )
+        os._exit(code)
+
+    threading.Thread(target=leave, name="hpclaunch-exit-within", daemon=True).start()
 
 
 def run_attempt(request: RankRequest) -> AttemptEnd:
