@@ -63,8 +63,37 @@ class DataError(UserInputError):
     """The training data is missing or malformed; ``where`` names the file."""
 
 
+# What a scheduler answers when it will never accept the request as asked (SLURM's sbatch and
+# scontrol, PBS's qsub): asking again cannot help, unlike a busy controller's timeout.
+REFUSED_FOR_GOOD = (
+    "requested node configuration is not available",
+    "invalid partition",
+    "invalid account",
+    "invalid qos",
+    "violates accounting/qos policy",
+    "requested time limit is invalid",
+    "node count specification invalid",
+    "invalid node name",
+    "invalid feature specification",
+    "invalid generic resource",
+    "more processors requested than permitted",
+    "access/permission denied",
+    "job exceeds queue resource limits",
+    "unknown queue",
+    "unknown resource",
+    "illegal attribute or resource value",
+    "unauthorized request",
+)
+
+
 class SchedulerError(HpclaunchError):
     """The scheduler refused or failed a request (sbatch/qsub/scontrol returned an error)."""
+
+    @property
+    def refused_for_good(self) -> bool:
+        """The scheduler will never accept this request as asked (not worth asking again)."""
+        text = self.message.lower()
+        return any(phrase in text for phrase in REFUSED_FOR_GOOD)
 
 
 class RunNotFoundError(UserInputError):

@@ -115,11 +115,13 @@ def long_runs(slurm_cluster: SlurmCluster, work: Path, data: Path) -> Iterator[L
         yield LongRuns(slurm_cluster, work, data, pool)
 
 
+@pytest.mark.timeout(1200)  # (a ceiling: on a loaded CI machine each one-minute attempt's start-up
+# took most of its minute, and the run needed 15 attempts for 80 steps)
 def test_timeout_warns_saves_requeues_and_ends_bitwise_equal(
     long_runs: LongRuns, work: Path, reference_sha: str
 ) -> None:
     run = long_runs.runs["timeout"]
-    s = wait_run_done(run, work, timeout=480)
+    s = wait_run_done(run, work, timeout=1080)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     causes = _attempt_causes(s)
     assert len(causes) >= 2 and all(c == ("requeued", "timeout") for c in causes[:-1]), causes

@@ -97,6 +97,27 @@ def test_a_requeue_the_controller_refuses_once_is_asked_again_and_the_run_contin
     assert holder is not None and (holder.job_id, holder.role) == ("7", "job")
 
 
+def test_a_request_the_scheduler_refuses_for_good_is_asked_once_and_the_run_fails(tmp_path: Path) -> None:
+    """Not a busy controller: sbatch can never place a job on nodes that do not exist (two nodes, one
+    excluded); asked again for ten minutes before (CI's test_a_non_head_node_that_fails_its_check)."""
+
+    class Refuses(BusyScheduler):
+        def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Continuation:
+            self._call(call="continue_job")
+            raise SchedulerError(
+                "sbatch: error: Batch job submission failed: Requested node configuration is not available",
+                where="sbatch",
+            )
+
+    d = run_of(tmp_path, Refuses(tmp_path, refusals=-1), rescue=True)
+    assert d.publish(TIMEOUT, Roster(("n1",)))["exit_code"] == 1
+    d.close()
+    assert calls(tmp_path) == ["continue_job"]
+    ((kind, reason),) = decided(tmp_path)
+    assert kind == "failed" and "Requested node configuration is not available" in reason, reason
+    assert SchedulerError("scontrol requeue did not answer within 60 s").refused_for_good is False
+
+
 def test_a_controller_that_never_answers_leaves_the_run_to_its_rescue_job(tmp_path: Path) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=-1), rescue=True)
     record = d.publish(TIMEOUT, Roster(("n1",)))

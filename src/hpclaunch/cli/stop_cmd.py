@@ -30,7 +30,15 @@ _PAST_STOPPING = ("stopping", "finishing", "failing", "cancelling", "cancelled")
 
 
 def _stoppable(view: StatusView) -> bool:
-    return view.in_flight and view.state not in _PAST_STOPPING
+    """A stop can still change what the run does. An attempt stopping for the scheduler (its time
+    limit's warning, a preemption) is continued, so a stop then is the decider's to take, or the
+    next attempt's (``rundir.control``): the run ends instead of going on. Only a stop of the
+    user's own is past stopping."""
+    if not view.in_flight:
+        return False
+    if view.state == "stopping":
+        return bool(view.attempts) and view.attempts[-1].cause not in (None, "user")
+    return view.state not in _PAST_STOPPING
 
 
 def _in_flight(run: Path, command: str) -> tuple[Path, list[RunPaths], int]:

@@ -91,6 +91,16 @@ def carry_out(
             release(None)
             return 0
         error = e.one_line()
+        if isinstance(e, SchedulerError) and e.refused_for_good:  # (no rescue or resume can help)
+            record(
+                Decision(
+                    Action.FAIL,
+                    decision.cause,
+                    f"{decision.reason}; the scheduler refused to continue: {error}",
+                )
+            )
+            release(None)
+            return 1
         if leave(decision, error):
             return 1  # (the job ends failed: the rescue held on it starts and continues the run)
         ended = Decision(
@@ -182,7 +192,7 @@ def _patiently(
             return call()
         except SchedulerError as e:
             pause = RETRY_PAUSES_S[min(i, len(RETRY_PAUSES_S) - 1)]
-            if clock() + pause >= deadline:
+            if e.refused_for_good or clock() + pause >= deadline:
                 raise
             print(f"hpclaunch: {e.one_line()}; trying again in {pause:.0f} s", file=sys.stderr, flush=True)
         sleep(pause)
