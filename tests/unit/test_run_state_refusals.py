@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -118,6 +119,9 @@ def test_a_cancelled_runs_attempt_reads_cancelling_and_its_lost_steps_wait_for_a
 class _View:
     def __init__(self, state: str, in_flight: bool = True) -> None:
         self.state, self.in_flight = state, in_flight
+        # (stopping: for the user's own stop; one for the scheduler's is continued, and a stop is
+        # taken then: test_stop_while_stopping.py)
+        self.attempts = [SimpleNamespace(cause="user")]
 
 
 @pytest.mark.parametrize("state", ["finishing", "failing", "cancelling", "stopping"])

@@ -37,7 +37,7 @@ def _stoppable(view: StatusView) -> bool:
     if not view.in_flight:
         return False
     if view.state == "stopping":
-        return bool(view.attempts) and view.attempts[-1].cause not in (None, "user")
+        return bool(view.attempts) and view.attempts[-1].cause not in (None, Cause.USER.value)
     return view.state not in _PAST_STOPPING
 
 
