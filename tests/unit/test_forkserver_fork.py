@@ -29,7 +29,7 @@ def child(conn, fd, ino):
 
 
 if __name__ == "__main__":
-    from hpclaunch.trainer import forkserver_fork
+    from hpclaunch.rank import forkserver_fork
 
     if sys.argv[1] == "thread":
         stop = threading.Event()

@@ -69,6 +69,9 @@ def rank_main(run_dir: str, env: dict[str, str], program: str = "mmdit") -> int:
     code = 1  # (what an exception out of main leaves)
     try:
         code = main([run_dir], leave_at_once_on_failure=True)
+    except SystemExit as e:  # (a stop's own exit code is kept, should the exit need cutting short)
+        code = e.code if isinstance(e.code, int) else 1
+        raise
     finally:
         exit_within(EXIT_GRACE_S, code)
     for stream in (sys.stdout, sys.stderr):
