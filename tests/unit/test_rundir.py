@@ -67,6 +67,40 @@ def test_a_torn_line_is_reported_with_file_and_line_not_dropped(tmp_path: Path) 
     assert log.torn[0].startswith(f"events/{ledger.path.name}:2: torn last line")
 
 
+def test_an_event_is_recorded_when_the_filesystem_says_not_now_for_a_moment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A decision's event reaches the ledger through ESTALE on the folder (the ledger's first
+    write makes it) and on the open: each is tried again (the ESTALE scenario of
+    bench/control_plane_faults.py lost its decider to the folder's ESTALE)."""
+    import errno
+
+    paths = RunPaths(tmp_path / "run")
+    ledger = Ledger(paths, role="agent")
+    real_mkdir, real_open = Path.mkdir, os.open
+    stale = {"mkdir": 1, "open": 1}
+
+    def mkdir(self: Path, *a: object, **kw: object) -> None:
+        if stale["mkdir"]:
+            stale["mkdir"] -= 1
+            raise OSError(errno.ESTALE, "Stale file handle", str(self))
+        real_mkdir(self, *a, **kw)  # type: ignore[arg-type]
+
+    def open_(path: object, *a: object, **kw: object) -> int:
+        if str(path) == str(ledger.path) and stale["open"]:
+            stale["open"] -= 1
+            raise OSError(errno.ESTALE, "Stale file handle", str(path))
+        return real_open(path, *a, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    monkeypatch.setattr(os, "open", open_)
+    ledger.append("requeued", reason="x")
+    monkeypatch.undo()
+    assert stale == {"mkdir": 0, "open": 0}
+    assert [e.event for e in read_events(paths).events] == ["requeued"]
+    assert read_events(paths).torn == []
+
+
 def test_a_run_made_before_the_split_ledger_is_still_read(tmp_path: Path) -> None:
     paths = RunPaths(tmp_path)
     paths.legacy_events.write_text('{"ts": 1, "event": "submitted", "job_id": "3"}\n')

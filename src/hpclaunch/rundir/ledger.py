@@ -92,14 +92,18 @@ class Ledger:
         record["writer"] = self.role
         record.update(fields)
         data = (json.dumps(record, default=str) + "\n").encode()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         # One write() per line, to a file no other process writes: a reader sees whole lines or,
-        # if this process dies mid-write, one torn last line that read_events reports. The open
-        # and the write are tried again together while the filesystem says "not now" (EIO, ESTALE).
+        # if this process dies mid-write, one torn last line that read_events reports. The folder,
+        # the open and the write are tried again together while the filesystem says "not now"
+        # (EIO, ESTALE): a decision that cannot be recorded for a moment is recorded a moment later.
         retry_transient(lambda: self._write_line(data))
         return record
 
     def _write_line(self, data: bytes) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._append_line(data)
+
+    def _append_line(self, data: bytes) -> None:
         fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)  # (read: its last byte)
         try:
             size = os.fstat(fd).st_size
