@@ -24,6 +24,7 @@ STAGE1 = (
     "train.ema_decay=0.9",
     "train.steps=300",
     "testing.step_sleep_s=0.15",
+    "testing.step_sleep_resumed=false",  # stopped in its first attempt; the next one ends soon
     "train.log_every=10",
     "checkpoint.every_steps=50",
     "scheduler.time_limit=40s",

@@ -278,6 +278,11 @@ class TestingConfig(_Section):
     step_sleep_s: float = Field(
         0.0, ge=0, description="Extra seconds per step (slows a tiny model; math unchanged)."
     )
+    step_sleep_resumed: bool = Field(
+        True,
+        description="false: an attempt that resumed from a checkpoint runs at full speed (a test's stop "
+        "comes in the first attempt, and the rest of the run ends soon, however slow the start-up).",
+    )
     inject_nonfinite_at: list[int] = Field(
         default_factory=list, description="Make the loss non-finite at these steps."
     )

@@ -115,7 +115,6 @@ class Run:
         self._current: int | None = None  # the step the script is in (None: between steps)
         self._trace: StepTrace | None = None  # testing.trace_steps (verify-resume's record)
         self._closed = False
-        self._sleep_s = float(self.site.cfg.testing.step_sleep_s) if self.hooks.step_sleep else 0.0
         disk = None
         if checkpointer is not None:
             disk = DiskSaves(
@@ -188,6 +187,15 @@ class Run:
         self.session.startup.mark("load")
         return self.restored
 
+    @property
+    def step_sleep_s(self) -> float:
+        """``testing.step_sleep_s`` for this attempt's steps (0 in a resumed attempt when
+        ``testing.step_sleep_resumed`` is false)."""
+        testing = self.site.cfg.testing
+        if self.restored.source is not None and not testing.step_sleep_resumed:
+            return 0.0
+        return float(testing.step_sleep_s)
+
     # ---- the loop -------------------------------------------------------------------------------
 
     def steps(self, total: int) -> Iterator[int]:
@@ -253,8 +261,8 @@ class Run:
         self._step_began = time.perf_counter()
 
     def _after(self, step: int) -> None:
-        if self._sleep_s:
-            time.sleep(self._sleep_s)
+        if self.hooks.step_sleep and self.step_sleep_s:
+            time.sleep(self.step_sleep_s)
         dt = max(0.0, time.perf_counter() - self._step_began - self._outside_s)
         self.step, self._current = step, None
         self.progress.stepped(step, dt)

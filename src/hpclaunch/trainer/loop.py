@@ -351,8 +351,8 @@ class Trainer:
                 raise_data_problem(item)
                 self.buckets.settle(item)  # every attempt's first step on DDP's rebuilt buckets
                 applied, loss, text, latent, norm = self.train_step(item)
-                if self.cfg.testing.step_sleep_s:
-                    time.sleep(self.cfg.testing.step_sleep_s)
+                if self.run_state.step_sleep_s:
+                    time.sleep(self.run_state.step_sleep_s)
                 dt = time.perf_counter() - t0
                 self.profiler.after_step(c.step, dt)
                 self.compile_cache.after_step(c.step)
