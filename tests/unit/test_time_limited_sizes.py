@@ -22,4 +22,5 @@ def test_sizes_whose_sleep_outlasts_the_limit_give_the_overrides() -> None:
         "train.steps=300",
         "testing.step_sleep_s=0.2",
         "launch.stop_margin_s=8",
+        "testing.step_sleep_resumed=false",
     )
