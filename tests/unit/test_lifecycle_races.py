@@ -482,17 +482,29 @@ def test_temporary_names_differ_across_hosts(monkeypatch: pytest.MonkeyPatch) ->
     assert one.startswith("n1.1234.") and two.startswith("n2.1234.") and one != two
 
 
-def test_the_rendezvous_port_is_chosen_per_job() -> None:
+def test_the_rendezvous_port_is_chosen_per_job(tmp_path: Path) -> None:
     ports = {rdzv_port_for(f"{job}", None) for job in range(1000, 1050)}
     assert len(ports) >= 48 and all(20000 <= p < 32768 for p in ports)
     assert rdzv_port_for("123_4", None) == rdzv_port_for("123_4", None)  # every node derives the same
     assert rdzv_port_for("123_4", 29500) == 29500
-    cfg = load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2"])
+    from hpclaunch.jobs.allocation import Roster
+    from hpclaunch.jobs.attempt_env import rank_request
     from hpclaunch.orchestrator.plan_build import build
 
-    plan = build(cfg, python="python3")
-    argv = plan.torchrun_argv(run_dir="/r", node_rank=0, job_id="88", head_addr="10.0.0.1", local_addr=None)
-    assert f"--rdzv-endpoint=10.0.0.1:{rdzv_port_for('88', None)}" in argv
+    class Nodes:
+        def node_address(self, host: str) -> str:
+            return {"n1": "10.0.0.1", "n2": "10.0.0.2"}[host]
+
+    ctx = NodeContext("slurm", "88", 0, 2, "n1", ("n1", "n2"))
+    for fixed in (None, 29500):
+        cfg = load_config(
+            None, ["scheduler.kind=slurm", "scheduler.nodes=2", f"launch.rdzv_port={fixed or 'null'}"]
+        )
+        request = rank_request(
+            ctx.attempt, plan=build(cfg, python="python3"), cfg=cfg, ctx=ctx, scheduler=Nodes(),  # type: ignore[arg-type]
+            paths=RunPaths(tmp_path), roster=Roster(ctx.hosts),
+        )  # fmt: skip
+        assert request["rdzv_endpoint"] == f"10.0.0.1:{rdzv_port_for(ctx.attempt, fixed)}"
 
 
 # ---- 8. what status says ------------------------------------------------------------------------

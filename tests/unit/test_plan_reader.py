@@ -118,3 +118,34 @@ def test_the_check_finds_a_raw_read(tmp_path: Path) -> None:
         "    plan = json.loads(paths.plan.read_text())\n    return plan['nodes'], plan.get('a'), x\n"
     )
     assert len(raw_plan_reads(probe, tmp_path)) == 4
+
+
+def test_a_plan_with_torchruns_entry_still_reads(tmp_path: Path) -> None:
+    """Issue 47: ``torchrun`` (``TorchrunPlan``: the plan's counts again, and fields read by nothing)
+    left the plan. A plan.json written before still reads, strictly and as a view; one written now
+    holds no such entry."""
+    from hpclaunch.config import load_config
+    from hpclaunch.orchestrator.plan_build import build
+    from hpclaunch.rundir import read_plan
+
+    plan = build(load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2"]), python="python3")
+    now = plan.model_dump(mode="json")
+    assert "torchrun" not in now
+    old = {
+        **now,
+        "torchrun": {
+            "nnodes": 2,
+            "nproc_per_node": plan.procs_per_node,
+            "rdzv_port": 29500,
+            "max_restarts": 0,
+            "shutdown_timeout_s": 60,
+        },
+    }
+    paths = write(tmp_path, old)
+    assert read_plan(paths) == plan
+    view = read_plan_view(paths)
+    assert view is not None and (view.scheduler, view.nodes) == ("slurm", 2)
+    # The recorded run (an older version's plan.json, torchrun's entry included) reads too.
+    recorded = RunPaths(Path(__file__).resolve().parent / "recorded" / "requeued_run")
+    assert "torchrun" in json.loads(recorded.plan.read_text())
+    assert read_plan(recorded).nodes == 1

@@ -81,7 +81,7 @@ def test_every_number_comes_from_the_plan() -> None:
     )
     assert "#SBATCH --nodes=3" in text
     assert "#SBATCH --cpus-per-task=77" in text
-    assert text.count("=3\n") == 1  # the node count is written once; torchrun gets it from the plan
+    assert text.count("=3\n") == 1  # the node count is written once; the agent gets it from the plan
     pbs = render(
         "examples/pbs-pro.yaml",
         None,

@@ -1,6 +1,6 @@
 """The live progress line of ``hpclaunch train`` in a terminal.
 
-The ranks' output reaches the terminal through torchrun and the node agent's pipe, so the trainer
+The ranks' output reaches the terminal through the rank host and the node agent's pipe, so the trainer
 never sees a terminal and prints plain lines. This process does: it follows ``RUN/metrics.jsonl``
 (rank 0 appends a line per log window) and keeps one line at the bottom of the terminal, redrawn
 in place (step / total, a bar, the losses, validation, throughput, ETA), while everything the

@@ -136,7 +136,7 @@ def rank_request(
     request: RankRequest = {
         "run_id": attempt,
         "nnodes": nodes,
-        "nproc": plan.torchrun.nproc_per_node,
+        "nproc": plan.procs_per_node,
         "run_dir": str(paths.root),
         "log_dir": str(paths.attempt_logs(attempt) / f"elastic-node{ctx.node_rank}"),
         "env": attempt_env(attempt, plan, cfg, ctx, paths, node_dir),
@@ -144,7 +144,7 @@ def rank_request(
     }
     if nodes > 1:
         head = roster.training[0]
-        port = rdzv_port_for(attempt, plan.torchrun.rdzv_port)
+        port = rdzv_port_for(attempt, cfg.launch.rdzv_port)
         request["rdzv_endpoint"] = f"{rendezvous_address(ctx, scheduler, head)}:{port}"
         # Who hosts the c10d store is decided here, not by hostname matching, which fails when
         # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).

@@ -81,7 +81,7 @@ class Facts:
     """What node 0 knows when its attempt is over."""
 
     outcome: AttemptOutcome | None  # None: the trainer left none (a crash)
-    returncode: int = 0  # torchrun's
+    returncode: int = 0  # the rank host's (its elastic launch's)
     cancelled: bool = False  # scancel/qdel/`hpclaunch cancel` (scheduler's answer or ledger event)
     user_stop: bool = False  # the user's `hpclaunch stop` was pending when the attempt ended
     continue_requested: bool = False  # ... with --continue
@@ -295,7 +295,7 @@ def decide(facts: Facts, history: History, budgets: Budgets, *, can_exclude_node
     if out is None or out.status == "failed":
         cause = Cause.CRASH if out is None or out.cause is None else out.cause
         error = (out.error if out is not None else None) or (
-            facts.ended_by or f"torchrun exited with {facts.returncode} and the trainer left no outcome"
+            facts.ended_by or f"the ranks exited with {facts.returncode} and the trainer left no outcome"
         )
         if cause is Cause.HANG:
             hung = Facts(out, hang=error, in_place_ok=facts.in_place_ok)

@@ -105,8 +105,8 @@ def stop_workers(pids: list[int]) -> None:
 
 
 def _rank_of(pid: int) -> int | None:
-    """A rank's number from its environment: ranks that torchrun started (exec'd with RANK). Ranks
-    forked by the rank host are found by the pid their heartbeat names instead."""
+    """A rank's number from the environment it was exec'd with (``RANK``). Ranks forked by the
+    rank host are found by the pid their heartbeat names instead."""
     import psutil
 
     try:

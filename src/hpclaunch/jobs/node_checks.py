@@ -77,8 +77,8 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
         return forced, [{"name": "gpu", "status": "fail", "finding": forced.finding or ""}]
     if not cfg.preflight.node_checks:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), []
-    # The env probe (a job-Python import of torch) costs seconds per attempt and torchrun would
-    # fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
+    # The env probe (a job-Python import of torch) costs seconds per attempt and the rank host
+    # would fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
     # No probe at all: the disk check sizes checkpoints by formula and the GPU check counts GPUs
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")

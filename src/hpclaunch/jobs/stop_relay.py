@@ -1,7 +1,7 @@
 """The agent's stop relay: what the scheduler's signals mean, and passing them on to the ranks.
 
-The agent starts torchrun with USR1/USR2/TERM/INT ignored, so a scheduler signal can never kill
-torchrun and orphan the workers. Signals reach the agent's ``SignalInbox`` instead (handlers only
+The agent starts its rank host with USR1/USR2/TERM/INT ignored, so a scheduler signal can never
+kill the host and orphan the ranks. Signals reach the agent's ``SignalInbox`` instead (handlers only
 record them); the agent's loop hands them to ``StopRelay.handle_signals``, which signals the worker
 pids straight away, then asks the scheduler what a SIGTERM is (its time limit, a requeue/preemption
 or a cancellation) and writes the cause into this attempt's relay request (``rundir.control``:

@@ -8,7 +8,8 @@ files, all of them when a node says a rank of its stalled past its window (issue
 rank's files every poll before, 4,098 metadata operations per second at 512 nodes). A rank
 *advances* when its step or phase changes. Windows:
 
-- launch (torchrun's start to a rank's first report: imports, rendezvous): ``launch_s``;
+- launch (the rank host's start of the attempt to a rank's first report: imports, rendezvous):
+  ``launch_s``;
 - start-up (the ``startup`` phase: smoke test, data check, model): ``startup_s``; the first step
   of an attempt (allocation, warm-up, compilation) gets it too;
 - checkpoint ``load`` and ``save``, ``eval`` and the final teardown (``done``): ``checkpoint_s``,
@@ -565,7 +566,7 @@ def startup_hang(
     ``watchdog.startup_s``, so it is the first to notice). Their node comes from their heartbeats;
     None when they name none or more than one. Node 0's watchdog acts on it as on its own verdicts
     (stacks, then stop: the elastic launch would wait for the hung rank), and the
-    agent's decision reads it when the watchdog is off or torchrun ended first."""
+    agent's decision reads it when the watchdog is off or the ranks ended first."""
     if outcome is None or outcome.status != "failed" or outcome.cause is not Cause.HANG:
         return None
     ranks = tuple(sorted(int(r) for r in outcome.extra.get("ranks") or []))

@@ -32,7 +32,7 @@ def node_watchdog(node: NodeRun, *, lead: bool, roster: Roster, node_dir: Path |
         nccl=plan.backend == "nccl",
         smoke_timeout_s=float(node.cfg.preflight.smoke_timeout_s),
         local_dir=local,
-        local_ranks=plan.torchrun.nproc_per_node if ctx.hostname in roster.training else 0,
+        local_ranks=plan.procs_per_node if ctx.hostname in roster.training else 0,
         alone=roster.training == (ctx.hostname,),
         shared_files=node_dir is None,
     )

@@ -6,7 +6,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..preflight.sizes import planned_save_s
 from ..rundir.container import ContainerPlan
-from ..rundir.plan import JobPlan, RescuePlan, TorchrunPlan
+from ..rundir.plan import JobPlan, RescuePlan
 
 
 def warn_lead_seconds(cfg: RunConfig) -> int:
@@ -71,11 +71,6 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         max_restarts_without_progress=s.max_restarts_without_progress,
         max_node_excludes=cfg.preflight.max_node_excludes,
         kill_wait_s=s.kill_wait_s,
-        torchrun=TorchrunPlan(
-            nnodes=s.nodes,
-            nproc_per_node=s.nprocs,
-            rdzv_port=cfg.launch.rdzv_port,
-        ),
         backend=cfg.backend,
         config_hash=cfg.config_hash(),
         hpclaunch_version=__version__,

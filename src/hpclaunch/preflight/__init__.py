@@ -3,7 +3,7 @@
 - ``run_login_checks(cfg, only=...)``: env, gpu, data, disk, network, scheduler, config
   (``hpclaunch preflight``; ``hpclaunch submit`` refuses to submit on a failure).
 - ``run_node_checks(cfg, node_ctx)``: node, env, gpu, data, disk, network, run by the node agent
-  before torchrun (a failing node ends the attempt; a spare takes its place, or without one the run
+  before the ranks start (a failing node ends the attempt; a spare takes its place, or without one the run
   continues on other nodes).
 - ``smoke.run_distributed_smoke``: all_reduce + barrier across all ranks, in the trainer.
 

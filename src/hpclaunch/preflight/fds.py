@@ -2,13 +2,13 @@
 
 What one process opens grows with the world size W (docs/design.md, "Descriptors"): every gloo
 group is a full mesh, W-1 peer sockets plus a listening socket and gloo's event loop (W + 3,
-measured), and the rendezvous host's torchrun holds the store's connection from every rank, every
-writer process and every agent. A limit below that fails far from here, as a gloo connect error at
+measured), and the rendezvous host's rank host (its elastic launcher's c10d store) holds the
+store's connection from every rank, every writer process and every agent. A limit below that fails far from here, as a gloo connect error at
 start-up or a broken save hours in. The decider's agent holds a link to every other agent and
 accepts one from each (``jobs.links``: two per node, spares included). Torch-free.
 
 On a node the check raises the soft limit to the hard one itself where that suffices: the node
-agent runs it, and torchrun and the ranks inherit the agent's limits. On the login node it says
+agent runs it, and the rank host and the ranks inherit the agent's limits. On the login node it says
 whether the nodes will manage (SLURM also gives the job the submitting shell's soft limits).
 """
 
@@ -40,7 +40,7 @@ def gloo_group_sizes(cfg: RunConfig) -> list[int]:
 
 
 def needed_fds(cfg: RunConfig) -> int:
-    """The most descriptors one process of the job opens: a rank, or the rendezvous host's torchrun."""
+    """The most descriptors one process of the job opens: a rank, or the rendezvous host's rank host."""
     s = cfg.scheduler
     world = s.world_size
     rank = BASE_FDS + sum(n + PER_GLOO_GROUP for n in gloo_group_sizes(cfg) if n > 1)

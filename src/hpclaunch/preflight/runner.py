@@ -200,7 +200,7 @@ def run_node_checks(
     host: HostView = HostView(),
     probe: Probe | StaticProbe | None = None,
 ) -> Report:
-    """The checks the node agent runs on every allocated node before torchrun starts."""
+    """The checks the node agent runs on every allocated node before the ranks start."""
     checks = select(NODE_CHECKS, only, where="node")
     cctx = _context(cfg, ctx, checks, host, probe)
     return run_checks(checks, cctx, where=f"node {ctx.hostname}")

@@ -18,7 +18,7 @@ BYTES_PER_PARAM = 4 * 3
 CHECKPOINT_OVERHEAD = 1 << 20
 # What we assume a checkpoint write sustains before it was ever measured (a busy parallel FS).
 ASSUMED_WRITE_BPS = 200e6
-# torchrun start, imports, rendezvous, resume: not knowable before a run, so assumed.
+# The rank host's start, imports, rendezvous, resume: not knowable before a run, so assumed.
 ASSUMED_STARTUP_S = 60
 
 

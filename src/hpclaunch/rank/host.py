@@ -21,11 +21,11 @@ container runtime carries stdin, stdout and stderr and not every one another des
 output and the launcher's own go to stdout and stderr, which the agent writes into the attempt's
 node log.
 
-Scheduler signals are ignored here as they were by torchrun (the agent starts this process with
-USR1/USR2/TERM/INT ignored, and it ignores them itself first thing, since a container runtime
-between the two may not pass the dispositions on; the forkserver and the ranks inherit that, the
-ranks then install their own handlers): a preemption's SIGTERM reaches the ranks through the
-agent's relay, never kills the host mid-save.
+Scheduler signals are ignored here (the agent starts this process with USR1/USR2/TERM/INT ignored,
+and it ignores them itself first thing, since a container runtime between the two may not pass the
+dispositions on; the forkserver and the ranks inherit that, the ranks then install their own
+handlers): a preemption's SIGTERM reaches the ranks through the agent's relay, never kills the host
+mid-save.
 """
 
 from __future__ import annotations

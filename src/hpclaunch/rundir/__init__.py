@@ -54,7 +54,7 @@ from .ledger import EventLog, Ledger, latest_submission, read_events
 from .lock import Heartbeat, LockHolder, RunLock, holder_alive
 from .outcome import AttemptOutcome, latest_outcome, read_outcome, write_outcome
 from .paths import RunPaths
-from .plan import JobPlan, SweepPoint, TorchrunPlan, read_plan
+from .plan import JobPlan, SweepPoint, read_plan
 from .readers import read_config, read_sweep
 
 __all__ = [
@@ -109,7 +109,6 @@ __all__ = [
     "RunLock",
     "RunPaths",
     "SweepPoint",
-    "TorchrunPlan",
     "holder_alive",
     "latest_outcome",
     "latest_submission",

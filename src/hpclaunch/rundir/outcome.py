@@ -4,8 +4,8 @@ by the node agent (to decide what happens next) and by ``status``.
 ``status``: finished (every step done), stopped (all ranks saved after the same step, for
 ``cause``), failed (``cause`` says whose verdict: ``training`` and ``data`` are the run's own and
 never retried; ``crash``, ``filesystem`` and ``hang`` are the machine's). After a clean stop every
-rank exits 0 (torchrun treats a non-zero exit as a crash), so this file, not an exit code, carries
-the story. A missing file means the trainer never got to write one: a crash.
+rank exits 0 (torch's elastic launcher treats a non-zero exit as a crash), so this file, not an
+exit code, carries the story. A missing file means the trainer never got to write one: a crash.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The JobPlan model: the resolved, validated run, as saved in ``RUN/plan.json``.
 
-Every number that appears in a job script, the torchrun command line or the job environment comes
-from here, once. ``orchestrator.plan_build.build`` makes it on the login side; renderers only format it;
+Every number that appears in a job script, the node agent's command line or the job environment
+comes from here, once. ``orchestrator.plan_build.build`` makes it on the login side; renderers only format it;
 the node agent reads it back and only fills in what can be known inside the allocation (head
 address, node rank, job id).
 """
@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..fsutil import atomic_write_json
 from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
@@ -20,9 +20,12 @@ from .container import NODE, NODE_DIR, ContainerPlan
 from .paths import RunPaths
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
-TRAINER_MODULE = "hpclaunch.trainer"
 LAUNCHER_MODULE = "hpclaunch.rank.host"  # the rank host (started by the agent, by module name)
 
+
+# Keys that plans written by an older version hold and this one reads past: ``torchrun`` (the
+# counts the plan states anyway, and the rendezvous port that ``launch.rdzv_port`` states).
+RETIRED_KEYS = ("torchrun",)
 
 # Where per-job rendezvous ports come from: below Linux's ephemeral range (32768-60999), so a port
 # derived for one job is never an outgoing connection's port on the same host.
@@ -38,20 +41,6 @@ def rdzv_port_for(attempt: str, fixed: int | None) -> int:
     if fixed is not None:
         return fixed
     return RDZV_PORT_BASE + zlib.crc32(attempt.encode()) % RDZV_PORT_SPAN
-
-
-class TorchrunPlan(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    nnodes: int
-    nproc_per_node: int
-    rdzv_port: int | None = None  # launch.rdzv_port; None = per job (rdzv_port_for)
-    max_restarts: int = 0
-    shutdown_timeout_s: int = 60
-
-    @property
-    def standalone(self) -> bool:
-        return self.nnodes == 1
 
 
 class SweepPoint(BaseModel):
@@ -83,7 +72,7 @@ class JobPlan(BaseModel):
     run_dir: str
     checkpoint_dir: str | None = None  # checkpoint.dir when set (absolute), else RUN/checkpoints
     scheduler: Literal["local", "slurm", "pbs"]
-    nodes: int  # that train (torchrun's nnodes)
+    nodes: int  # that train
     spare_nodes: int = 0  # hot spares the job holds besides them (scheduler.spare_nodes)
     restart_in_place: bool = True  # scheduler.restart_in_place
     procs_per_node: int
@@ -123,7 +112,6 @@ class JobPlan(BaseModel):
     max_node_excludes: int = 2
     max_restarts_without_progress: int = 3
     kill_wait_s: int
-    torchrun: TorchrunPlan
     backend: Literal["nccl", "gloo"]
     config_hash: str
     hpclaunch_version: str
@@ -131,6 +119,14 @@ class JobPlan(BaseModel):
     array_parallelism: int | None = None
     container: ContainerPlan | None = None  # the image the rank host and the ranks run in
     rescue: RescuePlan = RescuePlan()  # (plans written before it: the run's partition, no GPUs)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired(cls, data: Any) -> Any:
+        """An older version's plan stays readable: its retired keys (``RETIRED_KEYS``) are dropped."""
+        if isinstance(data, dict) and any(k in data for k in RETIRED_KEYS):
+            return {k: v for k, v in data.items() if k not in RETIRED_KEYS}
+        return data
 
     # ---- derived, formatted once ---------------------------------------------------------------
 
@@ -190,38 +186,6 @@ class JobPlan(BaseModel):
             return [self.python, "-u", "-m", LAUNCHER_MODULE]
         argv = [self.container.python, "-u", "-m", LAUNCHER_MODULE]
         return self.container.wrap(argv, node=node, node_dir=node_dir, env=env)
-
-    def torchrun_argv(
-        self, *, run_dir: str, node_rank: int, job_id: str, head_addr: str | None, local_addr: str | None
-    ) -> list[str]:
-        """The torchrun command for one node; multi-node uses c10d on the head's address."""
-        t = self.torchrun
-        argv = [self.python, "-m", "torch.distributed.run"]
-        if t.standalone:
-            argv += ["--standalone", "--nnodes=1"]
-        else:
-            if not head_addr:
-                raise ValueError("a multi-node launch needs the head node's address")
-            argv += [
-                f"--nnodes={t.nnodes}",
-                f"--node-rank={node_rank}",
-                "--rdzv-backend=c10d",
-                f"--rdzv-endpoint={head_addr}:{rdzv_port_for(job_id, t.rdzv_port)}",
-                f"--rdzv-id={job_id}",
-                # Who hosts the c10d store is decided here, not by hostname matching, which fails when
-                # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).
-                f"--rdzv-conf=is_host={1 if node_rank == 0 else 0}",
-            ]
-            if local_addr:
-                argv.append(f"--local-addr={local_addr}")
-        argv += [
-            f"--nproc-per-node={t.nproc_per_node}",
-            f"--max-restarts={t.max_restarts}",
-            "--module",
-            TRAINER_MODULE,
-            run_dir,
-        ]
-        return argv
 
 
 def read_plan(paths: RunPaths) -> JobPlan:

@@ -4,7 +4,7 @@ It keeps SLURM's contract on one machine, so the whole stop -> save -> requeue -
 here for real: a detached controller process runs the rendered ``job.local.sh`` once per attempt,
 sends SIGUSR2 to every process of the job ``warn_lead_s`` before the time limit, SIGTERM at the
 limit and SIGKILL ``kill_wait_s`` later (as SLURM signals every process of a job step: the agent,
-torchrun, the ranks and their DataLoader workers all receive it); when the agent exits with
+its rank host, the ranks and their DataLoader workers all receive it); when the agent exits with
 ``LOCAL_REQUEUE_EXIT`` it starts the next attempt with the restart count increased.
 
 Why not submitit's LocalExecutor: it caps restarts at 6 whatever ``max_requeues`` says, its
@@ -325,7 +325,7 @@ class Controller:
     def _signal_job(self, signum: int) -> None:
         # Like SLURM (a time limit, scancel, scontrol requeue, --signal without B:): every process of
         # the job gets the signal, not only the launched task. The agent relays the cause; everything
-        # else under it (torchrun, ranks in their own sessions, DataLoader workers) must survive it.
+        # else under it (the rank host, ranks in their own sessions, DataLoader workers) must survive it.
         for p in self._job_processes():
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(p, signum)

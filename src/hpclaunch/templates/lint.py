@@ -121,7 +121,7 @@ def lint_slurm(script: str, *, generated_lines: int, plan: JobPlan) -> list[Lint
             findings += _check_extra_sbatch(key, value, number, ours, plan)
     if ours.get("--ntasks-per-node") != "1":
         findings.append(
-            LintFinding("error", "torchrun needs exactly one task per node (--ntasks-per-node=1)")
+            LintFinding("error", "the node agent needs exactly one task per node (--ntasks-per-node=1)")
         )
     if ours.get("--open-mode") != "append":
         findings.append(
@@ -222,7 +222,9 @@ def lint_pbs(script: str, *, generated_lines: int, plan: JobPlan) -> list[LintFi
         findings.append(LintFinding("error", "a multi-node PBS job must start exactly one agent per node"))
     if re.search(r"^\s*torchrun\b", body, re.M):
         findings.append(
-            LintFinding("error", "torchrun is started by the node agent, not by the batch script")
+            LintFinding(
+                "error", "torchrun in the batch script: the node agent starts the ranks (its rank host)"
+            )
         )
     if plan.exclude and not plan.hosts:
         findings.append(

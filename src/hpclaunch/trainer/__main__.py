@@ -1,4 +1,5 @@
-"""``python -m hpclaunch.trainer RUN_DIR``: what torchrun starts on every rank (see ``entry``).
+"""``python -m hpclaunch.trainer RUN_DIR``: one rank of the built-in trainer started as a process
+(by hand, or under a plain torchrun); the rank host forks its ranks into ``entry`` instead.
 
 Once ``main`` has returned, everything the rank writes is written and closed (outcome, metrics,
 checkpoints, TensorBoard, the process group), so the rank leaves with ``os._exit`` instead of the

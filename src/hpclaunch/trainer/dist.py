@@ -61,7 +61,8 @@ def set_deterministic(*, compile: bool = False, deterministic: bool = True) -> N
 
 
 def setup_distributed(cfg: RunConfig) -> DistContext:
-    """Join the process group torchrun describes (if any) and pick this rank's device."""
+    """Join the process group the environment describes (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``:
+    as the rank host, or a plain torchrun, sets them), if any, and pick this rank's device."""
     import torch
     import torch.distributed as dist
 

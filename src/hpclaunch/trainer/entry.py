@@ -45,8 +45,9 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
         return 2
     run_dir = Path(argv[0]).resolve()
     if os.environ.get(JOIN_STDERR_VAR) == "1":
-        # Under the node agent: this rank's stderr joins its stdout, so the agent can keep torchrun's
-        # own stderr (its failure report) apart from what the ranks print.
+        # Under the node agent: this rank's stderr joins its stdout, so the agent can keep the rank
+        # host's own stderr (its replies, the elastic launcher's failure report) apart from what
+        # the ranks print.
         os.dup2(1, 2)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # before anything touches cuBLAS
     attempt = os.environ.get(ATTEMPT_VAR) or "local"
@@ -100,8 +101,8 @@ def main(argv: list[str] | None = None, *, leave_at_once_on_failure: bool = Fals
                 print(f"hpclaunch: closing the trainer failed: {one_line(e)}", file=sys.stderr)
     write_attempt_outcome(paths, attempt, outcome, rank)
     if dist.is_available() and dist.is_initialized():
-        # Rank 0 has written the outcome before any rank exits (torchrun stops the others as soon
-        # as one exits non-zero).
+        # Rank 0 has written the outcome before any rank exits (the elastic launcher stops the
+        # others as soon as one exits non-zero).
         dist.barrier(group=trainer.ctx.cpu_group if trainer else None)
         dist.destroy_process_group()
     drop_empty_stack_dump()  # last: a hang up to here still has its file for the watchdog's dump

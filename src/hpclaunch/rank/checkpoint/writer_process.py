@@ -11,7 +11,7 @@ one message per save (published, or failed with the reason). A writer that dies 
 the socket's end and its exit status say so, and that is reported as the save's failure.
 
 The writers of one run form a gloo group of their own, rendezvousing through the store the ranks
-joined (``MASTER_ADDR``/``MASTER_PORT``, torchrun's) under a prefix that rank 0 chose for this
+joined (``MASTER_ADDR``/``MASTER_PORT``, from the elastic launcher) under a prefix that rank 0 chose for this
 generation of writers: after a failure every rank stops its writer and the next background save
 starts a new generation, so a half-broken group is never reused.
 """
@@ -52,9 +52,9 @@ def store_address(world_size: int) -> tuple[str, int] | None:
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if not addr or not port:
         raise CheckpointError(
-            "checkpoint.writer: process needs MASTER_ADDR and MASTER_PORT (the store torchrun "
-            "starts) for the writers of several ranks to meet",
-            hint="start the ranks with torchrun, or set checkpoint.writer: thread",
+            "checkpoint.writer: process needs MASTER_ADDR and MASTER_PORT (the store the elastic "
+            "launcher starts) for the writers of several ranks to meet",
+            hint="start the ranks with hpclaunch or torchrun, or set checkpoint.writer: thread",
         )
     return addr, int(port)
 
