@@ -1,6 +1,6 @@
 """The control plane's filesystem cost, counted: N node agents (threads) of one allocation against
 one run directory, each driven through the agent's own parts (``AttemptWatch.poll``, ``ended``,
-``Decider.await_decision``; ``await_reports``, ``Allocation.publish``) at their real intervals, with every
+``DeciderRole.await_decision``; ``await_reports``, ``Allocation.publish``) at their real intervals, with every
 filesystem call under the run directory counted per agent (``fsops.Counter``).
 
 Steady training: every agent polls as ``NodeAgent._run_attempt`` does while its ranks train (its
@@ -12,7 +12,7 @@ local folder (outside the run directory: not on the shared filesystem, so not co
 
 One recovery: the last node's ranks fail; its agent creates ``end`` and reports; every other agent
 sees ``end`` at its next look (the backstop path: ranks that would wait in a collective), reports
-and waits for the decision (``Decider.await_decision``); the decider waits for the reports and publishes.
+and waits for the decision (``DeciderRole.await_decision``); the decider waits for the reports and publishes.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
 
     from hpclaunch.jobs.allocation import Roster
     from hpclaunch.jobs.decider import Decider
+    from hpclaunch.jobs.decider_role import DeciderRole
     from hpclaunch.jobs.node_run import NodeRun
     from hpclaunch.jobs.stop_relay import StopRelay
     from hpclaunch.jobs.watchdog import Watchdog, Watched
@@ -57,18 +58,26 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
     node = NodeRun.start(paths, None, None, ctx, scheduler)  # type: ignore[arg-type]
     relay = StopRelay(node)
     roster = Roster(hosts)
-    decider = Decider(node, relay)
-    watch = AttemptWatch(node, relay=relay, decider=decider, roster=roster, watchdog=False)
+    role = DeciderRole(node, relay)
+    decider = Decider(role)
+    watch = AttemptWatch(node, relay=relay, role=role, roster=roster, watchdog=False)
     watched = Watched(
         world_size=world,
         local_dir=local_progress_dir(node_dir(paths), paths.root, ctx.hostname, ctx.attempt),
         local_ranks=world // len(hosts),
         alone=len(hosts) == 1,
     )
-    watch.watchdog = Watchdog(cfg, paths, ctx, node.ledger, watched, lead=decider.leads)
+    watch.watchdog = Watchdog(cfg, paths, ctx, node.ledger, watched, lead=role.leads)
     watch.watchdog.ack_nodes = list(range(len(hosts)))
-    waiting = AttemptWatch(node, relay=relay, decider=decider, roster=roster, watchdog=False)
-    parts = {"ledger": node.ledger, "alloc": node.alloc, "relay": relay, "decider": decider, "roster": roster}
+    waiting = AttemptWatch(node, relay=relay, role=role, roster=roster, watchdog=False)
+    parts = {
+        "ledger": node.ledger,
+        "alloc": node.alloc,
+        "relay": relay,
+        "role": role,
+        "decider": decider,
+        "roster": roster,
+    }
     return SimpleNamespace(ctx=ctx, watch=watch, waiting=waiting, **parts)
 
 
@@ -137,13 +146,13 @@ def simulate(
             time.sleep(POLL_S)
         ended_at[i] = time.time()
         agent.alloc.report(attempt, i, {"state": "failed", "returncode": 1})
-        if agent.decider.leads:
+        if agent.role.leads:
             expect = dict(enumerate(hosts))
             await_reports(agent.alloc, attempt, expect, poll=lambda: agent.waiting.poll(list))
             agent.alloc.publish(attempt, {"attempt": attempt, "in_place": True, "next": "9.0.1"})
             published_at[0] = seen_at[i] = time.time()
         else:
-            agent.decider.await_decision(agent.roster)
+            agent.role.await_decision(agent.roster)
             seen_at[i] = time.time()
 
     threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(n)]

@@ -75,7 +75,7 @@ def _attempt_faults(n: int, root: Path, *, fault: str, ranks_per_node: int) -> d
     paths.attempt_dir(attempt).mkdir(parents=True, exist_ok=True)
     _heartbeats(paths, hosts, attempt, ranks_per_node)
     agents = [_agent(paths, hosts, i, WatchdogConfig(), n * ranks_per_node, NoScheduler()) for i in range(n)]
-    agents[0].decider.hold(RunLock(paths).adopt(job_id="9", role="agent"))  # node 0's admission
+    agents[0].role.hold(RunLock(paths).adopt(job_id="9", role="agent"))  # node 0's admission
     crash = Decision(
         Action.CONTINUE, Cause.CRASH, f"{hosts[-1]}: its ranks failed", counts_as=Budget.CRASH, in_place=True
     )
@@ -105,7 +105,7 @@ def _attempt_faults(n: int, root: Path, *, fault: str, ranks_per_node: int) -> d
                     break
                 time.sleep(POLL_S)
             agent.alloc.report(attempt, i, {"state": "failed", "returncode": 1})
-            record = agent.decider.await_decision(agent.roster)  # (None: this agent decides)
+            record = agent.role.await_decision(agent.roster)  # (None: this agent decides)
             if record is None:
                 await_reports(
                     agent.alloc, attempt, dict(enumerate(hosts)), poll=lambda: agent.waiting.poll(list)
@@ -176,7 +176,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
     stuck = hosts[n // 2]
     cfg = load_config(None, [])
     agents = [_agent(paths, hosts, i, cfg.watchdog, n, NoScheduler()) for i in range(len(hosts))]
-    agents[0].decider.hold(RunLock(paths).adopt(job_id="9", role="agent"))
+    agents[0].role.hold(RunLock(paths).adopt(job_id="9", role="agent"))
     roster = Roster(hosts[:n], hosts[n:])
     never = threading.Event()
     real = preflight.run_node_checks
@@ -202,7 +202,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
             verdicts = barrier.gather(
                 node_ranks(hosts, roster.nodes), gone=lambda h: not agent.alloc.alive(h)
             )
-            word = agent.decider.announce(
+            word = agent.role.announce(
                 barrier, go=True, roster=roster.without(verdicts.failed_nodes), reason=""
             )
             announced.append(time.time())

@@ -22,6 +22,7 @@ from typing import Any
 from hpclaunch.config import RunConfig
 from hpclaunch.jobs.allocation import Roster
 from hpclaunch.jobs.decider import Decider
+from hpclaunch.jobs.decider_role import DeciderRole
 from hpclaunch.jobs.decision_rules import Action, Decision
 from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.orchestrator.plan_build import build
@@ -75,15 +76,15 @@ def decider(run: Path, rank: int, scheduler: FakeScheduler) -> Decider:
     relay = type("Relay", (), {"cancelled": False, "stop_cause": None, "interrupted": None, "lead": False})()
     relay.handle_signals = lambda: None  # type: ignore[attr-defined]
     node = NodeRun.start(paths, build(RunConfig(), python=sys.executable), RunConfig(), ctx, scheduler)  # type: ignore[arg-type]
-    return Decider(node, relay)  # type: ignore[arg-type]
+    return Decider(DeciderRole(node, relay))  # type: ignore[arg-type]
 
 
 def main() -> None:
     run, point = Path(sys.argv[1]), sys.argv[2]
     os.environ["FENCING_RUN"] = str(run)
     d = decider(run, 0, FakeScheduler(run, point))
-    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))  # node 0's admission
-    d.beat_every_s = 3600.0
+    d.role.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))  # node 0's admission
+    d.role.beat_every_s = 3600.0
     (run / "admitted").write_text(str(os.getpid()))
     real_publish, real_carry_out = d.node.alloc.publish, d.carry_out
 
@@ -97,10 +98,10 @@ def main() -> None:
 
     d.node.alloc.publish = publish  # type: ignore[method-assign]
     d.carry_out = carry_out  # type: ignore[method-assign]
-    d.fenced_at_start = d.fenced()  # type: ignore[attr-defined]
+    d.fenced_at_start = d.role.fenced()  # type: ignore[attr-defined]
     record = d.publish(EXCLUDE, ROSTER)
-    d.close()
-    (run / "child.json").write_text(json.dumps({"record": record, "leads": d.leads}))
+    d.role.close()
+    (run / "child.json").write_text(json.dumps({"record": record, "leads": d.role.leads}))
 
 
 if __name__ == "__main__":

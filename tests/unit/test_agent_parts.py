@@ -17,8 +17,10 @@ from hpclaunch.jobs.admission import admit
 from hpclaunch.jobs.agent_records import decision_fields, started_fields
 from hpclaunch.jobs.allocation import Roster, node_ranks
 from hpclaunch.jobs.attempt_env import attempt_env, rank_request
+from hpclaunch.jobs.attempt_facts import in_place_ok, started_at
 from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
-from hpclaunch.jobs.decider import Decider, in_place_ok, started_at
+from hpclaunch.jobs.decider import Decider
+from hpclaunch.jobs.decider_role import DeciderRole
 from hpclaunch.jobs.decision_rules import Action, Decision
 from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.jobs.watching import AttemptWatch
@@ -287,7 +289,7 @@ def _decider(tmp_path: Path, rank: int = 0, relay: Relay | None = None) -> Decid
     paths = RunPaths(tmp_path)
     if RunLock(paths).read() is None:  # node 0's agent adopted the run lock at its admission
         RunLock(paths).adopt(job_id="7", role="agent")
-    return Decider(_node(tmp_path, Continuations(), rank), relay or Relay())  # type: ignore[arg-type]
+    return Decider(DeciderRole(_node(tmp_path, Continuations(), rank), relay or Relay()))  # type: ignore[arg-type]
 
 
 def test_another_attempt_in_place_needs_no_stop_under_way_and_time_for_a_start_and_a_save() -> None:
@@ -315,35 +317,43 @@ def test_one_decision_per_attempt_a_second_decider_follows_the_first(tmp_path: P
     assert second.publish(Decision(Action.FAIL, Cause.CRASH, "boom"), Roster(("n1", "n2"))) == record
     assert [e.record["spare"] for e in read_events(RunPaths(tmp_path)).named("node_replaced")] == ["n3"]
     follower = _decider(tmp_path, 2)
-    assert follower.await_decision(Roster(("n1", "n3"))) == record
+    assert follower.role.await_decision(Roster(("n1", "n3"))) == record
 
 
 def test_taking_the_role_over_takes_the_run_lock_and_the_relays_lead(tmp_path: Path) -> None:
     relay = Relay()
     decider = _decider(tmp_path, 1, relay)
-    assert not decider.leads
-    decider.take_over()
-    assert decider.leads and relay.lead and decider.holder is not None and decider.holder.job_id == "7"
+    assert not decider.role.leads
+    decider.role.take_over()
+    assert (
+        decider.role.leads
+        and relay.lead
+        and decider.role.holder is not None
+        and decider.role.holder.job_id == "7"
+    )
     decider.node.alloc.beats.mkdir(parents=True)
     decider.node.alloc.beat()  # n2 beats; a roster whose first live agent is n2 keeps the role here
-    decider.follow(Roster(("n2",)))
+    decider.role.follow(Roster(("n2",)))
     decider.node.alloc.stop_beating()
-    assert decider.leads
-    assert decider.await_decision(Roster(("n2",))) is None  # it decides: nothing to wait for
-    decider.close()
+    assert decider.role.leads
+    assert decider.role.await_decision(Roster(("n2",))) is None  # it decides: nothing to wait for
+    decider.role.close()
 
 
 def test_an_agent_that_took_the_role_over_keeps_the_run_lock_alive(tmp_path: Path) -> None:
     decider = _decider(tmp_path, 1)
-    decider.beat_every_s = 0.01
-    decider.take_over()
-    assert decider.holder is not None
-    adopted = decider.holder.heartbeat
-    holder = decider.holder
+    decider.role.beat_every_s = 0.01
+    decider.role.take_over()
+    assert decider.role.holder is not None
+    adopted = decider.role.holder.heartbeat
+    holder = decider.role.holder
     wait_for(
-        lambda: (decider.lock.read() or holder).heartbeat > adopted, timeout=60, poll=0.01, what="a heartbeat"
+        lambda: (decider.role.lock.read() or holder).heartbeat > adopted,
+        timeout=60,
+        poll=0.01,
+        what="a heartbeat",
     )
-    decider.close()
+    decider.role.close()
 
 
 def test_a_cancel_since_the_attempt_started_and_a_stuck_node_are_the_decisions_facts(tmp_path: Path) -> None:
@@ -367,13 +377,13 @@ def test_the_watch_looks_for_the_end_file_once_per_look_and_takes_over_from_a_go
     watch = AttemptWatch(
         decider.node,
         relay=relay,  # type: ignore[arg-type]
-        decider=decider,
+        role=decider.role,
         roster=Roster(("n2", "n1")),  # n2 first in roster order: the role is n2's once it beats
         watchdog=False,
     )
     now = [100.0]
     monkeypatch.setattr("hpclaunch.jobs.watching.time.monotonic", lambda: now[0])
-    monkeypatch.setattr("hpclaunch.jobs.decider.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("hpclaunch.jobs.decider_role.time.monotonic", lambda: now[0])
     assert not watch.ended()
     decider.node.alloc.signal_end("7.0", "node n3: failed")
     assert not watch.ended()  # not looked at again before LOOK_S
@@ -383,4 +393,4 @@ def test_the_watch_looks_for_the_end_file_once_per_look_and_takes_over_from_a_go
     decider.node.alloc.beat()  # the deciding agent (node 0's) is not n2: n2 is the first live one, it takes over
     watch.poll(list)
     decider.node.alloc.stop_beating()
-    assert relay.polls == 1 and decider.leads and relay.lead and watch.hang is None
+    assert relay.polls == 1 and decider.role.leads and relay.lead and watch.hang is None

@@ -69,8 +69,8 @@ class BusyScheduler(FakeScheduler):
 
 def run_of(tmp_path: Path, scheduler: BusyScheduler, *, rescue: bool = False) -> Any:
     d = decider(tmp_path, 0, scheduler)
-    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
-    d.beat_every_s = 3600.0
+    d.role.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
+    d.role.beat_every_s = 3600.0
     if rescue:  # (as ``schedulers.rescue_job.leave_rescue`` records it at submission)
         Ledger(d.node.paths, role="cli").append(RESCUE_SUBMITTED, job_id="7", rescue_job="70")
     return d
@@ -90,7 +90,7 @@ def calls(run: Path) -> list[str]:
 def test_a_requeue_the_controller_refuses_once_is_asked_again_and_the_run_continues(tmp_path: Path) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=1))
     assert d.publish(TIMEOUT, Roster(("n1",)))["exit_code"] == 0
-    d.close()
+    d.role.close()
     assert calls(tmp_path) == ["continue_job", "continue_job"]
     assert [k for k, _ in decided(tmp_path)] == ["requeued"]  # never FAILED
     holder = RunLock(RunPaths(tmp_path)).read()
@@ -121,7 +121,7 @@ def test_a_request_the_scheduler_refuses_for_good_is_asked_once_and_the_run_fail
 def test_a_controller_that_never_answers_leaves_the_run_to_its_rescue_job(tmp_path: Path) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=-1), rescue=True)
     record = d.publish(TIMEOUT, Roster(("n1",)))
-    d.close()
+    d.role.close()
     assert record["exit_code"] == 1  # the job ends failed: the rescue held on it starts
     assert len(calls(tmp_path)) > 1 and decided(tmp_path) == []  # undecided: the rescue decides
     published = json.loads((tmp_path / "attempts" / "7.0" / "decision.json").read_text())
@@ -136,7 +136,7 @@ def test_a_controller_that_never_answers_leaves_the_run_to_its_rescue_job(tmp_pa
 def test_without_a_rescue_the_run_ends_resumable_and_resume_is_not_refused(tmp_path: Path) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=-1))
     assert d.publish(TIMEOUT, Roster(("n1",)))["exit_code"] == 1
-    d.close()
+    d.role.close()
     ((kind, reason),) = decided(tmp_path)
     assert kind == "ended" and "it can be resumed" in reason and f"submit --resume {tmp_path}" in reason
     RunLock(RunPaths(tmp_path)).acquire(job_id="9", scheduler="slurm", role="job", is_active=lambda h: False)
@@ -145,7 +145,7 @@ def test_without_a_rescue_the_run_ends_resumable_and_resume_is_not_refused(tmp_p
 def test_a_held_continuation_released_on_a_later_try_starts(tmp_path: Path) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=0, held=True, releases_refused=2))
     assert d.carry_out(TIMEOUT) == 0
-    d.close()
+    d.role.close()
     assert calls(tmp_path) == ["continue_job", "release", "release", "release"]
     assert [k for k, _ in decided(tmp_path)] == ["requeued"]
 
@@ -155,7 +155,7 @@ def test_a_held_continuation_that_cannot_be_released_is_withdrawn_and_the_run_re
 ) -> None:
     d = run_of(tmp_path, BusyScheduler(tmp_path, refusals=0, held=True, releases_refused=-1))
     assert d.carry_out(TIMEOUT) == 1
-    d.close()
+    d.role.close()
     assert calls(tmp_path)[-1] == "cancel" and "release" in calls(tmp_path)
     kinds = decided(tmp_path)
     assert [k for k, _ in kinds] == ["requeued", "ended"]

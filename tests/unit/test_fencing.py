@@ -57,9 +57,9 @@ def test_a_deposed_decider_resumed_at_any_point_leaves_one_decision_and_the_run_
     # The next agent takes the role over while n1 is stopped (its beats stopped: DEAD_AFTER_S),
     # decides the same attempt and carries its decision out.
     new = decider(run, 1, FakeScheduler(run))
-    assert new.take_over() and new.holder is not None and new.holder.epoch == 2
+    assert new.role.take_over() and new.role.holder is not None and new.role.holder.epoch == 2
     mine = new.publish(EXCLUDE, ROSTER)
-    new.close()
+    new.role.close()
     os.kill(old.pid, signal.SIGCONT)
     _, err = old.communicate(timeout=120)
     assert old.returncode == 0, err[-3000:]
@@ -184,11 +184,11 @@ def test_a_held_continuation_is_released_after_the_record_and_the_hand_over_not_
 
     scheduler = HeldContinuationScheduler(tmp_path)
     d = decider(tmp_path, 0, scheduler)
-    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
-    d.beat_every_s = 3600.0
+    d.role.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
+    d.role.beat_every_s = 3600.0
     timeout = Decision(Action.CONTINUE, Cause.TIMEOUT, "the time limit", counts_as=Budget.REQUEUE)
     assert d.carry_out(timeout) == 0
-    d.close()
+    d.role.close()
     calls = [(c["call"], c["job"], c.get("lock_job")) for c in _calls(tmp_path)]
     assert calls == [("continue_job", "8", None), ("release", "8", "8")]  # released once it holds the run
     decided = [e for e in read_events(RunPaths(tmp_path)).events if e.event == "requeued"]

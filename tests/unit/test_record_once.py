@@ -42,13 +42,13 @@ def deposed_after_publishing(run: Path) -> tuple[Any, Any, dict[str, Any]]:
     """n1 decides and publishes; n2 takes the role over right after the publication (n1 stalled)."""
     old, new = decider(run, 0, FakeScheduler(run)), decider(run, 1, FakeScheduler(run))
     for d in (old, new):
-        d.beat_every_s = 3600.0
-    old.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
+        d.role.beat_every_s = 3600.0
+    old.role.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
     real = old.node.alloc.publish
 
     def publish_then_stall(attempt: str, record: Any) -> bool:
         done = real(attempt, record)
-        assert new.take_over()  # (while n1 stalls between its publication and its record)
+        assert new.role.take_over()  # (while n1 stalls between its publication and its record)
         return done
 
     old.node.alloc.publish = publish_then_stall  # type: ignore[method-assign]
@@ -70,33 +70,33 @@ def test_the_decider_that_deposed_the_publisher_records_its_in_place_decision_on
     assert len(in_place_records(tmp_path)) == 1
     events = read_events(RunPaths(tmp_path)).events
     assert unended_attempt(events, current="7.0.1") is None  # the next admission decides nothing again
-    old.close()
-    new.close()
+    old.role.close()
+    new.role.close()
 
 
 def test_a_decider_that_takes_the_role_later_records_the_last_decision_it_followed(tmp_path: Path) -> None:
     old, new, published = deposed_after_publishing(tmp_path)
-    new.leads = False  # (it heard the decision as a follower, before it looked at the role)
+    new.role.leads = False  # (it heard the decision as a follower, before it looked at the role)
     new.record_followed(published)
     assert in_place_records(tmp_path) == []
-    new.holder, new.leads = None, False
-    assert new.take_over()  # the next attempt's poll finds the role its own: it records then
+    new.role.holder, new.role.leads = None, False
+    assert new.role.take_over()  # the next attempt's poll finds the role its own: it records then
     assert len(in_place_records(tmp_path)) == 1
-    old.close()
-    new.close()
+    old.role.close()
+    new.role.close()
 
 
 def test_a_decider_whose_lock_heartbeat_found_it_deposed_is_not_fenced(tmp_path: Path) -> None:
     """L6: ``Heartbeat.lost`` was set and never read: the heartbeat thread knew the lock was gone
     while the decider went on as if it held it (until its next epoch check)."""
     d = decider(tmp_path, 0, FakeScheduler(tmp_path))
-    d.beat_every_s = 3600.0
-    d.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
-    assert d.fenced()
-    assert d._beat is not None
-    d._beat.lost = True  # (what its thread sets when lock.heartbeat says the lock is not its own)
-    assert not d.fenced()
-    d.close()
+    d.role.beat_every_s = 3600.0
+    d.role.hold(RunLock(d.node.paths).adopt(job_id="7", role="agent"))
+    assert d.role.fenced()
+    assert d.role._beat is not None
+    d.role._beat.lost = True  # (what its thread sets when lock.heartbeat says the lock is not its own)
+    assert not d.role.fenced()
+    d.role.close()
 
 
 class RequeueOnce(FakeScheduler):
@@ -127,17 +127,17 @@ def test_a_decider_deposed_between_its_requeue_and_its_record_is_not_requeued_tw
     scheduler = RequeueOnce(tmp_path)
     old, new = decider(tmp_path, 0, scheduler), decider(tmp_path, 1, scheduler)
     for d in (old, new):
-        d.beat_every_s = 3600.0
-    old.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
+        d.role.beat_every_s = 3600.0
+    old.role.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
     timeout = Decision(Action.CONTINUE, Cause.TIMEOUT, "the time limit", counts_as=Budget.REQUEUE)
-    scheduler.then = new.take_over  # (n1 stalls right after its requeue, before its record)
+    scheduler.then = new.role.take_over  # (n1 stalls right after its requeue, before its record)
     published = old.publish(timeout, Roster(("n1", "n2")))
-    assert published["exit_code"] == 0 and not old.leads
+    assert published["exit_code"] == 0 and not old.role.leads
     new.publish(timeout, Roster(("n1", "n2")))  # n2 finds n1's decision standing and completes it
     assert scheduler.requeued == 1
     decided = [e.record for e in read_events(RunPaths(tmp_path)).events if e.event in ("requeued", "failed")]
     assert [(e["event"], e.get("job_id")) for e in decided] == [("requeued", "7")]
     holder = RunLock(RunPaths(tmp_path)).read()
     assert holder is not None and (holder.job_id, holder.role) == ("7", "job")  # handed to the requeued job
-    old.close()
-    new.close()
+    old.role.close()
+    new.role.close()

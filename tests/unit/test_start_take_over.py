@@ -61,7 +61,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodeAgent:
     paths = RunPaths(tmp_path / "run").ensure()
     ctx = NodeContext("slurm", "7", 1, 2, "n2", HOSTS)
     a = NodeAgent(paths, build(cfg, python="python3"), cfg, ctx, Withdrawing(tmp_path))  # type: ignore[arg-type]
-    a.decider.beat_every_s = 3600.0
+    a.role.beat_every_s = 3600.0
     monkeypatch.setattr(a, "_node_checks", lambda: NodeVerdict(1, "n2", True))
     return a
 
@@ -82,8 +82,8 @@ def test_failed_take_overs_do_not_restart_the_wait_for_the_start(
             raise AssertionError("the wait for the start's word began again after every failed take-over")
         return False
 
-    monkeypatch.setattr(agent.decider, "gone", lambda roster, every_s=1.0: True)
-    monkeypatch.setattr(agent.decider, "take_over", lost)
+    monkeypatch.setattr(agent.role, "gone", lambda roster, every_s=1.0: True)
+    monkeypatch.setattr(agent.role, "take_over", lost)
     barrier = StartBarrier(agent.node.paths, agent.attempt, clock=Ticking())
     assert agent._start(barrier) == 0  # no word within the one wait: this node does not start
     assert len(tries) <= agent_mod.GO_WAIT_S / 60
@@ -100,7 +100,7 @@ def test_a_decider_taking_over_at_the_start_withdraws_an_attempt_of_a_run_that_e
     calls = (paths.root.parent / "calls.jsonl").read_text()
     assert '"withdraw"' in calls
     assert RunLock(paths).read() is None  # the run is left as it ended
-    agent.decider.close()
+    agent.role.close()
 
 
 def test_a_decider_taking_over_at_the_start_decides_the_attempt_left_undecided(agent: NodeAgent) -> None:
@@ -113,5 +113,5 @@ def test_a_decider_taking_over_at_the_start_decides_the_attempt_left_undecided(a
     assert len(decided) == 1 and decided[0].record["cause"] == "preemption"
     holder = RunLock(paths).read()
     assert holder is not None and (holder.job_id, holder.role, holder.host) == ("7", "agent", holder.host)
-    assert agent.decider.leads and agent.decider.fenced()
-    agent.decider.close()
+    assert agent.role.leads and agent.role.fenced()
+    agent.role.close()

@@ -6,10 +6,11 @@ the rank host (``rank_host``, with one signal policy for every helper process: `
 watches them (``watching``) for hangs (``watchdog``) and slow ranks (``straggler_tracker``), and passes the
 scheduler's signals on (``stop_relay``; the ranks' side of the stop protocol is ``stop``). The
 agents agree through the run directory (``allocation``: heartbeats, the roster, reports, one
-decision); the decider (``decider``), a role that moves with the roster, pins a crash on a node
-(``attribution``), decides what comes next (``decision_rules``, pure) and carries it out through the
-scheduler (``carry_out``). ``rescue`` decides an attempt the scheduler ended before any
-agent could; ``chain_end`` releases or cancels the runs chained after this one.
+decision); the decider, a role that moves with the roster (``decider_role``), gathers the facts
+(``attempt_facts``; ``attribution`` pins a crash on a node), decides what comes next (``decider``;
+``decision_rules``, pure) and carries it out through the scheduler (``carry_out``). ``rescue``
+decides an attempt the scheduler ended before any agent could; ``chain_end`` releases or cancels
+the runs chained after this one.
 
 Imports ``rundir``, ``schedulers`` and ``config``; never the trainer (started by module name) nor
 the orchestrator. torch-free.

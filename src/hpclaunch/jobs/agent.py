@@ -18,10 +18,11 @@ It owns everything between the scheduler and the ranks:
    suspect node's place: ``attribution``); through the scheduler, the decider carries it out
    (requeue, continuation job, exclusion) and every agent exits.
 
-The decider is a role, not a host (``allocation``, ``decider``): the first live agent in roster order, node 0's
-at first. It gathers the checks, leads the watchdog, cuts an overrunning stop save off and decides,
-whether its node trains or not; when its node leaves the roster or dies the next agent takes the
-role over (and the run lock), during the checks, an attempt or a decision alike.
+The decider is a role, not a host (``allocation``, ``decider_role``): the first live agent in roster
+order, node 0's at first. It gathers the checks, leads the watchdog, cuts an overrunning stop save
+off and decides (``decider``), whether its node trains or not; when its node leaves the roster or
+dies the next agent takes the role over (and the run lock), during the checks, an attempt or a
+decision alike.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from .allocation import DecisionRecord, Roster, await_reports, node_ranks
 from .attempt_env import rank_request
 from .chain_end import after_attempt
 from .decider import Decider
+from .decider_role import DeciderRole
 from .hang_evidence import stop_workers
 from .node_checks import NodeVerdict, StartBarrier, Verdicts, Word, run_checks
 from .node_memory import NodeMemory
@@ -78,7 +80,8 @@ class NodeAgent:
     ):
         self.node = NodeRun.start(paths, plan, cfg, ctx, scheduler)  # (a new one per attempt in place)
         self.relay = StopRelay(self.node)
-        self.decider = Decider(self.node, self.relay)
+        self.role = DeciderRole(self.node, self.relay)  # whether this agent decides, and its lock
+        self.decider = Decider(self.role)  # each attempt's decision, while it does
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
         self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
         self.node_dir = node_directory(in_image=plan.container is not None)  # (None: none could be made)
@@ -119,7 +122,7 @@ class NodeAgent:
         finally:
             self.memory.free()  # (the allocation ends on this node: its snapshots with it)
             self.node.alloc.stop_beating()
-            self.decider.close()
+            self.role.close()
             if self.host is not None:
                 self.host.close()
             if self.node_dir is not None:
@@ -140,9 +143,9 @@ class NodeAgent:
         barrier.report(verdict)
         deadline = barrier.clock() + GO_WAIT_S  # (one wait in all, whatever take-overs fail on the way)
         while True:
-            if not self.decider.leads:
+            if not self.role.leads:
                 left = max(0.0, deadline - barrier.clock())
-                word = barrier.wait_go(timeout_s=left, take_over=lambda: self.decider.gone(self.roster))
+                word = barrier.wait_go(timeout_s=left, take_over=lambda: self.role.gone(self.roster))
                 if not word.take_over:
                     return self._heard(word)
                 refusal = self._take_over_at_start()
@@ -157,7 +160,7 @@ class NodeAgent:
             )
             roster = self.roster.without(verdicts.failed_nodes)
             go = verdicts.data_error is None and not (set(roster.training) & set(verdicts.failed_nodes))
-            said = self.decider.announce(barrier, go=go, roster=roster, reason="a node failed its checks")
+            said = self.role.announce(barrier, go=go, roster=roster, reason="a node failed its checks")
             if said is None:
                 continue  # deposed before it could announce: the word comes from the one that decides
             if not said.ours or said.go:
@@ -173,7 +176,7 @@ class NodeAgent:
             print(f"hpclaunch: node {self.node.ctx.hostname} does not start: {word.reason}", file=sys.stderr)
             return 0
         self.roster = Roster.from_json(word.roster) if word.roster else self.roster
-        self.decider.follow(self.roster)
+        self.role.follow(self.roster)
         return None
 
     def _attempts(self) -> int:
@@ -188,7 +191,7 @@ class NodeAgent:
             decision = self._agree(result)
             if not decision.get("in_place"):
                 self.memory.free()  # the run goes on through the scheduler, or ends
-                return int(decision.get("exit_code", 0)) if self.decider.leads else 0
+                return int(decision.get("exit_code", 0)) if self.role.leads else 0
             self._next_in_place(decision)
             if self.node.ctx.hostname not in self.roster.training:
                 self.memory.free()  # this node's memory serves no rank of the next attempt
@@ -204,8 +207,8 @@ class NodeAgent:
         run, recorded), so that an ended run is withdrawn and an attempt left undecided is decided."""
         before = None
         with contextlib.suppress(OSError):
-            before = self.decider.lock.read()
-        if not self.decider.take_over():
+            before = self.role.lock.read()
+        if not self.role.take_over():
             return False
         if self.node.ctx.in_place == 0 and (before is None or before.role != "agent"):
             refusal = self._may_run(adopted=True)
@@ -223,12 +226,12 @@ class NodeAgent:
             ctx=self.node.ctx,
             scheduler=self.node.scheduler,
             ledger=self.node.ledger,
-            lock=self.decider.lock,
+            lock=self.role.lock,
             record=self.decider.record,
-            held=self.decider.holder if adopted else None,
+            held=self.role.holder if adopted else None,
         )
         if not adopted or admission.holder is None:
-            self.decider.hold(admission.holder)  # (and beat it: the run is this allocation's)
+            self.role.hold(admission.holder)  # (and beat it: the run is this allocation's)
         return admission.refusal
 
     # ---- node checks ---------------------------------------------------------------------------
@@ -298,7 +301,7 @@ class NodeAgent:
         return AttemptWatch(
             self.node,
             relay=self.relay,
-            decider=self.decider,
+            role=self.role,
             roster=self.roster,
             watchdog=watchdog,
             hang=self.hang,
@@ -310,7 +313,7 @@ class NodeAgent:
     def _agree(self, result: AttemptEnd) -> DecisionRecord:
         """The decision on this attempt, as published: made here when this agent decides, else
         waited for (and made here after all if the decider's agent is gone)."""
-        published = self.decider.await_decision(self.roster)
+        published = self.role.await_decision(self.roster)
         if published is not None:
             self.decider.record_followed(published)
             return published
@@ -341,9 +344,10 @@ class NodeAgent:
         self.roster = Roster.from_json(record["roster"])
         self.node = self.node.next_in_place(now=time.time())
         self.relay.next_attempt(self.node)
-        self.decider.next_attempt(self.node)
+        self.role.next_attempt(self.node)
+        self.decider.next_attempt()
         self.hang = None
-        self.decider.follow(self.roster)
+        self.role.follow(self.roster)
         self._record_started(previous=record["attempt"])
 
     def _record_started(self, previous: str | None = None) -> None:
@@ -371,12 +375,12 @@ def agent_main(run_dir: str) -> int:
         cfg = read_config(paths)
         agent = NodeAgent(paths, plan, cfg, ctx, scheduler)
         code = agent.run()
-        if agent.decider.leads:  # a run that ended here releases or cancels the runs chained after it
+        if agent.role.leads:  # a run that ended here releases or cancels the runs chained after it
             after_attempt(paths)
         return code
     except (HpclaunchError, OSError) as e:
         # (only the agent that decides ends the run, and only for the run's own error: agent_exit)
-        decides = agent.decider.leads if agent is not None else None
+        decides = agent.role.leads if agent is not None else None
         return agent_failed(paths, node, e, decides=decides, attempt=agent.attempt if agent else None)
 
 

@@ -22,9 +22,13 @@ from ..errors import HpclaunchError, SchedulerError
 from ..fsutil import create_exclusive, poll_json
 from ..rundir import ENDED, NODE_EXCLUDED, RunLock
 from ..rundir.cause import Cause
-from ..rundir.events import Cancelled, Event, of_kind
+from ..rundir.events import Cancelled, Event, RescueSubmitted, of_kind
+from ..rundir.kinds import AGENT_ERROR
 from ..schedulers.base import Continuation
+from ..schedulers.rescue_job import waiting_rescues
+from .allocation import Roster
 from .decision_rules import RESUMABLE, Action, Decision
+from .fenced import decision_record
 from .node_run import NodeRun
 
 T = TypeVar("T")
@@ -122,6 +126,39 @@ def carry_out(
             withdraw_stranded(node, decision, job_id, stranded)
             return 1
     return code
+
+
+def leave_to_rescue(
+    node: NodeRun, decision: Decision, error: str, *, fenced: Callable[[], bool], epoch: int
+) -> bool:
+    """The scheduler kept refusing to continue the run: when a rescue job waits on this job
+    (``schedulers.rescue_job``), the decision stays published and unrecorded, the lock this
+    agent's, and the rescue carries it out once this job has ended (the agent exits 1: the job
+    ends failed, which starts it). False when none waits, or when this decider was deposed
+    (``fenced``: its authority still holds; ``epoch``: the run lock's it holds)."""
+    events = node.ledger.events()
+    waiting = set(waiting_rescues(events))
+    ours = [e.rescue_job for e in of_kind(events, RescueSubmitted) if str(e.job_id) == node.ctx.job_id]
+    rescue = next((r for r in reversed(ours) if r in waiting), None)
+    if rescue is None or not fenced():
+        return False
+    if node.alloc.decision(node.attempt) is None:  # (decided after the checks: not published)
+        record = decision_record(
+            decision,
+            attempt=node.attempt,
+            by=node.ctx.hostname,
+            epoch=epoch,
+            roster=Roster(()),
+            next_attempt="",
+        )
+        node.alloc.publish(node.attempt, record)
+    words = (
+        f"continuing through the scheduler failed ({error}); the rescue job {rescue} continues the run "
+        f"once job {node.ctx.job_id} has ended"
+    )
+    node.ledger.append(AGENT_ERROR, error=words)
+    print(f"hpclaunch: {words}", file=sys.stderr, flush=True)
+    return True
 
 
 def carried_file(node: NodeRun) -> Path:

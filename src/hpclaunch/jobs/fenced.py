@@ -3,7 +3,7 @@
 A decider's authority is the run lock's epoch it claimed (``rundir.lock``): a decider that stalls
 past ``DEAD_AFTER_S`` (a GC pause, a hung NFS client, SIGSTOP) is replaced by the next agent, which
 claims the next epoch. Everything only the decider may write carries its epoch and lands
-exclusively or after a check of the epoch (``Decider.fenced``), so the deposed one, once it runs
+exclusively or after a check of the epoch (``DeciderRole.fenced``), so the deposed one, once it runs
 again, can do no harm:
 
 - ``go.json`` (the start's word and roster) and ``decision.json`` (the decision on an attempt) are

@@ -1,5 +1,5 @@
-"""One node's run as its agent's parts read it (``decider``, ``stop_relay``, ``watching``,
-``carry_out``): the run directory, the plan and config, this node's context, the scheduler, the
+"""One node's run as its agent's parts read it (``decider_role``, ``decider``, ``stop_relay``,
+``watching``, ``carry_out``): the run directory, the plan and config, this node's context, the scheduler, the
 attempt's ledger and the allocation, in one record built once by the node agent.
 
 The record is frozen: an attempt restarted in place is a new record (``next_in_place``: its own

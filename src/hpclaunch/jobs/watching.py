@@ -2,7 +2,7 @@
 waits for the other nodes' reports.
 
 Each poll passes the scheduler's signals on (``stop_relay``), looks whether the deciding agent still
-beats (this agent takes the role over when it is next: ``decider``), asks the watchdog for a hang
+beats (this agent takes the role over when it is next: ``decider_role``), asks the watchdog for a hang
 verdict (the decider leads it, the others follow its verdict file) and cuts an overrunning stop save
 off before the scheduler's kill, which ends the attempt on every node. ``ended`` is the backstop
 for ranks that would wait in a collective after another node's failed.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ..rundir.progress import local_progress_dir
 from .allocation import LOOK_S, Roster, node_ranks
-from .decider import Decider
+from .decider_role import DeciderRole
 from .node_run import NodeRun
 from .stop_relay import StopRelay
 from .watchdog import Verdict, Watchdog, Watched
@@ -49,7 +49,7 @@ class AttemptWatch:
         node: NodeRun,
         *,
         relay: StopRelay,
-        decider: Decider,
+        role: DeciderRole,
         roster: Roster,
         watchdog: bool = True,
         hang: Verdict | None = None,
@@ -59,28 +59,28 @@ class AttemptWatch:
         and they report in the run directory)."""
         self.node = node
         self.relay = relay
-        self.decider = decider
+        self.role = role
         self.roster = roster
         self.hang = hang
         self.watchdog: Watchdog | None = None
         if watchdog and node.cfg.watchdog.enabled:
-            self.watchdog = node_watchdog(node, lead=decider.leads, roster=roster, node_dir=node_dir)
+            self.watchdog = node_watchdog(node, lead=role.leads, roster=roster, node_dir=node_dir)
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
         # The first evidence of a death (``links``): the decider holds a connection to every node
         # it waits for, the others one to the decider.
-        node.alloc.watch(roster.training if decider.leads else roster.nodes[:1])
+        node.alloc.watch(roster.training if role.leads else roster.nodes[:1])
 
     def poll(self, pids: Callable[[], list[int]]) -> None:
         """One poll: signals, the decider's liveness, and (the decider's role) the watchdog's
         verdict and the stop-save cut-off, which ends the attempt everywhere."""
         self.relay.handle_signals()
-        if self.decider.leads and self.decider.lost_lock:
+        if self.role.leads and self.role.lost_lock:
             # (its lock's heartbeat found another holder: no watchdog verdict or cut-off from here)
-            self.decider.step_down("lead the watchdog")
-        if not self.decider.leads and self.decider.gone(self.roster, LOOK_S):
-            self.decider.take_over()
+            self.role.step_down("lead the watchdog")
+        if not self.role.leads and self.role.gone(self.roster, LOOK_S):
+            self.role.take_over()
         if self.watchdog is not None:
-            self.watchdog.lead = self.decider.leads
+            self.watchdog.lead = self.role.leads
             if self.hang is None:
                 self.hang = self.watchdog.check(pids)
         overdue = self.relay.interrupted is None
@@ -93,7 +93,7 @@ class AttemptWatch:
     def final(self) -> None:
         """The attempt is over here: the watchdog's last look (``Watchdog.final``)."""
         if self.watchdog is not None:
-            self.watchdog.lead = self.decider.leads
+            self.watchdog.lead = self.role.leads
             self.watchdog.final()
 
     def ended(self) -> bool:

@@ -25,7 +25,7 @@ file, which is atomic and exclusive on every shared filesystem we meet, NFS incl
 not always). Of two contenders moving from epoch N, one creates ``<N+1>``; the other fails and
 reads again. The holder carries its epoch, so a holder that was deposed while it stalled (a GC
 pause, a hung NFS client, SIGSTOP) finds its next hand-over or release refused, and its callers
-ask ``holds`` before they write what only the holder may write (``jobs.decider``: the start's
+ask ``holds`` before they write what only the holder may write (``jobs.decider_role``: the start's
 go, the decision, its record). ``lock.json`` is the current holder's view with its heartbeat;
 a reader follows the epoch files past it (one ``stat`` of the next one), so a late write of an old
 view (a heartbeat that stalled past a claim) cannot bring a deposed holder back.
