@@ -47,7 +47,7 @@ from .state_saves import StateSaves
 from .step_log import StepLog
 from .step_trace import StepTrace
 from .tensors import params_finite
-from .testing_knobs import fire_testing_knobs
+from .testing_knobs import fire_testing_knobs, step_sleep_s
 
 __all__ = ["Run", "RunHooks", "Stopped"]
 
@@ -189,12 +189,7 @@ class Run:
 
     @property
     def step_sleep_s(self) -> float:
-        """``testing.step_sleep_s`` for this attempt's steps (0 in a resumed attempt when
-        ``testing.step_sleep_resumed`` is false)."""
-        testing = self.site.cfg.testing
-        if self.restored.source is not None and not testing.step_sleep_resumed:
-            return 0.0
-        return float(testing.step_sleep_s)
+        return step_sleep_s(self.site.cfg, resumed=self.restored.source is not None)
 
     # ---- the loop -------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """``testing.stop_at_step`` and ``testing.crash_at_step``: a user's stop or a rank's death after a
-chosen step, each once per run (a marker file in ``RUN/attempts``), for tests and verify-resume."""
+chosen step, each once per run (a marker file in ``RUN/attempts``), for tests and verify-resume;
+``testing.step_sleep_s``'s seconds for one attempt's steps."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from ..config import RunConfig
 from ..rundir import RunPaths
 from .dist import DistContext
 
-__all__ = ["fire_testing_knobs"]
+__all__ = ["fire_testing_knobs", "step_sleep_s"]
 
 
 def fire_testing_knobs(cfg: RunConfig, paths: RunPaths, ctx: DistContext, step: int) -> None:
@@ -25,6 +26,13 @@ def fire_testing_knobs(cfg: RunConfig, paths: RunPaths, ctx: DistContext, step: 
     if t.crash_at_step == step and last and _first_time(paths.attempts, "crash"):
         print(f"hpclaunch: testing.crash_at_step: rank {ctx.rank} dies after step {step}", flush=True)
         os._exit(1)
+
+
+def step_sleep_s(cfg: RunConfig, *, resumed: bool) -> float:
+    """The sleep added to each step of this attempt: none in an attempt that resumed from a
+    checkpoint when ``testing.step_sleep_resumed`` is false."""
+    t = cfg.testing
+    return 0.0 if resumed and not t.step_sleep_resumed else float(t.step_sleep_s)
 
 
 def _first_time(directory: Path, what: str) -> bool:
