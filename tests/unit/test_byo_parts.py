@@ -337,24 +337,16 @@ def test_a_sweep_over_a_scripts_arguments_separates_its_lists_by_semicolons(tmp_
 
 
 @pytest.mark.parametrize(
-    ("checkpoint", "resumed", "slept"),
-    [(None, False, 0.25), ("ckpt/step_4", True, 0.25), ("ckpt/step_4", False, 0.0), (None, True, 0.25)],
+    ("restored", "resumed_sleeps", "slept"),
+    [(False, False, 0.25), (True, True, 0.25), (True, False, 0.0), (False, True, 0.25)],
 )
 def test_testing_step_sleep_skips_a_resumed_attempt_only_when_asked(
-    checkpoint: str | None, resumed: bool, slept: float
+    restored: bool, resumed_sleeps: bool, slept: float
 ) -> None:
     """``testing.step_sleep_resumed=false``: a test's time limit stops the first attempt, and the
     resumed attempts run at full speed (bounded, however slow the machine's start-up)."""
-    from types import SimpleNamespace
-
     from hpclaunch.config import load_config
-    from hpclaunch.rank.restore import Restored
-    from hpclaunch.rank.run import Run
+    from hpclaunch.rank.testing_knobs import step_sleep_s
 
-    cfg = load_config(
-        None, ["testing.step_sleep_s=0.25", f"testing.step_sleep_resumed={str(resumed).lower()}"]
-    )
-    run = SimpleNamespace(
-        site=SimpleNamespace(cfg=cfg), restored=Restored(step=4 if checkpoint else 0, checkpoint=checkpoint)
-    )
-    assert Run.step_sleep_s.fget(run) == slept  # type: ignore[attr-defined]
+    knobs = ["testing.step_sleep_s=0.25", f"testing.step_sleep_resumed={str(resumed_sleeps).lower()}"]
+    assert step_sleep_s(load_config(None, knobs), resumed=restored) == slept

@@ -187,10 +187,6 @@ class Run:
         self.session.startup.mark("load")
         return self.restored
 
-    @property
-    def step_sleep_s(self) -> float:
-        return step_sleep_s(self.site.cfg, resumed=self.restored.source is not None)
-
     # ---- the loop -------------------------------------------------------------------------------
 
     def steps(self, total: int) -> Iterator[int]:
@@ -256,8 +252,8 @@ class Run:
         self._step_began = time.perf_counter()
 
     def _after(self, step: int) -> None:
-        if self.hooks.step_sleep and self.step_sleep_s:
-            time.sleep(self.step_sleep_s)
+        if self.hooks.step_sleep:
+            time.sleep(step_sleep_s(self.site.cfg, resumed=self.resumed_from is not None))
         dt = max(0.0, time.perf_counter() - self._step_began - self._outside_s)
         self.step, self._current = step, None
         self.progress.stepped(step, dt)

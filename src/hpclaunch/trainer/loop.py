@@ -60,6 +60,7 @@ from ..rank.site import RankSite
 from ..rank.smoke import run_distributed_smoke
 from ..rank.startup import StartupClock
 from ..rank.tensors import params_sha256
+from ..rank.testing_knobs import step_sleep_s
 from ..rundir import AttemptOutcome, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
@@ -351,8 +352,7 @@ class Trainer:
                 raise_data_problem(item)
                 self.buckets.settle(item)  # every attempt's first step on DDP's rebuilt buckets
                 applied, loss, text, latent, norm = self.train_step(item)
-                if self.run_state.step_sleep_s:
-                    time.sleep(self.run_state.step_sleep_s)
+                time.sleep(step_sleep_s(self.cfg, resumed=self.run_state.resumed_from is not None))
                 dt = time.perf_counter() - t0
                 self.profiler.after_step(c.step, dt)
                 self.compile_cache.after_step(c.step)
