@@ -1,7 +1,8 @@
 """``bash bench/gpu_lease.sh --cpu``: the lease's every part on the CPU (tiny model, fp32), so that the
 script a short GPU lease runs cannot rot between leases. Its figures mean nothing here; checked:
-each part ends well and writes what the lease brings back, and the deterministic mode's compiled
-run, stopped and resumed, is bitwise equal to the uninterrupted one (the determinism part)."""
+each part ends well and writes what the lease brings back, and the deterministic mode's run,
+stopped and resumed, is bitwise equal to the uninterrupted one (the determinism part: compiled on a
+GPU, eager here, where the matrix's compiled row is what compiles)."""
 
 from __future__ import annotations
 
