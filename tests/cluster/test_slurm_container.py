@@ -104,7 +104,11 @@ def container_runs(
     (wrappers / "scontrol").write_text(SCONTROL.format(marker=work / "requeue-refused", real=real))
     (wrappers / "scontrol").chmod(0o755)
     limits = {
-        "crash": ("scheduler.time_limit=00:10:00", "container.flags=[--private-tmp]"),
+        "crash": (
+            "scheduler.time_limit=00:10:00",
+            "container.flags=[--private-tmp]",
+            "testing.step_sleep_resumed=true",  # (the attempt in place is looked at while it trains)
+        ),
         "timeout": (
             "scheduler.time_limit=00:01:00",
             f"launch.env.TMPDIR={job_tmp}",
