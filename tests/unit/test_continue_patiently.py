@@ -111,7 +111,7 @@ def test_a_request_the_scheduler_refuses_for_good_is_asked_once_and_the_run_fail
 
     d = run_of(tmp_path, Refuses(tmp_path, refusals=-1), rescue=True)
     assert d.publish(TIMEOUT, Roster(("n1",)))["exit_code"] == 1
-    d.close()
+    d.role.close()
     assert calls(tmp_path) == ["continue_job"]
     ((kind, reason),) = decided(tmp_path)
     assert kind == "failed" and "Requested node configuration is not available" in reason, reason
