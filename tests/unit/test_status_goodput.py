@@ -12,12 +12,11 @@ from hpclaunch.orchestrator.status import (
     LOST_AFTER_S,
     attempts_from_events,
     current_job_id,
-    describe_failed_saves,
-    failed_saves,
     run_state,
     step_counts,
     summarize,
 )
+from hpclaunch.orchestrator.write_failures import describe_failed_saves, failed_saves
 from hpclaunch.rundir.events import as_events
 
 pytestmark = pytest.mark.fast

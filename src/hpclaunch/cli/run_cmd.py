@@ -20,8 +20,9 @@ from ..orchestrator.launch import (
 )
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.memory_tier_view import describe_memory_tier
-from ..orchestrator.status import StatusView, describe_experiment_logs, describe_failed_saves, steps_text
+from ..orchestrator.status import StatusView, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
+from ..orchestrator.write_failures import describe_experiment_logs, describe_failed_saves
 from ..rundir import SUBMITTED, Ledger, RunPaths
 from ..rundir.readers import sweep_roots
 from .common import (

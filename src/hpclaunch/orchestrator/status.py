@@ -20,7 +20,6 @@ from ..rundir.events import (
     CheckpointFailed,
     CheckpointSaved,
     Ended,
-    ExperimentLogFailed,
     Failed,
     Finished,
     Held,
@@ -47,6 +46,12 @@ from .lineage import ChainView, WeightsSource, chain_view, weights_from
 from .memory_tier_view import MemoryTierView, memory_tier_view
 from .stragglers import StragglerSummary, straggler_summary
 from .time_inputs import run_time
+from .write_failures import (
+    ExperimentLogFailure,
+    FailedSaves,
+    experiment_log_failures,
+    failed_saves,
+)
 
 # What an ended attempt's state reads while its job or process is still exiting (the scheduler
 # still runs it, or a live process holds the run lock): not resumable yet, and said so.
@@ -213,32 +218,6 @@ def step_counts(attempts: list[Attempt]) -> StepCounts:
 
 
 @dataclass(frozen=True)
-class FailedSave:
-    """The newest save that failed, and what the trainer did about it."""
-
-    attempt: str | None
-    step: int | None
-    error: str | None
-    action: str | None
-
-
-@dataclass(frozen=True)
-class FailedSaves:
-    count: int
-    last: FailedSave
-
-
-@dataclass(frozen=True)
-class ExperimentLogFailure:
-    """W&B or TensorBoard failed (or W&B went offline) and training went on."""
-
-    log: str | None
-    attempt: str | None
-    error: str | None
-    action: str | None
-
-
-@dataclass(frozen=True)
 class SchedulerView:
     """The scheduler's own word on the run's current job."""
 
@@ -253,39 +232,6 @@ class RescueView:
 
     job_id: str | None
     notes: list[str]
-
-
-def failed_saves(events: Sequence[Event]) -> FailedSaves | None:
-    """The saves that failed (None: none did): how many, and the newest with what was done."""
-    failed = of_kind(events, CheckpointFailed)
-    if not failed:
-        return None
-    last = failed[-1]
-    return FailedSaves(len(failed), FailedSave(last.attempt, last.step, last.error, last.action))
-
-
-def describe_failed_saves(summary: FailedSaves | None) -> str | None:
-    """One status line, or None when no save failed."""
-    if not summary:
-        return None
-    last, n = summary.last, summary.count
-    what = "1 save failed" if n == 1 else f"{n} saves failed"
-    action = f" ({last.action})" if last.action else ""
-    return f"checkpoint: {what}; the last at step {last.step}{action}: {last.error}"
-
-
-def experiment_log_failures(events: Sequence[Event]) -> list[ExperimentLogFailure]:
-    """Every time W&B or TensorBoard failed and training went on without it (or W&B offline)."""
-    return [
-        ExperimentLogFailure(e.log, e.attempt, e.error, e.action)
-        for e in of_kind(events, ExperimentLogFailed)
-    ]
-
-
-def describe_experiment_logs(failures: list[ExperimentLogFailure] | None) -> list[str]:
-    """Status lines: the newest failure of each log (W&B offline, a log dropped)."""
-    newest = {f.log: f for f in failures or []}
-    return [f"{log}: {f.error} in attempt {f.attempt}; {f.action}" for log, f in newest.items()]
 
 
 def running_attempt(events: Sequence[Event]) -> str | None:
