@@ -62,7 +62,9 @@ part env 30 bash -c "
     nproc; free -g | head -2; uptime"
 
 # The step: kernel mode x compilation x model size x micro-batch (bench/gpu_matrix.py's order).
-part matrix $((BUDGET_S - 80)) $PY bench/gpu_matrix.py $CPU --out "$OUT" --budget-s $((BUDGET_S - 90))
+# (its per-configuration limit scales too: a compile on CI's busy cores outlasted 150 s)
+part matrix $((BUDGET_S - 80)) $PY bench/gpu_matrix.py $CPU --out "$OUT" --budget-s $((BUDGET_S - 90)) \
+    --limit-s $((100 * LIMIT_SCALE))
 
 # Preflight on the GPU node: the real nvidia-smi parse, the probe's CUDA view, the memory estimate
 # and the largest micro-batch it says fits.

@@ -113,7 +113,6 @@ def runs(
         work, "limited", LIMITED_STEPS,
         "scheduler.nodes=2", "scheduler.procs_per_node=2", "scheduler.time_limit=00:02:00",
         "launch.stop_margin_s=3", "testing.step_sleep_s=0.8", "checkpoint.every_steps=20",
-        "testing.step_sleep_resumed=false",  # (stopped in the first attempt; the next one ends soon)
     )  # fmt: skip
     faulty = _submit(
         work, "faulty", FAULTY_STEPS,
