@@ -352,7 +352,8 @@ class Trainer:
                 raise_data_problem(item)
                 self.buckets.settle(item)  # every attempt's first step on DDP's rebuilt buckets
                 applied, loss, text, latent, norm = self.train_step(item)
-                time.sleep(step_sleep_s(self.cfg, resumed=self.run_state.resumed_from is not None))
+                if sleep_s := step_sleep_s(self.cfg, resumed=self.run_state.resumed_from is not None):
+                    time.sleep(sleep_s)
                 dt = time.perf_counter() - t0
                 self.profiler.after_step(c.step, dt)
                 self.compile_cache.after_step(c.step)
