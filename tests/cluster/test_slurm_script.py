@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -102,6 +103,19 @@ def _kill_runs_node(run: Path, node: str) -> list[str]:
     return kill_together(found)
 
 
+def _watch_running(run: Path, work: Path, seen: dict[str, Any], stop: threading.Event) -> None:
+    """Keeps the first status that says ``run`` is running with steps logged: the limited run's test
+    comes after the faulty run's, by when the limited run may be between attempts or done."""
+    while not stop.is_set():
+        try:
+            if last_logged_step(run) >= 2 and (live := status(run, work))["state"] == "running":
+                seen["live"] = live
+                return
+        except (OSError, ValueError, AssertionError):
+            pass  # a line being written, or the CLI raced the run's start: ask again
+        stop.wait(0.5)
+
+
 @pytest.fixture(scope="module")
 def runs(
     slurm_cluster_3nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
@@ -113,6 +127,7 @@ def runs(
         work, "limited", LIMITED_STEPS,
         "scheduler.nodes=2", "scheduler.procs_per_node=2", "scheduler.time_limit=00:02:00",
         "launch.stop_margin_s=3", "testing.step_sleep_s=0.8", "checkpoint.every_steps=20",
+        "testing.step_sleep_resumed=false",  # (its live status is caught in the first attempt)
     )  # fmt: skip
     faulty = _submit(
         work, "faulty", FAULTY_STEPS,
@@ -121,7 +136,13 @@ def runs(
         "checkpoint.memory.every_steps=2", "watchdog.step_min_s=20", "watchdog.step_factor=1",
         "watchdog.poll_s=1", "testing.hang=[{rank: 1, phase: data, step: 30}]", "scheduler.max_failure_retries=2",
     )  # fmt: skip
-    yield {"work": work, "limited": limited, "faulty": faulty}
+    seen: dict[str, Any] = {}
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_running, args=(limited, work, seen, stop), daemon=True)
+    watcher.start()
+    yield {"work": work, "limited": limited, "faulty": faulty, "limited_live": seen, "watcher": watcher}
+    stop.set()
+    watcher.join(timeout=30)
 
 
 @pytest.mark.timeout(900)
@@ -163,9 +184,9 @@ def test_a_script_crashed_hung_and_killed_on_slurm_restarts_in_place_and_on_the_
 @pytest.mark.timeout(900)
 def test_a_script_time_limited_on_slurm_is_requeued_and_ends_bitwise(runs: dict[str, Any]) -> None:
     run, work = runs["limited"], runs["work"]
-    wait_for(lambda: last_logged_step(run) >= 2, timeout=300, poll=0.5, what="a logged step")
-    live = status(run, work)
-    assert live["state"] == "running" and live["steps"] == LIMITED_STEPS and live["eta_s"], live
+    wait_for(lambda: not runs["watcher"].is_alive(), timeout=300, poll=0.5, what="the limited run running")
+    live = runs["limited_live"].get("live")
+    assert live and live["state"] == "running" and live["steps"] == LIMITED_STEPS and live["eta_s"], live
     s = wait_run_done(run, work, timeout=800)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     ends = [(a["end"], a["cause"]) for a in s["attempts"]]
