@@ -6,9 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import typer
 
-from hpclaunch.cli import _register_all, app, main
+from hpclaunch.cli import command, main
 from hpclaunch.cli.preflight_cmd import ONLY_HELP
 from hpclaunch.preflight.runner import LOGIN_CHECKS
 
@@ -23,8 +22,7 @@ def _paths(command: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
     return out
 
 
-_register_all()  # (main does it at every call)
-COMMANDS = _paths(typer.main.get_command(app))
+COMMANDS = _paths(command())
 
 
 def test_the_walk_finds_the_groups_and_their_commands() -> None:

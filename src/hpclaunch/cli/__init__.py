@@ -67,6 +67,20 @@ def _plain_help_types() -> None:
         cls.display_type_rich = display  # type: ignore[method-assign]
 
 
+_command: Any = None  # the click command built from ``app``, once per process
+
+
+def command() -> Any:
+    """The command line as one click command: every group registered and built once (typer rebuilds
+    the whole tree from the functions' annotations at every call, and a second ``add_typer`` of a
+    group would list it twice)."""
+    global _command
+    if _command is None:
+        _register_all()
+        _command = typer.main.get_command(app)
+    return _command
+
+
 def _register_all() -> None:
     _plain_help_types()
 
@@ -103,11 +117,10 @@ def _escape(text: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     from .common import take_script_args
 
-    _register_all()
     try:
         # (everything after a literal `--` is the script's: its own options must not reach ours)
         args = take_script_args(list(sys.argv[1:] if argv is None else argv))
-        app(args=args, prog_name="hpclaunch", standalone_mode=True)
+        command()(args=args, prog_name="hpclaunch", standalone_mode=True)
     except HpclaunchError as err:
         if debug_enabled():
             raise
