@@ -69,7 +69,7 @@ def test_a_published_decision_that_stays_unreadable_ends_the_wait_with_an_error(
 ) -> None:
     d = decider(tmp_path, 0, FakeScheduler(tmp_path))
     monkeypatch.setattr(node_checks, "STANDING_READ_S", 0.0)
-    path = d.node.alloc.decision_file(d.attempt)
+    path = d.node.alloc.decision_file(d.node.attempt)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("{")
     with pytest.raises(OSError, match=r"decision\.json"):

@@ -28,7 +28,6 @@ from ..rundir import NODE_REPLACED, Ledger
 from ..rundir.env import FOREGROUND_VAR
 from ..rundir.events import Event
 from ..rundir.outcome import AttemptOutcome
-from ..schedulers.base import NodeContext
 from . import attempt_facts
 from .agent_records import decision_fields
 from .allocation import DecisionRecord, Roster
@@ -74,14 +73,6 @@ class Decider:
     @property
     def relay(self) -> StopRelay:
         return self.role.relay
-
-    @property
-    def attempt(self) -> str:
-        return self.node.attempt
-
-    @property
-    def ctx(self) -> NodeContext:
-        return self.node.ctx  # this attempt's
 
     @property
     def ledger(self) -> Ledger:
@@ -136,15 +127,20 @@ class Decider:
         decider deposed meanwhile follows whoever decides now; one that loses the race follows the
         decision that stands, and carries it out when its publisher was deposed (``jobs.fenced``)."""
         epoch = self.role.epoch
-        nxt = f"{self.ctx.allocation}.{self.ctx.in_place + 1}"
+        nxt = f"{self.node.ctx.allocation}.{self.node.ctx.in_place + 1}"
         record = decision_record(
-            decision, attempt=self.attempt, by=self.ctx.hostname, epoch=epoch, roster=roster, next_attempt=nxt
+            decision,
+            attempt=self.node.attempt,
+            by=self.node.ctx.hostname,
+            epoch=epoch,
+            roster=roster,
+            next_attempt=nxt,
         )
         if not self.role.fenced():
             self.role.step_down("publish its decision")
             again = self.role.await_decision(roster)  # (None: the role came back here; decide again)
             return again if again is not None else self.publish(decision, roster)
-        if not self.node.alloc.publish(self.attempt, record):
+        if not self.node.alloc.publish(self.node.attempt, record):
             other = self.wait_published()
             if other.get("nonce") != record["nonce"]:
                 return self.follow_published(other, epoch)
@@ -167,7 +163,9 @@ class Decider:
         if not retry_patiently(lambda: create_exclusive(marker, published.get("nonce", ""))):
             return  # (recorded already)
         ledger = (
-            self.ledger if published["attempt"] == self.attempt else self._ledger_of(published["attempt"])
+            self.ledger
+            if published["attempt"] == self.node.attempt
+            else self._ledger_of(published["attempt"])
         )
         # (after the marker the record is this agent's to make, deposed meanwhile or not: a fact
         # of the attempt, written once)
@@ -177,7 +175,7 @@ class Decider:
             roster=published["roster"],
             ledger=ledger,
             note=""
-            if published.get("by") == self.ctx.hostname
+            if published.get("by") == self.node.ctx.hostname
             else f"decided by {published['by']} (deposed)",
             fence=False,
         )
@@ -195,12 +193,12 @@ class Decider:
             self.record_in_place(as_decision(published), published)
 
     def _ledger_of(self, attempt: str) -> Ledger:
-        return Ledger(self.node.paths, role="agent", attempt=attempt, node=self.ctx.node_rank)
+        return Ledger(self.node.paths, role="agent", attempt=attempt, node=self.node.ctx.node_rank)
 
     def wait_published(self) -> DecisionRecord:
         """The decision that stands on this attempt (it exists: this decider's publication lost to
         it), once it can be read."""
-        data = read_standing(self.node.alloc.decision_file(self.attempt))
+        data = read_standing(self.node.alloc.decision_file(self.node.attempt))
         return cast(DecisionRecord, data)  # (as ``Allocation.publish`` wrote it)
 
     def follow_published(self, published: DecisionRecord, epoch: int) -> DecisionRecord:
@@ -222,9 +220,9 @@ class Decider:
         ledger records it carried out already, only the lock's hand-over is left (to the job that
         the record names)."""
         decision = as_decision(published)
-        done = recorded(self.ledger.events(), self.attempt)
+        done = recorded(self.ledger.events(), self.node.attempt)
         print(
-            f"hpclaunch: node {self.ctx.hostname} completes the decision of {published['by']} "
+            f"hpclaunch: node {self.node.ctx.hostname} completes the decision of {published['by']} "
             f"(deposed): {decision.action.value}, {'handing the lock on' if done else 'carrying it out'}",
             file=sys.stderr,
             flush=True,
@@ -273,9 +271,9 @@ class Decider:
             # A job its call made is withdrawn when the decider that deposed this one continued the
             # run with another; while none is recorded, that decider finds this call's fact
             # (``carry_out.note_carried``) and records it instead of calling again.
-            done = recorded(self.ledger.events(), self.attempt)
+            done = recorded(self.ledger.events(), self.node.attempt)
             theirs = str(done.job_id) if done is not None and done.job_id else None
-            if e.job_id and e.job_id != self.ctx.job_id and theirs is not None and theirs != e.job_id:
+            if e.job_id and e.job_id != self.node.ctx.job_id and theirs is not None and theirs != e.job_id:
                 with contextlib.suppress(HpclaunchError, OSError):
                     self.node.scheduler.cancel(self.node.paths, e.job_id)
                     print(f"hpclaunch: withdrew job {e.job_id}", file=sys.stderr, flush=True)
@@ -296,7 +294,7 @@ class Decider:
         for an attempt that could not) and say it on stderr."""
         fields = decision_fields(
             decision,
-            scheduler=self.ctx.scheduler,
+            scheduler=self.node.ctx.scheduler,
             can_exclude_nodes=self.node.scheduler.can_exclude_nodes,
             step=self.outcome.step if self.outcome is not None else None,
             newest_checkpoint=self.newest_checkpoint,
@@ -314,7 +312,7 @@ class Decider:
             print(line, file=sys.stderr, flush=True)  # (a foreground train says the last word itself)
         # The attempt's own log says how it ended: `hpclaunch logs` needs no scheduler's file.
         with contextlib.suppress(OSError):
-            log = self.node.paths.node_log(written.attempt or self.ctx.attempt, self.ctx.node_rank)
+            log = self.node.paths.node_log(written.attempt or self.node.ctx.attempt, self.node.ctx.node_rank)
             if log.parent.is_dir():
                 with open(log, "a") as f:
                     f.write(f"# {line}\n")
@@ -334,5 +332,5 @@ class Decider:
             decision,
             signalled=self.relay.cancelled,
             events=events,
-            started_at=started_at(events, self.attempt),
+            started_at=started_at(events, self.node.attempt),
         )
