@@ -51,8 +51,8 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
     from hpclaunch.jobs.stop_relay import StopRelay
     from hpclaunch.jobs.watchdog import Watchdog, Watched
     from hpclaunch.jobs.watching import AttemptWatch
-    from hpclaunch.rundir.progress import local_progress_dir
-    from hpclaunch.schedulers.base import NodeContext
+    from hpclaunch.rundir.progress_files import local_progress_dir
+    from hpclaunch.schedulers.protocol import NodeContext
 
     ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
     node = NodeRun.start(paths, None, None, ctx, scheduler)  # type: ignore[arg-type]

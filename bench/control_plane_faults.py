@@ -169,7 +169,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
     from hpclaunch.jobs.allocation import Roster, node_ranks
     from hpclaunch.jobs.node_checks import StartBarrier, run_checks
     from hpclaunch.rundir import RunLock, RunPaths
-    from hpclaunch.schedulers.base import NodeContext
+    from hpclaunch.schedulers.protocol import NodeContext
 
     paths = RunPaths(root / f"stuck-check-{n}")
     hosts = tuple(f"n{i}" for i in range(n + 1))
@@ -279,7 +279,7 @@ def _failed_release(n: int, root: Path) -> dict[str, Any]:
         kind = "slurm"
 
         def status(self, paths: Any, job_id: str) -> Any:
-            from hpclaunch.schedulers.base import JobState, SchedulerStatus
+            from hpclaunch.schedulers.protocol import JobState, SchedulerStatus
 
             return SchedulerStatus(JobState.FAILED, "FAILED")
 

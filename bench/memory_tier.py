@@ -39,7 +39,7 @@ from hpclaunch.config import load_config
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.env import NODE_NAME_VAR
-from hpclaunch.rundir.progress import read_progress
+from hpclaunch.rundir.progress_files import read_progress
 from hpclaunch.shards import synth_dataset
 
 

@@ -91,7 +91,7 @@ def ended(run: Path) -> bool:
 def rank_on(run: Path, node: str | None = None, rank: int | None = None) -> int:
     """The pid of a rank of the current attempt (by node or by rank) from its progress heartbeat."""
     from hpclaunch.rundir import RunPaths
-    from hpclaunch.rundir.progress import read_progress
+    from hpclaunch.rundir.progress_files import read_progress
 
     attempt = attempts(run)[-1]
     for r, record in sorted(read_progress(RunPaths(run), attempt).items()):  # (the node agents' files)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hpclaunch.rundir import RunPaths
-from hpclaunch.rundir.progress import read_progress
+from hpclaunch.rundir.progress_files import read_progress
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny.yaml"
@@ -106,8 +106,8 @@ def poll_cost_us(world_size: int, polls: int = 500) -> float:
     from hpclaunch.config import WatchdogConfig
     from hpclaunch.jobs.watchdog import Watchdog, Watched
     from hpclaunch.rundir import Ledger, RunPaths
-    from hpclaunch.rundir.progress import progress_file
-    from hpclaunch.schedulers.base import NodeContext
+    from hpclaunch.rundir.progress_files import progress_file
+    from hpclaunch.schedulers.protocol import NodeContext
 
     with tempfile.TemporaryDirectory() as tmp:
         paths = RunPaths(Path(tmp)).ensure()
@@ -207,7 +207,7 @@ def hang(work: Path, data: Path, hang_at: int, step_min_s: int | None, steps: in
         time.sleep(0.05)
     story = events(run)
     verdict = next(e for e in story if e["event"] == "hang")
-    # (rank 1's last heartbeat, as its node's agent aggregated it: ``rundir.progress.read_progress``)
+    # (rank 1's last heartbeat, as its node's agent aggregated it: ``rundir.progress_files.read_progress``)
     report = read_progress(RunPaths(run), verdict["attempt"])[1]
     started = [e for e in story if e["event"] == "started"][1]
     resumed = [e for e in story if e["event"] == "resumed"][1]

@@ -195,7 +195,7 @@ def rank_process(run: Path, rank: int, *, timeout: float = 180) -> Any:
         if not started:
             return None
         from hpclaunch.rundir import RunPaths
-        from hpclaunch.rundir.progress import read_progress
+        from hpclaunch.rundir.progress_files import read_progress
 
         record = read_progress(RunPaths(run), started[-1]).get(rank)  # (its node's file, or its own)
         try:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from hpclaunch.schedulers.base import JobState, SchedulerStatus
+from hpclaunch.schedulers.protocol import JobState, SchedulerStatus
 from hpclaunch.schedulers.slurm import sacct_status, slurm_status
 
 if TYPE_CHECKING:

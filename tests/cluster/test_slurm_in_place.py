@@ -82,7 +82,7 @@ def _rank_on(run: Path, node: str) -> psutil.Process:
 
     def found() -> psutil.Process | None:
         from hpclaunch.rundir import RunPaths
-        from hpclaunch.rundir.progress import read_progress
+        from hpclaunch.rundir.progress_files import read_progress
 
         attempt = attempt_ids(run)[-1]
         for _, record in sorted(read_progress(RunPaths(run), attempt).items()):

@@ -373,7 +373,7 @@ def test_an_attempt_whose_agent_was_killed_before_deciding_is_decided_by_the_nex
 
 
 def test_node_lists_come_from_scontrol(slurm_cluster: SlurmCluster) -> None:
-    from hpclaunch.schedulers.base import NodeContextError
+    from hpclaunch.schedulers.protocol import NodeContextError
     from hpclaunch.schedulers.slurm import scontrol_hostnames
 
     assert scontrol_hostnames("rack[1-2]-n[01-02]") == ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]

@@ -72,7 +72,7 @@ def _training_node(run: Path) -> str:
 def _rank_on(run: Path, node: str) -> psutil.Process:
     def found() -> psutil.Process | None:
         from hpclaunch.rundir import RunPaths
-        from hpclaunch.rundir.progress import read_progress
+        from hpclaunch.rundir.progress_files import read_progress
 
         for _, record in sorted(read_progress(RunPaths(run), attempt_ids(run)[-1]).items()):
             if record.node == node and record.pid:

@@ -126,7 +126,7 @@ def _check_one_hang(run: Path, hang: dict[str, Any], host: str) -> None:
     assert hang["culprit"] == f"rank {culprit} on {host}" and hang["culprit_node"] == host
     # detection: from the moment the hung rank entered its phase (its own report) to the verdict
     from hpclaunch.rundir import RunPaths
-    from hpclaunch.rundir.progress import read_progress
+    from hpclaunch.rundir.progress_files import read_progress
 
     progress = read_progress(RunPaths(run), attempt)[culprit]  # (its node's file)
     assert progress.phase == hang["phase"]

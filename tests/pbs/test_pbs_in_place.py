@@ -85,7 +85,7 @@ def test_a_crash_on_a_worker_node_restarts_in_place(
     attempt = [e["attempt"] for e in events(run) if e["event"] == "started"][-1]
     victim = None
     from hpclaunch.rundir import RunPaths
-    from hpclaunch.rundir.progress import read_progress
+    from hpclaunch.rundir.progress_files import read_progress
 
     for _, record in sorted(read_progress(RunPaths(run), attempt).items()):
         if record.node == "pbsn2" and record.pid:

@@ -28,7 +28,7 @@ from hpclaunch.jobs.node_run import NodeRun
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import RunLock, RunPaths
 from hpclaunch.rundir.cause import Budget, Cause
-from hpclaunch.schedulers.base import Continuation, NodeContext
+from hpclaunch.schedulers.protocol import Continuation, NodeContext
 
 HOSTS = ("n1", "n2", "n3")
 ROSTER = Roster(("n1", "n2"), ())

@@ -9,7 +9,7 @@ import pytest
 from hpclaunch.orchestrator.accounting import PHASES, RunTime, account, fmt_seconds
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.metrics import MetricsLine
-from hpclaunch.rundir.progress import ProgressRecord
+from hpclaunch.rundir.progress_files import ProgressRecord
 
 pytestmark = pytest.mark.fast
 

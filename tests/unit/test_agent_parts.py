@@ -30,7 +30,7 @@ from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.node_dir import NodeDir
-from hpclaunch.schedulers.base import Continuation, NodeContext
+from hpclaunch.schedulers.protocol import Continuation, NodeContext
 
 pytestmark = pytest.mark.fast
 

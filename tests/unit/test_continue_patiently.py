@@ -31,7 +31,7 @@ from hpclaunch.jobs.allocation import Roster
 from hpclaunch.jobs.decision_rules import Action, Decision
 from hpclaunch.rundir import RESCUE_SUBMITTED, Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
-from hpclaunch.schedulers.base import Continuation
+from hpclaunch.schedulers.protocol import Continuation
 
 pytestmark = pytest.mark.fast
 

@@ -19,7 +19,7 @@ from hpclaunch.preflight import Status
 from hpclaunch.preflight.check_context import CheckContext, CommandResult
 from hpclaunch.preflight.layout import check_config
 from hpclaunch.preflight.probe import StaticProbe
-from hpclaunch.preflight.scheduler import check_scheduler
+from hpclaunch.preflight.scheduler_check import check_scheduler
 
 pytestmark = pytest.mark.fast
 

@@ -25,8 +25,8 @@ from hpclaunch.config import RunConfig
 from hpclaunch.errors import SchedulerError
 from hpclaunch.jobs import node_checks
 from hpclaunch.preflight.check_context import run_command
-from hpclaunch.schedulers.base import NodeContext
-from hpclaunch.schedulers.base import run_command as scheduler_command
+from hpclaunch.schedulers.protocol import NodeContext
+from hpclaunch.schedulers.protocol import run_command as scheduler_command
 
 # Far below the hour the commands sleep, far above any deadline here plus KILL_GRACE_S on a
 # loaded machine: a call still waiting when it passes is one whose deadline did not hold.

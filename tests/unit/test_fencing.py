@@ -162,7 +162,7 @@ class HeldContinuationScheduler(FakeScheduler):
         self.run = run
 
     def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Any:
-        from hpclaunch.schedulers.base import Continuation
+        from hpclaunch.schedulers.protocol import Continuation
 
         self._call(call="continue_job", job="8")
         return Continuation("8", held=True)
@@ -199,7 +199,7 @@ def test_a_pbs_sweep_points_continuation_is_submitted_held_and_the_lock_left_to_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from hpclaunch.schedulers import pbs
-    from hpclaunch.schedulers.base import NodeContext
+    from hpclaunch.schedulers.protocol import NodeContext
 
     paths = RunPaths(tmp_path)
     paths.scheduler_dir.mkdir(parents=True, exist_ok=True)

@@ -16,8 +16,8 @@ from hpclaunch.rundir import RunLock, RunPaths
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.lock import LockHolder
 from hpclaunch.schedulers import foreground
-from hpclaunch.schedulers.base import JobState
 from hpclaunch.schedulers.local import LocalScheduler
+from hpclaunch.schedulers.protocol import JobState
 
 pytestmark = pytest.mark.fast
 

@@ -141,9 +141,10 @@ def test_imports_point_down(path: Path) -> None:
 
 
 def test_the_scheduler_protocol_imports_no_scheduler() -> None:
-    """``schedulers.base`` is what the three scheduler modules build on; the registry that picks
-    one sits above them (``schedulers.registry``), so no circle runs through ``base``."""
-    base = SRC / "schedulers" / "base.py"
+    """``schedulers.protocol`` is what the three scheduler modules build on; the registry that picks
+    one sits above them (``schedulers.registry``), so no circle runs through ``protocol``."""
+    base = SRC / "schedulers" / "protocol.py"
+    assert base.exists()
     siblings = {"hpclaunch.schedulers.slurm", "hpclaunch.schedulers.pbs", "hpclaunch.schedulers.local"}
     assert not {t for t in imports_of(base) if any(t.startswith(s) for s in siblings)}
 

@@ -35,7 +35,7 @@ from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.lock import STALE_AFTER_S, LockHolder, liveness
 from hpclaunch.rundir.plan import rdzv_port_for
 from hpclaunch.schedulers import slurm
-from hpclaunch.schedulers.base import JobState, NodeContext, SchedulerStatus
+from hpclaunch.schedulers.protocol import JobState, NodeContext, SchedulerStatus
 
 BUDGETS = Budgets(max_requeues=3, max_failure_retries=1, max_node_excludes=2, max_hang_retries=3)
 

@@ -121,7 +121,7 @@ def test_submit_resume_says_it_records_it_and_status_shows_it(
     """The whole path with the scheduler faked: `submit --resume RUN --set train.steps=N` prints the
     line, the ledger holds it (schedule_changed), `status` (text and --json) shows it."""
     from hpclaunch.orchestrator import launch
-    from hpclaunch.schedulers.base import RenderedJob
+    from hpclaunch.schedulers.protocol import RenderedJob
 
     run = tmp_path / "run"
     shutil.copytree(RECORDED, run)

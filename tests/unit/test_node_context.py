@@ -10,11 +10,11 @@ import pytest
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.schedulers import slurm
-from hpclaunch.schedulers.base import NodeContext, NodeContextError
 from hpclaunch.schedulers.local import LocalScheduler
 from hpclaunch.schedulers.nodes import rendezvous_address
 from hpclaunch.schedulers.pbs import node_context_from_env as pbs_context
 from hpclaunch.schedulers.pbs import read_pbs_nodefile
+from hpclaunch.schedulers.protocol import NodeContext, NodeContextError
 from hpclaunch.schedulers.registry import get_scheduler
 
 

@@ -16,8 +16,8 @@ from hpclaunch.jobs.node_progress import prepare_local_dir, remove_local_dirs, s
 from hpclaunch.jobs.watchdog import Watchdog, Watched
 from hpclaunch.rundir import Ledger, RunPaths, read_events
 from hpclaunch.rundir.node_dir import NodeDir
-from hpclaunch.rundir.progress import node_progress_file, read_progress
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.rundir.progress_files import node_progress_file, read_progress
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import pytest
 
-from hpclaunch.schedulers.base import JobState
 from hpclaunch.schedulers.pbs_json import (
     find_job,
     parse_duration,
@@ -18,6 +17,7 @@ from hpclaunch.schedulers.pbs_json import (
     parse_queues,
     parse_server,
 )
+from hpclaunch.schedulers.protocol import JobState
 
 pytestmark = pytest.mark.fast
 

@@ -14,8 +14,8 @@ from hpclaunch.errors import SchedulerError
 from hpclaunch.orchestrator.launch import array_task_id, prepare
 from hpclaunch.rundir.clock import AttemptClock
 from hpclaunch.schedulers import pbs
-from hpclaunch.schedulers.base import NodeContext
 from hpclaunch.schedulers.pbs_json import parse_jobs
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

@@ -22,7 +22,7 @@ from hpclaunch.rundir import lock as lock_mod
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.control import relay_stop
 from hpclaunch.rundir.lock import LockHolder
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

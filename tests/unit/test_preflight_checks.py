@@ -27,7 +27,7 @@ from hpclaunch.preflight.network import check_network, port_in_use, unreachable
 from hpclaunch.preflight.node import check_node
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.sizes import estimate_parameters
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.schedulers.protocol import NodeContext
 from hpclaunch.shards import synth_dataset
 
 pytestmark = pytest.mark.fast

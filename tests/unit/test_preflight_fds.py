@@ -13,7 +13,7 @@ from hpclaunch.preflight import fds
 from hpclaunch.preflight.check_context import CheckContext
 from hpclaunch.preflight.probe import StaticProbe
 from hpclaunch.preflight.results import Status
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

@@ -13,7 +13,7 @@ import pytest
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight.check_context import CheckContext, CommandResult, Status
 from hpclaunch.preflight.probe import StaticProbe
-from hpclaunch.preflight.scheduler import check_scheduler
+from hpclaunch.preflight.scheduler_check import check_scheduler
 
 pytestmark = pytest.mark.fast
 

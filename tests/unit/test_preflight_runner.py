@@ -17,7 +17,7 @@ from hpclaunch.preflight.check_context import CheckContext, Findings, Outcome
 from hpclaunch.preflight.probe import Probe, ProbeError, StaticProbe, send_request
 from hpclaunch.preflight.results import CheckResult
 from hpclaunch.preflight.runner import Check, run_checks, select
-from hpclaunch.schedulers.base import NodeContextError
+from hpclaunch.schedulers.protocol import NodeContextError
 
 
 def ctx() -> CheckContext:

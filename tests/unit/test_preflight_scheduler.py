@@ -13,7 +13,7 @@ from hpclaunch.config import RunConfig
 from hpclaunch.preflight import Status
 from hpclaunch.preflight.check_context import CheckContext, CommandResult
 from hpclaunch.preflight.probe import StaticProbe
-from hpclaunch.preflight.scheduler import (
+from hpclaunch.preflight.scheduler_check import (
     check_scheduler,
     gres_gpus,
     parse_qstat_queues,

@@ -15,7 +15,7 @@ from hpclaunch.config import ConfigError, load_config
 from hpclaunch.rank.fault_injection import TestFaults, burn_cpu
 from hpclaunch.rank.progress import Progress
 from hpclaunch.rundir import RunPaths
-from hpclaunch.rundir.progress import ProgressRecord, read_progress
+from hpclaunch.rundir.progress_files import ProgressRecord, read_progress
 
 
 def test_heartbeat_and_step_summaries_split_own_work_from_waiting(tmp_path: Path) -> None:

@@ -109,7 +109,7 @@ class RequeueOnce(FakeScheduler):
 
     def continue_job(self, plan: Any, paths: Any, ctx: Any) -> Any:
         from hpclaunch.errors import SchedulerError
-        from hpclaunch.schedulers.base import Continuation
+        from hpclaunch.schedulers.protocol import Continuation
 
         self.requeued += 1
         if self.requeued > 1:

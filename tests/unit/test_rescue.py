@@ -140,7 +140,7 @@ class FakeScheduler:
         self.calls: list[tuple[Any, ...]] = []
 
     def status(self, paths: RunPaths, job_id: str) -> Any:
-        from hpclaunch.schedulers.base import JobState, SchedulerStatus
+        from hpclaunch.schedulers.protocol import JobState, SchedulerStatus
 
         return SchedulerStatus(JobState.FAILED, self.word)
 
@@ -289,12 +289,12 @@ def test_a_continuation_asks_only_for_the_spares_the_partition_has_left(
 def test_slurm_and_pbs_leave_a_continuation_the_same_spares(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """One formula (``schedulers.base.spares_that_fit``): SLURM counts the partition's nodes left,
+    """One formula (``schedulers.protocol.spares_that_fit``): SLURM counts the partition's nodes left,
     PBS Pro the hosts left; both keep every spare when the scheduler cannot say."""
     from hpclaunch.config import load_config
     from hpclaunch.orchestrator.launch import prepare
     from hpclaunch.schedulers import pbs
-    from hpclaunch.schedulers.base import spares_that_fit
+    from hpclaunch.schedulers.protocol import spares_that_fit
 
     overrides = ["scheduler.nodes=2", "scheduler.spare_nodes=2"]
     plan = prepare(load_config(None, [f"run_dir={tmp_path}", "scheduler.kind=pbs", *overrides])).plan

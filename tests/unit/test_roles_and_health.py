@@ -25,8 +25,8 @@ from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.paths import newest_checkpoint_step
-from hpclaunch.rundir.progress import progress_file
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.rundir.progress_files import progress_file
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from hpclaunch.schedulers.base import JobState
+from hpclaunch.schedulers.protocol import JobState
 from hpclaunch.schedulers.slurm import parse_sacct_json, parse_squeue_json
 
 pytestmark = pytest.mark.fast

@@ -25,7 +25,7 @@ from hpclaunch.jobs.agent import NodeAgent
 from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import FINISHED, STARTED, Ledger, LockHolder, RunLock, RunPaths, read_events
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.schedulers.protocol import NodeContext
 
 pytestmark = pytest.mark.fast
 

@@ -12,7 +12,7 @@ import pytest
 from hpclaunch.jobs.straggler_tracker import StragglerTracker
 from hpclaunch.orchestrator.stragglers import describe, straggler_summary
 from hpclaunch.rundir import Ledger, RunPaths, read_events
-from hpclaunch.rundir.progress import steptimes_file
+from hpclaunch.rundir.progress_files import steptimes_file
 
 pytestmark = pytest.mark.fast
 

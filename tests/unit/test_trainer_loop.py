@@ -276,7 +276,7 @@ def test_an_orderly_end_leaves_no_empty_stacks_file_and_a_dump_is_kept(
     tmp_path: Path, data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Issue 26: every attempt left an empty rank0.stacks.txt; only a dump (a hang's evidence) stays."""
-    from hpclaunch.rundir.progress import STACK_SIGNAL, stacks_file
+    from hpclaunch.rundir.progress_files import STACK_SIGNAL, stacks_file
 
     run = write_run(tmp_path, data, "train.steps=4", "watchdog.enabled=true")
     monkeypatch.setenv("HPCLAUNCH_ATTEMPT", "a1")

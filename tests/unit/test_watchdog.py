@@ -29,8 +29,8 @@ from hpclaunch.jobs.watchdog import (
     window_s,
 )
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
-from hpclaunch.rundir.progress import hang_file, progress_file, stacks_file
-from hpclaunch.schedulers.base import NodeContext
+from hpclaunch.rundir.progress_files import hang_file, progress_file, stacks_file
+from hpclaunch.schedulers.protocol import NodeContext
 
 CFG = WatchdogConfig(launch_s=300, startup_s=120, checkpoint_s=600, step_min_s=60, step_factor=10, poll_s=1)
 

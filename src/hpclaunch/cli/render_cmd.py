@@ -11,7 +11,7 @@ import typer
 from ..errors import UserInputError
 from ..fsutil import atomic_write_text
 from ..orchestrator.launch import Prepared, prepare
-from ..schedulers.base import RenderedJob
+from ..schedulers.protocol import RenderedJob
 from ..schedulers.registry import get_scheduler
 from .common import ConfigOptArg, ScriptOpt, SetOpt, err_console, load_run_config
 

@@ -360,7 +360,7 @@ def _attempts_in_the_foreground(run_dir: str) -> int:
 
     from ..jobs.agent import agent_main
     from ..rundir.env import RESTART_VAR
-    from ..schedulers.base import LOCAL_REQUEUE_EXIT
+    from ..schedulers.protocol import LOCAL_REQUEUE_EXIT
 
     restart = 0
     while True:

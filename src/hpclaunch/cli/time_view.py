@@ -101,7 +101,7 @@ def time_parts(data: StatusView) -> list[Any]:
 def _again(data: StatusView, last: bool) -> str:
     """What becomes of an attempt's lost steps: a later attempt computed them again, or the next one
     will; where the run has ended (stopped for good, failed, cancelled), only a resume would."""
-    from ..schedulers.base import ACTIVE_STATES
+    from ..schedulers.protocol import ACTIVE_STATES
 
     if not last:
         return "a later attempt computed them again"

@@ -22,23 +22,14 @@ importing only those above it:
 from __future__ import annotations
 
 from ..errors import ConfigError
-from .base import (
-    BUILTIN_SECTIONS,
-    DIRECTIVE_VALUE_RE,
-    ENV_NAME_RE,
-    INTERNAL_SECTIONS,
-    NAME_RE,
-    KeyedValueError,
-    format_hms,
-    parse_duration,
-)
 from .checkpoint import CheckpointConfig, MemoryTierConfig
+from .cluster import LaunchConfig, NcclConfig, NcclPreset, RescueConfig, SchedulerConfig
 from .keys import RENAMED_KEYS, RETIRED_KEYS, drop_retired
+from .layering import load_config, read_yaml_mapping
 from .layers import merge_layers, source_of
-from .loading import load_config, read_yaml_mapping
 from .overrides import apply_override
 from .reference import iter_reference_rows, json_schema
-from .run import RunConfig, omp_threads
+from .run_config import RunConfig, omp_threads
 from .runtime import (
     ContainerConfig,
     ContainerRuntime,
@@ -50,7 +41,16 @@ from .runtime import (
     TestingConfig,
     WatchdogConfig,
 )
-from .scheduler import LaunchConfig, NcclConfig, NcclPreset, RescueConfig, SchedulerConfig
+from .section_base import (
+    BUILTIN_SECTIONS,
+    DIRECTIVE_VALUE_RE,
+    ENV_NAME_RE,
+    INTERNAL_SECTIONS,
+    NAME_RE,
+    KeyedValueError,
+    format_hms,
+    parse_duration,
+)
 from .training import DataConfig, ModelConfig, ProfileKnob, TrainConfig, WandbConfig, extra_missing
 from .validation import validate_config
 

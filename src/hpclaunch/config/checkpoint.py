@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .base import _Section
+from .section_base import _Section
 
 
 def _whole_or_auto(v: Any, most: int | None, what: str) -> int | str:

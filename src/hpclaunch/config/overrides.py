@@ -10,9 +10,9 @@ import yaml
 from pydantic import BaseModel
 
 from ..errors import ConfigError
-from .base import _section_model
 from .keys import RENAMED_KEYS
-from .run import RunConfig
+from .run_config import RunConfig
+from .section_base import _section_model
 from .validation import _unknown_key
 
 

@@ -9,8 +9,8 @@ from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel
 
-from .base import INTERNAL_SECTIONS, _section_model
-from .run import RunConfig
+from .run_config import RunConfig
+from .section_base import INTERNAL_SECTIONS, _section_model
 
 
 def json_schema() -> dict[str, Any]:

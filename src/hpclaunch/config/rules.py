@@ -9,10 +9,10 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .base import BUILTIN_SECTIONS, KeyedValueError
 from .checkpoint import CheckpointConfig
+from .cluster import LaunchConfig, SchedulerConfig
 from .runtime import ContainerConfig, ScriptConfig, TestingConfig
-from .scheduler import LaunchConfig, SchedulerConfig
+from .section_base import BUILTIN_SECTIONS, KeyedValueError
 from .training import DataConfig, ModelConfig, TrainConfig
 
 _CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")

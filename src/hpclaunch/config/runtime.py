@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import ENV_NAME_RE, KeyedValueError, _Section
+from .section_base import ENV_NAME_RE, KeyedValueError, _Section
 
 
 class PreflightConfig(_Section):

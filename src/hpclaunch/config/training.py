@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import KeyedValueError, _Section
+from .section_base import KeyedValueError, _Section
 
 
 class ModelConfig(_Section):

@@ -10,10 +10,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError, did_you_mean
-from .base import KeyedValueError, _section_model
 from .keys import RETIRED_KEYS
 from .layers import source_of
-from .run import RunConfig
+from .run_config import RunConfig
+from .section_base import KeyedValueError, _section_model
 
 
 def validate_config(

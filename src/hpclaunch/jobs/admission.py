@@ -21,7 +21,7 @@ from ..errors import HpclaunchError
 from ..rundir import REFUSED, JobPlan, Ledger, LockHolder, RunLock, RunPaths
 from ..rundir.events import Event
 from ..rundir.lock import liveness
-from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.protocol import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .decision_rules import Action, Budgets, History, decide_start, decide_unended, unended_attempt
 

@@ -48,7 +48,7 @@ from ..rundir import (
 )
 from ..rundir.attempt_records import AttemptEnd
 from ..rundir.node_dir import NodeDir, node_directory
-from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.protocol import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .admission import admit
 from .agent_exit import agent_failed
@@ -385,7 +385,7 @@ def agent_main(run_dir: str) -> int:
 
 
 def _sweep_point(plan: JobPlan, ctx: NodeContext) -> tuple[JobPlan, RunPaths]:
-    from ..schedulers.base import NodeContextError
+    from ..schedulers.protocol import NodeContextError
 
     if ctx.array_task is None or not 0 <= ctx.array_task < len(plan.sweep):
         raise NodeContextError(

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 from ..rundir import JobPlan
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.cause import Cause
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .allocation import Roster
 from .decision_rules import Action, Decision
 

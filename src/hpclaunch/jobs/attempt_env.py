@@ -23,8 +23,8 @@ from ..rundir.env import (
 )
 from ..rundir.node_dir import NodeDir
 from ..rundir.plan import rdzv_port_for
-from ..schedulers.base import NodeContext, Scheduler
 from ..schedulers.nodes import interface_of, rendezvous_address
+from ..schedulers.protocol import NodeContext, Scheduler
 from .allocation import Roster
 from .hang_evidence import flight_recorder_env
 from .node_progress import prepare_local_dir
@@ -61,7 +61,7 @@ def rank_host_environment(
     env[NODE_NAME_VAR] = ctx.hostname  # ranks report their node as the scheduler names it
     env[ALLOCATION_VAR] = ctx.allocation  # (the memory tier's snapshots belong to one allocation)
     if cfg.is_script:  # the script's own slow imports first, then torch's and the rank package's
-        env[PRELOAD_VAR] = ",".join([*cfg.script.preload, "hpclaunch.rank.preload"])
+        env[PRELOAD_VAR] = ",".join([*cfg.script.preload, "hpclaunch.rank.script_preload"])
     elif cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
         env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
     if node_dir is not None:

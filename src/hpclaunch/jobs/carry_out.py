@@ -24,7 +24,7 @@ from ..rundir import ENDED, NODE_EXCLUDED, RunLock
 from ..rundir.cause import Cause
 from ..rundir.events import Cancelled, Event, RescueSubmitted, of_kind
 from ..rundir.kinds import AGENT_ERROR
-from ..schedulers.base import Continuation
+from ..schedulers.protocol import Continuation
 from ..schedulers.rescue_job import waiting_rescues
 from .allocation import Roster
 from .decision_rules import RESUMABLE, Action, Decision

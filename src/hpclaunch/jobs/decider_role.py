@@ -17,7 +17,7 @@ from collections.abc import Callable
 
 from ..rundir import Heartbeat, LockHolder, RunLock
 from ..rundir.lock import HEARTBEAT_EVERY_S
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .allocation import BEAT_S, POLL_S, DecisionRecord, Roster
 from .node_checks import StartBarrier, Word
 from .node_run import NodeRun

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..rundir import RunPaths
-from ..rundir.progress import (
+from ..rundir.progress_files import (
     NCCL_PIPE_STEM,
     NCCL_TRACE_STEM,
     STACK_SIGNAL,

@@ -36,7 +36,7 @@ from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_patie
 from ..rundir import RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .allocation import START_GRACE_S
 
 GATHER_TIMEOUT_S = START_GRACE_S  # how long the decider waits for every node's verdict (one window)

@@ -1,6 +1,6 @@
 """One node's ranks as its agent sees them, and the one file per node the decider reads.
 
-The ranks write their heartbeats on their node (``rundir.progress.local_progress_dir``); the agent
+The ranks write their heartbeats on their node (``rundir.progress_files.local_progress_dir``); the agent
 reads them there (no shared-filesystem operation), judges each rank's stall on its own clock with
 the watchdog's windows, and keeps the node's aggregate, ``RUN/attempts/<attempt>/node<n>.progress.json``
 (every rank's record with its stall and window, and the ranks' recent step-time summaries), in
@@ -26,7 +26,7 @@ from typing import Any
 
 from ..fsutil import create_exclusive, poll_json
 from ..rundir import RunPaths
-from ..rundir.progress import local_progress_dir, node_progress_file, progress_file
+from ..rundir.progress_files import local_progress_dir, node_progress_file, progress_file
 from ..rundir.shm import private_dirs
 
 SUMMARIES_KEPT = 16  # per rank: enough for the decider's turn over 512 nodes at a step a second

@@ -13,7 +13,7 @@ import dataclasses
 
 from ..config import RunConfig
 from ..rundir import JobPlan, Ledger, RunPaths
-from ..schedulers.base import NodeContext, Scheduler
+from ..schedulers.protocol import NodeContext, Scheduler
 from .allocation import Allocation
 
 

@@ -32,7 +32,7 @@ from types import FrameType
 from ..rundir import STOP_OVERDUE, STOP_REQUESTED
 from ..rundir.cause import STOP_CODES, Cause
 from ..rundir.control import write_relay_stop
-from ..schedulers.base import at_time_limit
+from ..schedulers.protocol import at_time_limit
 from .node_run import NodeRun
 
 CUT_OFF_MARGIN_S = 4.0  # node 0 ends a stop that overruns this long before the scheduler's SIGKILL

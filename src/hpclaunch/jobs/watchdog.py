@@ -52,7 +52,7 @@ from ..fsutil import atomic_write_json
 from ..rundir import HANG, STRAGGLER, AttemptOutcome, Ledger, RunPaths, read_outcome
 from ..rundir.cause import Cause
 from ..rundir.events import CheckpointSaved, Event, of_kind
-from ..rundir.progress import (
+from ..rundir.progress_files import (
     NCCL_TRACE_STEM,
     PHASE_ORDER,
     ProgressRecord,
@@ -60,7 +60,7 @@ from ..rundir.progress import (
     nccl_dump_dir,
     read_progress,
 )
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .allocation import LOOK_S
 from .hang_evidence import dump_stacks, file_size, stop_workers, trigger_flight_recorder
 from .node_progress import LEAD_READS_PER_S, NodeFiles, OtherNodes

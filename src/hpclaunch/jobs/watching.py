@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..rundir.progress import local_progress_dir
+from ..rundir.progress_files import local_progress_dir
 from .allocation import LOOK_S, Roster, node_ranks
 from .decider_role import DeciderRole
 from .node_run import NodeRun

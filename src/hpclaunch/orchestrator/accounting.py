@@ -48,7 +48,7 @@ from ..rundir.events import (
     Submitted,
 )
 from ..rundir.metrics import MetricsLine
-from ..rundir.progress import ProgressRecord
+from ..rundir.progress_files import ProgressRecord
 
 PHASES = ("queue", "startup", "training", "stall", "lost", "end_save", "idle")
 # Events with which node 0's agent (or the CLI) ends an attempt's allocation.

@@ -34,7 +34,7 @@ from ..rundir import (
 )
 from ..rundir.control import drop_user_stop
 from ..rundir.plan import write_plan
-from ..schedulers.base import RenderedJob, Scheduler
+from ..schedulers.protocol import RenderedJob, Scheduler
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue
 from . import plan_build as plan_mod

@@ -21,7 +21,7 @@ from ..errors import RunNotFoundError, UserInputError
 from ..rundir import RunPaths
 from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.readers import sweep_roots
-from ..schedulers.base import ACTIVE_STATES
+from ..schedulers.protocol import ACTIVE_STATES
 from .accounting import PHASES, AttemptTime, RunTime, fmt_seconds
 from .memory_tier_view import describe_memory_tier
 from .status import StatusView, steps_text, summarize

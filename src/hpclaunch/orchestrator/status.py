@@ -38,7 +38,7 @@ from ..rundir.events import (
     Submitting,
 )
 from ..rundir.metrics import MetricsLine, read_metrics
-from ..schedulers.base import ACTIVE_STATES
+from ..schedulers.protocol import ACTIVE_STATES
 from .accounting import RunTime, metrics_steps_by_attempt
 from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost

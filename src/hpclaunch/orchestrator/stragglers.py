@@ -16,7 +16,7 @@ from typing import Any
 from ..fsutil import read_jsonl
 from ..rundir import Event, RunPaths, of_kind
 from ..rundir.events import Straggler
-from ..rundir.progress import steptimes_dir
+from ..rundir.progress_files import steptimes_dir
 
 _TAIL_BYTES = 4096  # a few summaries: enough for each rank's latest
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..rundir import Event, RunPaths, read_events
 from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.plan_reader import read_plan_view
-from ..rundir.progress import ProgressRecord, read_progress
+from ..rundir.progress_files import ProgressRecord, read_progress
 from .accounting import RunTime, account, attempt_keys
 
 

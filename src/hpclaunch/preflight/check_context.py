@@ -20,7 +20,7 @@ from pathlib import Path
 from .. import proc
 from ..config import RunConfig
 from ..probe_shapes import ProbeAnswer
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .probe import Probe, ProbeError, StaticProbe
 from .results import Status
 from .sizes import estimate_parameters

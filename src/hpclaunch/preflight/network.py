@@ -15,8 +15,8 @@ import socket
 
 from ..nccl import infiniband_ports, match_socket_ifname, nccl_environment, net_interfaces
 from ..rundir.plan import rdzv_port_for
-from ..schedulers.base import NodeContextError
 from ..schedulers.nodes import is_loopback, rendezvous_address, resolve_address
+from ..schedulers.protocol import NodeContextError
 from ..schedulers.registry import get_scheduler
 from .check_context import CheckContext, Findings, Outcome
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..config import RunConfig
 from ..errors import HpclaunchError, UserInputError, debug_enabled, did_you_mean
-from ..schedulers.base import NodeContext
+from ..schedulers.protocol import NodeContext
 from .check_context import CheckContext, Outcome, RunCommand, run_command
 from .container_check import check_container, job_probe
 from .data_check import check_data
@@ -32,7 +32,7 @@ from .network import check_network
 from .node import check_node
 from .probe import Probe, StaticProbe
 from .results import CheckResult, Report, Status
-from .scheduler import check_scheduler
+from .scheduler_check import check_scheduler
 from .script_check import SCRIPT_PROBE_S, check_script
 
 PROBE_TIMEOUT_S = 60.0

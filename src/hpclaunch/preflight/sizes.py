@@ -125,7 +125,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     act = 2 if bf16 else 4
     micro = cfg.micro_batch
     block = block_parameters(m)
-    one_rank = s.world_size == 1  # the model itself, not wrapped (``trainer.dist.wrap_model``)
+    one_rank = s.world_size == 1  # the model itself, not wrapped (``trainer.parallel.wrap_model``)
     fsdp = t.parallel == "fsdp" and not one_rank
     shard = (t.fsdp_shard_size or s.world_size) if fsdp else 1
     parts: dict[str, int] = {
@@ -134,7 +134,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
         "optimizer": 8 * params // shard,
         "ema": (4 * params // shard) if t.ema_decay else 0,
     }
-    if fsdp:  # (``trainer.dist.wrap_model``: a one-rank shard group keeps every block gathered)
+    if fsdp:  # (``trainer.parallel.wrap_model``: a one-rank shard group keeps every block gathered)
         parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else params * act + block * act
     else:
         parts["gradients"] += 0 if one_rank else 4 * params  # DDP's gradient buckets

@@ -3,7 +3,7 @@ how its steps split into its own work and waiting.
 
 The training loop only sets attributes (``phase(name)``, ``stepped(step, seconds)``: a clock read
 and a few additions); a daemon thread writes ``RUN/attempts/<attempt>/rank<r>.progress.json``
-about once a second (file names: ``rundir.progress``). The node agent's watchdog reads these files:
+about once a second (file names: ``rundir.progress_files``). The node agent's watchdog reads these files:
 a rank whose step and phase have not changed for longer than the phase's window is stuck, and the
 phase tells where. The thread keeps writing while the main thread hangs, and it samples the main
 thread's stack: a rank blocked in a ``torch.distributed`` call says so (``waiting``), which tells
@@ -42,7 +42,7 @@ from ..config import RunConfig
 from ..fsutil import append_line
 from ..rundir import RunPaths
 from ..rundir.env import NODE_NAME_VAR, PROGRESS_DIR_VAR
-from ..rundir.progress import (
+from ..rundir.progress_files import (
     PHASES,
     STACK_SIGNAL,
     TRAINING_PHASES,

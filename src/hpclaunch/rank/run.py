@@ -32,7 +32,7 @@ from ..errors import UserInputError
 from ..rundir import STOPPED, AttemptOutcome, Ledger
 from ..rundir.cause import STOP_EXIT_CODES, Cause
 from ..rundir.outcome import Status
-from ..rundir.progress import PHASES
+from ..rundir.progress_files import PHASES
 from .checkpoint import Checkpointer
 from .data_position import DataPosition
 from .dist import DistContext

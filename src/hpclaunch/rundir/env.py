@@ -15,7 +15,7 @@ NODE_NAME_VAR = "HPCLAUNCH_NODE_NAME"  # set by the node agent: this node, as th
 PRELOAD_COMPILE_VAR = "HPCLAUNCH_PRELOAD_COMPILE"  # set by the node agent for train.compile runs
 ALLOCATION_VAR = "HPCLAUNCH_ALLOCATION"  # set by the node agent: job id + the scheduler's restart count
 FOREGROUND_VAR = "HPCLAUNCH_FOREGROUND"  # set by `hpclaunch train`: the agent runs in its process
-# Set by the node agent: the node-local folder its ranks write their progress to (``rundir.progress``).
+# Set by the node agent: the node-local folder its ranks write their progress to (``rundir.progress_files``).
 PROGRESS_DIR_VAR = "HPCLAUNCH_PROGRESS_DIR"
 # Set by the node agent for its rank host: the modules (comma-separated) it imports once before it
 # forks the ranks (``rank.host``); unset: the built-in trainer's.

@@ -16,7 +16,7 @@ import signal
 from ..errors import SchedulerError
 from ..rundir import RunLock, RunPaths
 from ..rundir.lock import liveness, process_start
-from .base import JobState, SchedulerStatus
+from .protocol import JobState, SchedulerStatus
 
 PREFIX = "fg"
 

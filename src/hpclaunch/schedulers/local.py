@@ -36,7 +36,8 @@ from ..templates.container_lines import container_lines
 from ..templates.exports import job_exports
 from ..templates.shell import Raw, join
 from . import foreground, local_slots
-from .base import (
+from .nodes import resolve_address
+from .protocol import (
     LOCAL_REQUEUE_EXIT,
     Continuation,
     JobState,
@@ -46,7 +47,6 @@ from .base import (
     at_time_limit,
     env_int,
 )
-from .nodes import resolve_address
 
 SCRIPT_NAME = "job.local.sh"
 STATE_FILE = "local.json"

@@ -11,10 +11,10 @@ import ipaddress
 import socket
 from typing import TYPE_CHECKING
 
-from .base import NodeContext, NodeContextError
+from .protocol import NodeContext, NodeContextError
 
 if TYPE_CHECKING:
-    from .base import Scheduler
+    from .protocol import Scheduler
 
 
 def is_loopback(address: str) -> bool:

@@ -34,7 +34,8 @@ from ..templates.container_lines import container_lines
 from ..templates.exports import job_exports
 from ..templates.shell import Raw, directive_value, join
 from . import pbs_json
-from .base import (
+from .nodes import resolve_address
+from .protocol import (
     Continuation,
     JobState,
     NodeContext,
@@ -47,7 +48,6 @@ from .base import (
     run_command,
     spares_that_fit,
 )
-from .nodes import resolve_address
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SCRIPT_NAME = "job.pbs"

@@ -15,7 +15,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import JobState, SchedulerStatus
+from .protocol import JobState, SchedulerStatus
 
 # Substates (OpenPBS src/include/job.h) that change what a state letter means.
 SUBSTATE_DEPEND_HOLD = 22

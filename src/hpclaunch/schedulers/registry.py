@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from .base import Scheduler
+from .protocol import Scheduler
 
 
 def get_scheduler(kind: str) -> Scheduler:

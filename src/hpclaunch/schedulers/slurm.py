@@ -35,7 +35,8 @@ from ..templates.container_lines import container_lines
 from ..templates.exports import job_exports, script_header
 from ..templates.shell import Raw, directive_value, join
 from . import submitit_adapter
-from .base import (
+from .nodes import resolve_address
+from .protocol import (
     Continuation,
     JobState,
     NodeContext,
@@ -48,7 +49,6 @@ from .base import (
     run_command,
     spares_that_fit,
 )
-from .nodes import resolve_address
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SUBMITIT_DIR = "scheduler/submitit"

@@ -22,9 +22,9 @@ from ..rank.dist import DistContext, broadcast_json
 from ..shards import DatasetInfo, validate_dataset
 from ..shards import checked as check_record
 from .data import SampleOrder, ShardedDataset, holdout_split
-from .dist import wants_bf16, wrap_model
 from .ema import EMA
 from .model import build_model
+from .parallel import wants_bf16, wrap_model
 from .state import init_adamw_state
 
 

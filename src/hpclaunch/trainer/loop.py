@@ -69,10 +69,10 @@ from .build import build_model_parts, load_data
 from .compile_cache import CompileCache
 from .counters import Counters
 from .ddp_buckets import DDPBuckets
-from .dist import device_kind, reshard, set_deterministic, setup_distributed
 from .evaluate import Evaluator
 from .grads import clip_, local_grads, shard_group, total_norm
 from .loader import micro_batches, raise_data_problem
+from .parallel import device_kind, reshard, set_deterministic, setup_distributed
 from .profiling import StepProfiler
 from .rank_run import RankRun
 from .reports import Reports

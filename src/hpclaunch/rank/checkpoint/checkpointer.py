@@ -19,8 +19,8 @@ from ...rundir import Ledger
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir, RunCheckpoints
 from .group import checkpoint_group
-from .loading import load_latest
 from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
+from .resume import load_latest
 from .safe_load import safe_load_parts
 from .save_decision import plan_save
 from .save_errors import estimated_bytes as _estimated_bytes

@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .base import (
+from .keys import _RENAMED_IN_SCHEDULER
+from .section_base import (
     ENV_NAME_RE,
     KeyedValueError,
     _check_directive_value,
@@ -15,7 +16,6 @@ from .base import (
     format_hms,
     parse_duration,
 )
-from .keys import _RENAMED_IN_SCHEDULER
 
 
 class RescueConfig(_Section):

@@ -13,12 +13,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
-from .base import BUILTIN_SECTIONS, NAME_RE, _Section
 from .checkpoint import CheckpointConfig
+from .cluster import LaunchConfig, NcclConfig, SchedulerConfig
 from .layers import source_of
 from .rules import check_builtin, check_common, mounted_paths, no_control_characters, script_or_builtin
 from .runtime import ContainerConfig, PreflightConfig, ScriptConfig, TestingConfig, WatchdogConfig
-from .scheduler import LaunchConfig, NcclConfig, SchedulerConfig
+from .section_base import BUILTIN_SECTIONS, NAME_RE, _Section
 from .training import DataConfig, ModelConfig, TrainConfig
 
 

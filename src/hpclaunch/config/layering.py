@@ -13,7 +13,7 @@ from ..errors import ConfigError
 from .keys import drop_retired
 from .layers import merge_layers
 from .overrides import apply_override
-from .run import RunConfig
+from .run_config import RunConfig
 from .validation import validate_config
 
 
