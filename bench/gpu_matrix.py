@@ -3,7 +3,7 @@ a process of its own, most important first, in one bounded run (``bench/gpu_leas
 
 Each configuration builds the real trainer (``Trainer`` with ``train.parallel: fsdp`` on one GPU,
 which trains the model itself, unwrapped, bf16 by autocast; EMA, grad clip; no checkpoints) and runs its real step (``Trainer.train_step``): warm-up steps (the first one
-compiles), then timed steps (median), then, where asked, two profiled ones (``trainer.profiling``).
+compiles), then timed steps (median), then, where asked, two profiled ones (``trainer.reporting.profiling``).
 Reported per configuration (``summary.json``, a list): ``gpu``, ``params``, ``deterministic``,
 ``compile``, ``micro_batch``, ``global_batch``, ``step_s``, ``samples_per_s``, ``tflops``, ``mfu``
 (model FLOPs of ``preflight.sizes.train_flops_per_sample`` over the dense bf16 peak),
@@ -114,7 +114,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     from hpclaunch.preflight.sizes import estimate_memory, estimate_parameters, train_flops_per_sample
     from hpclaunch.rundir import RunPaths
     from hpclaunch.trainer.loop import Trainer
-    from hpclaunch.trainer.profiling import StepProfiler
+    from hpclaunch.trainer.reporting.profiling import StepProfiler
 
     warmup, timed, profiled = spec["warmup"], spec["steps"], 2 if spec["profile"] else 0
     sets = config_sets(

@@ -6,7 +6,7 @@ checkpoint and trained past it, a fault is made, with nothing else running from 
   local     local scheduler: SIGKILL one rank (a crash); the agent restarts the attempt in place;
   compile   the same crash three times: ``train.compile`` off; on with inductor's caches disabled
             (cold: every attempt compiles from nothing); on with the caches kept node-local
-            (``trainer.compile_cache``: warm); prints each restart's ratio to the uncompiled one;
+            (``trainer.setup.compile_cache``: warm); prints each restart's ratio to the uncompiled one;
   slurm     real local SLURM, the same crash, twice in one run of this script: restarted in place,
             and with ``scheduler.restart_in_place=false``, through ``scontrol requeue`` (SLURM's own
             requeue hold included, as a user of a real cluster pays it, before any queue wait);
@@ -136,7 +136,7 @@ def local_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def compile_scenario(work: Path, data: Path) -> list[tuple[str, dict[str, Any]]]:
     """The same crash with ``train.compile``: the caches off (every attempt compiles from nothing,
-    as without node-local caches), then kept (``trainer.compile_cache``: the restart finds the
+    as without node-local caches), then kept (``trainer.setup.compile_cache``: the restart finds the
     first attempt's compiled code), beside the uncompiled run."""
     off = crash_run(work, data, "compile-off")
     cold = crash_run(

@@ -8,7 +8,7 @@ figures that move with the step's fixes in a session that has no GPU (docs/figur
 The real step (``Trainer.train_step`` and the metrics window's ``add``, as the loop calls them:
 forward and backward of every micro-batch, the NaN guard, the global grad norm, clipping, AdamW,
 the EMA), fp32, one rank: the model itself, as on one GPU (``train.parallel: fsdp`` is set, and one
-rank trains unwrapped: ``trainer.parallel.wrap_model``). For ``eager`` and ``compiled``
+rank trains unwrapped: ``trainer.setup.parallel.wrap_model``). For ``eager`` and ``compiled``
 (``train.compile``: each MMDiT block compiled once, reused by the identical blocks), after warm-up:
 
 - ``ops_per_step``: aten ops dispatched (a ``TorchDispatchMode`` counts every op below autograd;

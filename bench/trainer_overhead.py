@@ -32,11 +32,11 @@ import torch
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset, validate_dataset
-from hpclaunch.trainer.data import ShardedDataset
+from hpclaunch.trainer.data.dataset import ShardedDataset
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import Draws, Objective, compute_losses
-from hpclaunch.trainer.parallel import set_deterministic
+from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.objective import Draws, Objective, compute_losses
+from hpclaunch.trainer.setup.parallel import set_deterministic
 
 
 def bare_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:

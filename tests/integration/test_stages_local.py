@@ -111,11 +111,11 @@ def ema_loss_on_first_batch(runs: Path) -> float:
     from hpclaunch.rank.checkpoint import load_readonly
     from hpclaunch.rundir import RunPaths, read_config
     from hpclaunch.shards import validate_dataset
-    from hpclaunch.trainer.data import SampleOrder, ShardedDataset
-    from hpclaunch.trainer.ema import clean_name
-    from hpclaunch.trainer.loader import StepBatches, StepPlan, micro_batches
-    from hpclaunch.trainer.model import build_model
-    from hpclaunch.trainer.objective import Objective, compute_losses
+    from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset
+    from hpclaunch.trainer.data.loader import StepBatches, StepPlan, micro_batches
+    from hpclaunch.trainer.model.ema import clean_name
+    from hpclaunch.trainer.model.network import build_model
+    from hpclaunch.trainer.model.objective import Objective, compute_losses
 
     cfg = read_config(RunPaths(runs / "stage2"))
     t, m = cfg.train, cfg.model

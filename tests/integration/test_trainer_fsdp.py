@@ -248,7 +248,7 @@ def test_sample_after_the_short_run_beats_an_untrained_model(reference: Path, ro
     Var(latents) = 2; 10 % below it is twenty times the sampling error of a 4096-element mean."""
     from hpclaunch.rundir import read_config
     from hpclaunch.shards import validate_dataset
-    from hpclaunch.trainer.model import build_model
+    from hpclaunch.trainer.model.network import build_model
     from hpclaunch.trainer.sample import conditioning, run_sampling
 
     out = root / "samples-l2t"

@@ -1,4 +1,4 @@
-"""Where ``train.compile``'s caches go (``trainer.compile_cache``): a directory the user chose is
+"""Where ``train.compile``'s caches go (``trainer.setup.compile_cache``): a directory the user chose is
 kept, inductor's own default (which it writes into the environment when it first looks) is replaced
 by this user's node-local one, 0700; a run's artifacts that cannot be loaded only cost a compile."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hpclaunch.rundir import RunPaths
-from hpclaunch.trainer.compile_cache import CACHE_VAR, CompileCache, artifact_name
+from hpclaunch.trainer.setup.compile_cache import CACHE_VAR, CompileCache, artifact_name
 
 pytestmark = pytest.mark.fast
 

@@ -18,12 +18,12 @@ from hpclaunch.rank.checkpoint import load_readonly
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.ema import clean_name
 from hpclaunch.trainer.entry import main
-from hpclaunch.trainer.init_from import InitFromError
-from hpclaunch.trainer.init_source import check_fits
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.model import build_model
+from hpclaunch.trainer.model.ema import clean_name
+from hpclaunch.trainer.model.init_from import InitFromError
+from hpclaunch.trainer.model.init_source import check_fits
+from hpclaunch.trainer.model.network import build_model
 
 MODEL = tiny_model(1)
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("in_process_trainer")]
@@ -273,7 +273,7 @@ def test_wandb_online_with_an_unreachable_server_trains_on_offline_with_one_warn
 def test_an_experiment_log_that_raises_mid_run_is_dropped_once_and_training_goes_on() -> None:
     """The class of issue 26's W&B finding: any log's failure (a write, a mark, the close) is said
     once and that log is dropped; the others keep logging."""
-    from hpclaunch.trainer.explog import ExperimentLogs
+    from hpclaunch.trainer.reporting.explog import ExperimentLogs
 
     class Broken:
         def scalars(self, record: dict[str, Any]) -> None:

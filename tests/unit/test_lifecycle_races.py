@@ -540,8 +540,8 @@ def test_a_bad_token_in_a_batch_is_named_by_the_batch(tmp_path: Path) -> None:
     and id, as the run's own data failure (it used to be an index error: a crash, retried)."""
     from hpclaunch.shards.format import validate_dataset
     from hpclaunch.shards.synth import synth_dataset
-    from hpclaunch.trainer.data import SampleOrder, ShardedDataset
-    from hpclaunch.trainer.loader import RankDataError, StepBatches, StepPlan, raise_data_problem
+    from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset
+    from hpclaunch.trainer.data.loader import RankDataError, StepBatches, StepPlan, raise_data_problem
 
     cfg = load_config(None, [])
     synth_dataset(tmp_path / "d", samples=32, model_cfg=cfg.model, seed=0)

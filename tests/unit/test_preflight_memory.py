@@ -116,7 +116,7 @@ def test_the_fast_mode_keeps_no_attention_matrix_so_more_fits() -> None:
 
 
 def test_one_rank_is_estimated_unwrapped_whatever_the_parallelism() -> None:
-    """One GPU trains the model itself (``trainer.parallel.wrap_model``): no FSDP buffers, no DDP
+    """One GPU trains the model itself (``trainer.setup.parallel.wrap_model``): no FSDP buffers, no DDP
     buckets, autocast's bf16 weight copies; preflight says so instead of the parallelism."""
     one = [
         "scheduler.nodes=1",

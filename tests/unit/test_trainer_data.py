@@ -13,7 +13,7 @@ import pytest
 from hpclaunch.config import ModelConfig
 from hpclaunch.errors import DataError
 from hpclaunch.shards import open_token_array, synth_dataset, validate_dataset
-from hpclaunch.trainer.data import SampleOrder, ShardedDataset
+from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset
 
 M = ModelConfig(vocab_size=50, text_len=6, latent_len=3, latent_dim=4)
 
@@ -261,6 +261,6 @@ def test_synth_is_deterministic(tmp_path: Path) -> None:
 
 
 def test_data_module_does_not_import_torch() -> None:
-    code = "import sys, hpclaunch.trainer.data, hpclaunch.cli.data_cmd; print('torch' in sys.modules)"
+    code = "import sys, hpclaunch.trainer.data.dataset, hpclaunch.cli.data_cmd; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -16,10 +16,10 @@ from hpclaunch.config import load_config
 from hpclaunch.rank.helper_signals import STOP_SIGNALS
 from hpclaunch.shards import checked as record
 from hpclaunch.shards import synth_dataset, validate_dataset
-from hpclaunch.trainer.data import SampleOrder, ShardedDataset, holdout_split
-from hpclaunch.trainer.loader import StepBatches, StepPlan, make_loader
-from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import Objective, compute_losses, draw
+from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset, holdout_split
+from hpclaunch.trainer.data.loader import StepBatches, StepPlan, make_loader
+from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
 
 M = load_config(
     None, ["model.text_len=12", "model.latent_len=3", "model.latent_dim=4", "model.vocab_size=50"]
@@ -166,7 +166,7 @@ def test_a_stop_signal_in_a_workers_start_up_leaves_it_running(
     SIGTERM handler is in place and before ``_worker_init`` ignores it (here: sent by the worker to
     itself at that point). It must stay pending and be dropped, not end the worker (before this,
     the rank failed as a crash: "DataLoader worker ... exited unexpectedly")."""
-    from hpclaunch.trainer import loader as loader_module
+    from hpclaunch.trainer.data import loader as loader_module
 
     real_init = loader_module._worker_init
 

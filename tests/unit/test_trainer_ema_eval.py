@@ -14,9 +14,9 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.fsutil import read_jsonl
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
-from hpclaunch.trainer.ema import EMA
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.model import build_model
+from hpclaunch.trainer.model.ema import EMA
+from hpclaunch.trainer.model.network import build_model
 from hpclaunch.trainer.sample import generate
 from hpclaunch.trainer.state import params_sha256
 

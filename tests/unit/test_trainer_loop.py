@@ -24,7 +24,7 @@ from hpclaunch.rundir.control import write_user_stop
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.entry import main
 from hpclaunch.trainer.loop import Trainer, lr_at, params_sha256
-from hpclaunch.trainer.metrics_window import FIELDS
+from hpclaunch.trainer.reporting.metrics_window import FIELDS
 
 MODEL = tiny_model(1)
 

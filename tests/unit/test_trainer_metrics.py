@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hpclaunch.trainer.metrics_window import FIELDS, MetricsLog, MetricsWindow
+from hpclaunch.trainer.reporting.metrics_window import FIELDS, MetricsLog, MetricsWindow
 
 pytestmark = pytest.mark.fast
 
@@ -76,7 +76,7 @@ def test_every_line_carries_its_time_and_attempt(tmp_path: Path) -> None:
 
 
 def test_a_gpu_line_shows_tflops_and_mfu_and_a_cpu_line_does_not() -> None:
-    from hpclaunch.trainer.metrics_window import describe
+    from hpclaunch.trainer.reporting.metrics_window import describe
 
     gpu = {"loss": 1.0, "samples_per_s": 50.0, "tflops_per_gpu": 405.3, "mfu": 0.4098}
     assert "405 TFLOP/s/GPU (MFU 41.0%)" in describe(gpu)

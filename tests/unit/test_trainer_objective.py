@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from hpclaunch.config import ModelConfig
-from hpclaunch.trainer.model import build_model
-from hpclaunch.trainer.objective import Objective, compute_losses, draw, mix_seed
+from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.objective import Objective, compute_losses, draw, mix_seed
 
 pytestmark = pytest.mark.fast
 

@@ -120,7 +120,7 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
     if not cfg.train.init_from:
         return
     from ..rank.checkpoint.manifest import published_dirs
-    from ..trainer.init_source import check_fits
+    from ..trainer.model.init_source import check_fits
 
     if published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints):
         return

@@ -1,6 +1,6 @@
 """The ``data`` check: the shards exist, pair up and hold what the model expects, and there are enough.
 
-Validation itself is the trainer's (``trainer.data.validate_dataset``, numpy only): every shard's
+Validation itself is the trainer's (``trainer.data.dataset.validate_dataset``, numpy only): every shard's
 pairing, dtype and shape from the headers, and the token ids of a few shards read in full. This
 check adds what only a planner can say: samples vs one global batch and vs the whole run.
 """

@@ -27,7 +27,7 @@ PER_GLOO_GROUP = 3  # beside the W-1 peer sockets: the listening socket, the eve
 
 
 def gloo_group_sizes(cfg: RunConfig) -> list[int]:
-    """The size of every gloo group one training process joins (``trainer/parallel.py``, ``build.py``)."""
+    """The size of every gloo group one training process joins (``trainer/setup/parallel.py``, ``build.py``)."""
     s, t = cfg.scheduler, cfg.train
     world = s.world_size
     # The host group (the default group on CPU, the gloo group beside NCCL) and the checkpointer's

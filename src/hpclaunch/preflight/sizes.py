@@ -2,7 +2,7 @@
 
 The exact parameter count comes from the probe (the real model built on the meta device). When the
 probe cannot answer, ``estimate_parameters`` counts the same layers by formula: it matched
-``trainer.model.build_model`` exactly when written (plain residual; mmdit's hyper-connection streams
+``trainer.model.network.build_model`` exactly when written (plain residual; mmdit's hyper-connection streams
 add about 1 %), and every figure built on it is labelled as an estimate.
 """
 
@@ -125,7 +125,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
     act = 2 if bf16 else 4
     micro = cfg.micro_batch
     block = block_parameters(m)
-    one_rank = s.world_size == 1  # the model itself, not wrapped (``trainer.parallel.wrap_model``)
+    one_rank = s.world_size == 1  # the model itself, not wrapped (``trainer.setup.parallel.wrap_model``)
     fsdp = t.parallel == "fsdp" and not one_rank
     shard = (t.fsdp_shard_size or s.world_size) if fsdp else 1
     parts: dict[str, int] = {
@@ -134,7 +134,7 @@ def estimate_memory(cfg: RunConfig, params: int) -> MemoryEstimate:
         "optimizer": 8 * params // shard,
         "ema": (4 * params // shard) if t.ema_decay else 0,
     }
-    if fsdp:  # (``trainer.parallel.wrap_model``: a one-rank shard group keeps every block gathered)
+    if fsdp:  # (``trainer.setup.parallel.wrap_model``: a one-rank shard group keeps every block gathered)
         parts["fsdp_gathered"] = block * (2 * act + act) if shard > 1 else params * act + block * act
     else:
         parts["gradients"] += 0 if one_rank else 4 * params  # DDP's gradient buckets

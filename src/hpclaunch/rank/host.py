@@ -50,9 +50,9 @@ from .helper_signals import ignore_stop_signals
 PROGRAMS = {"mmdit": "hpclaunch.trainer.entry", "script": "hpclaunch.rank.script_main"}
 # Imported once, forked after: the built-in trainer's (torch, mmdit, DCP and the trainer) unless the
 # agent names others (a script's run: the rank package and the script's own ``script.preload``).
-PRELOAD = [m for m in os.environ.get(PRELOAD_VAR, "hpclaunch.trainer.preload").split(",") if m]
+PRELOAD = [m for m in os.environ.get(PRELOAD_VAR, "hpclaunch.trainer.setup.preload").split(",") if m]
 if os.environ.get(PRELOAD_COMPILE_VAR):  # train.compile: Dynamo's and inductor's compilers too
-    PRELOAD.append("hpclaunch.trainer.preload_compile")
+    PRELOAD.append("hpclaunch.trainer.setup.preload_compile")
 
 
 # A rank whose work has ended (its outcome written) leaves its process within this long, whatever

@@ -1,4 +1,4 @@
-"""``RUN/metrics.jsonl`` as read back: one ``MetricsLine`` per logging window (``trainer.metrics_window``
+"""``RUN/metrics.jsonl`` as read back: one ``MetricsLine`` per logging window (``trainer.reporting.metrics_window``
 writes them). ``status``, the time accounting and ``report`` read the same lines."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """This user's node-local directory: what the ranks and their node agent share on one node (the
-ranks' heartbeats, ``rundir.progress_files``; torch.compile's caches, ``trainer.compile_cache``), and
+ranks' heartbeats, ``rundir.progress_files``; torch.compile's caches, ``trainer.setup.compile_cache``), and
 where the ranks find it when they run in a container image.
 
     <node tmp>/hpclaunch-<uid>/                        <node tmp>: the agent's $TMPDIR, else /tmp

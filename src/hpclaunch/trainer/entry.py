@@ -27,7 +27,7 @@ from ..rank.startup import StartupClock
 from ..rundir import AttemptOutcome, RunPaths, read_config
 from ..rundir.clock import AttemptClock
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
-from .loader import RankDataError
+from .data.loader import RankDataError
 from .loop import Trainer
 
 

@@ -22,9 +22,9 @@ import torch
 import torch.distributed as dist
 
 from ..config import RunConfig
-from .data import ShardedDataset, text_mask
-from .loader import eval_positions
-from .objective import Objective, compute_losses, draw
+from .data.dataset import ShardedDataset, text_mask
+from .data.loader import eval_positions
+from .model.objective import Objective, compute_losses, draw
 
 EVAL_STEP = 0  # draws of the evaluation set: a step number training never uses
 

@@ -65,22 +65,22 @@ from ..rundir import AttemptOutcome, RunPaths
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 from ..rundir.outcome import Status
-from .build import build_model_parts, load_data
-from .compile_cache import CompileCache
 from .counters import Counters
-from .ddp_buckets import DDPBuckets
+from .data.loader import micro_batches, raise_data_problem
+from .data.step_feed import StepFeed
 from .evaluate import Evaluator
 from .grads import clip_, local_grads, shard_group, total_norm
-from .loader import micro_batches, raise_data_problem
-from .parallel import device_kind, reshard, set_deterministic, setup_distributed
-from .profiling import StepProfiler
 from .rank_run import RankRun
-from .reports import Reports
+from .reporting.profiling import StepProfiler
+from .reporting.reports import Reports
+from .setup.build import build_model_parts, load_data
+from .setup.compile_cache import CompileCache
+from .setup.ddp_buckets import DDPBuckets
+from .setup.parallel import device_kind, reshard, set_deterministic, setup_distributed
 from .state import state_digests
-from .step_feed import StepFeed
 
 if TYPE_CHECKING:
-    from .init_from import Initialized
+    from .model.init_from import Initialized
 
 __all__ = ["Counters", "Trainer", "lr_at", "params_sha256"]
 
@@ -246,7 +246,7 @@ class Trainer:
             and self.cfg.train.init_from
             and self.initialized is None
         ):
-            from .init_from import init_weights
+            from .model.init_from import init_weights
 
             self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
 

@@ -30,9 +30,9 @@ from ..config import RunConfig
 from ..fsutil import atomic_write_json
 from ..rank.checkpoint import load_readonly
 from ..shards import TOKENS_KEY, validate_dataset
-from .data import ShardedDataset, holdout_split, text_mask
-from .ema import clean_name
-from .model import MMDiTDiffusion, build_model
+from .data.dataset import ShardedDataset, holdout_split, text_mask
+from .model.ema import clean_name
+from .model.network import MMDiTDiffusion, build_model
 
 MODES = ("t2l", "l2t", "joint")
 

@@ -28,9 +28,9 @@ def measure(request: StepRequest, *, started: float = START) -> StepMeasure:
     import torch
 
     from hpclaunch.config import RunConfig
-    from hpclaunch.trainer.build import build_optimizer
-    from hpclaunch.trainer.model import build_model
-    from hpclaunch.trainer.objective import Objective, compute_losses, draw
+    from hpclaunch.trainer.model.network import build_model
+    from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
+    from hpclaunch.trainer.setup.build import build_optimizer
 
     imported = time.monotonic() - started
     cfg = RunConfig.model_validate(request["config"])

@@ -14,18 +14,18 @@ from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
-from ..config import RunConfig
-from ..modelmath import peak_tflops, train_flops_per_sample
-from ..rank.dist import DistContext, all_gather_json
-from ..rundir import EXPERIMENT_LOG_FAILED, AttemptOutcome
-from ..rundir.cause import Cause
-from ..rundir.outcome import Status
+from ...config import RunConfig
+from ...modelmath import peak_tflops, train_flops_per_sample
+from ...rank.dist import DistContext, all_gather_json
+from ...rundir import EXPERIMENT_LOG_FAILED, AttemptOutcome
+from ...rundir.cause import Cause
+from ...rundir.outcome import Status
+from ..rank_run import RankRun
 from .explog import ExperimentLogs, open_experiment_logs
 from .metrics_window import MetricsLog, MetricsWindow, Window, max_memory_gb
-from .rank_run import RankRun
 
 if TYPE_CHECKING:
-    from .init_from import Initialized
+    from ..model.init_from import Initialized
 
 __all__ = ["Reports", "model_flops"]
 

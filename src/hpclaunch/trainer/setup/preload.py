@@ -3,7 +3,7 @@
 imports it again: the trainer, torch's distributed pieces it uses (DCP and its state-dict helpers,
 FSDP2, DDP, activation checkpointing, device meshes), mmdit (x_transformers -> einx ->
 torch._dynamo: the slowest import of a rank) and TensorBoard's writer. Imported by name from
-``launcher.PRELOAD``; importing this module does all of it."""
+``rank.host.PRELOAD``; importing this module does all of it."""
 
 import gc
 
@@ -16,7 +16,7 @@ import torch.nn.parallel  # noqa: F401
 from torch.distributed.algorithms._checkpoint import checkpoint_wrapper  # noqa: F401
 from torch.utils import tensorboard  # noqa: F401
 
-from . import entry  # noqa: F401
+from .. import entry  # noqa: F401
 
 # Everything imported so far moves to the collector's permanent generation: a forked rank's
 # garbage collections then never walk (and so never copy, page by page) the objects it shares with

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..fsutil import append_line
+from ...fsutil import append_line
 
 # One logging window's numbers by name (None: not measured in it): the loop adds its own (step, lr,
 # throughput, validation losses) to ``collect()``'s, so the keys are open; every value is a number.

@@ -24,8 +24,8 @@ import secrets
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import RunConfig
-from ..fsutil import atomic_write_json
+from ...config import RunConfig
+from ...fsutil import atomic_write_json
 from .tensorboard import TAGS, step_of
 
 if TYPE_CHECKING:  # a type only: trainer.metrics_window imports torch
@@ -80,7 +80,7 @@ class WandbLog:
         except Exception as e:
             if w.mode != "online":
                 raise
-            from ..errors import error_text
+            from ...errors import error_text
 
             self.offline_because = f"W&B unreachable ({error_text(e)})"
             # The failed init keeps the run id taken in wandb's service ("run ID ... is in use"):

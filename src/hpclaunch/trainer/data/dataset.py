@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..shards.format import DatasetInfo, open_latent_array, open_token_array
+from ...shards.format import DatasetInfo, open_latent_array, open_token_array
 
 if TYPE_CHECKING:
-    from ..config import ModelConfig
+    from ...config import ModelConfig
 
 
 class ShardedDataset:

@@ -6,7 +6,7 @@ instruction sets (each probe builds and loads a test library in a subprocess: ~2
 what Dynamo and inductor import only on their first compile or cache load (their backends'
 registry, export's passes, inductor's code generators: ~0.15 s). A rank would otherwise pay all of
 it at its first step, on every attempt, even when every compiled graph is in the cache. Imported by
-name from ``launcher.PRELOAD``, after ``preload``."""
+name from ``rank.host.PRELOAD``, after ``preload``."""
 
 import contextlib
 import gc
@@ -18,7 +18,7 @@ import torch._functorch.aot_autograd
 import torch._inductor.codecache
 import torch._inductor.compile_fx
 
-from ..rundir.env import PRELOAD_COMPILE_VAR
+from ...rundir.env import PRELOAD_COMPILE_VAR
 
 # What a first compile imports lazily (listed from ``sys.modules`` before and after a warm first
 # step on the CPU; pure Python, none touches a device: the ranks are forked from here, so nothing

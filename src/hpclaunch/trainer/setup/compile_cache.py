@@ -22,10 +22,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..fsutil import atomic_write_bytes
-from ..rundir import RunPaths
-from ..rundir.node_dir import rank_node_dir
-from ..rundir.shm import TierPlaceError, private_dirs
+from ...fsutil import atomic_write_bytes
+from ...rundir import RunPaths
+from ...rundir.node_dir import rank_node_dir
+from ...rundir.shm import TierPlaceError, private_dirs
 
 __all__ = ["CompileCache"]
 

@@ -20,7 +20,7 @@ from typing import Any, TypedDict
 import torch
 from torch import Tensor, nn
 
-from ..rank.tensors import local
+from ...rank.tensors import local
 
 
 class EMAState(TypedDict):

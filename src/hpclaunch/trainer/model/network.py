@@ -28,7 +28,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from ..config import ModelConfig
+from ...config import ModelConfig
 
 
 class TimestepEmbedding(nn.Module):

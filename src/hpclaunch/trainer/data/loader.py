@@ -27,12 +27,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ..config import RunConfig
-from ..errors import DataError
-from ..rank.data_position import shut_down_workers_at_exit
-from ..rank.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
-from .data import SampleOrder, ShardedDataset, text_mask
-from .objective import Draws, Losses, Objective, compute_losses, draw
+from ...config import RunConfig
+from ...errors import DataError
+from ...rank.data_position import shut_down_workers_at_exit
+from ...rank.helper_signals import die_with_parent, ignore_stop_signals, stop_signals_blocked
+from ..model.objective import Draws, Losses, Objective, compute_losses, draw
+from .dataset import SampleOrder, ShardedDataset, text_mask
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-from ..config import RunConfig
-from ..rank.dist import DistContext
-from .loader import micro_batches
+from ...config import RunConfig
+from ...rank.dist import DistContext
+from ..data.loader import micro_batches
 
 __all__ = ["DDPBuckets"]
 

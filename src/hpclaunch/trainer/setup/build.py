@@ -16,16 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..config import RunConfig, TrainConfig
-from ..errors import DataError, FilesystemError
-from ..rank.dist import DistContext, broadcast_json
-from ..shards import DatasetInfo, validate_dataset
-from ..shards import checked as check_record
-from .data import SampleOrder, ShardedDataset, holdout_split
-from .ema import EMA
-from .model import build_model
+from ...config import RunConfig, TrainConfig
+from ...errors import DataError, FilesystemError
+from ...rank.dist import DistContext, broadcast_json
+from ...shards import DatasetInfo, validate_dataset
+from ...shards import checked as check_record
+from ..data.dataset import SampleOrder, ShardedDataset, holdout_split
+from ..model.ema import EMA
+from ..model.network import build_model
+from ..state import init_adamw_state
 from .parallel import wants_bf16, wrap_model
-from .state import init_adamw_state
 
 
 @dataclass

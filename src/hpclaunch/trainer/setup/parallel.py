@@ -13,9 +13,9 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..config import RunConfig
-from ..errors import TrainingError
-from ..rank.dist import DistContext
+from ...config import RunConfig
+from ...errors import TrainingError
+from ...rank.dist import DistContext
 
 if TYPE_CHECKING:
     import torch
@@ -148,7 +148,7 @@ def wrap_model(model: torch.nn.Module, cfg: RunConfig, ctx: DistContext) -> torc
     t = cfg.train
     blocks: Any = model.trunk.blocks  # type: ignore[union-attr]
     if not t.deterministic:  # the fast mode: the joint attention as one fused SDPA kernel
-        from .attention import use_sdpa_attention
+        from ..model.attention import use_sdpa_attention
 
         use_sdpa_attention(model)
     if t.activation_checkpointing:

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from ..config import RunConfig
-from ..errors import error_text
+from ...config import RunConfig
+from ...errors import error_text
 
 if TYPE_CHECKING:  # a type only: trainer.metrics_window imports torch
     from .metrics_window import Window

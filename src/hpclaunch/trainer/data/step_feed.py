@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 from torch import Tensor
 
-from ..config import RunConfig
-from ..rank.dist import DistContext
-from .build import DataParts
-from .counters import Counters
+from ...config import RunConfig
+from ...rank.dist import DistContext
+from ..counters import Counters
+from ..setup.build import DataParts
 from .loader import StepBatches, StepPlan, make_loader
 
 __all__ = ["StepFeed"]

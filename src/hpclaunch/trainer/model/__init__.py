@@ -1,0 +1,1 @@
+"""The MMDiT itself: the network, its attention, the objective, the EMA and weights from another run."""

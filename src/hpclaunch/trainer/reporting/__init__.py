@@ -1,0 +1,1 @@
+"""What the trainer reports: metrics, TensorBoard, W&B, the attempt's reports, profiles."""
