@@ -14,7 +14,7 @@ from tests.runlib import wait_for
 from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobs.admission import admit
-from hpclaunch.jobs.agent_records import decision_fields, started_fields
+from hpclaunch.jobs.agent_records import decision_fields, scheduler_note, started_fields
 from hpclaunch.jobs.allocation import Roster, node_ranks
 from hpclaunch.jobs.attempt_env import attempt_env, rank_request
 from hpclaunch.jobs.attempt_facts import in_place_ok, started_at
@@ -46,10 +46,9 @@ def ctx(scheduler: str = "local", job: str = "7", rank: int = 0) -> NodeContext:
 
 
 def test_a_continuation_records_who_continued_what_it_spent_and_what_it_resumes_from() -> None:
+    assert scheduler_note(CONTINUE, scheduler="slurm", can_exclude_nodes=True) is None
     fields = decision_fields(
         CONTINUE,
-        scheduler="slurm",
-        can_exclude_nodes=True,
         step=40,
         newest_checkpoint=30,
         job_id="8",
@@ -66,14 +65,14 @@ def test_a_continuation_records_who_continued_what_it_spent_and_what_it_resumes_
 
 def test_an_end_records_no_continuation_fields_and_says_what_the_scheduler_cannot_do() -> None:
     fail = Decision(Action.FAIL, Cause.NODE_FAILURE, "n2 died")
-    fields = decision_fields(fail, scheduler="pbs", can_exclude_nodes=False, newest_checkpoint=30)
+    note = scheduler_note(fail, scheduler="pbs", can_exclude_nodes=False)
+    fields = decision_fields(fail, newest_checkpoint=30, note=note or "")
     assert "by" not in fields and "checkpoint" not in fields and fields["error"] == "n2 died"
     assert fields["note"] == "pbs cannot keep a continuation off a node"
     hang = Decision(Action.CONTINUE, Cause.HANG, "rank 3 hung", counts_as=Budget.HANG)
-    assert (
-        "may run where it hung" in decision_fields(hang, scheduler="local", can_exclude_nodes=False)["note"]
-    )
-    assert "note" not in decision_fields(hang, scheduler="slurm", can_exclude_nodes=True)
+    assert "may run where it hung" in str(scheduler_note(hang, scheduler="local", can_exclude_nodes=False))
+    assert scheduler_note(hang, scheduler="slurm", can_exclude_nodes=True) is None
+    assert "note" not in decision_fields(hang)
 
 
 def test_an_in_place_start_records_its_roster_and_the_attempt_it_follows() -> None:
@@ -193,12 +192,11 @@ class Withdrawals:
 def _admit(tmp_path: Path, job: str = "7") -> tuple[Any, list[tuple[Decision, dict[str, Any]]]]:
     paths = RunPaths(tmp_path)
     recorded: list[tuple[Decision, dict[str, Any]]] = []
+    node = NodeRun.start(
+        paths, build(RunConfig(), python="python3"), RunConfig(), ctx(job=job), Withdrawals()
+    )  # type: ignore[arg-type]
     admission = admit(
-        paths=paths,
-        plan=build(RunConfig(), python="python3"),
-        ctx=ctx(job=job),
-        scheduler=Withdrawals(),  # type: ignore[arg-type]
-        ledger=Ledger(paths, role="agent", attempt=f"{job}.0", node=0),
+        node,
         lock=RunLock(paths),
         record=lambda d, **kw: recorded.append((d, kw)),
     )
@@ -242,12 +240,11 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
 
     def request_of(rank: int) -> dict[str, Any]:
         roster = Roster(("n3", "n2"), ())
-        return rank_request(
-            "7.1", plan=plan, cfg=cfg, ctx=ctx(rank=rank), scheduler=Nodes(), paths=paths, roster=roster
-        )  # type: ignore[arg-type]
+        node = NodeRun.start(paths, plan, cfg, ctx(rank=rank), Nodes())  # type: ignore[arg-type]
+        return rank_request(node, roster)
 
     request = request_of(1)
-    assert request["nnodes"] == 2 and request["env"][ATTEMPT_VAR] == "7.1"
+    assert request["nnodes"] == 2 and request["env"][ATTEMPT_VAR] == ctx(rank=1).attempt
     assert request["rdzv_configs"]["is_host"] is False and request["local_addr"] == "10.0.0.2"
     assert request["rdzv_endpoint"].startswith("10.0.0.3:")  # the roster's first node hosts it, not node 0
     host = request_of(2)

@@ -500,10 +500,8 @@ def test_the_rendezvous_port_is_chosen_per_job(tmp_path: Path) -> None:
         cfg = load_config(
             None, ["scheduler.kind=slurm", "scheduler.nodes=2", f"launch.rdzv_port={fixed or 'null'}"]
         )
-        request = rank_request(
-            ctx.attempt, plan=build(cfg, python="python3"), cfg=cfg, ctx=ctx, scheduler=Nodes(),  # type: ignore[arg-type]
-            paths=RunPaths(tmp_path), roster=Roster(ctx.hosts),
-        )  # fmt: skip
+        run = NodeRun.start(RunPaths(tmp_path), build(cfg, python="python3"), cfg, ctx, Nodes())  # type: ignore[arg-type]
+        request = rank_request(run, Roster(ctx.hosts))
         assert request["rdzv_endpoint"] == f"10.0.0.1:{rdzv_port_for(ctx.attempt, fixed)}"
 
 

@@ -437,6 +437,7 @@ def test_network_checks_the_rendezvous_port_the_ranks_of_this_attempt_use(tmp_pa
     the attempt (``jobs.attempt_env``): it checked a port nobody used. One rule now."""
     from hpclaunch.jobs.allocation import Roster
     from hpclaunch.jobs.attempt_env import rank_request
+    from hpclaunch.jobs.node_run import NodeRun
     from hpclaunch.orchestrator.plan_build import build
     from hpclaunch.rundir import RunPaths
     from hpclaunch.rundir.plan import rdzv_port_for
@@ -448,10 +449,8 @@ def test_network_checks_the_rendezvous_port_the_ranks_of_this_attempt_use(tmp_pa
         def node_address(self, host: str) -> str:
             return host
 
-    request = rank_request(
-        node.attempt, plan=build(cfg, python="python3"), cfg=cfg, ctx=node, scheduler=Nodes(),  # type: ignore[arg-type]
-        paths=RunPaths(tmp_path / "run"), roster=Roster(node.hosts),
-    )  # fmt: skip
+    run = NodeRun.start(RunPaths(tmp_path / "run"), build(cfg, python="python3"), cfg, node, Nodes())  # type: ignore[arg-type]
+    request = rank_request(run, Roster(node.hosts))
     port = int(request["rdzv_endpoint"].rsplit(":", 1)[1])
     assert port == rdzv_port_for(node.attempt, None) != rdzv_port_for(node.job_id, None)
     holder = socket.socket()

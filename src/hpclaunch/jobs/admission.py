@@ -18,12 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..errors import HpclaunchError
-from ..rundir import REFUSED, JobPlan, Ledger, LockHolder, RunLock, RunPaths
+from ..rundir import REFUSED, Ledger, LockHolder, RunLock, RunPaths
 from ..rundir.events import Event
 from ..rundir.lock import liveness
-from ..schedulers.protocol import NodeContext, Scheduler
 from ..schedulers.registry import get_scheduler
 from .decision_rules import Action, Budgets, History, decide_start, decide_unended, unended_attempt
+from .node_run import NodeRun
 
 
 @dataclass
@@ -33,19 +33,13 @@ class Admission:
 
 
 def admit(
-    *,
-    paths: RunPaths,
-    plan: JobPlan,
-    ctx: NodeContext,
-    scheduler: Scheduler,
-    ledger: Ledger,
-    lock: RunLock,
-    record: Callable[..., None],
-    held: LockHolder | None = None,
+    node: NodeRun, *, lock: RunLock, record: Callable[..., None], held: LockHolder | None = None
 ) -> Admission:
-    """Node 0's answer (see the module docstring); ``record(decision, **fields)`` appends a
-    decision to the ledger the way the agent does. ``held``: the lock this agent holds already (it
-    took the decider's role over before node 0's agent could admit the attempt)."""
+    """Node 0's answer (see the module docstring) for ``node``'s attempt; ``record(decision,
+    **fields)`` appends a decision to the ledger the way the agent does. ``held``: the lock this
+    agent holds already (it took the decider's role over before node 0's agent could admit the
+    attempt)."""
+    paths, ctx, scheduler, ledger = node.paths, node.ctx, node.scheduler, node.ledger
     events = ledger.events()
     withdraw = decide_start(History.from_events(events))
     if withdraw is not None:
@@ -55,9 +49,7 @@ def admit(
                 lock.release(held)
         return Admission(withdraw.reason, None)
     if held is not None:
-        return _settled(
-            events, held, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, lock=lock, record=record
-        )
+        return _settled(events, held, node, lock=lock, record=record)
     holder = lock.read()
     # "" is a submission that has not learned its job id yet: this job, just started.
     ours = holder is None or holder.job_id in ("", ctx.job_id)
@@ -75,25 +67,15 @@ def admit(
     if holder is None or holder.job_id != ctx.job_id or holder.role not in ("controller", "train"):
         # (else the local controller / the foreground command holds it for this job)
         mine = lock.adopt(job_id=ctx.job_id, role="agent")
-    return _settled(
-        events, mine, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, lock=lock, record=record
-    )
+    return _settled(events, mine, node, lock=lock, record=record)
 
 
 def _settled(
-    events: list[Event],
-    mine: LockHolder | None,
-    *,
-    paths: RunPaths,
-    plan: JobPlan,
-    ctx: NodeContext,
-    scheduler: Scheduler,
-    lock: RunLock,
-    record: Callable[..., None],
+    events: list[Event], mine: LockHolder | None, node: NodeRun, *, lock: RunLock, record: Callable[..., None]
 ) -> Admission:
     """The attempt before this one settled (``_settle_unended``); the lock released when that ends
     the run."""
-    refusal = _settle_unended(events, paths=paths, plan=plan, ctx=ctx, scheduler=scheduler, record=record)
+    refusal = _settle_unended(events, node, record=record)
     if refusal is not None and mine is not None:
         with contextlib.suppress(OSError):
             lock.release(mine)  # the run ended here: nobody continues it
@@ -101,16 +83,9 @@ def _settled(
     return Admission(refusal, mine)
 
 
-def _settle_unended(
-    events: list[Event],
-    *,
-    paths: RunPaths,
-    plan: JobPlan,
-    ctx: NodeContext,
-    scheduler: Scheduler,
-    record: Callable[..., None],
-) -> str | None:
+def _settle_unended(events: list[Event], node: NodeRun, *, record: Callable[..., None]) -> str | None:
     """The attempt before this one, decided now if nobody did; None, or why this one is withdrawn."""
+    paths, plan, ctx, scheduler = node.paths, node.plan, node.ctx, node.scheduler
     previous = unended_attempt(events, ctx.attempt)
     if previous is None:
         return None

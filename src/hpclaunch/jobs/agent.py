@@ -221,11 +221,7 @@ class NodeAgent:
         """None, or why this attempt does not run (recorded; the run is left untouched).
         ``adopted``: this agent holds the lock already (it took the role over at the start)."""
         admission = admit(
-            paths=self.node.paths,
-            plan=self.node.plan,
-            ctx=self.node.ctx,
-            scheduler=self.node.scheduler,
-            ledger=self.node.ledger,
+            self.node,
             lock=self.role.lock,
             record=self.decider.record,
             held=self.role.holder if adopted else None,
@@ -260,16 +256,7 @@ class NodeAgent:
             if not self.host.wait_ready(HOST_READY_S):
                 return {"state": "lost", "returncode": -1, "error": "the rank host did not start"}
         self.shared_dir = shared_node_dir(self.node, self.host, self.node_dir)
-        request = rank_request(
-            self.attempt,
-            plan=self.node.plan,
-            cfg=self.node.cfg,
-            ctx=self.node.ctx,
-            scheduler=self.node.scheduler,
-            paths=self.node.paths,
-            roster=self.roster,
-            node_dir=self.shared_dir,
-        )
+        request = rank_request(self.node, self.roster, self.shared_dir)
         self.sink.switch(
             self.node.paths.node_log(self.attempt, self.node.ctx.node_rank),
             f"# hpclaunch attempt {self.attempt} node {self.node.ctx.node_rank} ({self.node.ctx.hostname}): "

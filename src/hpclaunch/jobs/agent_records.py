@@ -60,8 +60,6 @@ def started_fields(
 def decision_fields(
     decision: Decision,
     *,
-    scheduler: str,
-    can_exclude_nodes: bool,
     step: int | None = None,
     newest_checkpoint: int | None = None,
     job_id: str | None = None,
@@ -69,7 +67,7 @@ def decision_fields(
     note: str = "",
 ) -> dict[str, Any]:
     """The fields of the event that records ``decision`` (``step``: the step the attempt reached;
-    ``newest_checkpoint``: what a continuation resumes from)."""
+    ``newest_checkpoint``: what a continuation resumes from; ``note``: ``scheduler_note`` first)."""
     fields = decision.ledger_fields()
     continues = decision.action in (Action.CONTINUE, Action.EXCLUDE)
     if step is not None:
@@ -89,13 +87,19 @@ def decision_fields(
         fields["checkpoint"] = newest_checkpoint
     if note:
         fields["note"] = note
+    return fields
+
+
+def scheduler_note(decision: Decision, *, scheduler: str, can_exclude_nodes: bool) -> str | None:
+    """What ``scheduler`` cannot do for ``decision`` (keep a continuation off a node), said in its
+    record; None where nothing is missing."""
     if scheduler != "slurm" and decision.cause is Cause.NODE_FAILURE and decision.action is Action.FAIL:
-        fields["note"] = f"{scheduler} cannot keep a continuation off a node"
+        return f"{scheduler} cannot keep a continuation off a node"
     if (
         decision.cause is Cause.HANG
         and decision.action is Action.CONTINUE
         and not decision.in_place
         and not can_exclude_nodes
     ):
-        fields["note"] = f"{scheduler} cannot keep a continuation off a node: it may run where it hung"
-    return fields
+        return f"{scheduler} cannot keep a continuation off a node: it may run where it hung"
+    return None

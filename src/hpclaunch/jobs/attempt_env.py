@@ -24,36 +24,29 @@ from ..rundir.env import (
 from ..rundir.node_dir import NodeDir
 from ..rundir.plan import rdzv_port_for
 from ..schedulers.nodes import interface_of, rendezvous_address
-from ..schedulers.protocol import NodeContext, Scheduler
+from ..schedulers.protocol import NodeContext
 from .allocation import Roster
 from .hang_evidence import flight_recorder_env
 from .node_progress import prepare_local_dir
+from .node_run import NodeRun
 
 
-def rank_host_environment(
-    plan: JobPlan,
-    cfg: RunConfig,
-    ctx: NodeContext,
-    scheduler: Scheduler,
-    paths: RunPaths,
-    ledger: Ledger,
-    node_dir: NodeDir | None = None,
-    token: str = "",
-) -> dict[str, str]:
+def rank_host_environment(node: NodeRun, node_dir: NodeDir | None = None, token: str = "") -> dict[str, str]:
     """The rank host's environment, the same for every attempt of this allocation (the NCCL preset
     it resolves is recorded); ``node_dir``: this user's node-local directory, which the rank host
     proves it shares by writing ``token`` there (``rundir.node_dir``)."""
+    plan, cfg, ctx, paths = node.plan, node.cfg, node.ctx, node.paths
     env = dict(os.environ)
     env.pop(NODE_DIR_VAR, None)  # (an agent started inside another's job must not pass its own on)
     env.pop(NODE_DIR_TOKEN_VAR, None)
     # The batch script exports these too, but launchers such as pbsdsh start agents with a
     # minimal environment: the plan is the source of truth.
     env.update(plan.env)
-    env.update(_nccl_env(plan, cfg, ledger))
+    env.update(_nccl_env(plan, cfg, node.ledger))
     if ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
         # gloo advertises the address its hostname resolves to, which may be loopback or a
         # network the other nodes cannot reach; pin it to the interface of our own address.
-        iface = interface_of(scheduler.node_address(ctx.hostname))
+        iface = interface_of(node.scheduler.node_address(ctx.hostname))
         if iface:
             env["GLOO_SOCKET_IFNAME"] = iface
     env[RUN_DIR_VAR] = str(paths.root)
@@ -119,19 +112,17 @@ def attempt_env(
     return env
 
 
-def rank_request(
-    attempt: str,
-    *,
-    plan: JobPlan,
-    cfg: RunConfig,
-    ctx: NodeContext,
-    scheduler: Scheduler,
-    paths: RunPaths,
-    roster: Roster,
-    node_dir: NodeDir | None = None,
-) -> RankRequest:
-    """This node's part of the attempt, for its rank host (torch's elastic launcher): the roster's
+def rank_request(node: NodeRun, roster: Roster, node_dir: NodeDir | None = None) -> RankRequest:
+    """This node's part of its attempt, for its rank host (torch's elastic launcher): the roster's
     first training node hosts the rendezvous."""
+    attempt, plan, cfg, ctx, scheduler, paths = (
+        node.attempt,
+        node.plan,
+        node.cfg,
+        node.ctx,
+        node.scheduler,
+        node.paths,
+    )
     nodes = len(roster.training)
     request: RankRequest = {
         "run_id": attempt,

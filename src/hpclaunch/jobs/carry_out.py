@@ -63,8 +63,6 @@ def carry_out(
     record: Recorder,
     release: Callable[[str | None], None],
     leave: Leaving = lambda decision, error: False,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
 ) -> int:
     """Do what ``decision`` says through the node's scheduler; record it; the agent's exit code.
     ``recheck``: the decision again right before the scheduler is asked (a cancellation meanwhile);
@@ -82,7 +80,7 @@ def carry_out(
         node.ledger.append(NODE_EXCLUDED, nodes=list(decision.exclude), reason=decision.reason)
     try:
         if decision.action in (Action.CONTINUE, Action.EXCLUDE):
-            cont = _patiently(lambda: _continue(decision, node), node, recheck, decision, clock, sleep)
+            cont = _patiently(lambda: _continue(decision, node), node, recheck, decision)
             code, job_id, by, held = cont.exit_code, cont.job_id, cont.by, cont.held
         elif decision.action is Action.FAIL:
             code = 1
@@ -121,7 +119,7 @@ def carry_out(
     record(decision, job_id=job_id, by=by)
     release(job_id if decision.action in (Action.CONTINUE, Action.EXCLUDE) else None)
     if held and job_id:
-        stranded = start_held(node, job_id, clock=clock, sleep=sleep)
+        stranded = start_held(node, job_id)
         if stranded is not None:
             withdraw_stranded(node, decision, job_id, stranded)
             return 1
@@ -214,8 +212,6 @@ def _patiently(
     node: NodeRun,
     recheck: Callable[[Decision], Decision],
     decision: Decision,
-    clock: Callable[[], float],
-    sleep: Callable[[float], None],
 ) -> T:
     """``call()``, tried again while the scheduler refuses (``SchedulerError``: a timed-out
     ``scontrol requeue``, ``sbatch`` or ``qsub``) and the allocation has time left; the last error
@@ -223,16 +219,16 @@ def _patiently(
     stops it. A retry can repeat a call that did act but answered too late: ``continue_job`` asks
     the scheduler first (a requeue done already is not done twice); a second continuation job finds
     the run's lock handed to the first and leaves it alone."""
-    deadline = retry_deadline(node, clock())
+    deadline = retry_deadline(node, time.time())
     for i in itertools.count():
         try:
             return call()
         except SchedulerError as e:
             pause = RETRY_PAUSES_S[min(i, len(RETRY_PAUSES_S) - 1)]
-            if e.refused_for_good or clock() + pause >= deadline:
+            if e.refused_for_good or time.time() + pause >= deadline:
                 raise
             print(f"hpclaunch: {e.one_line()}; trying again in {pause:.0f} s", file=sys.stderr, flush=True)
-        sleep(pause)
+        time.sleep(pause)
         if recheck(decision) is not decision:
             raise SchedulerError("cancelled while the scheduler was asked again", where="continue")
     raise AssertionError("unreachable")  # (itertools.count never ends)
@@ -241,16 +237,10 @@ def _patiently(
 RELEASE_PAUSES_S = (0.0, 2.0, 5.0, 10.0)  # a scheduler's brief outage outlasted, then said
 
 
-def start_held(
-    node: NodeRun,
-    job_id: str,
-    *,
-    clock: Callable[[], float] = time.time,
-    sleep: Callable[[float], None] = time.sleep,
-) -> str | None:
+def start_held(node: NodeRun, job_id: str) -> str | None:
     """Release the held continuation now that the run's lock is its own (``Continuation.held``),
     tried again within the time the allocation has left; None, or the last error."""
-    deadline = retry_deadline(node, clock())
+    deadline = retry_deadline(node, time.time())
     error = ""
     for i in itertools.count():
         try:
@@ -259,14 +249,14 @@ def start_held(
         except HpclaunchError as e:
             error = e.one_line()
         pause = RELEASE_PAUSES_S[min(i + 1, len(RELEASE_PAUSES_S) - 1)]
-        if clock() + pause >= deadline:
+        if time.time() + pause >= deadline:
             return error
         print(
             f"hpclaunch: releasing job {job_id} failed ({error}); trying again in {pause:.0f} s",
             file=sys.stderr,
             flush=True,
         )
-        sleep(pause)
+        time.sleep(pause)
     return error
 
 

@@ -29,7 +29,7 @@ from ..rundir.env import FOREGROUND_VAR
 from ..rundir.events import Event
 from ..rundir.outcome import AttemptOutcome
 from . import attempt_facts
-from .agent_records import decision_fields
+from .agent_records import decision_fields, scheduler_note
 from .allocation import DecisionRecord, Roster
 from .attempt_facts import started_at
 from .carry_out import (
@@ -292,15 +292,18 @@ class Decider:
     ) -> None:
         """Append ``decision`` to the ledger (``ledger``: another attempt's, when this one decides
         for an attempt that could not) and say it on stderr."""
-        fields = decision_fields(
+        missing = scheduler_note(
             decision,
             scheduler=self.node.ctx.scheduler,
             can_exclude_nodes=self.node.scheduler.can_exclude_nodes,
+        )
+        fields = decision_fields(
+            decision,
             step=self.outcome.step if self.outcome is not None else None,
             newest_checkpoint=self.newest_checkpoint,
             job_id=job_id,
             by=by,
-            note=note,
+            note=missing or note,
         )
         fields.update(extra)
         if fence and not self.role.fenced():

@@ -22,9 +22,7 @@ def start_rank_host(node: NodeRun, node_dir: NodeDir | None, sink: LogSink) -> R
     """This node's rank host, started with the plan's command and a fresh proof token."""
     quiet = os.environ.get(FOREGROUND_VAR) == "1"
     token = uuid.uuid4().hex
-    env = rank_host_environment(
-        node.plan, node.cfg, node.ctx, node.scheduler, node.paths, node.ledger, node_dir, token
-    )
+    env = rank_host_environment(node, node_dir, token)
     argv, env = rank_host_command(node.plan, node.ctx, node.paths, env, node_dir)
     host = RankHost(argv, env, node.paths.root, sink, echo_stderr=not quiet)
     host.token = token
