@@ -48,6 +48,18 @@ class Progress:
     ended: str | None = None  # the run has ended: finished | failed | cancelled | ...
 
 
+@dataclass(frozen=True)
+class Job:
+    """What the job holds and what it costs: its time limit, its training nodes and the hot spares
+    it holds besides them (for as long, and paid for too), their GPUs and a GPU-hour's price."""
+
+    time_limit_s: float
+    nodes: int
+    gpus_per_node: int
+    spare_nodes: int = 0
+    gpu_hour_cost: float | None = None
+
+
 @dataclass
 class Estimate:
     basis: str
@@ -120,22 +132,11 @@ class EstimateJSON(TypedDict):
     notes: list[str]
 
 
-def estimate(
-    progress: Progress,
-    measured: Measured,
-    *,
-    time_limit_s: float,
-    nodes: int,
-    gpus_per_node: int,
-    gpu_hour_cost: float | None,
-    now: float,
-    basis: str,
-    spare_nodes: int = 0,
-) -> Estimate:
-    """The ETA and the resource-hours (and cost) spent and still to go. ``nodes``: the training
-    nodes; the job holds ``spare_nodes`` besides them for as long, and pays for them too."""
-    nodes += spare_nodes
-    gpus = nodes * gpus_per_node
+def estimate(progress: Progress, measured: Measured, job: Job, *, now: float, basis: str) -> Estimate:
+    """The ETA and the resource-hours (and cost) spent and still to go, in ``job``."""
+    time_limit_s, spare_nodes, gpu_hour_cost = job.time_limit_s, job.spare_nodes, job.gpu_hour_cost
+    nodes = job.nodes + spare_nodes
+    gpus = nodes * job.gpus_per_node
     left = max(0, progress.steps_total - progress.steps_done)
     e = Estimate(
         basis=basis,

@@ -2,7 +2,7 @@
 
 Torch-free so that preflight (before anything runs), the trainer (TFLOP/s and MFU in its metrics)
 and the benchmarks count with one formula. ``estimate_parameters`` counts the layers of
-``trainer.model.network.MMDiTDiffusion``: it matched the built model exactly when written (plain residual;
+``trainer.model.mmdit_diffusion.MMDiTDiffusion``: it matched the built model exactly when written (plain residual;
 mmdit's hyper-connection streams add about 1 %); the probe counts the real model where it can.
 """
 
@@ -36,7 +36,7 @@ def stream_parameters(m: ModelConfig, d: int) -> int:
 
 
 def estimate_parameters(m: ModelConfig) -> int:
-    """Parameters of ``trainer.model.network.MMDiTDiffusion`` for ``m`` by formula (see module doc)."""
+    """Parameters of ``trainer.model.mmdit_diffusion.MMDiTDiffusion`` for ``m`` by formula (see module doc)."""
     dt, dl, dc = m.dim_text, m.dim_latent, m.dim_cond
 
     def stream(d: int) -> int:

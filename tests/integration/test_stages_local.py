@@ -114,7 +114,7 @@ def ema_loss_on_first_batch(runs: Path) -> float:
     from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset
     from hpclaunch.trainer.data.loader import StepBatches, StepPlan, micro_batches
     from hpclaunch.trainer.model.ema import clean_name
-    from hpclaunch.trainer.model.network import build_model
+    from hpclaunch.trainer.model.mmdit_diffusion import build_model
     from hpclaunch.trainer.model.objective import Objective, compute_losses
 
     cfg = read_config(RunPaths(runs / "stage2"))

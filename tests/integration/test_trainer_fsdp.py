@@ -248,8 +248,8 @@ def test_sample_after_the_short_run_beats_an_untrained_model(reference: Path, ro
     Var(latents) = 2; 10 % below it is twenty times the sampling error of a 4096-element mean."""
     from hpclaunch.rundir import read_config
     from hpclaunch.shards import validate_dataset
-    from hpclaunch.trainer.model.network import build_model
-    from hpclaunch.trainer.sample import conditioning, run_sampling
+    from hpclaunch.trainer.model.mmdit_diffusion import build_model
+    from hpclaunch.trainer.sample import SampleRequest, conditioning, run_sampling
 
     out = root / "samples-l2t"
     proc = h.hpclaunch_cli(
@@ -265,21 +265,18 @@ def test_sample_after_the_short_run_beats_an_untrained_model(reference: Path, ro
     truth, _ = conditioning(cfg, 32)
     majority = float(np.bincount(truth.ravel()).max() / truth.size)
     untrained_model = build_model(cfg.model, seed=cfg.train.seed)
-    kw: dict[str, Any] = {"n": 32, "steps": 10, "seed": 0}
-    _, _, untrained = run_sampling(
-        cfg, RunPaths(reference).checkpoints, mode="l2t", model=untrained_model, **kw
+    l2t, t2l_request = (
+        SampleRequest("l2t", n=32, steps=10, seed=0),
+        SampleRequest("t2l", n=32, steps=10, seed=0),
     )
+    _, _, untrained = run_sampling(cfg, RunPaths(reference).checkpoints, l2t, model=untrained_model)
     trained_acc, untrained_acc = meta["score"]["token_accuracy"], untrained["score"]["token_accuracy"]
     assert trained_acc > 2 * majority and trained_acc > 10 * max(untrained_acc, 1 / 256), (
         trained_acc, majority, untrained_acc,
     )  # fmt: skip
 
-    _, _, t2l = run_sampling(cfg, RunPaths(reference).checkpoints, mode="t2l", **kw)
+    _, _, t2l = run_sampling(cfg, RunPaths(reference).checkpoints, t2l_request)
     _, _, t2l_untrained = run_sampling(
-        cfg,
-        RunPaths(reference).checkpoints,
-        mode="t2l",
-        model=build_model(cfg.model, seed=cfg.train.seed),
-        **kw,
+        cfg, RunPaths(reference).checkpoints, t2l_request, model=build_model(cfg.model, seed=cfg.train.seed)
     )
     assert t2l["score"]["latent_mse"] < 0.9 * t2l_untrained["score"]["latent_mse"], (t2l, t2l_untrained)

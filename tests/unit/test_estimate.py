@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tests.runlib import hpclaunch
 
-from hpclaunch.estimate import Measured, Progress, estimate
+from hpclaunch.estimate import Job, Measured, Progress, estimate
 from hpclaunch.orchestrator.accounting import account
 from hpclaunch.orchestrator.cost import measured
 from hpclaunch.orchestrator.status import summarize
@@ -60,10 +60,7 @@ def test_eta_gpu_hours_and_cost_between_attempts() -> None:
     e = estimate(
         Progress(steps_total=120, steps_done=107, allocated_s=spent.allocated_s),
         m,
-        time_limit_s=LIMIT,
-        nodes=2,
-        gpus_per_node=8,
-        gpu_hour_cost=2.5,
+        Job(time_limit_s=LIMIT, nodes=2, gpus_per_node=8, gpu_hour_cost=2.5),
         now=AFTER_SECOND_REQUEUE,
         basis="recorded",
     )
@@ -90,10 +87,7 @@ def test_attempts_needed_follow_the_time_limit() -> None:
     e = estimate(
         Progress(steps_total=1000, steps_done=100, allocated_s=3600.0, running_s=1000.0),
         m,
-        time_limit_s=3600.0,
-        nodes=1,
-        gpus_per_node=4,
-        gpu_hour_cost=None,
+        Job(time_limit_s=3600.0, nodes=1, gpus_per_node=4, gpu_hour_cost=None),
         now=0.0,
         basis="t",
     )
@@ -102,10 +96,7 @@ def test_attempts_needed_follow_the_time_limit() -> None:
     e = estimate(
         Progress(steps_total=10000, steps_done=100, running_s=1000.0),
         m,
-        time_limit_s=3600.0,
-        nodes=1,
-        gpus_per_node=0,
-        gpu_hour_cost=3.0,
+        Job(time_limit_s=3600.0, nodes=1, gpus_per_node=0, gpu_hour_cost=3.0),
         now=0.0,
         basis="t",
     )
@@ -164,11 +155,7 @@ def test_cost_counts_the_hot_spares_the_job_holds(tmp_path: Path) -> None:
     one_hour = estimate(
         Progress(steps_total=10, steps_done=10, allocated_s=3600.0),
         Measured(seconds_per_step=1.0),
-        time_limit_s=3600.0,
-        nodes=2,
-        spare_nodes=1,
-        gpus_per_node=8,
-        gpu_hour_cost=None,
+        Job(time_limit_s=3600.0, nodes=2, gpus_per_node=8, spare_nodes=1, gpu_hour_cost=None),
         now=0.0,
         basis="t",
     )
@@ -185,6 +172,6 @@ def test_the_json_type_names_every_field_of_the_estimate() -> None:
     e = estimate(
         Progress(steps_total=10, steps_done=2),
         Measured(seconds_per_step=1.0),
-        time_limit_s=100.0, nodes=1, gpus_per_node=0, gpu_hour_cost=None, now=0.0, basis="test",
+        Job(time_limit_s=100.0, nodes=1, gpus_per_node=0), now=0.0, basis="test",
     )  # fmt: skip
     assert set(e.to_json()) == EstimateJSON.__required_keys__

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from hpclaunch.config import load_config
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
 from hpclaunch.trainer.setup import parallel as trainer_dist
 from hpclaunch.trainer.setup.parallel import DistContext, fully_shard_model, wrap_model

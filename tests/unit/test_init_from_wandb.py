@@ -23,7 +23,7 @@ from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model.ema import clean_name
 from hpclaunch.trainer.model.init_from import InitFromError
 from hpclaunch.trainer.model.init_source import check_fits
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 
 MODEL = tiny_model(1)
 pytestmark = [pytest.mark.fast, pytest.mark.usefixtures("in_process_trainer")]

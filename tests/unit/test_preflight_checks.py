@@ -381,7 +381,7 @@ def test_disk_reserve_threshold(tmp_path: Path) -> None:
 def test_parameter_formula_matches_the_model() -> None:
     torch = pytest.importorskip("torch")
     from hpclaunch.config import ModelConfig
-    from hpclaunch.trainer.model.network import build_model, count_parameters
+    from hpclaunch.trainer.model.mmdit_diffusion import build_model, count_parameters
 
     for kw in ({}, {"depth": 3, "dim_text": 96, "dim_latent": 32, "dim_cond": 48, "heads": 3, "dim_head": 8}):
         m = ModelConfig(**kw)

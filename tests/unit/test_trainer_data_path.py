@@ -18,7 +18,7 @@ from hpclaunch.shards import checked as record
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset, holdout_split
 from hpclaunch.trainer.data.loader import StepBatches, StepPlan, make_loader
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
 
 M = load_config(

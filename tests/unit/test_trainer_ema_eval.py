@@ -16,7 +16,7 @@ from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model.ema import EMA
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.sample import generate
 from hpclaunch.trainer.state import params_sha256
 

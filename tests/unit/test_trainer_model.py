@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hpclaunch.config import ModelConfig
-from hpclaunch.trainer.model.network import build_model, count_parameters
+from hpclaunch.trainer.model.mmdit_diffusion import build_model, count_parameters
 
 pytestmark = pytest.mark.fast
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hpclaunch.config import ModelConfig
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.model.objective import Objective, compute_losses, draw, mix_seed
 
 pytestmark = pytest.mark.fast

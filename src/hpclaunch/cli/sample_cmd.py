@@ -56,12 +56,11 @@ def sample(
 
     import torch  # sampling needs it (imported here: the CLI itself stays torch-free)
 
-    from ..trainer.sample import run_sampling, write_samples
+    from ..trainer.sample import SampleRequest, run_sampling, write_samples
 
     dev = ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
-    tokens, latents, meta = run_sampling(
-        cfg, paths.checkpoints, mode=mode, n=n, steps=steps, seed=seed, step=step, device=dev
-    )
+    request = SampleRequest(mode=mode, n=n, steps=steps, seed=seed)
+    tokens, latents, meta = run_sampling(cfg, paths.checkpoints, request, step=step, device=dev)
     target = out or paths.root / "samples" / f"step_{meta['checkpoint_step']:06d}-{mode}"
     meta["run"] = str(paths.root)
     write_samples(target, tokens, latents, meta)

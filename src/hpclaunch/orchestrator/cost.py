@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..estimate import EstimateJSON, Measured, Progress, estimate
+from ..estimate import EstimateJSON, Job, Measured, Progress, estimate
 from ..rundir import RunPaths
 from ..rundir.plan_reader import read_gpu_hour_cost, read_plan_view
 from .accounting import RunTime
@@ -76,14 +76,17 @@ def run_cost(
     )
     m = measured(spent)
     attempts = len([a for a in spent.attempts if a.first_step is not None])
-    return estimate(
-        progress,
-        m,
+    job = Job(
         time_limit_s=limit,
         nodes=plan.nodes,
         spare_nodes=plan.spare_nodes,  # held and paid for as well
         gpus_per_node=plan.gpus_per_node,
         gpu_hour_cost=read_gpu_hour_cost(paths),
+    )
+    return estimate(
+        progress,
+        m,
+        job,
         now=time.time() if now is None else now,
         basis=f"measured on this run's {attempts} attempt(s)",
     ).to_json()

@@ -19,7 +19,7 @@ from ..probe_shapes import ScriptRequest, StepRequest
 from ..rundir.container import ContainerPlan
 from ..rundir.node_dir import consume_seen, node_directory
 from .check_context import CheckContext, Findings, Outcome, skip
-from .probe import Probe, ProbeError, StaticProbe, job_python
+from .probe import InImage, Probe, ProbeError, StaticProbe, job_python
 
 # How to get each runtime, and how an image is made for it.
 INSTALL = {
@@ -87,9 +87,9 @@ def job_probe(
         timeout_s=timeout_s,
         estimate=estimate,
         env=env,
-        container=probe_plan,
         script=script,
-        node_dir=node_directory(in_image=True),  # (proved as the agents will use it: ``_node_dir``)
+        # (the node directory proved as the agents will use it: ``_node_dir``)
+        image=InImage(probe_plan, node_directory(in_image=True)),
     )
 
 

@@ -17,6 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -83,6 +84,15 @@ def send_request(proc: subprocess.Popen[str], text: str) -> None:
             stdin.close()
 
 
+@dataclass(frozen=True)
+class InImage:
+    """A probe run in the run's image, through its runtime (``container``), with ``node_dir``
+    mounted as a node agent mounts it for its ranks."""
+
+    container: ContainerPlan
+    node_dir: NodeDir | None = None
+
+
 class Probe:
     """One running probe; ``result()`` waits (bounded) and caches the answer for every check.
 
@@ -102,14 +112,13 @@ class Probe:
         timeout_s: float,
         estimate: StepRequest | None = None,
         env: dict[str, str] | None = None,
-        container: ContainerPlan | None = None,
         script: ScriptRequest | None = None,
-        node_dir: NodeDir | None = None,
+        image: InImage | None = None,
     ):
-        """``container``: run ``python`` (the image's) in the run's image, through its runtime, with
-        ``node_dir`` mounted as a node agent mounts it for its ranks: the probe writes a token there
-        (``node_dir_proof``), which the container check reads back outside. ``script``: a script's
-        run, run as far as its attach after the answer (``script_probe``)."""
+        """``image``: run ``python`` (the image's) in the run's image with its node directory
+        mounted: the probe writes a token there (``node_dir_proof``), which the container check reads
+        back outside. ``script``: a script's run, run as far as its attach after the answer
+        (``script_probe``)."""
         self.python = python
         self.node_dir_proof: tuple[NodeDir, str] | None = None
         self.timeout_s = timeout_s
@@ -137,7 +146,8 @@ class Probe:
         # modules (env, data, network, ...) that would shadow real ones in the probe; and in an
         # image the text needs no file of this machine's.
         argv = [python, "-c", _SCRIPT.read_text()]
-        if container is not None:
+        if image is not None:
+            container, node_dir = image.container, image.node_dir
             mounted = str(node_dir.path) if node_dir is not None else None
             if node_dir is not None:
                 token = uuid.uuid4().hex

@@ -21,7 +21,7 @@ from typing import Literal, TypedDict
 
 from .. import proc
 from ..config import RunConfig
-from ..estimate import EstimateJSON, Measured, Progress, estimate
+from ..estimate import EstimateJSON, Job, Measured, Progress, estimate
 from ..probe_shapes import StepMeasure, StepRequest
 from .probe import job_python
 
@@ -101,14 +101,11 @@ def preflight_estimate(
         startup_s=float(step.get("imports_s", 0.0)) + float(step.get("build_s", 0.0)),
         notes=tuple(notes),
     )
+    job = Job(float(s.time_limit_s), s.nodes, s.gpus_per_node, s.spare_nodes, s.gpu_hour_cost)
     e = estimate(
         Progress(steps_total=cfg.train.steps, steps_done=0),
         measured,
-        time_limit_s=float(s.time_limit_s),
-        nodes=s.nodes,
-        spare_nodes=s.spare_nodes,
-        gpus_per_node=s.gpus_per_node,
-        gpu_hour_cost=s.gpu_hour_cost,
+        job,
         now=time.time() if now is None else now,
         basis="preflight: one short measured step",
     )

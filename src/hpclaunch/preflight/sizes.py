@@ -2,7 +2,7 @@
 
 The exact parameter count comes from the probe (the real model built on the meta device). When the
 probe cannot answer, ``estimate_parameters`` counts the same layers by formula: it matched
-``trainer.model.network.build_model`` exactly when written (plain residual; mmdit's hyper-connection streams
+``trainer.model.mmdit_diffusion.build_model`` exactly when written (plain residual; mmdit's hyper-connection streams
 add about 1 %), and every figure built on it is labelled as an estimate.
 """
 

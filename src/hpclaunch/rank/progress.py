@@ -98,8 +98,6 @@ class Progress:
         node: str | None = None,
         steptimes: Path | None = None,
         summary_every: int = 50,
-        cpu_time: bool = True,
-        on_phase: Callable[[str, int], None] | None = None,
     ):
         self.path = path
         self.rank = rank
@@ -108,8 +106,10 @@ class Progress:
         self.node = node or os.environ.get(NODE_NAME_VAR) or socket.gethostname().split(".")[0]
         self.steptimes = steptimes
         self.summary_every = summary_every
-        self.cpu_time = cpu_time  # CPU ranks: main-thread CPU time is own work (see the docstring)
-        self.on_phase = on_phase
+        # CPU ranks: main-thread CPU time is own work (see the docstring); set once the rank knows
+        # its device. ``on_phase``: the testing faults' hook at every phase change (``for_rank``).
+        self.cpu_time = True
+        self.on_phase: Callable[[str, int], None] | None = None
         self.step = 0
         self.current = "startup"
         self.since = time.time()
@@ -143,18 +143,20 @@ class Progress:
         faults = TestFaults.from_config(cfg.testing, paths, rank)
         hook = faults.on_phase if faults is not None else None
         if not (enabled and cfg.watchdog.enabled):
-            return cls(None, rank=rank, attempt=attempt, on_phase=hook)
-        # On its node when its agent collects it (one file per node on the shared filesystem).
-        local = os.environ.get(PROGRESS_DIR_VAR)
-        return cls(
-            Path(local) / f"rank{rank}.progress.json" if local else progress_file(paths, attempt, rank),
-            rank=rank,
-            attempt=attempt,
-            steptimes=steptimes_file(paths, rank),
-            summary_every=cfg.watchdog.straggler_every,
-            cpu_time=device_type == "cpu",
-            on_phase=hook,
-        )
+            progress = cls(None, rank=rank, attempt=attempt)
+        else:
+            # On its node when its agent collects it (one file per node on the shared filesystem).
+            local = os.environ.get(PROGRESS_DIR_VAR)
+            progress = cls(
+                Path(local) / f"rank{rank}.progress.json" if local else progress_file(paths, attempt, rank),
+                rank=rank,
+                attempt=attempt,
+                steptimes=steptimes_file(paths, rank),
+                summary_every=cfg.watchdog.straggler_every,
+            )
+            progress.cpu_time = device_type == "cpu"
+        progress.on_phase = hook
+        return progress
 
     def start(self) -> Progress:
         if self.path is not None and self._thread is None:

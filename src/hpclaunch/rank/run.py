@@ -41,7 +41,7 @@ from .memory_tier import MemoryTier
 from .objects import Attached
 from .periodic_saves import PeriodicSaves
 from .restore import Restored, record_resumed, restore
-from .saving import DiskSaves, seed_stop_lead
+from .saving import DiskSaves, SavedState, seed_stop_lead
 from .session import RankSession
 from .state_saves import StateSaves
 from .step_log import StepLog
@@ -117,12 +117,12 @@ class Run:
         self._closed = False
         disk = None
         if checkpointer is not None:
+            saved = SavedState(
+                state=self._state, step=lambda: self.step, finite=self._finite, extra=self._manifest_extra
+            )
             disk = DiskSaves(
                 checkpointer,
-                state=self._state,
-                step=lambda: self.step,
-                finite=self._finite,
-                extra=self._manifest_extra,
+                saved,
                 stop=self.stop,
                 progress=self.progress,
                 ledger=self.ledger,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..errors import CheckpointError, TrainingError
@@ -43,24 +44,32 @@ def seed_stop_lead(stop: StopController, ctx: DistContext, paths: RunPaths | Non
         stop.note_checkpoint_seconds(float(seconds))
 
 
+@dataclass(frozen=True)
+class SavedState:
+    """What a save writes, read when it is taken: the state dict, the step it follows, whether the
+    parameters are finite, and the manifest's extra fields."""
+
+    state: Callable[[], dict[str, Any]]
+    step: Callable[[], int]
+    finite: Callable[[], bool]
+    extra: Callable[[], dict[str, Any]]
+
+
 class DiskSaves:
     """One rank's saves through its checkpointer (every call collective)."""
 
     def __init__(
         self,
         checkpointer: Checkpointer,
+        saved: SavedState,
         *,
-        state: Callable[[], dict[str, Any]],
-        step: Callable[[], int],
-        finite: Callable[[], bool],
-        extra: Callable[[], dict[str, Any]],
         stop: StopController,
         progress: Progress,
         ledger: Ledger | None,
         say: Callable[[str], None],
     ) -> None:
         self.checkpointer = checkpointer
-        self.state, self.step, self.finite, self.extra = state, step, finite, extra
+        self.state, self.step, self.finite, self.extra = saved.state, saved.step, saved.finite, saved.extra
         self.stop, self.progress, self.ledger, self.say = stop, progress, ledger, say
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:

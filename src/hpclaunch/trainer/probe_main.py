@@ -97,7 +97,7 @@ def _model(model_cfg: JSONObject) -> ModelInfo:
     import torch
 
     from hpclaunch.config import ModelConfig
-    from hpclaunch.trainer.model import network as model_mod
+    from hpclaunch.trainer.model import mmdit_diffusion as model_mod
 
     mc = ModelConfig.model_validate(model_cfg)
     with torch.device("meta"):

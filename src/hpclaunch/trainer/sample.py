@@ -32,7 +32,7 @@ from ..rank.checkpoint import load_readonly
 from ..shards import TOKENS_KEY, validate_dataset
 from .data.dataset import ShardedDataset, holdout_split, text_mask
 from .model.ema import clean_name
-from .model.network import MMDiTDiffusion, build_model
+from .model.mmdit_diffusion import MMDiTDiffusion, build_model
 
 MODES = ("t2l", "l2t", "joint")
 
@@ -171,20 +171,29 @@ def write_samples(out: Path, tokens: np.ndarray, latents: np.ndarray, meta: dict
     atomic_write_json(out / "samples.json", json.loads(json.dumps(meta)))
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """What to generate: ``n`` samples in ``mode`` (t2l, l2t, joint), ``steps`` sampling steps, from
+    ``seed``."""
+
+    mode: str
+    n: int
+    steps: int
+    seed: int
+
+
 def run_sampling(
     cfg: RunConfig,
     checkpoints: Path,
+    request: SampleRequest,
     *,
-    mode: str,
-    n: int,
-    steps: int,
-    seed: int,
     step: int | None = None,
     device: str = "cpu",
     model: MMDiTDiffusion | None = None,
 ) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
-    """Generate ``n`` samples; returns (token ids, latents, meta with the score against the data).
-    ``model`` given: use it instead of a checkpoint (an untrained baseline)."""
+    """Generate the samples ``request`` asks for; returns (token ids, latents, meta with the score
+    against the data). ``model`` given: use it instead of a checkpoint (an untrained baseline)."""
+    mode, n, steps, seed = request.mode, request.n, request.steps, request.seed
     loaded = (
         Loaded(model.eval(), 0, False)
         if model is not None

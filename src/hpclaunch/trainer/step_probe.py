@@ -28,7 +28,7 @@ def measure(request: StepRequest, *, started: float = START) -> StepMeasure:
     import torch
 
     from hpclaunch.config import RunConfig
-    from hpclaunch.trainer.model.network import build_model
+    from hpclaunch.trainer.model.mmdit_diffusion import build_model
     from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
     from hpclaunch.trainer.setup.build import build_optimizer
 

@@ -23,7 +23,7 @@ from ...shards import DatasetInfo, validate_dataset
 from ...shards import checked as check_record
 from ..data.dataset import SampleOrder, ShardedDataset, holdout_split
 from ..model.ema import EMA
-from ..model.network import build_model
+from ..model.mmdit_diffusion import build_model
 from ..state import init_adamw_state
 from .parallel import wants_bf16, wrap_model
 
