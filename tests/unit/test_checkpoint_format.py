@@ -43,7 +43,7 @@ def reasons(root: Path) -> dict[str, str]:
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
-    code = "import sys, hpclaunch.rank.checkpoint.manifest; print('torch' in sys.modules)"
+    code = "import sys, hpclaunch.rundir.checkpoint_manifest; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 

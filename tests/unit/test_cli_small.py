@@ -105,7 +105,7 @@ def test_train_says_how_to_continue_a_stopped_run_in_the_foreground(
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(run_cmd, "_attempts_in_the_foreground", lambda run_dir: 0)
     monkeypatch.setattr(rundir, "latest_outcome", lambda paths: AttemptOutcome(status, cause, 7))  # type: ignore[arg-type]
-    monkeypatch.setattr("hpclaunch.cli.train_checks.refuse_bad_data", lambda cfg: None)
+    monkeypatch.setattr("hpclaunch.orchestrator.refusals.refuse_bad_data", lambda cfg: None)
     tiny = str(Path(__file__).resolve().parents[2] / "examples" / "tiny.yaml")
     assert main(["train", tiny, "--set", "name=fg"]) == code
     out = capsys.readouterr().out

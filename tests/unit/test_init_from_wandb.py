@@ -17,12 +17,12 @@ from hpclaunch.errors import UserInputError
 from hpclaunch.rank.checkpoint import load_readonly
 from hpclaunch.rundir import RunPaths, read_events
 from hpclaunch.rundir.control import write_user_stop
+from hpclaunch.rundir.init_source import check_fits
 from hpclaunch.shards import synth_dataset
 from hpclaunch.trainer.entry import main
 from hpclaunch.trainer.loop import Trainer
 from hpclaunch.trainer.model.ema import clean_name
 from hpclaunch.trainer.model.init_from import InitFromError
-from hpclaunch.trainer.model.init_source import check_fits
 from hpclaunch.trainer.model.mmdit_diffusion import build_model
 
 MODEL = tiny_model(1)

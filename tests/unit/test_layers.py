@@ -73,6 +73,7 @@ ALLOWED: dict[str, set[str]] = {
         "preflight",
         "rundir",
         "schedulers",
+        "shards",  # (the data a run is refused for, before anything is written)
         "templates",
     },
     "cli": {"*"},

@@ -25,11 +25,11 @@ from hpclaunch.jobs.watchdog import SLOW_IO_BPS, CheckpointScale, window_s
 from hpclaunch.orchestrator import launch
 from hpclaunch.orchestrator.status import attempts_from_events
 from hpclaunch.rank.checkpoint import RANK_LOCAL, Checkpointer, RunCheckpoints, rank_local_key
-from hpclaunch.rank.checkpoint import manifest as manifest_mod
-from hpclaunch.rank.checkpoint.manifest import CheckpointInfo, verify_share
 from hpclaunch.rank.stop import StopController
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
+from hpclaunch.rundir import checkpoint_manifest as manifest_mod
 from hpclaunch.rundir.cause import Cause
+from hpclaunch.rundir.checkpoint_manifest import CheckpointInfo, verify_share
 from hpclaunch.rundir.control import take_user_stop, user_stop, write_user_stop
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.lock import STALE_AFTER_S, LockHolder, liveness

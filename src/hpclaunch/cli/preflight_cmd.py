@@ -54,7 +54,7 @@ def preflight(
 
     names = None if only is None else {n.strip() for n in only.split(",")}
     cfg = load_run_config(config, overrides, script, command="preflight")
-    from .train_checks import refuse_bad_init_from
+    from ..orchestrator.refusals import refuse_bad_init_from
 
     refuse_bad_init_from(cfg, cfg.run_path(), pending_ok=True)
     # The estimate's steps run in the probe, started before the checks and timing them beside

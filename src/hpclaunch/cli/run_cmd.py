@@ -12,18 +12,19 @@ from ..errors import PreflightFailed, UserInputError
 from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
 from ..orchestrator.launch import (
+    foreground_run,
     load_existing_run,
     prepare,
     refuse_if_locked,
     resume_change,
-    write_run_dir,
 )
 from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.memory_tier_view import describe_memory_tier
+from ..orchestrator.refusals import refuse_before_writing, resume_step
 from ..orchestrator.status import StatusView, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..orchestrator.write_failures import describe_experiment_logs, describe_failed_saves
-from ..rundir import SUBMITTED, Ledger, RunPaths
+from ..rundir import RunPaths
 from ..rundir.readers import sweep_roots
 from .common import (
     ConfigOptArg,
@@ -137,8 +138,6 @@ def submit(
         total = None if cfg.is_script else cfg.train.steps
         refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), total)
         if not cfg.is_script:  # (a script's schedule is its own)
-            from .train_checks import resume_step
-
             change = resume_change(resumed, cfg, step=resume_step(cfg, resumed.root))
     elif config or script is not None:
         cfg = load_run_config(config, overrides, script, command="submit")
@@ -158,21 +157,17 @@ def submit(
         after_paths = check_after(after, prepared.plan.paths().root, sweep=bool(sweep))
     if resume is not None:
         refuse_if_locked(prepared.plan)
-        from .train_checks import refuse_other_model_shape
-
-        refuse_other_model_shape(cfg, prepared.plan.paths().root)
-    from .train_checks import refuse_bad_init_from, refuse_missing_memory_dir
-
-    if prepared.plan.scheduler == "local":  # (elsewhere the tmpfs is the nodes', not this machine's)
-        refuse_missing_memory_dir(cfg)
     # Chained after the run it starts from: that run may have no checkpoint yet.
     pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
-    refuse_bad_init_from(cfg, prepared.plan.paths().root, pending_ok=pending)
+    refuse_before_writing(
+        cfg,
+        prepared.plan.paths().root,
+        resume=resume is not None,
+        ranks_here=prepared.plan.scheduler == "local",
+        data_of=None if no_preflight else prepared.point_cfgs,  # bad input: one line, before the table
+        pending_ok=pending,
+    )
     if not no_preflight:
-        from .train_checks import refuse_bad_data
-
-        for point_cfg in prepared.point_cfgs or [cfg]:  # bad input: one line, before the table
-            refuse_bad_data(point_cfg)
         _preflight_or_refuse(cfg)
     paths, job_id = submit_run(
         prepared,
@@ -276,17 +271,8 @@ def train(
     """
     import os
 
-    from ..orchestrator.launch import scheduler_says_active
-    from ..rundir import SCHEDULE_CHANGED, STOP_DROPPED, Heartbeat, RunLock
-    from ..rundir.control import drop_user_stop
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
-    from .train_checks import (
-        refuse_bad_data,
-        refuse_bad_init_from,
-        refuse_missing_memory_dir,
-        refuse_other_model_shape,
-    )
 
     config = list(config or [])
     own = resume and len(config) == 1 and not config[0].is_file()
@@ -302,7 +288,6 @@ def train(
     ):  # the schedule's length, as for submit --resume
         from ..lr_schedule import pinned_length
         from ..rundir import read_config
-        from .train_checks import resume_step
 
         pin = pinned_length(read_config(recorded).train, cfg.train, overrides or [])
         if pin is not None:
@@ -319,35 +304,13 @@ def train(
             where="run_dir",
             hint="add --resume to continue it, or change name/run_dir",
         )
-    refuse_bad_data(cfg)
-    refuse_missing_memory_dir(cfg)
-    if resume:
-        refuse_other_model_shape(cfg, paths.root)
-    refuse_bad_init_from(cfg, paths.root)
-    from ..schedulers import foreground
-
-    job_id = foreground.job_id()  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
-    lock = RunLock(paths)
-    holder = lock.acquire(
-        job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
-    )
-    try:
-        # The heartbeat tells another host sharing the filesystem that this run is alive.
-        with Heartbeat(lock, holder):
-            write_run_dir(cfg, prepared.plan, prepared.rendered)
-            ledger = Ledger(paths, role="cli")
-            dropped = drop_user_stop(paths) if resume else None
-            if dropped is not None:
-                ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
-            if change is not None:
-                ledger.append(SCHEDULE_CHANGED, **change.fields())
-                err_console.print(change.line(), highlight=False, soft_wrap=True)
-            ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
-            os.environ[FOREGROUND_VAR] = "1"
-            with live_progress(paths.metrics, None if cfg.is_script else cfg.train.steps):
-                code = _attempts_in_the_foreground(str(paths.root))
-    finally:
-        lock.release(holder)
+    refuse_before_writing(cfg, paths.root, resume=resume, ranks_here=True)
+    with foreground_run(prepared, resume=resume, change=change):
+        if change is not None:
+            err_console.print(change.line(), highlight=False, soft_wrap=True)
+        os.environ[FOREGROUND_VAR] = "1"
+        with live_progress(paths.metrics, None if cfg.is_script else cfg.train.steps):
+            code = _attempts_in_the_foreground(str(paths.root))
     from .train_end import last_word
 
     raise typer.Exit(last_word(paths, config, overrides, code))

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ..rundir import (
     SUBMIT_FAILED,
     SUBMITTED,
     SUBMITTING,
+    Heartbeat,
     JobPlan,
     Ledger,
     LockHolder,
@@ -145,6 +147,35 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     if rendered is not None:
         atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     return paths
+
+
+@contextmanager
+def foreground_run(prepared: Prepared, *, resume: bool, change: ResumeChange | None) -> Iterator[RunPaths]:
+    """``hpclaunch train``'s run directory while its attempts run in this process: the run lock held
+    (its heartbeat tells another host sharing the filesystem that the run is alive), the run
+    directory written, a resume's dropped stop and schedule change recorded, and the submission in
+    the ledger, as ``submit`` records a job's."""
+    from ..schedulers import foreground
+
+    paths = prepared.plan.paths()
+    job_id = foreground.job_id()  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
+    lock = RunLock(paths)
+    holder = lock.acquire(
+        job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
+    )
+    try:
+        with Heartbeat(lock, holder):
+            write_run_dir(prepared.cfg, prepared.plan, prepared.rendered)
+            ledger = Ledger(paths, role="cli")
+            dropped = drop_user_stop(paths) if resume else None
+            if dropped is not None:
+                ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
+            if change is not None:
+                ledger.append(SCHEDULE_CHANGED, **change.fields())
+            ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
+            yield paths
+    finally:
+        lock.release(holder)
 
 
 def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool | None]:

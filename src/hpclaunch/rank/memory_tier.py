@@ -33,10 +33,10 @@ from typing import Any, NamedTuple, TypedDict
 from ..config import RunConfig
 from ..errors import CheckpointError, FilesystemError
 from ..rundir import SNAPSHOT_FAILED, SNAPSHOT_SAVED, Ledger, RunPaths, read_events
+from ..rundir.checkpoint_manifest import newest_valid
 from ..rundir.env import ALLOCATION_VAR, ATTEMPT_VAR, NODE_NAME_VAR
 from ..rundir.kinds import SNAPSHOT_INTERVAL
 from ..rundir.shm import TierPlaceError, base_of, run_root, sweep
-from .checkpoint.manifest import newest_valid
 from .checkpoint.save_interval import ledger_failures, run_mtbf_s
 from .checkpoint.staging import SharedStager, Staged
 from .dist import DistContext, broadcast_json

@@ -107,10 +107,7 @@ an injected OSError such as ENOSPC) are described in ``save_errors``.
 torch inside the functions that need it.
 """
 
-from .checkpointer import Checkpointer, WriterSettings
-from .directory import RunCheckpoints
-from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
-from .manifest import (
+from ...rundir.checkpoint_manifest import (
     CORRUPT_SUFFIX,
     FORMAT_VERSION,
     MANIFEST_NAME,
@@ -131,6 +128,9 @@ from .manifest import (
     steps_to_delete,
     verify_checkpoint,
 )
+from .checkpointer import Checkpointer, WriterSettings
+from .directory import RunCheckpoints
+from .fault_hooks import ENV_DELAY_WRITE, ENV_FAIL, ENV_KILL
 from .reader import load_readonly
 from .safe_load import load_item_safely, load_metadata_safely
 

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ...errors import CheckpointError
 from ...rundir import Ledger
+from ...rundir.checkpoint_manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
 from .background import WRITER_DIED, ProcessBackground, Settled, ThreadBackground, agree
 from .directory import CheckpointDir, RunCheckpoints
 from .group import checkpoint_group
-from .manifest import RANK_LOCAL, CheckpointInfo, LoadResult, scan_checkpoints
 from .resume import load_latest
 from .safe_load import safe_load_parts
 from .save_decision import plan_save

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from ...errors import CheckpointError, FilesystemError
 from ...fsutil import fsync_dir
 from ...rundir import CHECKPOINT_INVALID
-from .manifest import (
+from ...rundir.checkpoint_manifest import (
     RANK_LOCAL,
     CheckpointInfo,
     InvalidCheckpoint,

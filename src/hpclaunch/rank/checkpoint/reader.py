@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import CheckpointError, UserInputError
-from ..dist import all_gather_json
-from .manifest import (
+from ...rundir.checkpoint_manifest import (
     METADATA_NAME,
     RANK_LOCAL,
     CheckpointInfo,
@@ -24,6 +23,7 @@ from .manifest import (
     step_dir_name,
     verify_checkpoint,
 )
+from ..dist import all_gather_json
 from .safe_load import load_metadata_safely, safe_load_parts
 from .save_errors import as_checkpoint_error
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from ...errors import CheckpointError, FilesystemError
+from ...rundir.checkpoint_manifest import CheckpointInfo, InvalidCheckpoint, LoadResult, verify_share
 from ..dist import all_gather_json, broadcast_json
 from .directory import CheckpointDir, Choice
-from .manifest import CheckpointInfo, InvalidCheckpoint, LoadResult, verify_share
 from .reader import dcp_load
 
 if TYPE_CHECKING:

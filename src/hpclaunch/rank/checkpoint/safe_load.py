@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any, NamedTuple
 
 from ...errors import CheckpointError
-from .manifest import _is_optional
+from ...rundir.checkpoint_manifest import _is_optional
 
 # (Found by recording find_class while unpickling the .metadata of a DDP model + AdamW state with
 # every dtype and memory format we use.)

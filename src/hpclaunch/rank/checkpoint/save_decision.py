@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from ...errors import CheckpointError
+from ...rundir.checkpoint_manifest import _jsonable, step_dir_name
 from ..dist import broadcast_json
 from .directory import CheckpointDir
-from .manifest import _jsonable, step_dir_name
 from .writing import SaveJob, SaveWriter
 
 log = logging.getLogger("hpclaunch.rank.checkpoint")

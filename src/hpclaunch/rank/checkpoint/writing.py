@@ -24,10 +24,16 @@ from typing import TYPE_CHECKING, Any, TypedDict
 
 from ...errors import CheckpointError
 from ...fsutil import atomic_write_json, fsync_dir
+from ...rundir.checkpoint_manifest import (
+    MANIFEST_NAME,
+    METADATA_NAME,
+    build_manifest,
+    file_digest,
+    move_aside_corrupt,
+)
 from ..dist import all_gather_json, broadcast_json
 from .directory import CheckpointDir
 from .fault_hooks import delay_write_hook, hooked_writer_class, injected_failure, kill_hook, kill_requested
-from .manifest import MANIFEST_NAME, METADATA_NAME, build_manifest, file_digest, move_aside_corrupt
 from .save_errors import is_filesystem_failure, save_error
 from .save_plans import SavePlans
 

@@ -23,13 +23,13 @@ from typing import Any, TypedDict, cast
 import torch
 
 from ...errors import HpclaunchError, TrainingError
-from ...rank.checkpoint.manifest import CheckpointInfo
 from ...rank.checkpoint.reader import dcp_load, read_metadata_everywhere
 from ...rank.dist import DistContext, broadcast_json
 from ...rank.tensors import local
 from ...rundir import INITIALIZED, Ledger
+from ...rundir.checkpoint_manifest import CheckpointInfo
+from ...rundir.init_source import resolve, shape_differences
 from .ema import EMA, clean_name
-from .init_source import resolve, shape_differences
 
 MAX_SHOWN = 4
 

@@ -15,9 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
-from ...errors import CheckpointError, FilesystemError
-from ...fsutil import retry_transient
-from ...rundir.paths import STEP_DIR_RE
+from ..errors import CheckpointError, FilesystemError
+from ..fsutil import retry_transient
+from .paths import STEP_DIR_RE
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -113,7 +113,7 @@ def build_manifest(
     torch_version: str | None = None,
 ) -> Manifest:
     """The manifest.json content for one checkpoint (``files``: name -> (bytes, sha256))."""
-    from ... import __version__
+    from .. import __version__
 
     return {
         "format_version": FORMAT_VERSION,

@@ -1,4 +1,5 @@
-"""What ``hpclaunch train`` and ``submit --resume`` refuse before they write anything (exit 2).
+"""What ``hpclaunch submit`` and ``train`` refuse before they write anything (exit 2), in one
+order for both (``refuse_before_writing``):
 
 - data that cannot be read as the model expects: the training shards and, when configured, the
   validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size);
@@ -14,6 +15,7 @@ cannot satisfy) are refused when the config is loaded. Torch-free.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..config import RunConfig
@@ -83,7 +85,7 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
     script's model shapes are checked by its run, which knows them)."""
     if cfg.is_script:
         return
-    from ..rank.checkpoint.manifest import InvalidCheckpoint, published_dirs, read_manifest
+    from ..rundir.checkpoint_manifest import InvalidCheckpoint, published_dirs, read_manifest
 
     checkpoints = RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints
     for _, path in reversed(published_dirs(checkpoints)):
@@ -119,8 +121,8 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
     and never looks at ``init_from`` again. ``pending_ok``: chained after the source (``--after``)."""
     if not cfg.train.init_from:
         return
-    from ..rank.checkpoint.manifest import published_dirs
-    from ..trainer.model.init_source import check_fits
+    from ..rundir.checkpoint_manifest import published_dirs
+    from ..rundir.init_source import check_fits
 
     if published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints):
         return
@@ -135,7 +137,30 @@ def refuse_bad_init_from(cfg: RunConfig, run_dir: Path, *, pending_ok: bool = Fa
 
 def resume_step(cfg: RunConfig, run_dir: Path) -> int:
     """The first step a resume trains: one past the run's newest published checkpoint (1: none)."""
-    from ..rank.checkpoint.manifest import published_dirs
+    from ..rundir.checkpoint_manifest import published_dirs
 
     found = published_dirs(RunPaths.of(run_dir, cfg.checkpoint.dir).checkpoints)
     return found[-1][0] + 1 if found else 1
+
+
+def refuse_before_writing(
+    cfg: RunConfig,
+    run_dir: Path,
+    *,
+    resume: bool,
+    ranks_here: bool,
+    data_of: Sequence[RunConfig] | None = (),
+    pending_ok: bool = False,
+) -> None:
+    """Every refusal above, in one order: a resume onto another model shape, the memory tier's tmpfs
+    where the ranks run on this machine (``ranks_here``), a ``train.init_from`` that cannot start
+    this run (``pending_ok``: chained after it), then the data (of ``data_of``, each sweep point's;
+    ``cfg``'s when empty; None: not read, as ``submit --no-preflight`` asks)."""
+    if resume:
+        refuse_other_model_shape(cfg, run_dir)
+    if ranks_here:  # (elsewhere the tmpfs is the nodes', not this machine's)
+        refuse_missing_memory_dir(cfg)
+    refuse_bad_init_from(cfg, run_dir, pending_ok=pending_ok)
+    if data_of is not None:
+        for point in data_of or [cfg]:
+            refuse_bad_data(point)

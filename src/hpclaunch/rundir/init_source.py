@@ -19,18 +19,18 @@ from typing import TypedDict
 
 import yaml
 
-from ...config import RunConfig
-from ...errors import UserInputError
-from ...fsutil import JSONObject
-from ...rank.checkpoint.manifest import (
+from ..config import RunConfig
+from ..errors import UserInputError
+from ..fsutil import JSONObject
+from .checkpoint_manifest import (
     MANIFEST_NAME,
     InvalidCheckpoint,
     Manifest,
     newest_valid,
     verify_checkpoint,
 )
-from ...rundir import RunPaths
-from ...rundir.plan_reader import read_plan_view
+from .paths import RunPaths
+from .plan_reader import read_plan_view
 
 # Model settings that do not change any parameter's shape.
 NOT_SHAPE = ("flash_attn",)
