@@ -35,7 +35,7 @@ from hpclaunch.config import RunConfig, load_config
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data.dataset import SampleOrder, ShardedDataset, text_mask
 from hpclaunch.trainer.data.loader import StepBatches, StepPlan, make_loader, micro_batches
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.model.objective import Objective, compute_losses, draw
 from hpclaunch.trainer.setup.parallel import set_deterministic
 

@@ -34,7 +34,7 @@ from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset, validate_dataset
 from hpclaunch.trainer.data.dataset import ShardedDataset
 from hpclaunch.trainer.loop import Trainer
-from hpclaunch.trainer.model.network import build_model
+from hpclaunch.trainer.model.mmdit_diffusion import build_model
 from hpclaunch.trainer.model.objective import Draws, Objective, compute_losses
 from hpclaunch.trainer.setup.parallel import set_deterministic
 

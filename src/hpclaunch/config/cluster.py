@@ -3,9 +3,9 @@ rendezvous, the backend, the environment) and ``nccl``."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from .keys import _RENAMED_IN_SCHEDULER
 from .section_base import (
@@ -16,6 +16,20 @@ from .section_base import (
     format_hms,
     parse_duration,
 )
+
+
+def _scalars_to_str(v: Any) -> Any:
+    """YAML reads ``OMP_NUM_THREADS: 4`` as an int; environment values are strings."""
+    if isinstance(v, dict):
+        return {
+            k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x
+            for k, x in v.items()
+        }
+    return v
+
+
+# An ``env`` mapping as YAML gives it, its numbers and booleans made the strings an environment holds.
+EnvValues = Annotated[dict[str, str], BeforeValidator(_scalars_to_str)]
 
 
 class RescueConfig(_Section):
@@ -273,7 +287,7 @@ class LaunchConfig(_Section):
     python: str | None = Field(
         None, description="Python executable in the job; null = the one running hpclaunch."
     )
-    env: dict[str, str] = Field(
+    env: EnvValues = Field(
         default_factory=dict,
         description="Extra environment variables (not secrets: they are written into the script).",
     )
@@ -281,11 +295,6 @@ class LaunchConfig(_Section):
         default_factory=list,
         description="Names of variables (secrets) passed from the submitting shell; values are never written.",
     )
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_scalars_to_str(cls, v: Any) -> Any:
-        return _scalars_to_str(v)
 
     @field_validator("env")
     @classmethod
@@ -306,16 +315,6 @@ class LaunchConfig(_Section):
         return v
 
 
-def _scalars_to_str(v: Any) -> Any:
-    """YAML reads ``OMP_NUM_THREADS: 4`` as an int; environment values are strings."""
-    if isinstance(v, dict):
-        return {
-            k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x
-            for k, x in v.items()
-        }
-    return v
-
-
 NcclPreset = Literal["auto", "ib", "roce", "ethernet", "nvlink", "efa", "debug", "none"]
 
 
@@ -323,15 +322,10 @@ class NcclConfig(_Section):
     preset: NcclPreset = Field(
         "auto", description="Named NCCL preset; auto = chosen on each node from what it shows."
     )
-    env: dict[str, str] = Field(
+    env: EnvValues = Field(
         default_factory=dict,
         description="Extra or overriding NCCL_* / TORCH_NCCL_* variables (validated).",
     )
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_scalars_to_str(cls, v: Any) -> Any:
-        return _scalars_to_str(v)
 
     @field_validator("env")
     @classmethod
