@@ -89,53 +89,47 @@ class Segment:
 
 
 @dataclass
-class AttemptTime:
-    attempt: str
+class PhaseTimes:
+    """Where allocated seconds went, phase by phase (``PHASES``): one attempt's, or a run's summed."""
+
     allocated_s: float = 0.0
-    queue_s: float | None = None
+    queue_s: float | None = None  # (an attempt's: None when nothing says how long it queued)
     startup_s: float = 0.0
     training_s: float = 0.0
     stall_s: float = 0.0
     lost_s: float = 0.0
     end_save_s: float = 0.0
     idle_s: float = 0.0
+    lost_steps: int = 0
     goodput: float | None = None
+
+    def phase_seconds(self) -> dict[str, float]:
+        return {p: float(getattr(self, f"{p}_s") or 0.0) for p in PHASES}
+
+
+@dataclass(kw_only=True)
+class AttemptTime(PhaseTimes):
+    attempt: str
     first_step: int | None = None  # the step it resumed from
     last_step: int | None = None  # the last step it computed
     kept_step: int | None = None  # the last step a checkpoint kept
-    lost_steps: int = 0
     saves: int = 0  # periodic saves that stalled training
     running: bool = False
     startup_parts: dict[str, float] = field(default_factory=dict)
     estimated: list[str] = field(default_factory=list)  # which figures are estimates, and why
     segments: list[Segment] = field(default_factory=list)  # for the timeline figure
 
-    def phase_seconds(self) -> dict[str, float]:
-        return {p: float(getattr(self, f"{p}_s") or 0.0) for p in PHASES}
-
 
 @dataclass
-class RunTime:
-    attempts: list[AttemptTime]
-    allocated_s: float = 0.0
-    queue_s: float = 0.0
-    startup_s: float = 0.0
-    training_s: float = 0.0
-    stall_s: float = 0.0
-    lost_s: float = 0.0
-    end_save_s: float = 0.0
-    idle_s: float = 0.0
-    lost_steps: int = 0
-    goodput: float | None = None
+class RunTime(PhaseTimes):
+    attempts: list[AttemptTime] = field(default_factory=list)
+    queue_s: float = 0.0  # (every attempt's known wait, summed)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
         for a in out["attempts"]:
             a["segments"] = [[s["phase"], s["start"], s["end"]] for s in a["segments"]]
         return _rounded(out)
-
-    def phase_seconds(self) -> dict[str, float]:
-        return {p: float(getattr(self, f"{p}_s") or 0.0) for p in PHASES}
 
     def rounded(self) -> RunTime:
         """The same figures as ``to_json()`` gives them (every float to the millisecond)."""
@@ -511,15 +505,8 @@ def _clamp(value: float, low: float, high: float) -> float:
 def _totals(attempts: list[AttemptTime]) -> RunTime:
     run = RunTime(attempts=attempts)
     for a in attempts:
-        run.allocated_s += a.allocated_s
-        run.queue_s += a.queue_s or 0.0
-        run.startup_s += a.startup_s
-        run.training_s += a.training_s
-        run.stall_s += a.stall_s
-        run.lost_s += a.lost_s
-        run.end_save_s += a.end_save_s
-        run.idle_s += a.idle_s
-        run.lost_steps += a.lost_steps
+        for key in ("allocated_s", *(f"{p}_s" for p in PHASES), "lost_steps"):
+            setattr(run, key, getattr(run, key) + (getattr(a, key) or 0))
     run.goodput = run.training_s / run.allocated_s if run.allocated_s > 0 else None
     return run
 
