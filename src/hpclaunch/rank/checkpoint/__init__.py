@@ -1,7 +1,7 @@
 """Checkpoints of a training run: writing, publishing, validating, choosing, loading, pruning.
 
-This package owns ``RUN/checkpoints/``: ``manifest`` (names, manifest, verification, scanning,
-retention rules; torch-free), ``directory`` (rank 0's view: valid, corrupt, what to load, what to
+This package owns ``RUN/checkpoints/``: ``rundir.checkpoint_manifest`` (names, manifest, verification,
+scanning, retention rules; torch-free, the login side reads it too), ``directory`` (rank 0's view: valid, corrupt, what to load, what to
 prune; torch-free), ``safe_load`` (loading without arbitrary unpickling), ``reader`` (loading one
 checkpoint, also read-only for ``hpclaunch sample``), ``save_errors`` (failures in the user's words), ``writing`` (one save's write, digests, manifest and publish, wherever the writer runs),
 ``staging`` + ``channel`` + ``writer_protocol`` + ``writer_process`` + ``writer_main`` (the writer
@@ -103,7 +103,7 @@ allow-list unpickler (the classes DCP metadata actually contains) and non-tensor
 Test hooks (``HPCLAUNCH_TEST_CKPT_*`` environment variables: a slow writer, a SIGKILL mid-save,
 an injected OSError such as ENOSPC) are described in ``save_errors``.
 
-``manifest`` and ``directory`` are torch-free (``hpclaunch status`` must not import torch); the other modules import
+``directory`` is torch-free (``hpclaunch status`` must not import torch); the other modules import
 torch inside the functions that need it.
 """
 
