@@ -90,6 +90,7 @@ def _flat(prefix: str, obj: Any) -> dict[str, Any]:
     return {prefix: obj}
 
 
+@pytest.mark.timeout(1200)  # (three attempts and a reference: CI's busy cores took 512 s)
 def test_three_kinds_of_stop_then_bitwise_equal_params_and_optimizer(
     work: Path, data: Path, tmp_path: Path
 ) -> None:

@@ -71,9 +71,10 @@ def first(run: Path, name: str) -> dict[str, Any]:
     return next(e for e in events(run) if e["event"] == name)
 
 
+@pytest.mark.timeout(1200)
 def test_stage2_starts_after_stage1_finishes_from_its_ema(stages: dict[str, Any]) -> None:
     work, runs = stages["work"], stages["runs"]
-    s1 = wait_run_done(runs / "stage1", work, timeout=400)
+    s1 = wait_run_done(runs / "stage1", work, timeout=900)
     assert s1["state"] == "finished", json.dumps(s1, indent=1)[-3000:]
     ends = [(a["end"], a["cause"]) for a in s1["attempts"]]
     assert len(ends) >= 2 and ends[0] == ("requeued", "timeout"), ends
