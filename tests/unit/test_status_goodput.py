@@ -122,6 +122,27 @@ def test_a_submission_that_never_starts_is_lost_too() -> None:
     assert run_state([], as_events(ledger), "cancelled", now=101.0) == "pending"  # the grace period first
 
 
+def test_a_resume_submitted_after_the_run_finished_is_pending_not_the_old_attempts_end() -> None:
+    """`submit --resume` after a finish: until its attempt starts, the run waits for the new job (a
+    `stop` then is for it); the finished attempt's job still exiting would read "finishing"."""
+    ledger = [
+        *LEDGER,
+        ev("submitting", resume=True),
+        {**ev("submitted", job_id="9", resume=True), "ts": 500.0},
+    ]
+    attempts = attempts_from_events(as_events(ledger))
+    assert run_state(attempts, as_events(ledger), "running", now=501.0) == "pending"
+    assert run_state(attempts, as_events(ledger), "pending", now=501.0) == "pending"
+    assert run_state(attempts, as_events(ledger), "failed", now=500.0 + LOST_AFTER_S + 1) == "lost"
+    # its attempt has started, even before `submit` recorded the job's id: that attempt's state
+    started = [*LEDGER, ev("submitting", resume=True), ev("started", "9.0", job_id="9", node=0)]
+    started.append(ev("submitted", job_id="9", resume=True))
+    attempts = attempts_from_events(as_events(started))
+    assert run_state(attempts, as_events(started), "running") == "running"
+    # the run's own first submission is no resume: finished stays finished
+    assert run_state(attempts_from_events(as_events(LEDGER)), as_events(LEDGER), "running") == "finishing"
+
+
 def test_withdrawn_and_user_ended_attempts() -> None:
     ledger = [
         ev("submitted", job_id="7"),

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..estimate import EstimateJSON
-from ..rundir import SUBMITTED, Event, RunPaths, of_kind, read_events
+from ..rundir import SUBMITTED, Event, RunPaths, latest_submission, of_kind, read_events
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..rundir.events import (
     Cancelled,
@@ -316,6 +316,10 @@ def run_state(
     last = ran[-1]
     if _cancelled_after(events, last):
         return "cancelled"
+    if (since := _submitted_after(events, last)) is not None:
+        # `submit --resume` (or a chain's next job) after the attempt ended: the new job is the
+        # run's now, and it has not started an attempt yet. The old attempt's end is not the state.
+        return _lost_or(scheduler_state, "pending", since=since, now=now)
     if last.end == "running":
         if scheduler_state in ("running", None):
             return "running"
@@ -346,6 +350,16 @@ def _lost_or(scheduler_state: str | None, state: str, *, since: float | None, no
 def _last_ts(events: Sequence[Event], name: str) -> float | None:
     stamps = [e.ts for e in events if e.event == name]
     return float(stamps[-1]) if stamps and stamps[-1] is not None else None
+
+
+def _submitted_after(events: Sequence[Event], last: Attempt) -> float | None:
+    """When the run's latest submission was opened, if that came after ``last`` began (the ledger's
+    order, not its clocks: its writers are on different hosts); None when ``last`` is that
+    submission's own (or the run has no submission)."""
+    opened = latest_submission(events)
+    if opened < 0 or any(e.attempt == last.attempt for e in events[opened:]):
+        return None
+    return float(events[opened].ts or 0.0)
 
 
 def _cancelled_after(events: Sequence[Event], last: Attempt) -> bool:
