@@ -127,9 +127,11 @@ class RunTime(PhaseTimes):
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
-        for a in out["attempts"]:
+        # (each name first, as status --json has always shown it: the phases come from the base)
+        attempts = [{"attempt": a.pop("attempt"), **a} for a in out.pop("attempts")]
+        for a in attempts:
             a["segments"] = [[s["phase"], s["start"], s["end"]] for s in a["segments"]]
-        return _rounded(out)
+        return _rounded({"attempts": attempts, **out})
 
     def rounded(self) -> RunTime:
         """The same figures as ``to_json()`` gives them (every float to the millisecond)."""

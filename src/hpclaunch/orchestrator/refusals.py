@@ -1,13 +1,15 @@
-"""What ``hpclaunch submit`` and ``train`` refuse before they write anything (exit 2), in one
+"""What ``hpclaunch submit`` and ``train`` refuse before they write anything (exit 2), in this
 order for both (``refuse_before_writing``):
 
-- data that cannot be read as the model expects: the training shards and, when configured, the
-  validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size);
 - a resume whose newest checkpoint was written for another model shape: the run would fail in
   every rank after minutes of start-up, so it is refused here, naming the settings that differ;
 - a memory tier whose tmpfs (``checkpoint.memory.dir``) does not exist where the ranks run (this
   machine: ``train``, the local scheduler): it is never created, and the tier would only say so
-  from every rank at start-up.
+  from every rank at start-up;
+- a ``train.init_from`` that cannot start this run;
+- data that cannot be read as the model expects: the training shards and, when configured, the
+  validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size); a
+  script's run: its script and working directory.
 
 Bad values within one config (a pad id outside the vocabulary, an FSDP shard size the rank count
 cannot satisfy) are refused when the config is loaded. Torch-free.
@@ -104,14 +106,11 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
 
 
 def _differences(saved: object, cfg: RunConfig) -> str:
+    from ..rundir.init_source import shape_differences
+
     if not isinstance(saved, dict):
         return ""
-    now = cfg.model.model_dump(mode="json")
-    diffs = [
-        f"model.{k}: {saved[k]!r} in the checkpoint, {now[k]!r} now"
-        for k in now
-        if k in saved and saved[k] != now[k]
-    ]
+    diffs = shape_differences(saved, cfg, there="in the checkpoint", here="now")
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 
