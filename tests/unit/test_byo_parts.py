@@ -314,15 +314,29 @@ IN_A_FORKED_CHILD = (
 )
 
 
+# An iterator whose shutdown already ran without ending its workers (torch's join timed out and its
+# SIGTERM was ignored): nothing would tell them to end any more.
+LEFT_RUNNING = (
+    "from hpclaunch.rank.data_position import _install\n"
+    "def main():\n"
+    "    _install()\n"
+    "    global it\n"
+    "    it = iter(DataLoader(TensorDataset(torch.arange(40).float()), batch_size=4, num_workers=2))\n"
+    "    print(next(it)[0].tolist(), flush=True)\n"
+    "    it._shutdown = True\n"
+)
+
+
 @pytest.mark.spawns
-@pytest.mark.parametrize("where", ["main", "forked child"])
+@pytest.mark.parametrize("where", ["main", "forked child", "left running"])
 def test_a_script_that_keeps_a_loaders_workers_alive_to_its_end_exits(tmp_path: Path, where: str) -> None:
     """Our workers ignore SIGTERM (a scheduler's must not kill them before the rank saves), and at
     the interpreter's exit multiprocessing terminates daemonic workers with SIGTERM: unless they are
     shut down first, the process waited for them for ever (in a forked child too: CI's SLURM chain,
     a rank that failed at step 60 waited 25 minutes)."""
     script = tmp_path / "keeps.py"
-    script.write_text(KEEPS_WORKERS + ("main()\n" if where == "main" else IN_A_FORKED_CHILD))
+    body = KEEPS_WORKERS + LEFT_RUNNING if where == "left running" else KEEPS_WORKERS
+    script.write_text(body + (IN_A_FORKED_CHILD if where == "forked child" else "main()\n"))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "[0.0, 1.0, 2.0, 3.0]" in done.stdout, done.stderr[-2000:]
 

@@ -328,6 +328,7 @@ def _install() -> None:
 
 
 _SHUTDOWN_HOOKED = False
+WORKER_EXIT_WAIT_S = 2.0  # a worker told to end (or never told) has this long before it is killed
 
 
 def shut_down_workers_at_exit() -> None:
@@ -350,6 +351,7 @@ def shut_down_workers_at_exit() -> None:
     from torch.utils.data import dataloader
 
     live: weakref.WeakSet[Any] = weakref.WeakSet()
+    workers: weakref.WeakSet[Any] = weakref.WeakSet()  # every worker process those iterators started
     finalized_in: list[int] = []  # the process whose multiprocessing finalizers hold the hook
     cls = dataloader._MultiProcessingDataLoaderIter
     original_init = cls.__init__
@@ -357,6 +359,7 @@ def shut_down_workers_at_exit() -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
         live.add(self)
+        workers.update(self._workers)
         if finalized_in[-1:] != [os.getpid()]:
             finalized_in.append(os.getpid())
             multiprocessing.util.Finalize(None, shut_down, exitpriority=100)
@@ -365,6 +368,15 @@ def shut_down_workers_at_exit() -> None:
         for iterator in list(live):
             with contextlib.suppress(Exception):  # (exiting: a worker already gone is no matter)
                 iterator._shutdown_workers()
+        # A worker still alive now (its iterator gone or shut down without it ending: torch then
+        # "terminates" it with SIGTERM, which ours ignore) would be joined for ever by
+        # multiprocessing's exit function: a process that raised out of its loop hung at its exit.
+        for worker in list(workers):
+            with contextlib.suppress(Exception):  # (not this process's child: a fork's copy)
+                worker.join(timeout=WORKER_EXIT_WAIT_S)
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
 
     cls.__init__ = __init__  # type: ignore[method-assign]
     atexit.register(shut_down)
