@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal, TypedDict, cast
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -91,45 +91,10 @@ class Estimate:
     cost_total: float | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_json(self) -> EstimateJSON:
-        # EstimateJSON names these fields one by one; the comprehension keeps them, rounded
-        return cast(
-            EstimateJSON, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
-        )
-
-
-class EstimateJSON(TypedDict):
-    """``Estimate.to_json()``: ``status --json``'s ``cost`` and ``preflight --json``'s ``estimate``
-    (floats rounded to 4 places). tests/unit/test_estimate.py checks it names Estimate's fields."""
-
-    basis: str
-    state: Literal["estimated", "finished", "ended", "unknown"]  # Estimate.state's words
-    seconds_per_step: float | None
-    startup_per_attempt_s: float | None
-    tail_per_attempt_s: float | None
-    queue_per_attempt_s: float | None
-    time_limit_s: float
-    steps_left: int
-    training_left_s: float | None
-    attempts_left: int | None
-    allocated_left_s: float | None
-    eta_s: float | None
-    eta_at: float | None
-    unit: str
-    gpus: int
-    nodes: int
-    spare_nodes: int
-    gpu_hours_spent: float | None
-    gpu_hours_to_go: float | None
-    gpu_hours_total: float | None
-    node_hours_spent: float
-    node_hours_to_go: float | None
-    node_hours_total: float | None
-    gpu_hour_cost: float | None
-    cost_spent: float | None
-    cost_to_go: float | None
-    cost_total: float | None
-    notes: list[str]
+    def to_json(self) -> dict[str, Any]:
+        """``status --json``'s ``cost`` and ``preflight --json``'s ``estimate``: these fields, floats
+        rounded to 4 places."""
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
 
 
 def estimate(progress: Progress, measured: Measured, job: Job, *, now: float, basis: str) -> Estimate:

@@ -10,7 +10,7 @@ from ..errors import PreflightFailed
 from .common import ConfigOptArg, JsonOpt, ScriptOpt, SetOpt, console, load_run_config, print_json
 
 if TYPE_CHECKING:  # imported where used, not here: the CLI starts without them
-    from ..estimate import EstimateJSON
+    from ..estimate import Estimate
     from ..preflight.run_estimate import CannotEstimate
     from ..probe_shapes import StepMeasure
 
@@ -67,7 +67,8 @@ def preflight(
         if probe is not None:
             probe.close()
     if as_json:
-        print_json({**report.to_json(), **({"estimate": estimated} if estimated is not None else {})})
+        est = estimated if estimated is None or isinstance(estimated, dict) else estimated.to_json()
+        print_json({**report.to_json(), **({"estimate": est} if est is not None else {})})
     else:
         print_report(report, console=console)
         if estimated is not None:
@@ -91,7 +92,7 @@ def _start_probe(cfg: Any) -> Any:
     return job_probe(cfg, timeout_s=PROBE_TIMEOUT_S, estimate=step_request(cfg), env=step_env(cfg))
 
 
-def _estimate(cfg: Any, probe: Any) -> EstimateJSON | CannotEstimate:
+def _estimate(cfg: Any, probe: Any) -> Estimate | CannotEstimate:
     from ..preflight.run_estimate import TIMEOUT_S, preflight_estimate
 
     step: StepMeasure = probe.step_estimate(TIMEOUT_S)
@@ -100,17 +101,17 @@ def _estimate(cfg: Any, probe: Any) -> EstimateJSON | CannotEstimate:
     return preflight_estimate(cfg, step=step)
 
 
-def _print_estimate(est: EstimateJSON | CannotEstimate) -> None:
+def _print_estimate(est: Estimate | CannotEstimate) -> None:
     from ..orchestrator.accounting import fmt_seconds
     from ..orchestrator.cost import describe
 
-    if est["state"] == "cannot":
+    if isinstance(est, dict):  # CannotEstimate
         console.print(f"estimate: {est['reason']}", highlight=False)
         return
     console.print(
-        f"estimate: {est['seconds_per_step']:.3f} s/step x {est['steps_left']} steps = "
-        f"{fmt_seconds(est['training_left_s'])} of training; {describe(est)}",
+        f"estimate: {est.seconds_per_step or 0.0:.3f} s/step x {est.steps_left} steps = "
+        f"{fmt_seconds(est.training_left_s)} of training; {describe(est)}",
         highlight=False,
     )
-    for note in est["notes"] or []:
+    for note in est.notes:
         console.print(f"  {note}", highlight=False)

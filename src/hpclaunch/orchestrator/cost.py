@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from ..estimate import EstimateJSON, Job, Measured, Progress, estimate
+from ..estimate import Estimate, Job, Measured, Progress, estimate
 from ..rundir import RunPaths
 from ..rundir.plan_reader import read_gpu_hour_cost, read_plan_view
 from .accounting import RunTime
@@ -59,7 +59,7 @@ def run_cost(
     step: int,
     total_steps: int | None,
     now: float | None = None,
-) -> EstimateJSON | None:
+) -> Estimate | None:
     """``status --json``'s ``cost``: ETA, GPU-hours (node-hours on CPU) and cost; None without a plan."""
     plan = read_plan_view(paths)
     limit = plan.applied_limit_s if plan is not None else None
@@ -89,34 +89,33 @@ def run_cost(
         job,
         now=time.time() if now is None else now,
         basis=f"measured on this run's {attempts} attempt(s)",
-    ).to_json()
+    )
 
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def describe(cost: EstimateJSON | None) -> str | None:
+def describe(cost: Estimate | None) -> str | None:
     """One status line: the ETA, the resource-hours spent and to go, the cost."""
     from .accounting import fmt_seconds
 
     if not cost:
         return None
-    unit = cost["unit"]
-    spent = cost["gpu_hours_spent"] if cost["gpus"] else cost["node_hours_spent"]
-    to_go = cost["gpu_hours_to_go"] if cost["gpus"] else cost["node_hours_to_go"]
+    spent = cost.gpu_hours_spent if cost.gpus else cost.node_hours_spent
+    to_go = cost.gpu_hours_to_go if cost.gpus else cost.node_hours_to_go
     parts = []
-    if cost["state"] == "estimated":
-        more = cost["attempts_left"]
-        parts.append(f"ETA {fmt_seconds(cost['eta_s'])}" + (f" ({more} more attempt(s))" if more else ""))
-    elif cost["state"] == "unknown":
+    if cost.state == "estimated":
+        more = cost.attempts_left
+        parts.append(f"ETA {fmt_seconds(cost.eta_s)}" + (f" ({more} more attempt(s))" if more else ""))
+    elif cost.state == "unknown":
         parts.append("ETA unknown")
-    hours = f"{unit} {spent:.2f} spent"
-    if to_go is not None and cost["state"] != "finished":
+    hours = f"{cost.unit} {spent or 0.0:.2f} spent"
+    if to_go is not None and cost.state != "finished":
         hours += f", {to_go:.2f} to go"
     parts.append(hours)
-    if cost.get("cost_total") is not None:
-        parts.append(f"cost {cost['cost_spent']:.2f} spent, {cost['cost_total']:.2f} in all")
-    elif cost.get("cost_spent") is not None:
-        parts.append(f"cost {cost['cost_spent']:.2f} spent")
+    if cost.cost_total is not None:
+        parts.append(f"cost {cost.cost_spent or 0.0:.2f} spent, {cost.cost_total:.2f} in all")
+    elif cost.cost_spent is not None:
+        parts.append(f"cost {cost.cost_spent:.2f} spent")
     return "; ".join(parts)

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..estimate import EstimateJSON
+from ..estimate import Estimate
 from ..rundir import SUBMITTED, Event, RunPaths, latest_submission, of_kind, read_events
 from ..rundir.cause import STOP_CAUSES, Cause, UnknownCause
 from ..rundir.events import (
@@ -397,7 +397,7 @@ class StatusView:
     step_counts: StepCounts
     time: RunTime
     stragglers: StragglerSummary
-    cost: EstimateJSON | None  # shared with preflight's estimate
+    cost: Estimate | None  # shared with preflight's estimate
     chain: ChainView | None
     weights_from: WeightsSource | None
     checkpoint_interval: IntervalSummary | None
@@ -454,7 +454,7 @@ class StatusView:
             "step_counts": asdict(self.step_counts),
             "time": time_json,
             "stragglers": asdict(self.stragglers),
-            "cost": self.cost,
+            "cost": self.cost.to_json() if self.cost is not None else None,
             "chain": self.chain.to_json() if self.chain is not None else None,
             "weights_from": asdict(self.weights_from) if self.weights_from is not None else None,
             "checkpoint_interval": asdict(self.checkpoint_interval) if self.checkpoint_interval else None,
@@ -489,8 +489,8 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         attempts[-1].end = "cancelling"
     spent = run_time(run, events=events, metrics=metrics, live=state == "running")
     cost = run_cost(paths, spent, state=state, step=step, total_steps=total_steps)
-    if cost is not None and cost.get("eta_s") is not None:
-        eta = cost["eta_s"]  # wall clock: attempts still to come, each with its start-up and stop
+    if cost is not None and cost.eta_s is not None:
+        eta = round(cost.eta_s, 4)  # wall clock: attempts still to come, each with its start-up and stop
     if state not in ACTIVE_STATES and state != "finished":
         eta = None  # stopped, failed, cancelled: nothing arrives until someone resumes it
     return StatusView(

@@ -21,7 +21,7 @@ from typing import Literal, TypedDict
 
 from .. import proc
 from ..config import RunConfig
-from ..estimate import EstimateJSON, Job, Measured, Progress, estimate
+from ..estimate import Estimate, Job, Measured, Progress, estimate
 from ..probe_shapes import StepMeasure, StepRequest
 from .probe import job_python
 
@@ -77,7 +77,7 @@ def measure_step(cfg: RunConfig, *, timeout_s: float = TIMEOUT_S) -> StepMeasure
 
 def preflight_estimate(
     cfg: RunConfig, *, step: StepMeasure | None = None, now: float | None = None
-) -> EstimateJSON | CannotEstimate:
+) -> Estimate | CannotEstimate:
     """``estimate``'s figures from one rank's measured step, or ``{"state": "cannot", "reason"}``.
 
     ``step``: the step probe's answer when the caller has it (preflight's probe); else measured here.
@@ -109,4 +109,4 @@ def preflight_estimate(
         now=time.time() if now is None else now,
         basis="preflight: one short measured step",
     )
-    return e.to_json()
+    return e
