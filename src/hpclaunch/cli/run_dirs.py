@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..errors import RunNotFoundError, RunStateError, UserInputError
 from ..rundir import RunPaths
-from ..rundir.kind import Found, RunKind, what_is_at
+from ..rundir.readers import Found, RunKind, what_is_at
 
 
 def found(run: Path) -> Found:
