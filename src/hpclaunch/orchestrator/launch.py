@@ -1,4 +1,5 @@
-"""Login-node flow: config -> plan -> script -> (preflight) -> run directory -> submit.
+"""Login-node flow's parts: config -> plan -> script -> (preflight) -> run directory -> submit. The
+order ``submit`` and ``train`` take them in is ``login_flow``'s.
 
 ``render`` and ``submit`` share this code path, so what ``hpclaunch render`` prints is byte for byte
 what ``submit`` hands to the scheduler. Nothing is written before every check has passed: a bad
