@@ -131,7 +131,7 @@ def submit(
     if resume is not None:
         resumed = resumable(resume)
         more = [*(overrides or []), *(k for k, _ in script_flags(script))]
-        cfg = resumed_config(resumed, more, status_view(resumed))
+        cfg = resumed_config(resumed, more, status_view)
     elif config or script is not None:
         cfg = load_run_config(config, overrides, script, command="submit")
     else:

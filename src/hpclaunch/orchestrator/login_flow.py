@@ -91,10 +91,11 @@ class Submitted:
     after: RunPaths | None = None  # --after: the run this one is chained after
 
 
-def resumed_config(run: RunPaths, overrides: list[str], now: StatusView) -> RunConfig:
+def resumed_config(run: RunPaths, overrides: list[str], look: Callable[[RunPaths], StatusView]) -> RunConfig:
     """``submit --resume RUN``: the config RUN was started with plus ``overrides``; refused when RUN
-    cannot be resumed now (``now``: its status as of this look)."""
+    cannot be resumed now (``look``: its status, the scheduler asked, once the config has loaded)."""
     cfg = load_existing_run(run.root, overrides)
+    now = look(run)
     steps = None if cfg.is_script else cfg.train.steps
     refuse_unless_resumable_now(run, now.state, int(now.step or 0), steps)
     return cfg
