@@ -140,7 +140,7 @@ def test_submit_resume_says_it_records_it_and_status_shows_it(
             raise ValueError("no such job here")
 
     monkeypatch.setattr(launch, "get_scheduler", lambda kind: Local())
-    monkeypatch.setattr("hpclaunch.cli.run_cmd.refuse_if_locked", lambda plan: None)
+    monkeypatch.setattr("hpclaunch.orchestrator.login_flow.refuse_if_locked", lambda plan: None)
     # (the recording's config names the directory it was recorded in: here is elsewhere)
     args = ["--set", f"run_dir={run}", "--set", "train.steps=400", "--no-preflight"]
     assert main(["submit", "--resume", str(run), *args]) == 0

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from hpclaunch.cli import main, run_cmd
 from hpclaunch.rundir import RunPaths
-from hpclaunch.rundir.kind import RunKind, what_is_at
+from hpclaunch.rundir.readers import RunKind, what_is_at
 
 pytestmark = pytest.mark.fast
 

@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from ..errors import PreflightFailed, UserInputError
 from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
-from ..orchestrator.launch import (
+from ..orchestrator.login_flow import (
     foreground_run,
-    load_existing_run,
-    prepare,
-    refuse_if_locked,
-    resume_change,
+    plan_submit,
+    plan_train,
+    resumed_config,
+    schedule_pin,
+    settle_chain,
+    submit_planned,
 )
-from ..orchestrator.launch import submit as submit_run
 from ..orchestrator.memory_tier_view import describe_memory_tier
-from ..orchestrator.refusals import refuse_before_writing, resume_step
 from ..orchestrator.status import StatusView, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
 from ..orchestrator.write_failures import describe_experiment_logs, describe_failed_saves
@@ -37,16 +37,12 @@ from .common import (
     print_json,
     script_flags,
 )
-from .run_dirs import (
-    found,
-    refuse_sweep_with_resume,
-    refuse_training_in_a_sweep_root,
-    refuse_unless_resumable_now,
-    resumable,
-    run_paths,
-)
+from .run_dirs import found, refuse_sweep_with_resume, resumable, run_paths
 from .views import busy as _busy
 from .views import ended_code, ended_line, status_view
+
+if TYPE_CHECKING:
+    from ..config import RunConfig
 
 RunArg = Annotated[Path, typer.Argument(help="The run directory (runs/<name>).", metavar="RUN")]
 
@@ -63,7 +59,8 @@ def register(app: typer.Typer) -> None:
     app.command("logs")(logs)
 
 
-def _preflight_or_refuse(cfg: Any) -> None:
+def _preflight_or_refuse(cfg: RunConfig) -> None:
+    """``submit``'s login preflight: its table on stderr and PreflightFailed when a check fails."""
     from ..preflight import run_login_checks
 
     report = run_login_checks(cfg)
@@ -130,15 +127,11 @@ def submit(
             "--set train.steps=N), or submit the CONFIG as a new run without --resume",
         )
     refuse_sweep_with_resume(resume, sweep)
-    change = None
+    resumed = None
     if resume is not None:
         resumed = resumable(resume)
-        cfg = load_existing_run(resumed.root, [*(overrides or []), *(k for k, _ in script_flags(script))])
-        view = status_view(resumed)
-        total = None if cfg.is_script else cfg.train.steps
-        refuse_unless_resumable_now(resumed, view.state, int(view.step or 0), total)
-        if not cfg.is_script:  # (a script's schedule is its own)
-            change = resume_change(resumed, cfg, step=resume_step(cfg, resumed.root))
+        more = [*(overrides or []), *(k for k, _ in script_flags(script))]
+        cfg = resumed_config(resumed, more, status_view)
     elif config or script is not None:
         cfg = load_run_config(config, overrides, script, command="submit")
     else:
@@ -147,43 +140,18 @@ def submit(
             where="submit",
             hint="hpclaunch submit examples/tiny.yaml, or hpclaunch submit --script train.py",
         )
-    prepared = prepare(cfg, sweeps=sweep or [])
-    for warning in prepared.rendered.warnings:
+    planned = plan_submit(cfg, sweeps=sweep or [], resume=resumed)
+    for warning in planned.warnings:
         err_console.print(f"[yellow]warning:[/] {warning}", highlight=False)
-    after_paths = None
-    if after is not None:
-        from ..orchestrator.chain_submit import check_after
-
-        after_paths = check_after(after, prepared.plan.paths().root, sweep=bool(sweep))
-    if resume is not None:
-        refuse_if_locked(prepared.plan)
-    # Chained after the run it starts from: that run may have no checkpoint yet.
-    pending = after_paths is not None and Path(cfg.train.init_from or "").resolve() == after_paths.root
-    refuse_before_writing(
-        cfg,
-        prepared.plan.paths().root,
-        resume=resume is not None,
-        ranks_here=prepared.plan.scheduler == "local",
-        data_of=None if no_preflight else prepared.point_cfgs,  # bad input: one line, before the table
-        pending_ok=pending,
+    submitted = submit_planned(planned, after=after, preflight=None if no_preflight else _preflight_or_refuse)
+    paths = submitted.paths
+    typer.echo(
+        f"submitted {cfg.name} as {submitted.scheduler} job {submitted.job_id}; run directory {paths.root}"
     )
-    if not no_preflight:
-        _preflight_or_refuse(cfg)
-    paths, job_id = submit_run(
-        prepared,
-        run_preflight=not no_preflight,
-        resume=resume is not None,
-        held=after_paths is not None,
-        change=change,
-    )
-    typer.echo(f"submitted {cfg.name} as {prepared.plan.scheduler} job {job_id}; run directory {paths.root}")
-    if change is not None:
-        typer.echo(f"  {change.line()}")
-    if after_paths is not None:
-        from ..orchestrator.chain_submit import register_and_settle
-
-        verdict = register_and_settle(after_paths, paths, prepared.plan.scheduler, job_id)
-        typer.echo(f"  chained after {after_paths.root}: {_chain_words(verdict.action, verdict.reason)}")
+    if planned.change is not None:
+        typer.echo(f"  {planned.change.line()}")
+    if submitted.after is not None and (verdict := settle_chain(submitted)) is not None:
+        typer.echo(f"  chained after {submitted.after.root}: {_chain_words(verdict.action, verdict.reason)}")
     typer.echo(f"  follow it: hpclaunch status {paths.root} --watch")
     if wait:
         code = _wait(paths)
@@ -281,31 +249,13 @@ def train(
         config = [RunPaths(found(config[0]).path).config]  # the config it was started with
     here = [("scheduler.kind=local", "hpclaunch train")]  # this machine, always
     cfg = load_run_config(config, overrides, script, here, command="train", run_written=own)
-    recorded = RunPaths(cfg.run_path())
-    change = None
-    if (
-        resume and recorded.config.is_file() and not cfg.is_script
-    ):  # the schedule's length, as for submit --resume
-        from ..lr_schedule import pinned_length
-        from ..rundir import read_config
-
-        pin = pinned_length(read_config(recorded).train, cfg.train, overrides or [])
-        if pin is not None:
-            cfg = load_run_config(
-                config, [*(overrides or []), pin], script, here, command="train", run_written=own
-            )
-        change = resume_change(recorded, cfg, step=resume_step(cfg, recorded.root))
-    prepared = prepare(cfg)
-    paths = prepared.plan.paths()
-    refuse_training_in_a_sweep_root(paths.root)
-    if paths.is_run() and not resume:
-        raise UserInputError(
-            f"a run already exists in {paths.root}",
-            where="run_dir",
-            hint="add --resume to continue it, or change name/run_dir",
+    if resume and (pin := schedule_pin(cfg, overrides or [])) is not None:  # as for submit --resume
+        cfg = load_run_config(
+            config, [*(overrides or []), pin], script, here, command="train", run_written=own
         )
-    refuse_before_writing(cfg, paths.root, resume=resume, ranks_here=True)
-    with foreground_run(prepared, resume=resume, change=change):
+    planned = plan_train(cfg, resume=resume)
+    paths, change = planned.paths, planned.change
+    with foreground_run(planned):
         if change is not None:
             err_console.print(change.line(), highlight=False, soft_wrap=True)
         os.environ[FOREGROUND_VAR] = "1"

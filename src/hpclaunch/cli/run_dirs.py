@@ -3,16 +3,17 @@
 Every command that takes RUN asks ``found`` first; one that cannot apply to what it found (no run,
 a sweep's root where one run is needed, a run that has finished or is still exiting) says what it
 found in one line, exit 2, nothing written. A ``--resume`` never changes what a directory holds:
-a run stays a run, a sweep's root a sweep, a point a point.
+a run stays a run, a sweep's root a sweep, a point a point. (What ``submit`` and ``train`` refuse of
+the run they would write or continue is the login flow's: ``orchestrator/login_flow.py``.)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import RunNotFoundError, RunStateError, UserInputError
+from ..errors import RunNotFoundError, RunStateError
 from ..rundir import RunPaths
-from ..rundir.kind import Found, RunKind, what_is_at
+from ..rundir.readers import Found, RunKind, what_is_at
 
 
 def found(run: Path) -> Found:
@@ -65,33 +66,3 @@ def resumable(run: Path) -> RunPaths:
             + ("; ..." if len(there.points) > 2 else ""),
         )
     return RunPaths(there.path)
-
-
-def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: int | None) -> None:
-    """A finished run has nothing to train; one still exiting is not free yet (status says so).
-    ``steps`` None: a script's run, whose new length only the script knows (its arguments)."""
-    from ..orchestrator.status import ENDING_STATES
-
-    if state == "finished" and steps is not None and step >= steps:
-        raise RunStateError(
-            f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
-            where="--resume",
-            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N (N > {step})",
-        )
-    if state in ENDING_STATES.values():
-        raise RunStateError(
-            f"{paths.root} is {state}: its job has not exited yet; nothing was written",
-            where="--resume",
-            hint=f"resume it once hpclaunch status {paths.root} says it has ended (seconds)",
-        )
-
-
-def refuse_training_in_a_sweep_root(root: Path) -> None:
-    """``train`` whose run directory is a sweep's root would put a run where its points' sweep is."""
-    there = what_is_at(root)
-    if there.kind is RunKind.SWEEP:
-        raise UserInputError(
-            f"{there.describe()}; training here would make its root a run; nothing was written",
-            where="run_dir",
-            hint=f"train one point (hpclaunch submit --resume {there.points[0]}) or choose another name/run_dir",
-        )

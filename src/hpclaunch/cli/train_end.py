@@ -2,14 +2,14 @@
 
 The exit code names how the run ended: 0 finished, 1 failed, 3 ended by the user (``hpclaunch
 stop`` from any shell, Ctrl-C, or ``hpclaunch cancel``), 4 stopped at the time limit, 5 preempted.
-The decision, not only the trainer's outcome, says which: a cancel reaches the ranks as a SIGTERM,
-which the trainer alone cannot tell from a preemption.
+How the run ended is the login flow's (``orchestrator.login_flow.foreground_outcome``); this says it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ..orchestrator.login_flow import foreground_outcome
 from ..rundir import RunPaths
 from ..rundir.cause import STOP_EXIT_CODES, Cause
 from ..rundir.outcome import AttemptOutcome
@@ -18,11 +18,7 @@ from .common import console, err_console
 
 def last_word(paths: RunPaths, config: list[Path], overrides: list[str] | None, agent_code: int) -> int:
     """Print how the run ended (one line; a failure's reason on stderr) and return the exit code."""
-    from .. import rundir  # (looked up at the call: tests stand in for the outcome)
-
-    outcome = rundir.latest_outcome(paths)
-    if _cancelled(paths) and outcome is not None:
-        outcome = AttemptOutcome("stopped", Cause.CANCELLED, outcome.step)
+    outcome = foreground_outcome(paths)
     if outcome is not None and outcome.status == "failed":
         # The reason is the last line; the rank host's own report stays in the node log.
         console.print(
@@ -52,12 +48,3 @@ def exit_code(outcome: AttemptOutcome | None, agent_code: int) -> int:
     if outcome.status == "stopped":
         return STOP_EXIT_CODES.get(outcome.cause or Cause.USER, 3)
     return 1
-
-
-def _cancelled(paths: RunPaths) -> bool:
-    """The last attempt's decision was a cancellation (``hpclaunch cancel``)."""
-    from ..orchestrator.status import attempts_from_events
-    from ..rundir import read_events
-
-    attempts = attempts_from_events(read_events(paths).events)
-    return bool(attempts) and attempts[-1].end == "cancelled"

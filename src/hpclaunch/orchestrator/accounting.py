@@ -126,12 +126,10 @@ class RunTime(PhaseTimes):
     queue_s: float = 0.0  # (every attempt's known wait, summed)
 
     def to_json(self) -> dict[str, Any]:
+        """``status --json``'s ``time``, its keys in the order they have always had: the attempts
+        first, each attempt's name first and its steps between its goodput and its lost steps."""
         out = asdict(self)
-        # (each name first, as status --json has always shown it: the phases come from the base)
-        attempts = [{"attempt": a.pop("attempt"), **a} for a in out.pop("attempts")]
-        for a in attempts:
-            a["segments"] = [[s["phase"], s["start"], s["end"]] for s in a["segments"]]
-        return _rounded({"attempts": attempts, **out})
+        return _rounded({"attempts": [_attempt_json(a) for a in out.pop("attempts")], **out})
 
     def rounded(self) -> RunTime:
         """The same figures as ``to_json()`` gives them (every float to the millisecond)."""
@@ -146,6 +144,18 @@ class RunTime(PhaseTimes):
                 for a in self.attempts
             ],
         )
+
+
+def _attempt_json(a: dict[str, Any]) -> dict[str, Any]:
+    a["segments"] = [[s["phase"], s["start"], s["end"]] for s in a["segments"]]
+    head = {"attempt": a.pop("attempt")}
+    lost_steps = a.pop("lost_steps")
+    out: dict[str, Any] = {}
+    for key, value in a.items():
+        out[key] = value
+        if key == "kept_step":
+            out["lost_steps"] = lost_steps
+    return {**head, **out}
 
 
 _D = TypeVar("_D", RunTime, AttemptTime, Segment)

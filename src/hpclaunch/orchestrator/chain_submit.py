@@ -14,7 +14,7 @@ from pathlib import Path
 from ..errors import UserInputError
 from ..rundir import CHAIN_WAITING, Ledger, RunPaths, read_events
 from ..rundir.chain import Follower, Verdict, register, verdict
-from ..rundir.kind import RunKind, what_is_at
+from ..rundir.readers import RunKind, what_is_at
 from ..schedulers.chain_release import settle_followers
 
 

@@ -1,4 +1,5 @@
-"""Login-node flow: config -> plan -> script -> (preflight) -> run directory -> submit.
+"""Login-node flow's parts: config -> plan -> script -> (preflight) -> run directory -> submit. The
+order ``submit`` and ``train`` take them in is ``login_flow``'s.
 
 ``render`` and ``submit`` share this code path, so what ``hpclaunch render`` prints is byte for byte
 what ``submit`` hands to the scheduler. Nothing is written before every check has passed: a bad
@@ -9,8 +10,7 @@ from __future__ import annotations
 
 import itertools
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -25,7 +25,6 @@ from ..rundir import (
     SUBMIT_FAILED,
     SUBMITTED,
     SUBMITTING,
-    Heartbeat,
     JobPlan,
     Ledger,
     LockHolder,
@@ -40,6 +39,7 @@ from ..schedulers.protocol import RenderedJob, Scheduler
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue
 from . import plan_build as plan_mod
+from .refusals import refuse_existing_run
 
 
 @dataclass
@@ -129,15 +129,6 @@ def _with_config_warnings(rendered: RenderedJob, cfg: RunConfig) -> RenderedJob:
     return rendered if shortfall is None else replace(rendered, warnings=[*rendered.warnings, shortfall])
 
 
-def _check_new_run_dir(root: Path) -> None:
-    if RunPaths(root).is_run() or RunPaths(root).config.exists():
-        raise UserInputError(
-            f"a run already exists in {root}",
-            where="run_dir",
-            hint=f"continue it with 'hpclaunch submit --resume {root}', or choose another name/run_dir",
-        )
-
-
 def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -> RunPaths:
     """config.yaml (what actually runs), plan.json and the job script (a sweep's root: no
     checkpoints, attempts or ledger of its own; each point has them)."""
@@ -147,35 +138,6 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     if rendered is not None:
         atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
     return paths
-
-
-@contextmanager
-def foreground_run(prepared: Prepared, *, resume: bool, change: ResumeChange | None) -> Iterator[RunPaths]:
-    """``hpclaunch train``'s run directory while its attempts run in this process: the run lock held
-    (its heartbeat tells another host sharing the filesystem that the run is alive), the run
-    directory written, a resume's dropped stop and schedule change recorded, and the submission in
-    the ledger, as ``submit`` records a job's."""
-    from ..schedulers import foreground
-
-    paths = prepared.plan.paths()
-    job_id = foreground.job_id()  # the job id the in-process agent sees (no HPCLAUNCH_JOB_ID)
-    lock = RunLock(paths)
-    holder = lock.acquire(
-        job_id=job_id, scheduler="local", role="train", is_active=scheduler_says_active(paths)
-    )
-    try:
-        with Heartbeat(lock, holder):
-            write_run_dir(prepared.cfg, prepared.plan, prepared.rendered)
-            ledger = Ledger(paths, role="cli")
-            dropped = drop_user_stop(paths) if resume else None
-            if dropped is not None:
-                ledger.append(STOP_DROPPED, by=dropped.by, requested_at=dropped.requested_at)
-            if change is not None:
-                ledger.append(SCHEDULE_CHANGED, **change.fields())
-            ledger.append(SUBMITTED, job_id=job_id, scheduler="foreground", resume=resume)
-            yield paths
-    finally:
-        lock.release(holder)
 
 
 def scheduler_says_active(paths: RunPaths) -> Callable[[LockHolder], bool | None]:
@@ -226,7 +188,10 @@ def submit(
     roots = [Path(p.run_dir) for p in plan.sweep] or [Path(plan.run_dir)]
     if not resume:
         for root in {Path(plan.run_dir), *roots}:
-            _check_new_run_dir(root)
+            refuse_existing_run(
+                root,
+                hint=f"continue it with 'hpclaunch submit --resume {root}', or choose another name/run_dir",
+            )
     # The lock first, before anything is written: a second writer is refused with nothing changed.
     locks = [(RunLock(plan.paths(str(r))), r) for r in roots]
     taken: list[tuple[RunLock, LockHolder]] = []

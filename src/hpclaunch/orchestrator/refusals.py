@@ -11,6 +11,9 @@ order for both (``refuse_before_writing``):
   validation shards (presence, pairing, dtypes, shapes: headers only, seconds for any size); a
   script's run: its script and working directory.
 
+A new run where a run is already is refused too (``refuse_existing_run``): ``train`` asks before
+these, of its one directory without ``--resume``; ``submit`` of every directory it would write.
+
 Bad values within one config (a pad id outside the vocabulary, an FSDP shard size the rank count
 cannot satisfy) are refused when the config is loaded. Torch-free.
 """
@@ -23,6 +26,14 @@ from pathlib import Path
 from ..config import RunConfig
 from ..errors import DataError, UserInputError
 from ..rundir import RunPaths
+
+
+def refuse_existing_run(root: Path, *, hint: str, by_config: bool = True) -> None:
+    """UserInputError when a run is already in ``root``: its plan or ledger (``by_config``: or its
+    config.yaml alone). ``hint``: how the command at hand continues it instead."""
+    paths = RunPaths(root)
+    if paths.is_run() or (by_config and paths.config.exists()):
+        raise UserInputError(f"a run already exists in {root}", where="run_dir", hint=hint)
 
 
 def refuse_bad_data(cfg: RunConfig) -> None:
