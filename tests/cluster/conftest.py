@@ -190,13 +190,18 @@ class _Layouts:
                 warnings.warn(f"could not restore the 1-node SLURM layout: {exc}", stacklevel=1)
 
 
+MARIADB_PID = Path("/run/mysqld/mariadbd.pid")  # (scripts/local-slurm's MYSQL_RUN)
+
+
 def _daemons_alive(current: dict[str, str]) -> bool:
     """Cheap check of the pid files the script writes (no SLURM command)."""
     run = Path(current.get("dir", "/nonexistent")) / "run"
     names = ["slurmctld"] + [f"slurmd-{n.split(':')[0]}" for n in current.get("nodes", "").split(",")]
-    for name in names:
+    # (the accounting's daemons too: a dead MariaDB left sacct without records while the rest ran)
+    pidfiles = [run / f"{name}.pid" for name in [*names, "slurmdbd", "munged"]] + [MARIADB_PID]
+    for pidfile in pidfiles:
         try:
-            pid = (run / f"{name}.pid").read_text().strip()
+            pid = pidfile.read_text().strip()
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return False

@@ -89,16 +89,21 @@ def _submit(work: Path, name: str, *sets: str) -> Path:
     return work / "runs" / name
 
 
+# (On CI's two busy cores an attempt's start-up took 13-36 s: with 30 s limits the run made a step
+# or two an attempt and spent its 20 requeues before step 120.)
+@pytest.mark.timeout(1500)
 def test_a_script_stopped_at_each_time_limit_is_requeued_and_ends_bitwise(
     tmp_path: Path, reference: Path
 ) -> None:
     """The local scheduler's time limit stops the run again and again (every rank after the same
     step, a save, a requeue) until it ends, bitwise equal to the uninterrupted run; its status says
-    step/total and goodput."""
+    step/total and goodput. 40 s limits, 72 s of training: three attempts or more however fast an
+    attempt starts; requeues enough that a loaded machine, whose attempts start slowly, gets to the end."""
     run = _submit(
-        tmp_path, "limited", "scheduler.time_limit=30s", "launch.stop_margin_s=3", "testing.step_sleep_s=0.5"
-    )
-    s = wait_run_done(run, tmp_path, timeout=1200)
+        tmp_path, "limited", "scheduler.time_limit=40s", "launch.stop_margin_s=3", "testing.step_sleep_s=0.6",
+        "scheduler.max_requeues=60",
+    )  # fmt: skip
+    s = wait_run_done(run, tmp_path, timeout=1400)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     ends = [(a["end"], a["cause"]) for a in s["attempts"]]
     assert ends.count(("requeued", "timeout")) >= 2 and ends[-1] == ("finished", None), ends
