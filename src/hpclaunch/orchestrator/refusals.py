@@ -117,11 +117,16 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
 
 
 def _differences(saved: object, cfg: RunConfig) -> str:
-    from ..rundir.init_source import shape_differences
-
+    """Every model setting that differs: all of them are in the model hash that refused the resume
+    (``flash_attn`` too, which ``init_source.shape_differences`` leaves out as no shape)."""
     if not isinstance(saved, dict):
         return ""
-    diffs = shape_differences(saved, cfg, there="in the checkpoint", here="now")
+    now = cfg.model.model_dump(mode="json")
+    diffs = [
+        f"model.{k}: {saved[k]!r} in the checkpoint, {now[k]!r} now"
+        for k in now
+        if k in saved and saved[k] != now[k]
+    ]
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 

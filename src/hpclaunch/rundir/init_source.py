@@ -122,13 +122,11 @@ def run_has_ema(run: Path) -> bool | None:
         return None
 
 
-def shape_differences(
-    saved: JSONObject, cfg: RunConfig, *, there: str = "there", here: str = "here"
-) -> list[str]:
-    """``model.<key>: <saved> there, <now> here`` for every shape setting that differs."""
+def shape_differences(saved: JSONObject, cfg: RunConfig) -> list[str]:
+    """``model.<key>: <there> there, <here> here`` for every shape setting that differs."""
     now = cfg.model.model_dump(mode="json")
     return [
-        f"model.{k}: {saved[k]!r} {there}, {now[k]!r} {here}"
+        f"model.{k}: {saved[k]!r} there, {now[k]!r} here"
         for k in now
         if k not in NOT_SHAPE and k in saved and saved[k] != now[k]
     ]
