@@ -19,7 +19,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
+from typing import Literal, cast
 
 from ..fsutil import JSONObject
 from ..probe_shapes import (  # the shapes the probe prints, as the trainer's scripts write them
@@ -270,40 +270,35 @@ class Probe:
 
         Waits until ``timeout_s`` after the probe started; past it the probe is killed.
         """
-        if not self.estimating:
-            return {"error": "not requested"}
-        if self._proc is None:
-            return {"error": f"the job's Python: {self._error}"}
-
-        def measured() -> bool:
-            return any("step_estimate" in ln for ln in self._lines)
-
-        if not self._wait_for(measured, self._started + timeout_s):
-            self.close()
-            return {"error": f"the measured steps took longer than {timeout_s:.0f} s"}
-        with self._changed:
-            found = next((ln["step_estimate"] for ln in self._lines if "step_estimate" in ln), None)
-        if isinstance(found, dict):
-            return found
-        return {"error": self._why_failed().removeprefix("failed: ")}
+        late = f"the measured steps took longer than {timeout_s:.0f} s"
+        return cast("StepMeasure", self._later_line("step_estimate", self.estimating, timeout_s, late))
 
     def script_probe(self, timeout_s: float) -> ScriptMeasure:
         """What the script showed at its attach (``rank/script_probe.py``) or ``{"error": why}``."""
-        if not self.probing_script:
+        late = f"the script did not reach hpclaunch.attach() within {timeout_s:.0f} s"
+        return cast("ScriptMeasure", self._later_line("script_probe", self.probing_script, timeout_s, late))
+
+    def _later_line(
+        self, key: Literal["step_estimate", "script_probe"], requested: bool, timeout_s: float, late: str
+    ) -> JSONObject:
+        """What the probe printed under ``key`` after its answer, or ``{"error": why}``: not
+        ``requested``, the probe never started or failed, or ``late`` when it had printed nothing
+        ``timeout_s`` after its start (it is killed then)."""
+        if not requested:
             return {"error": "not requested"}
         if self._proc is None:
             return {"error": f"the job's Python: {self._error}"}
 
-        def reached() -> bool:
-            return any("script_probe" in ln for ln in self._lines)
+        def printed() -> bool:
+            return any(key in ln for ln in self._lines)
 
-        if not self._wait_for(reached, self._started + timeout_s):
+        if not self._wait_for(printed, self._started + timeout_s):
             self.close()
-            return {"error": f"the script did not reach hpclaunch.attach() within {timeout_s:.0f} s"}
+            return {"error": late}
         with self._changed:
-            found = next((ln["script_probe"] for ln in self._lines if "script_probe" in ln), None)
+            found = next((ln[key] for ln in self._lines if key in ln), None)
         if isinstance(found, dict):
-            return found
+            return cast("JSONObject", found)
         return {"error": self._why_failed().removeprefix("failed: ")}
 
     def close(self) -> None:
