@@ -25,6 +25,8 @@ from ..errors import DataError, FilesystemError
 from ..fsutil import TRANSIENT_ERRNOS, retry_transient
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
+
     from ..config import ModelConfig
 
 TOKENS_KEY = "input_ids"
@@ -141,13 +143,22 @@ def _shard_files(directory: Path, suffix: str, kind: str, key: str) -> dict[str,
     return files
 
 
+def _check_dtype(arr: np.ndarray, kind: npt.DTypeLike, path: Path, *, has: str, must: str, hint: str) -> None:
+    """``arr`` holds numbers of ``kind`` (np.integer, np.floating), else a DataError: "``has``
+    dtype D; ``must``"."""
+    if not np.issubdtype(arr.dtype, kind):
+        raise DataError(f"{has} dtype {arr.dtype}; {must}", where=str(path), hint=hint)
+
+
 def _check_tokens_header(ids: np.ndarray, path: Path, m: ModelConfig) -> None:
-    if not np.issubdtype(ids.dtype, np.integer):
-        raise DataError(
-            f"{TOKENS_KEY} has dtype {ids.dtype}; token ids must be integers",
-            where=str(path),
-            hint="store input_ids as int32 or int64",
-        )
+    _check_dtype(
+        ids,
+        np.integer,
+        path,
+        has=f"{TOKENS_KEY} has",
+        must="token ids must be integers",
+        hint="store input_ids as int32 or int64",
+    )
     if ids.ndim != 2 or ids.shape[1] != m.text_len:
         raise DataError(
             f"{TOKENS_KEY} has shape {list(ids.shape)}; the model wants [N, {m.text_len}] "
@@ -158,12 +169,14 @@ def _check_tokens_header(ids: np.ndarray, path: Path, m: ModelConfig) -> None:
 
 
 def _check_latents_header(lat: np.ndarray, path: Path, m: ModelConfig) -> None:
-    if not np.issubdtype(lat.dtype, np.floating):
-        raise DataError(
-            f"latents have dtype {lat.dtype}; latents must be floating point",
-            where=str(path),
-            hint="store latents as float32 (or float16/float64)",
-        )
+    _check_dtype(
+        lat,
+        np.floating,
+        path,
+        has="latents have",
+        must="latents must be floating point",
+        hint="store latents as float32 (or float16/float64)",
+    )
     want = f"[N, {m.latent_len}, {m.latent_dim}]" + (f" or [N, {m.latent_dim}]" if m.latent_len == 1 else "")
     ok = (lat.ndim == 3 and lat.shape[1:] == (m.latent_len, m.latent_dim)) or (
         lat.ndim == 2 and m.latent_len == 1 and lat.shape[1] == m.latent_dim
