@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from .. import __version__
-from ..probe_shapes import TorchInfo
+from ..probe_shapes import PackageInfo, TorchInfo
 from .check_context import CheckContext, Findings, Outcome, skip
 from .container_check import probe_blocker
 from .probe import ProbeError
@@ -16,6 +16,16 @@ MIN_TORCH = (2, 4)
 def _torch_version(text: str) -> tuple[int, int]:
     m = re.match(r"(\d+)\.(\d+)", text)
     return (int(m.group(1)), int(m.group(2))) if m else (0, 0)
+
+
+def _imported(f: Findings, part: TorchInfo | PackageInfo, failed: str, fix: str) -> bool:
+    """Whether the probe could import the package ``part`` describes; a failure (``failed``: why)
+    where it could not."""
+    error = part.get("error")
+    if error is None:
+        return True
+    f.fail(f"{failed}: {error}", fix)
+    return False
 
 
 def check_env(ctx: CheckContext) -> Outcome:
@@ -43,10 +53,9 @@ def check_env(ctx: CheckContext) -> Outcome:
         return f.outcome()
 
     torch = info.get("torch", {})
-    if "error" in torch:
-        f.fail(
-            f"torch is not importable by {python}: {torch['error']}", "install torch>=2.4 into the job's env"
-        )
+    if not _imported(
+        f, torch, f"torch is not importable by {python}", "install torch>=2.4 into the job's env"
+    ):
         return f.outcome()
     version = str(torch.get("version"))
     if _torch_version(version) < MIN_TORCH:
@@ -63,24 +72,19 @@ def check_env(ctx: CheckContext) -> Outcome:
         desc.append("gloo")
 
     mmdit = info.get("mmdit", {})
-    if "error" in mmdit:
-        f.fail(f"mmdit is not importable: {mmdit['error']}", "pip install 'mmdit>=0.3,<0.4' in the job's env")
-    else:
+    if _imported(f, mmdit, "mmdit is not importable", "pip install 'mmdit>=0.3,<0.4' in the job's env"):
         desc.append(f"mmdit {mmdit.get('version')}")
 
     ours = info.get("hpclaunch", {})
-    if "error" in ours:
-        f.fail(
-            f"hpclaunch is not importable by {python}: {ours['error']}",
-            "install hpclaunch into the job's env (the trainer runs as python -m hpclaunch.trainer)",
-        )
-    elif ours.get("version") != __version__:
-        f.warn(
-            f"the job's hpclaunch is {ours.get('version')} but this one is {__version__}",
-            "install the same hpclaunch version in both environments",
-        )
-    else:
-        desc.append(f"hpclaunch {__version__}")
+    fix = "install hpclaunch into the job's env (the trainer runs as python -m hpclaunch.trainer)"
+    if _imported(f, ours, f"hpclaunch is not importable by {python}", fix):
+        if ours.get("version") == __version__:
+            desc.append(f"hpclaunch {__version__}")
+        else:
+            f.warn(
+                f"the job's hpclaunch is {ours.get('version')} but this one is {__version__}",
+                "install the same hpclaunch version in both environments",
+            )
 
     model = info.get("model", {})
     if "error" in model:
