@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from .section_base import _Section
+from .section_base import _check_absolute, _Section
 
 
 def _whole_or_auto(v: Any, most: int | None, what: str) -> int | str:
@@ -65,9 +65,7 @@ class MemoryTierConfig(_Section):
     @field_validator("dir")
     @classmethod
     def _absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(f"{v!r} is not an absolute path: name the node's tmpfs, e.g. /dev/shm")
-        return v
+        return _check_absolute(v, ": name the node's tmpfs, e.g. /dev/shm")
 
 
 class CheckpointConfig(_Section):

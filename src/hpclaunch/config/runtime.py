@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .section_base import ENV_NAME_RE, KeyedValueError, _Section
+from .section_base import ENV_NAME_RE, KeyedValueError, _check_absolute, _Section
 
 
 class PreflightConfig(_Section):
@@ -143,9 +143,7 @@ class ContainerConfig(_Section):
     @field_validator("workdir")
     @classmethod
     def _workdir_absolute(cls, v: str | None) -> str | None:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(f"{v!r} is not an absolute path inside the container")
-        return v
+        return _check_absolute(v, " inside the container")
 
     @field_validator("env")
     @classmethod

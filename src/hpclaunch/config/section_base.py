@@ -58,6 +58,13 @@ def _check_directive_value(value: str | None, key: str) -> str | None:
     return value
 
 
+def _check_absolute(value: str | None, why: str) -> str | None:
+    """``value`` unset or an absolute path; else "'V' is not an absolute path" and ``why``."""
+    if value is not None and not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path{why}")
+    return value
+
+
 def _section_model(annotation: Any) -> type[BaseModel] | None:
     """The section model in ``annotation`` (``X``, ``X | None``, ``list[X]``); None for a plain value."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
