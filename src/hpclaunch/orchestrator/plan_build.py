@@ -8,6 +8,29 @@ from ..preflight.sizes import planned_save_s
 from ..rundir.container import ContainerPlan
 from ..rundir.plan import JobPlan, RescuePlan
 
+# The scheduler settings (and the values it derives: time_limit_s, world_size) that the plan
+# carries unchanged under the same names; ``build`` names the rest (its lists are copies).
+SCHEDULER_AS_IS = (
+    "nodes",
+    "spare_nodes",
+    "restart_in_place",
+    "world_size",
+    "gpus_per_node",
+    "mem_gb",
+    "time_limit_s",
+    "partition",
+    "account",
+    "qos",
+    "constraint",
+    "pbs_dialect",
+    "max_requeues",
+    "max_failure_retries",
+    "max_hang_retries",
+    "max_restarts_without_progress",
+    "kill_wait_s",
+    "array_parallelism",
+)
+
 
 def warn_lead_seconds(cfg: RunConfig) -> int:
     """How long before the end the scheduler warns (SLURM --signal). At least the stop lead time."""
@@ -33,29 +56,18 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         s.pbs_launcher if s.pbs_launcher != "auto" else ("mpiexec" if s.pbs_dialect == "pro" else "pbsdsh")
     )
     return JobPlan(
+        **{key: getattr(s, key) for key in SCHEDULER_AS_IS},
         name=cfg.name,
         run_dir=str(cfg.run_path()),
         checkpoint_dir=cfg.checkpoint.dir,
         scheduler=s.kind,
-        nodes=s.nodes,
-        spare_nodes=s.spare_nodes,
-        restart_in_place=s.restart_in_place,
         procs_per_node=s.nprocs,
-        world_size=s.world_size,
-        gpus_per_node=s.gpus_per_node,
         cpus_per_task=cfg.cpus_per_node,
         whole_node=s.cpus_per_node == "all",
         helpers_per_rank=cfg.helpers_per_rank,
-        mem_gb=s.mem_gb,
-        time_limit_s=s.time_limit_s,
-        partition=s.partition,
-        account=s.account,
-        qos=s.qos,
-        constraint=s.constraint,
         exclude=list(s.exclude),
         extra_directives=list(s.extra_directives),
         setup=list(s.setup),
-        pbs_dialect=s.pbs_dialect,
         pbs_launcher=launcher,
         python=cfg.launch.python or python,
         env=env,
@@ -65,16 +77,10 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         stop_lead_s=cfg.launch.stop_lead_s,
         stop_margin_s=cfg.launch.stop_margin_s,
         save_estimate_s=planned_save_s(cfg),
-        max_requeues=s.max_requeues,
-        max_failure_retries=s.max_failure_retries,
-        max_hang_retries=s.max_hang_retries,
-        max_restarts_without_progress=s.max_restarts_without_progress,
         max_node_excludes=cfg.preflight.max_node_excludes,
-        kill_wait_s=s.kill_wait_s,
         backend=cfg.backend,
         config_hash=cfg.config_hash(),
         hpclaunch_version=__version__,
-        array_parallelism=s.array_parallelism,
         container=ContainerPlan.from_config(cfg, env_names=list(env)),
         rescue=rescue_plan(cfg),
     )
