@@ -32,9 +32,6 @@ from ..rundir import Heartbeat, JobPlan, RunLock, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..rundir.env import JOB_ID_VAR, RESTART_VAR, START_TIME_VAR
 from ..templates import jinja
-from ..templates.container_lines import container_lines
-from ..templates.exports import job_exports
-from ..templates.shell import Raw, join
 from . import foreground, local_slots
 from .nodes import resolve_address
 from .protocol import (
@@ -54,16 +51,7 @@ HOLD_FILE = "hold"  # present: the controller waits before its first attempt (a 
 
 
 def render_local(plan: JobPlan) -> RenderedJob:
-    text = jinja.render(
-        "local.sh.j2",
-        version=plan.hpclaunch_version,
-        config_hash=plan.config_hash,
-        run_dir=plan.run_dir,
-        setup=plan.setup,
-        exports=job_exports(plan),
-        agent_cmd=Raw(join(plan.agent_argv()[:-1])),
-        container=container_lines(plan),
-    )
+    text = jinja.render_job("local.sh.j2", plan, run_dir=plan.run_dir)
     return RenderedJob(text=text, filename=SCRIPT_NAME)
 
 

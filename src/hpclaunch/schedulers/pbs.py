@@ -30,8 +30,6 @@ from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
 from ..rundir.plan import write_plan
 from ..templates import jinja, lint
-from ..templates.container_lines import container_lines
-from ..templates.exports import job_exports
 from ..templates.shell import Raw, directive_value, join
 from . import pbs_json
 from .nodes import resolve_address
@@ -90,10 +88,9 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         array_spec = f"0-{n - 1}" + (f"%{plan.array_parallelism}" if plan.array_parallelism else "")
     log_dir = str(Path(plan.run_dir) / "logs") + "/"
     extra = lint.extra_directives(plan.extra_directives, "#PBS")
-    text = jinja.render(
+    text = jinja.render_job(
         "pbs.sh.j2",
-        version=plan.hpclaunch_version,
-        config_hash=plan.config_hash,
+        plan,
         name=plan.name,
         queue=plan.partition,
         account=plan.account,
@@ -110,15 +107,11 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
         pass_env=plan.pass_env,
         extra_directives=extra,
         run_dirs=run_dirs,
-        setup=plan.setup,
-        exports=job_exports(plan),
         launcher=plan.pbs_launcher,
-        agent_cmd=Raw(join(plan.agent_argv()[:-1])),
         task_cmd=Raw(_task_cmd(plan)),
         select=Raw(select_spec(plan, mem)),
         # whole nodes (cpus_per_node: all): the chunk asks for the ranks' need, excl keeps the rest
         place="scatter:excl" if plan.whole_node else "scatter",
-        container=container_lines(plan),
     )
     generated = max(
         i for i, line in enumerate(text.splitlines(), 1) if line.startswith("#PBS") and line not in extra

@@ -8,11 +8,16 @@ setup line), so a value can never break out of its quotes.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 
-from .shell import Raw, quote
+from .container_lines import container_lines
+from .exports import job_exports
+from .shell import Raw, join, quote
+
+if TYPE_CHECKING:
+    from ..rundir.plan import JobPlan
 
 
 @lru_cache(maxsize=1)
@@ -32,3 +37,19 @@ def environment() -> jinja2.Environment:
 
 def render(template: str, **context: Any) -> str:
     return environment().get_template(template).render(**context)
+
+
+def render_job(template: str, plan: JobPlan, **context: Any) -> str:
+    """A job script: ``template`` with what every job script shows (the header's version and config
+    hash, the setup lines, the exports, the node agent's command, the container lines) and
+    ``context``, what only its scheduler's does."""
+    return render(
+        template,
+        version=plan.hpclaunch_version,
+        config_hash=plan.config_hash,
+        setup=plan.setup,
+        exports=job_exports(plan),
+        agent_cmd=Raw(join(plan.agent_argv()[:-1])),
+        container=container_lines(plan),
+        **context,
+    )
