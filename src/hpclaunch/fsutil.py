@@ -66,6 +66,16 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int | None = None) -> N
     fsync_dir(path.parent)
 
 
+def take_aside(path: Path, aside: Path) -> bool:
+    """Rename ``path`` to ``aside``; False when it was already gone. A rename is atomic, so of
+    several processes taking the same path only one gets what was there."""
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return False
+    return True
+
+
 def unique_suffix() -> str:
     """A temporary name's suffix no other process on any host shares (pids repeat across hosts)."""
     return f"{socket.gethostname().split('.')[0]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"

@@ -20,14 +20,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fsutil import atomic_write_json
+from ..fsutil import atomic_write_json, take_aside
 from .cause import Cause, UnknownCause
 from .paths import RunPaths
 
@@ -80,14 +79,8 @@ def take_user_stop(paths: RunPaths, attempt: str) -> StopRequest | None:
     """The deciding agent takes the user's request (atomically: a request written after this is
     left for the next attempt). Also clears every relay request, which belong to attempts that are
     over once a decision is made."""
-    taken: StopRequest | None = None
     handled = paths.stop_file.with_name(f"stop.taken.{attempt}.{uuid.uuid4().hex[:8]}")
-    try:
-        os.rename(paths.stop_file, handled)
-    except FileNotFoundError:
-        pass
-    else:
-        taken = read_request(handled)
+    taken = read_request(handled) if take_aside(paths.stop_file, handled) else None
     clear_relays(paths)
     return taken
 

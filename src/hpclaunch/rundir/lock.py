@@ -55,7 +55,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from ..errors import RunLockedError
-from ..fsutil import atomic_write_text, create_exclusive, retry_transient, unique_suffix
+from ..fsutil import atomic_write_text, create_exclusive, retry_transient, take_aside, unique_suffix
 from .paths import RunPaths
 
 STALE_AFTER_S = 90.0
@@ -344,8 +344,7 @@ class RunLock:
             if view is not None and view.epoch > epoch + 1:
                 return  # claimed again since (a new submission): its view stays
             aside = self.path.with_name(f".lock.released-{unique_suffix()}")
-            with contextlib.suppress(FileNotFoundError):
-                os.rename(self.path, aside)
+            if take_aside(self.path, aside):
                 aside.unlink(missing_ok=True)
 
     # ---- internals ----------------------------------------------------------------------------
@@ -439,9 +438,7 @@ class RunLock:
         """Remove the mutex holding ``dead``: renamed aside first (one breaker wins), and put back
         when what was moved is a fresh one after all (another breaker and a new holder were quicker)."""
         aside = self.path.with_name(f".{self._mutex.name}.broken-{unique_suffix()}")
-        try:
-            os.rename(self._mutex, aside)
-        except FileNotFoundError:
+        if not take_aside(self._mutex, aside):
             return
         try:
             if aside.read_text() != dead:

@@ -12,7 +12,6 @@ Torch-free.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -21,7 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ...errors import CheckpointError, FilesystemError
-from ...fsutil import fsync_dir
+from ...fsutil import fsync_dir, take_aside
 from ...rundir import CHECKPOINT_INVALID
 from ...rundir.checkpoint_manifest import (
     RANK_LOCAL,
@@ -191,9 +190,7 @@ class CheckpointDir:
     def delete(self, path: Path) -> None:
         """Rename first so that a kill mid-delete leaves a leftover, never a broken step_N."""
         aside = self.directory / f".{path.name}.del-{uuid.uuid4().hex[:12]}"
-        try:
-            os.rename(path, aside)
-        except FileNotFoundError:
+        if not take_aside(path, aside):
             return
         fsync_dir(self.directory)
         shutil.rmtree(aside, ignore_errors=True)
