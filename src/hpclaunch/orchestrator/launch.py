@@ -35,7 +35,7 @@ from ..rundir import (
 )
 from ..rundir.control import drop_user_stop
 from ..rundir.plan import write_plan
-from ..schedulers.protocol import RenderedJob, Scheduler
+from ..schedulers.protocol import RenderedJob, Scheduler, write_script
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue
 from . import plan_build as plan_mod
@@ -136,7 +136,7 @@ def write_run_dir(cfg: RunConfig, plan: JobPlan, rendered: RenderedJob | None) -
     atomic_write_text(paths.config, cfg.to_yaml())
     write_plan(paths, plan)
     if rendered is not None:
-        atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+        write_script(paths, rendered)
     return paths
 
 

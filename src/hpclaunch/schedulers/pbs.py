@@ -23,7 +23,6 @@ from pathlib import Path
 from .. import proc
 from ..config import format_hms
 from ..errors import SchedulerError
-from ..fsutil import atomic_write_text
 from ..rundir import JobPlan, RunPaths, of_kind, read_events
 from ..rundir.cause import Cause
 from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
@@ -32,6 +31,7 @@ from ..rundir.plan import write_plan
 from ..templates import jinja, lint
 from ..templates.shell import Raw, directive_value, join
 from . import pbs_json
+from .batch import BatchCommands, BatchScheduler
 from .nodes import resolve_address
 from .protocol import (
     Continuation,
@@ -45,12 +45,16 @@ from .protocol import (
     mem_directive,
     run_command,
     spares_that_fit,
+    write_script,
 )
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SCRIPT_NAME = "job.pbs"
 RESCUE_SCRIPT_NAME = "rescue.pbs"
 RESCUE_FOR_VAR = "HPCLAUNCH_RESCUE_FOR"  # the job a rescue watches (qsub runs a script with no arguments)
+COMMANDS = BatchCommands(
+    release=("qrls",), cancel=("qdel",), cancelled="deleted", hint="is PBS (or Torque) installed here?"
+)
 
 # Where PBS has no JSON (Torque, Slurm's emulation) only the state letter is known.
 STATE_MAP: dict[str, JobState] = {
@@ -173,14 +177,6 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
     return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
 
 
-def submit_rescue(plan: JobPlan, paths: RunPaths, job_id: str) -> str:
-    """Write the rescue script (exactly ``render_rescue``) and hand it over, held on ``job_id``."""
-    rendered = render_rescue(plan)
-    script = paths.root / rendered.filename
-    atomic_write_text(script, rendered.text, mode=0o755)
-    return qsub([*rescue_qsub_args(job_id), str(script)], cwd=paths.scheduler_dir)
-
-
 def _task_cmd(plan: JobPlan) -> str:
     """What pbsdsh starts on every node: the agent, after the setup lines when there are any (a
     pbsdsh task starts from the job's base environment, not from this script's)."""
@@ -190,8 +186,9 @@ def _task_cmd(plan: JobPlan) -> str:
     return join(["/bin/bash", "-c", "; ".join([*plan.setup, 'exec "$@"']), "bash", *agent])
 
 
-class PbsScheduler:
+class PbsScheduler(BatchScheduler):
     kind = "pbs"
+    commands = COMMANDS
 
     def render(self, plan: JobPlan) -> RenderedJob:
         return render_pbs(plan)
@@ -205,20 +202,14 @@ class PbsScheduler:
         script = Path(plan.run_dir) / rendered.filename
         return qsub(["-h", str(script)], cwd=Path(plan.run_dir) / "scheduler")
 
-    def release(self, paths: RunPaths, job_id: str) -> None:
-        _run(["qrls", job_id], what="qrls")
-
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
         return pbs_status(job_id)
-
-    def cancel(self, paths: RunPaths, job_id: str) -> None:
-        _run(["qdel", job_id], what="qdel")
 
     def render_rescue(self, plan: JobPlan) -> RenderedJob:
         return render_rescue(plan)
 
-    def submit_rescue(self, plan: JobPlan, paths: RunPaths, job_id: str) -> str:
-        return submit_rescue(plan, paths, job_id)
+    def hand_over_rescue(self, script: Path, paths: RunPaths, job_id: str) -> str:
+        return qsub([*rescue_qsub_args(job_id), str(script)], cwd=paths.scheduler_dir)
 
     def continuation_held(self, plan: JobPlan, paths: RunPaths, avoid: list[str]) -> tuple[JobPlan, str]:
         """(rescue) The run as a new held job: PBS Pro names healthy hosts outside ``avoid`` (with as
@@ -299,10 +290,6 @@ class PbsScheduler:
                 pass
         return float(pbs_json.DEFAULT_KILL_DELAY_S)
 
-    def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
-        _run(["qdel", ctx.job_id], what="qdel")
-        return f"deleted job {ctx.job_id}"
-
 
 def plan_avoiding(
     plan: JobPlan, paths: RunPaths, nodes: list[str], *, spare_nodes: int | None = None
@@ -322,7 +309,7 @@ def plan_avoiding(
     new_plan = sized.model_copy(update={"exclude": avoid, "hosts": pick_hosts(sized, avoid)})
     rendered = render_pbs(new_plan)
     write_plan(paths, new_plan)
-    atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+    write_script(paths, rendered)
     return new_plan
 
 
@@ -401,7 +388,7 @@ def qsub(args: list[str], *, cwd: Path) -> str:
 
 
 def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
-    return run_command(argv, what=what, hint="is PBS (or Torque) installed here?", cwd=cwd, timeout=timeout)
+    return run_command(argv, what=what, hint=COMMANDS.hint, cwd=cwd, timeout=timeout)
 
 
 def pbs_status(job_id: str) -> SchedulerStatus:

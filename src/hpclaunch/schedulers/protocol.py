@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from .. import proc
 from ..errors import HpclaunchError, SchedulerError
+from ..fsutil import atomic_write_text
 from ..rundir.cause import Cause
 from ..rundir.clock import AttemptClock
 
@@ -209,6 +210,13 @@ def spares_that_fit(plan: JobPlan, usable: int | None) -> int:
     if usable is None:
         return plan.spare_nodes
     return max(0, min(plan.spare_nodes, usable - plan.nodes))
+
+
+def write_script(paths: RunPaths, rendered: RenderedJob) -> Path:
+    """``rendered`` in the run directory, executable: the exact file handed to the scheduler."""
+    script = paths.root / rendered.filename
+    atomic_write_text(script, rendered.text, mode=0o755)
+    return script
 
 
 def run_command(

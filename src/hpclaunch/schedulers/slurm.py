@@ -26,7 +26,6 @@ from typing import Any
 
 from .. import proc
 from ..errors import SchedulerError
-from ..fsutil import atomic_write_text
 from ..rundir import JobPlan, RunPaths, read_plan
 from ..rundir.cause import Cause
 from ..rundir.plan import write_plan
@@ -35,6 +34,7 @@ from ..templates.container_lines import container_lines
 from ..templates.exports import job_exports, script_header
 from ..templates.shell import Raw, directive_value, join
 from . import submitit_adapter
+from .batch import BatchCommands, BatchScheduler
 from .nodes import resolve_address
 from .protocol import (
     Continuation,
@@ -48,12 +48,19 @@ from .protocol import (
     mem_directive,
     run_command,
     spares_that_fit,
+    write_script,
 )
 from .rescue_job import RESCUE_MINUTES, leave_rescue, rescue_body, rescue_header
 
 SUBMITIT_DIR = "scheduler/submitit"
 SCRIPT_NAME = "job.sbatch"
 RESCUE_SCRIPT_NAME = "rescue.sbatch"
+COMMANDS = BatchCommands(
+    release=("scontrol", "release"),
+    cancel=("scancel",),
+    cancelled="cancelled",
+    hint="is SLURM installed on this host?",
+)
 
 # squeue/sacct state words -> ours. Anything unknown stays UNKNOWN with the raw word shown.
 STATE_MAP: dict[str, JobState] = {
@@ -195,16 +202,6 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
     return RenderedJob(text="\n".join(lines) + "\n", filename=RESCUE_SCRIPT_NAME)
 
 
-def submit_rescue(plan: JobPlan, paths: RunPaths, job_id: str) -> str:
-    """Write the rescue script (exactly ``render_rescue``) and hand it over, held on ``job_id``."""
-    rendered = render_rescue(plan)
-    script = paths.root / rendered.filename
-    atomic_write_text(script, rendered.text, mode=0o755)
-    paths.scheduler_dir.mkdir(parents=True, exist_ok=True)
-    with submitit_adapter.clean_env():  # from inside a job: not this job's SLURM_* settings
-        return sbatch(script, cwd=paths.scheduler_dir, extra=[*rescue_sbatch_args(job_id)], args=[job_id])
-
-
 def sbatch(
     script: Path,
     *,
@@ -224,8 +221,9 @@ def sbatch(
     return job_id
 
 
-class SlurmScheduler:
+class SlurmScheduler(BatchScheduler):
     kind = "slurm"
+    commands = COMMANDS
     can_exclude_nodes = True
 
     # ---- login side -----------------------------------------------------------------------------
@@ -244,20 +242,16 @@ class SlurmScheduler:
     def submit_held(self, plan: JobPlan, rendered: RenderedJob) -> str:
         return self.submit(plan, rendered, hold=True)
 
-    def release(self, paths: RunPaths, job_id: str) -> None:
-        _run(["scontrol", "release", job_id], what="scontrol release")
-
     def status(self, paths: RunPaths, job_id: str) -> SchedulerStatus:
         return slurm_status(job_id)
-
-    def cancel(self, paths: RunPaths, job_id: str) -> None:
-        _run(["scancel", job_id], what="scancel")
 
     def render_rescue(self, plan: JobPlan) -> RenderedJob:
         return render_rescue(plan)
 
-    def submit_rescue(self, plan: JobPlan, paths: RunPaths, job_id: str) -> str:
-        return submit_rescue(plan, paths, job_id)
+    def hand_over_rescue(self, script: Path, paths: RunPaths, job_id: str) -> str:
+        paths.scheduler_dir.mkdir(parents=True, exist_ok=True)
+        with submitit_adapter.clean_env():  # from inside a job: not this job's SLURM_* settings
+            return sbatch(script, cwd=paths.scheduler_dir, extra=[*rescue_sbatch_args(job_id)], args=[job_id])
 
     def continuation_held(self, plan: JobPlan, paths: RunPaths, avoid: list[str]) -> tuple[JobPlan, str]:
         """(rescue) The run as a new held job that never lands on ``avoid``, with as many of its hot
@@ -310,10 +304,6 @@ class SlurmScheduler:
         job_id = resubmit_excluding(plan, paths, nodes, spare_nodes=spares_left(plan, nodes))
         leave_rescue(self, plan, paths, job_id, role="agent")
         return Continuation(job_id)
-
-    def withdraw(self, paths: RunPaths, ctx: NodeContext) -> str:
-        _run(["scancel", ctx.job_id], what="scancel")
-        return f"cancelled job {ctx.job_id}"
 
     def kill_grace_s(self, plan: JobPlan) -> float:
         return float(kill_wait_s())
@@ -392,7 +382,7 @@ def slurm_node_addr(node: str, *, timeout: float = 10.0) -> str | None:
 
 
 def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
-    return run_command(argv, what=what, hint="is SLURM installed on this host?", cwd=cwd, timeout=timeout)
+    return run_command(argv, what=what, hint=COMMANDS.hint, cwd=cwd, timeout=timeout)
 
 
 def _state_word(value: Any) -> str:
@@ -546,7 +536,7 @@ def resubmit_excluding(
     new_plan = plan.model_copy(update=update)
     rendered = render_sbatch(new_plan)
     write_plan(paths, new_plan)
-    atomic_write_text(paths.root / rendered.filename, rendered.text, mode=0o755)
+    write_script(paths, rendered)
     with submitit_adapter.clean_env():  # sbatch inside a job would inherit this job's SLURM_* settings
         return SlurmScheduler().submit(new_plan, rendered, hold=hold)
 
