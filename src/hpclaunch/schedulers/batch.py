@@ -27,6 +27,11 @@ class BatchCommands:
     cancelled: str  # what ``cancel`` did to a job, in words
     hint: str  # where the commands are not found
 
+    def run(self, argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
+        """One of this scheduler's commands (``what``: its name in an error); its failure, or its
+        absence, is a SchedulerError."""
+        return run_command(argv, what=what, hint=self.hint, cwd=cwd, timeout=timeout)
+
 
 class BatchScheduler:
     """The part of ``Scheduler`` that SLURM and PBS share; each subclass names its ``commands``
@@ -35,7 +40,7 @@ class BatchScheduler:
     commands: BatchCommands
 
     def _command(self, command: tuple[str, ...], job_id: str) -> None:
-        run_command([*command, job_id], what=" ".join(command), hint=self.commands.hint)
+        self.commands.run([*command, job_id], what=" ".join(command))
 
     def release(self, paths: RunPaths, job_id: str) -> None:
         self._command(self.commands.release, job_id)

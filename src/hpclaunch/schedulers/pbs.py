@@ -43,7 +43,6 @@ from .protocol import (
     at_time_limit,
     env_int,
     mem_directive,
-    run_command,
     spares_that_fit,
     write_script,
 )
@@ -55,6 +54,7 @@ RESCUE_FOR_VAR = "HPCLAUNCH_RESCUE_FOR"  # the job a rescue watches (qsub runs a
 COMMANDS = BatchCommands(
     release=("qrls",), cancel=("qdel",), cancelled="deleted", hint="is PBS (or Torque) installed here?"
 )
+_run = COMMANDS.run  # every command this module runs (its failure a SchedulerError with the hint)
 
 # Where PBS has no JSON (Torque, Slurm's emulation) only the state letter is known.
 STATE_MAP: dict[str, JobState] = {
@@ -385,10 +385,6 @@ def qsub(args: list[str], *, cwd: Path) -> str:
     if not re.fullmatch(r"\d+(\[\d*\])?(\.\S+)?", job_id):
         raise SchedulerError(f"qsub answered {out.strip()!r}, not a job id", where="qsub")
     return job_id
-
-
-def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
-    return run_command(argv, what=what, hint=COMMANDS.hint, cwd=cwd, timeout=timeout)
 
 
 def pbs_status(job_id: str) -> SchedulerStatus:

@@ -46,7 +46,6 @@ from .protocol import (
     at_time_limit,
     env_int,
     mem_directive,
-    run_command,
     spares_that_fit,
     write_script,
 )
@@ -61,6 +60,7 @@ COMMANDS = BatchCommands(
     cancelled="cancelled",
     hint="is SLURM installed on this host?",
 )
+_run = COMMANDS.run  # every command this module runs (its failure a SchedulerError with the hint)
 
 # squeue/sacct state words -> ours. Anything unknown stays UNKNOWN with the raw word shown.
 STATE_MAP: dict[str, JobState] = {
@@ -379,10 +379,6 @@ def slurm_node_addr(node: str, *, timeout: float = 10.0) -> str | None:
         return None
     m = re.search(r"\bNodeAddr=(\S+)", out.stdout)
     return m.group(1) if m else None
-
-
-def _run(argv: list[str], *, what: str, cwd: Path | None = None, timeout: float = 60) -> str:
-    return run_command(argv, what=what, hint=COMMANDS.hint, cwd=cwd, timeout=timeout)
 
 
 def _state_word(value: Any) -> str:
