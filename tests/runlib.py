@@ -272,3 +272,22 @@ def start_script(path: Path, text: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(path), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
     )
+
+
+def checkpoint_writers(directory: Path) -> list[int]:
+    """Writer processes alive for this checkpoint directory: named ``hpcl-ckpt-write``, and holding
+    the directory open (a forked writer's command line is its rank's)."""
+    target = str(directory.resolve())
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if (proc / "comm").read_text().strip() != "hpcl-ckpt-write":
+                continue
+            links = [os.readlink(fd) for fd in (proc / "fd").iterdir()]
+        except OSError:
+            continue
+        if target in links:
+            found.append(int(proc.name))
+    return found

@@ -6,6 +6,7 @@ against the same script run uninterrupted, bitwise."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -16,7 +17,16 @@ from typing import Any
 
 import pytest
 import torch
-from tests.runlib import ROOT, events, final_params_sha, hpclaunch, rank_process, wait_for, wait_run_done
+from tests.runlib import (
+    ROOT,
+    checkpoint_writers,
+    events,
+    final_params_sha,
+    hpclaunch,
+    rank_process,
+    wait_for,
+    wait_run_done,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -103,6 +113,15 @@ def test_a_script_stopped_at_each_time_limit_is_requeued_and_ends_bitwise(
         tmp_path, "limited", "scheduler.time_limit=40s", "launch.stop_margin_s=3", "testing.step_sleep_s=0.6",
         "scheduler.max_requeues=60",
     )  # fmt: skip
+    # Each rank's writer was forked before the script ran (with the rank's imports), not started to
+    # import torch itself (~2 core-s a rank, every attempt): its command line is the rank host's.
+    writers = wait_for(
+        lambda: checkpoint_writers(run / "checkpoints"), timeout=600, poll=0.2, what="a writer"
+    )
+    for pid in writers:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):  # (an attempt may have ended)
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            assert b"hpclaunch.rank.checkpoint.writer_main" not in cmdline, cmdline
     s = wait_run_done(run, tmp_path, timeout=1400)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     ends = [(a["end"], a["cause"]) for a in s["attempts"]]

@@ -31,6 +31,7 @@ from ..rundir.clock import AttemptClock
 from ..rundir.env import ATTEMPT_VAR, JOIN_STDERR_VAR
 from . import attach as attaching
 from . import session as sessions
+from .checkpoint.writer_process import prefork as prefork_writer
 from .ending import failure_cause, flush_streams, one_line, write_attempt_outcome
 from .progress import drop_empty_stack_dump
 from .run import Run, Stopped
@@ -54,6 +55,11 @@ def main(argv: list[str], *, leave_at_once_on_failure: bool = False) -> int:
     try:
         cfg = read_config(paths)
         paths = RunPaths.of(root, cfg.checkpoint.dir)
+        if cfg.checkpoint.async_save and cfg.checkpoint.writer == "process":
+            # Before the session's threads and the script's process group, as the trainer does: the
+            # first writer is forked with the rank's imports instead of started to import torch
+            # itself (~2 core-s a rank, every attempt).
+            prefork_writer()
         site = RankSite(
             paths=paths, cfg=cfg, attempt=attempt, clock=AttemptClock.from_env(os.environ), managed=True
         )
