@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from ..errors import UserInputError
 from ..fsutil import atomic_write_text
-from ..orchestrator.launch import Prepared, prepare
 from ..schedulers.protocol import RenderedJob
 from ..schedulers.registry import get_scheduler
 from .common import ConfigOptArg, ScriptOpt, SetOpt, err_console, load_run_config
+
+if TYPE_CHECKING:
+    from ..orchestrator.launch import Prepared
 
 
 def register(app: typer.Typer) -> None:
@@ -56,6 +58,9 @@ def render(
     cfg = load_run_config(
         config, overrides, script, scheduler_flags(scheduler, pbs_dialect), command="render"
     )
+    # (imported here: every other command's call, status above all, need not import the launch path)
+    from ..orchestrator.launch import prepare
+
     prepared = prepare(cfg, sweeps=sweep or [])
     if rescue:
         prepared = replace(prepared, rendered=rescue_script(prepared))

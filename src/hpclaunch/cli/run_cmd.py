@@ -11,15 +11,6 @@ import typer
 from ..errors import PreflightFailed, UserInputError
 from ..orchestrator.checkpoint_interval import advice as interval_advice
 from ..orchestrator.checkpoint_interval import describe as describe_interval
-from ..orchestrator.login_flow import (
-    foreground_run,
-    plan_submit,
-    plan_train,
-    resumed_config,
-    schedule_pin,
-    settle_chain,
-    submit_planned,
-)
 from ..orchestrator.memory_tier_view import describe_memory_tier
 from ..orchestrator.status import StatusView, steps_text
 from ..orchestrator.stragglers import describe as describe_stragglers
@@ -118,6 +109,9 @@ def submit(
       hpclaunch submit --resume runs/tiny
       hpclaunch submit stage2.yaml --after runs/stage1
     """
+    # The login flow, imported by the two commands that take it: status, the most called, need not.
+    from ..orchestrator.login_flow import plan_submit, resumed_config, settle_chain, submit_planned
+
     if resume is not None and config:
         raise UserInputError(
             f"--resume continues {resume} with the config it was started with; "
@@ -239,6 +233,7 @@ def train(
     """
     import os
 
+    from ..orchestrator.login_flow import foreground_run, plan_train, schedule_pin
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
 
