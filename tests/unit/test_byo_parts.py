@@ -135,10 +135,10 @@ def test_attaching_what_cannot_be_saved_is_one_line() -> None:
     with pytest.raises(UserInputError, match="needs model="):
         opt = torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=1)
         Attached(model=None, optimizers=[opt], objects={}, data=None, rank=0, device=torch.device("cpu"))
-    with pytest.raises(UserInputError, match="plain values"):
+    with pytest.raises(UserInputError, match="plain values"):  # at attach, not at the first save
         meta = {"t": torch.ones(1)}
         Attached(model=None, optimizers=[], objects={"extra": meta}, data=None, rank=0,
-                 device=torch.device("cpu")).state({"step": 0})  # fmt: skip
+                 device=torch.device("cpu"))  # fmt: skip
 
 
 def test_numpys_random_state_round_trips_with_its_position() -> None:

@@ -182,3 +182,14 @@ def test_only_stop_causes_are_requests(tmp_path: Path, cause: Cause) -> None:
     path.write_text(f'{{"cause": "{cause.value}"}}')
     request = read_request(path)  # unreadable as a request, still a request to stop: the user's
     assert request is not None and request.cause is Cause.USER
+
+
+def test_a_check_asked_for_at_a_step_agrees_there_however_long_the_interval() -> None:
+    """verify-resume's stop (testing.stop_at_step): with 1 ms steps the interval between checks grew
+    past the script's end, and the stop never landed; every rank asks for a check at that step."""
+    stop = StopController(paths=None)
+    stop.next_check = 30  # (a long interval: what tiny steps beside a costly check propose)
+    stop.request(Cause.USER)
+    assert stop.check(10, 0.001) is None  # not a check step
+    stop.check_at(11)
+    assert stop.check(11, 0.001) is Cause.USER

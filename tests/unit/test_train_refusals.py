@@ -147,6 +147,35 @@ def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_s
     assert os.listdir(run.checkpoints) == ["step_000040"]
 
 
+def test_a_refused_resume_names_a_model_setting_the_hash_covers_that_is_no_shape(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """flash_attn is in the model hash (so the resume is refused) though it is no shape: the refusal
+    still names it, not an empty list."""
+    cfg = load_config(None, ["name=refused", "run_dir=runs/refused"], base=tmp_path)
+    run = RunPaths(tmp_path / "runs" / "refused").ensure()
+    run.config.write_text(cfg.to_yaml())
+    checkpoints = RunCheckpoints(
+        run.checkpoints, 1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2
+    )
+    ck = Checkpointer(checkpoints, rank=0)
+    ck.save(
+        40,
+        {"model": {"w": torch.zeros(3)}},
+        blocking=True,
+        extra={"model": cfg.model.model_dump(mode="json")},
+    )
+    ck.close()
+    flipped = str(not cfg.model.flash_attn).lower()
+    code = main([*train(data, f"model.flash_attn={flipped}"), "--resume"])
+    first = capsys.readouterr().err.splitlines()[0]
+    assert code == 2, first
+    assert (
+        f"(model.flash_attn: {cfg.model.flash_attn!r} in the checkpoint, {not cfg.model.flash_attn!r} now)"
+        in first
+    )
+
+
 def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

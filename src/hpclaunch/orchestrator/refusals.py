@@ -118,15 +118,12 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
 
 def _differences(saved: object, cfg: RunConfig) -> str:
     """Every model setting that differs: all of them are in the model hash that refused the resume
-    (``flash_attn`` too, which ``init_source.shape_differences`` leaves out as no shape)."""
+    (``flash_attn`` too, which is no shape)."""
+    from ..rundir.init_source import model_differences
+
     if not isinstance(saved, dict):
         return ""
-    now = cfg.model.model_dump(mode="json")
-    diffs = [
-        f"model.{k}: {saved[k]!r} in the checkpoint, {now[k]!r} now"
-        for k in now
-        if k in saved and saved[k] != now[k]
-    ]
+    diffs = model_differences(saved, cfg, there="in the checkpoint", here="now")
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 

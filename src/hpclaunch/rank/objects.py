@@ -256,6 +256,7 @@ class _Extra:
 
     def __init__(self, name: str, value: dict[str, Any]) -> None:
         self.name, self.value = name, value
+        self.state_dict()  # said at attach, not at the first save some steps later
 
     def state_dict(self) -> dict[str, Any]:
         try:

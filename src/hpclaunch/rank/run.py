@@ -47,7 +47,7 @@ from .state_saves import StateSaves
 from .step_log import StepLog
 from .step_trace import StepTrace
 from .tensors import params_finite
-from .testing_knobs import fire_testing_knobs, step_sleep_s
+from .testing_knobs import fire_testing_knobs, step_sleep_s, stops_at
 
 __all__ = ["Run", "RunHooks", "Stopped"]
 
@@ -268,6 +268,8 @@ class Run:
         if self.total is not None and step >= self.total:
             return
         self.progress.phase("collective")
+        if stops_at(self.site.cfg, step):
+            self.stop.check_at(step)
         cause = self.stop.check(step, dt)
         if cause is not None:
             self._end(cause)

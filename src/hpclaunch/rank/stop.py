@@ -168,6 +168,11 @@ class StopController:
                 return STOP_BY_CODE[code]
         return None
 
+    def check_at(self, step: int) -> None:
+        """Agree at ``step`` whatever the interval says (every rank must call it for the same step:
+        the check is a collective)."""
+        self.next_check = min(self.next_check, step)
+
     def _propose_k(self) -> int:
         s = self._step_time_s
         if s <= 0:

@@ -11,7 +11,7 @@ from ..config import RunConfig
 from ..rundir import RunPaths
 from .dist import DistContext
 
-__all__ = ["fire_testing_knobs", "step_sleep_s"]
+__all__ = ["fire_testing_knobs", "step_sleep_s", "stops_at"]
 
 
 def fire_testing_knobs(cfg: RunConfig, paths: RunPaths, ctx: DistContext, step: int) -> None:
@@ -26,6 +26,13 @@ def fire_testing_knobs(cfg: RunConfig, paths: RunPaths, ctx: DistContext, step: 
     if t.crash_at_step == step and last and _first_time(paths.attempts, "crash"):
         print(f"hpclaunch: testing.crash_at_step: rank {ctx.rank} dies after step {step}", flush=True)
         os._exit(1)
+
+
+def stops_at(cfg: RunConfig, step: int) -> bool:
+    """``stop_at_step`` is this step: every rank agrees right after it (the config is the same on
+    all), so the stop lands there however short the steps, not at the next interval's check, which
+    a script of 1 ms steps reached only after its last step."""
+    return cfg.testing.stop_at_step == step
 
 
 def step_sleep_s(cfg: RunConfig, *, resumed: bool) -> float:

@@ -122,14 +122,21 @@ def run_has_ema(run: Path) -> bool | None:
         return None
 
 
-def shape_differences(saved: JSONObject, cfg: RunConfig) -> list[str]:
-    """``model.<key>: <there> there, <here> here`` for every shape setting that differs."""
+def model_differences(
+    saved: JSONObject, cfg: RunConfig, *, there: str = "there", here: str = "here", skip: tuple[str, ...] = ()
+) -> list[str]:
+    """``model.<key>: <saved> there, <now> here`` for every model setting that differs, but ``skip``."""
     now = cfg.model.model_dump(mode="json")
     return [
-        f"model.{k}: {saved[k]!r} there, {now[k]!r} here"
+        f"model.{k}: {saved[k]!r} {there}, {now[k]!r} {here}"
         for k in now
-        if k not in NOT_SHAPE and k in saved and saved[k] != now[k]
+        if k not in skip and k in saved and saved[k] != now[k]
     ]
+
+
+def shape_differences(saved: JSONObject, cfg: RunConfig) -> list[str]:
+    """The shape settings that differ (``flash_attn`` is none: either loads the other's weights)."""
+    return model_differences(saved, cfg, skip=NOT_SHAPE)
 
 
 def check_fits(cfg: RunConfig, *, pending_ok: bool = False) -> InitSource | None:
