@@ -18,12 +18,14 @@ not installed) the tests are skipped, unless HPCLAUNCH_REQUIRE_SLURM=1 (CI): the
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
 import time
 import warnings
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -251,6 +253,30 @@ def slurm_cluster_2nodes(_slurm_layouts: _Layouts) -> SlurmCluster:
 def slurm_cluster_3nodes(_slurm_layouts: _Layouts) -> SlurmCluster:
     """The 3-node cluster: n1-n3 at 10.200.0.11-13 (two training nodes and a hot spare)."""
     return _slurm_layouts.ensure(3)
+
+
+@pytest.fixture(scope="session")
+def common_reference(
+    slurm_cluster_3nodes: SlurmCluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[str]]:
+    """The run of ``side_by_side.COMMON`` never interrupted, on two nodes of the 3-node cluster,
+    submitted in the background by the first module that asks (its runs start beside it); its
+    ``result()`` is the parameters' hash that module's runs must end with, and the later modules'."""
+    from tests.cluster.side_by_side import COMMON
+    from tests.runlib import TINY, final_params_sha, hpclaunch, synth_data, tiny_overrides, wait_run_done
+
+    work = tmp_path_factory.mktemp("common-reference")
+
+    def reference() -> str:
+        data = synth_data(work / "data")
+        sets = tiny_overrides(work, data, "reference", *COMMON, "testing.step_sleep_s=0")
+        hpclaunch("submit", str(TINY), *sets, "--no-preflight", cwd=work)
+        s = wait_run_done(work / "runs" / "reference", work, timeout=900)
+        assert s["state"] == "finished", json.dumps(s, indent=1)[-2000:]
+        return final_params_sha(work / "runs" / "reference")
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="common-reference") as pool:
+        yield pool.submit(reference)
 
 
 LAYOUT_FIXTURES = {"slurm_cluster": 1, "slurm_cluster_2nodes": 2, "slurm_cluster_3nodes": 3}

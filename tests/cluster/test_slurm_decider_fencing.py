@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
-from tests.cluster.test_slurm_in_place import COMMON, SPARE
+from tests.cluster.side_by_side import COMMON, SPARE, SideBySide, job_processes_on
 from tests.runlib import (
     TINY,
     events,
@@ -36,7 +37,11 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
+TEST = "test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_finished_run_fencing"
 DECISIONS = ("requeued", "finished", "failed", "ended", "cancelled")
+RESUMED = ["while-training", "after-the-decision"]
+# Long enough a run that the role moves before it ends (the window is 8 s on a loaded machine).
+LONGER = ("train.steps=160",)
 
 
 @pytest.fixture(scope="module")
@@ -50,17 +55,9 @@ def data(work: Path) -> Path:
 
 
 def _agent_on(cluster: SlurmCluster, node: str, job_id: str) -> int:
-    """The pid of job ``job_id``'s node agent on ``node`` (its environment says which job it is)."""
-    ns = f"hpcl{cluster.nodes.index(node) + 1}"
-    pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True, check=True).stdout
-    mine = f"SLURM_JOB_ID={job_id}".encode()
-    for pid in map(int, pids.split()):
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (psutil.Error, OSError):
-            continue
-        if "hpclaunch.jobs.agent" in cmd and mine in env and "python" in cmd.split(" ")[0]:
+    """The pid of job ``job_id``'s node agent on ``node``."""
+    for pid, cmd in job_processes_on(cluster, node, job_id, python_only=True):
+        if "hpclaunch.jobs.agent" in cmd:
             return pid
     raise LookupError(f"no agent of job {job_id} on {node}")
 
@@ -72,14 +69,13 @@ def _taken_from(run: Path, pid: int, epoch: int) -> bool:
     return holder is not None and holder.epoch > epoch and holder.pid not in (0, pid)
 
 
-@pytest.mark.parametrize("resumed", ["while-training", "after-the-decision"])
-def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_finished_run_fencing(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, resumed: str
-) -> None:
-    cluster = slurm_cluster_3nodes
+def _stopped_decider(
+    cluster: SlurmCluster, work: Path, data: Path, resumed: str
+) -> tuple[Path, str, int, dict[str, Any]]:
+    """Submitted; n1's agent (the decider) SIGSTOPped at step 25 until n2 took the role (and, for
+    ``after-the-decision``, decided), then SIGCONT; its end. The run, its job and the epoch n2 took."""
     run = work / "runs" / f"stopped-decider-{resumed}"
-    # Long enough a run that the role moves before it ends (the window is 8 s on a loaded machine).
-    steps = ("train.steps=160",) if resumed == "while-training" else ()
+    steps = LONGER if resumed == "while-training" else ()
     hpclaunch(
         "submit",
         str(TINY),
@@ -88,7 +84,7 @@ def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_f
         cwd=work,
     )
     job = next(str(e["job_id"]) for e in events(run) if e["event"] == "submitted")
-    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what=f"{run.name} at step 25")
     decider = _agent_on(cluster, "n1", job)
     held = RunLock(RunPaths(run)).read()
     assert held is not None and held.pid == decider, (held, decider)  # n1's agent holds the run
@@ -112,7 +108,45 @@ def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_f
             )
     finally:
         os.kill(decider, signal.SIGCONT)
-    s = wait_run_done(run, work, timeout=600)
+    return run, job, taken_epoch, wait_run_done(run, work, timeout=600)
+
+
+def _reference_longer(work: Path, data: Path) -> str:
+    """The longer run never interrupted."""
+    run = work / "runs" / "reference-160"
+    sets = tiny_overrides(work, data, run.name, *COMMON, *LONGER, "testing.step_sleep_s=0")
+    hpclaunch("submit", str(TINY), *sets, "--no-preflight", cwd=work)
+    r = wait_run_done(run, work, timeout=600)
+    assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
+    return final_params_sha(run)
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    slurm_cluster_3nodes: SlurmCluster,
+    work: Path,
+    data: Path,
+    common_reference: Future[str],
+) -> Iterator[SideBySide]:
+    with SideBySide(request) as runs:
+        for resumed in RESUMED:
+            runs.start(
+                resumed,
+                partial(_stopped_decider, slurm_cluster_3nodes, work, data, resumed),
+                for_tests=(f"{TEST}[{resumed}]",),
+            )
+        runs.start(
+            "reference-160", partial(_reference_longer, work, data), for_tests=(f"{TEST}[while-training]",)
+        )
+        yield runs
+
+
+@pytest.mark.parametrize("resumed", RESUMED)
+def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_finished_run_fencing(
+    slurm_cluster_3nodes: SlurmCluster, runs: SideBySide, common_reference: Future[str], resumed: str
+) -> None:
+    run, job, taken_epoch, s = runs.result(resumed)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     decided = [e for e in events(run) if e["event"] in DECISIONS]
     assert [e["event"] for e in decided] == ["finished"], decided  # one decision
@@ -125,24 +159,9 @@ def test_decider_stopped_past_the_window_and_resumed_leaves_one_decision_and_a_f
         # decision carries a later epoch than the one n2 took (a deposed decider writes nothing).
         assert published["by"] == "n1" and published["epoch"] > taken_epoch, (published, taken_epoch)
     assert RunLock(RunPaths(run)).read() is None  # released once, by the one that decides
-    assert cluster.wait_job(job, timeout=120) == "COMPLETED"
+    assert slurm_cluster_3nodes.wait_job(job, timeout=120) == "COMPLETED"
     log = "\n".join(p.read_text(errors="replace") for p in (run / "scheduler").rglob("*_log.out"))
     assert "node n2 decides from now on" in log, log[-3000:]
     assert "node n1 was deposed as the decider" in log or published["by"] == "n1", log[-3000:]
-    assert final_params_sha(run) == reference(work, data, steps)
-
-
-def reference(work: Path, data: Path, extra: tuple[str, ...]) -> str:
-    """The same run never interrupted (once per configuration)."""
-    run = work / "runs" / ("reference" + "".join(f"-{x.split('=')[1]}" for x in extra))
-    if not run.exists():
-        hpclaunch(
-            "submit",
-            str(TINY),
-            *tiny_overrides(work, data, run.name, *COMMON, *extra),
-            "--no-preflight",
-            cwd=work,
-        )
-    r = wait_run_done(run, work, timeout=600)
-    assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
-    return final_params_sha(run)
+    reference = runs.result("reference-160") if resumed == "while-training" else common_reference.result()
+    assert final_params_sha(run) == reference

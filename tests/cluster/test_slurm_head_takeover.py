@@ -8,13 +8,14 @@ bitwise equal to one that was never interrupted."""
 from __future__ import annotations
 
 import json
-import subprocess
+from collections.abc import Iterator
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
-from tests.cluster.test_slurm_in_place import COMMON, SPARE
+from tests.cluster.side_by_side import COMMON, SPARE, SideBySide, job_processes_on
 from tests.runlib import (
     TINY,
     events,
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
+TEST = "test_head_takeover_when_every_job_process_on_the_batch_host_dies"
+WHO = [
+    # The agents left are SIGKILLed (KillWait) before they carry their decision out: the rescue.
+    "rescue",
+    # They decide in time: n1's node failure, by the first live agent; the rescue does nothing.
+    "agent",
+]
+
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -45,58 +54,26 @@ def data(work: Path) -> Path:
     return synth_data(work / "data")
 
 
-def _kill_job_on(cluster: SlurmCluster, node: str, job_id: str) -> list[str]:
-    """Every process of job ``job_id`` on ``node`` but SLURM's own (slurmstepd): the batch script,
-    srun, the agent, its rank host, forkserver, ranks and their helpers. Only this job's (its
-    environment says so): other sessions' jobs may share the node."""
-    ns = f"hpcl{cluster.nodes.index(node) + 1}"
-    pids = subprocess.run(
-        ["ip", "netns", "pids", ns], capture_output=True, text=True, check=True
-    ).stdout.split()
-    mine = f"SLURM_JOB_ID={job_id}".encode()
-    found = []
-    for pid in map(int, pids):
-        try:
-            proc = psutil.Process(pid)
-            cmd = " ".join(proc.cmdline())
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (psutil.Error, OSError):
-            continue
-        if "slurmd" in cmd or "slurmstepd" in cmd or mine not in env:
-            continue
-        found.append((pid, cmd[:80]))
-    return kill_together(found)
-
-
-def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
-    hpclaunch(
-        "submit", str(TINY), *tiny_overrides(work, data, name, *COMMON, *extra), "--no-preflight", cwd=work
-    )
-    return work / "runs" / name
-
-
-@pytest.mark.parametrize(
-    "who",
-    [
-        # The agents left are SIGKILLed (KillWait) before they carry their decision out: the rescue.
-        "rescue",
-        # They decide in time: n1's node failure, by the first live agent; the rescue does nothing.
-        "agent",
-    ],
-)
-def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, who: str
-) -> None:
-    cluster = slurm_cluster_3nodes
+def _head_dies(cluster: SlurmCluster, work: Path, data: Path, who: str) -> tuple[Path, str, dict[str, Any]]:
+    """Submitted; every process of its job on n1 SIGKILLed at step ~25; its end. The run and its
+    first job."""
     slow = ("testing.pause_before_continue_s=120",) if who == "rescue" else ()
-    run = _submit(work, data, f"head-dies-{who}", SPARE, *slow)
+    name = f"head-dies-{who}"
+    hpclaunch(
+        "submit",
+        str(TINY),
+        *tiny_overrides(work, data, name, *COMMON, SPARE, *slow),
+        "--no-preflight",
+        cwd=work,
+    )
+    run = work / "runs" / name
     first_job = next(str(e["job_id"]) for e in events(run) if e["event"] == "submitted")
     (rescue,) = [e for e in events(run) if e["event"] == "rescue_submitted"]
     assert rescue["job_id"] == first_job
     assert cluster.job_info(rescue["rescue_job"])["JobState"] == "PENDING"  # held on the job
 
-    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what="step 25")
-    killed = _kill_job_on(cluster, "n1", first_job)
+    wait_for(lambda: last_logged_step(run) >= 25, timeout=300, poll=0.2, what=f"{name} at step 25")
+    killed = kill_together(job_processes_on(cluster, "n1", first_job))
     assert any("hpclaunch.jobs.agent" in k for k in killed) and any("slurm_script" in k for k in killed), (
         killed
     )
@@ -104,7 +81,33 @@ def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
     wait_for(
         lambda: any(e["event"] == "requeued" for e in events(run)), timeout=120, poll=0.5, what="the rescue"
     )
-    s = wait_run_done(run, work, timeout=600)
+    return run, first_job, wait_run_done(run, work, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    slurm_cluster_3nodes: SlurmCluster,
+    work: Path,
+    data: Path,
+    common_reference: Future[str],
+) -> Iterator[SideBySide]:
+    with SideBySide(request) as runs:
+        for who in WHO:
+            runs.start(
+                who,
+                partial(_head_dies, slurm_cluster_3nodes, work, data, who),
+                for_tests=(f"{TEST}[{who}]",),
+            )
+        yield runs
+
+
+@pytest.mark.parametrize("who", WHO)
+def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
+    slurm_cluster_3nodes: SlurmCluster, runs: SideBySide, common_reference: Future[str], work: Path, who: str
+) -> None:
+    cluster = slurm_cluster_3nodes
+    run, first_job, s = runs.result(who)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     first = s["attempts"][0]
     assert (first["end"], first["cause"]) == ("requeued", "node_failure")
@@ -135,14 +138,4 @@ def test_head_takeover_when_every_job_process_on_the_batch_host_dies(
     assert cluster.wait_job(rescues[1]["rescue_job"], timeout=60) == "CANCELLED"
     notes = status(run, work)["rescue"]["notes"]  # why SLURM calls the first job FAILED
     assert notes and f"job {first_job} FAILED" in notes[0] and f"as job {last_job}" in notes[0], notes
-    assert final_params_sha(run) == reference(work, data)
-
-
-def reference(work: Path, data: Path) -> str:
-    """The same run never interrupted (once per module; after the kills, which it must not meet)."""
-    run = work / "runs" / "reference"
-    if not run.exists():
-        _submit(work, data, "reference")
-    r = wait_run_done(run, work, timeout=600)
-    assert r["state"] == "finished", json.dumps(r, indent=1)[-2000:]
-    return final_params_sha(run)
+    assert final_params_sha(run) == common_reference.result()

@@ -21,11 +21,13 @@ import json
 import shutil
 import signal
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from tests.cluster.test_slurm_in_place import _kill_node, _one_job_no_requeue, _rank_on
+from tests.cluster.side_by_side import STEPS, SideBySide, kill_run_on
+from tests.cluster.test_slurm_in_place import _one_job_no_requeue, _rank_on
 from tests.runlib import (
     TINY,
     events,
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-STEPS = 80
+# side_by_side.COMMON's run (its uninterrupted end is the shared reference), slower
 COMMON = (
     "scheduler.kind=slurm",
     "scheduler.nodes=2",  # tiny: 2 ranks per node, world size 4
@@ -60,6 +62,7 @@ COMMON = (
     "scheduler.time_limit=00:10:00",
 )
 MEMORY = ("checkpoint.memory.every_steps=5", "scheduler.spare_nodes=1")
+Ended = tuple[Path, Path, dict[str, Any]]  # a run, where its snapshots lived, its final status
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +82,6 @@ def _bases_removed(work: Path) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def data(work: Path) -> Path:
     return synth_data(work / "data")
-
-
-@pytest.fixture(scope="module")
-def reference(slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path) -> str:
-    """The same run without the memory tier, never interrupted, on two nodes of the same cluster."""
-    overrides = tiny_overrides(work, data, "reference", *COMMON, "testing.step_sleep_s=0")
-    hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
-    s = wait_run_done(work / "runs" / "reference", work, timeout=600)
-    assert s["state"] == "finished", json.dumps(s, indent=1)[-2000:]
-    return final_params_sha(work / "runs" / "reference")
 
 
 def _base(work: Path, name: str) -> Path:
@@ -120,13 +113,90 @@ def _resumed(run: Path) -> dict[str, Any]:
     return [e for e in events(run) if e["event"] == "resumed"][-1]
 
 
-def test_a_rank_killed_resumes_in_place_from_its_nodes_memory(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
-) -> None:
+# ---- the runs, side by side (each story: submitted, its fault at its moment, its end) -------------
+
+
+def _rank_killed(work: Path, data: Path) -> Ended:
     run, shm = _submit(work, "rank-killed", data)
     _after_snapshot_35(run)
     _rank_on(run, "n2").send_signal(signal.SIGKILL)
-    s = wait_run_done(run, work, timeout=600)
+    return run, shm, wait_run_done(run, work, timeout=600)
+
+
+def _node_dead(cluster: SlurmCluster, work: Path, data: Path) -> Ended:
+    run, shm = _submit(work, "node-dead", data)
+    _after_snapshot_35(run)
+    assert kill_run_on(cluster, run, "n2")
+    shutil.rmtree(shm / "n2")  # what n2 held dies with it: only its buddy's copy can serve
+    return run, shm, wait_run_done(run, work, timeout=600)
+
+
+def _full_tmpfs(work: Path, data: Path) -> tuple[Path, list[Path], dict[str, Any]]:
+    """4 ranks' own shards of ~4 MiB fit the 18 MiB tmpfs (the nodes share it here), their copies
+    on the buddies do not, nor the next snapshots (keep_last 1). What the run left in the tmpfs
+    is looked at before it goes."""
+    with small_tmpfs(Path("/dev/shm") / f"hpclaunch-test-{work.name}-full", "18m") as base:
+        run, shm = _submit(
+            work, "full-tmpfs", data, "testing.step_sleep_s=0", "checkpoint.memory.keep_last=1", base=base
+        )
+        s = wait_run_done(run, work, timeout=600)
+        return run, [*shm.parent.iterdir()] if shm.parent.exists() else [], s
+
+
+def _fails(work: Path, data: Path) -> Ended:
+    """A rank SIGKILLed with no retry left."""
+    run, shm = _submit(work, "fails", data, "scheduler.max_failure_retries=0")
+    wait_for(
+        lambda: any(e["event"] == SNAPSHOT_SAVED for e in events(run)),
+        timeout=300,
+        poll=0.1,
+        what="a snapshot",
+    )
+    assert [*shm.glob("n*/alloc-*/step-*/rank-*.bin")]
+    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    return run, shm, wait_run_done(run, work, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(
+    request: pytest.FixtureRequest,
+    slurm_cluster_3nodes: SlurmCluster,
+    work: Path,
+    data: Path,
+    common_reference: Future[str],
+) -> Iterator[SideBySide]:
+    cluster = slurm_cluster_3nodes
+    with SideBySide(request) as runs:
+        runs.start(
+            "rank-killed",
+            lambda: _rank_killed(work, data),
+            for_tests=("test_a_rank_killed_resumes_in_place_from_its_nodes_memory",),
+        )
+        runs.start(
+            "node-dead",
+            lambda: _node_dead(cluster, work, data),
+            for_tests=("test_a_dead_node_is_replaced_by_the_spare_which_restores_from_the_buddys_copy",),
+        )
+        runs.start(
+            "full-tmpfs",
+            lambda: _full_tmpfs(work, data),
+            for_tests=("test_a_tmpfs_without_room_for_the_buddies_copies_never_stalls_the_run",),
+        )
+        runs.start(
+            "fails",
+            lambda: _fails(work, data),
+            for_tests=("test_a_run_that_fails_leaves_no_snapshot_on_any_node",),
+        )
+        yield runs
+
+
+# ---- the tests: each takes its run's end --------------------------------------------------------
+
+
+def test_a_rank_killed_resumes_in_place_from_its_nodes_memory(
+    slurm_cluster_3nodes: SlurmCluster, runs: SideBySide, common_reference: Future[str]
+) -> None:
+    run, shm, s = runs.result("rank-killed")
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     first, second = s["attempts"][:2]
     assert (first["end"], first["cause"]) == ("restarted in place", "crash")
@@ -135,19 +205,15 @@ def test_a_rank_killed_resumes_in_place_from_its_nodes_memory(
     assert r["shards_from"] == {"n1": [0, 1], "n2": [2, 3]}  # every rank from its own node
     assert (second["resumed_from"], second["memory_saved_steps"]) == ("memory", r["step"] - 20)
     _one_job_no_requeue(slurm_cluster_3nodes, run)
-    assert final_params_sha(run) == reference
+    assert final_params_sha(run) == common_reference.result()
     assert not shm.exists()  # the run ended with its last save on disk: every node's memory freed
     assert not [*shm.parent.iterdir()]
 
 
 def test_a_dead_node_is_replaced_by_the_spare_which_restores_from_the_buddys_copy(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+    slurm_cluster_3nodes: SlurmCluster, runs: SideBySide, common_reference: Future[str]
 ) -> None:
-    run, shm = _submit(work, "node-dead", data)
-    _after_snapshot_35(run)
-    assert _kill_node(slurm_cluster_3nodes, "n2")
-    shutil.rmtree(shm / "n2")  # what n2 held dies with it: only its buddy's copy can serve
-    s = wait_run_done(run, work, timeout=600)
+    run, shm, s = runs.result("node-dead")
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
     first = s["attempts"][0]
     assert (first["end"], first["cause"], first["replaced"]) == (
@@ -160,43 +226,26 @@ def test_a_dead_node_is_replaced_by_the_spare_which_restores_from_the_buddys_cop
     # n3 held nothing: n1 served its own ranks and, as n2's buddy, n2's ranks to n3
     assert r["shards_from"] == {"n1": [0, 1, 2, 3]}, r
     _one_job_no_requeue(slurm_cluster_3nodes, run)
-    assert final_params_sha(run) == reference
+    assert final_params_sha(run) == common_reference.result()
     assert not shm.exists()
 
 
 def test_a_tmpfs_without_room_for_the_buddies_copies_never_stalls_the_run(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path, reference: str
+    slurm_cluster_3nodes: SlurmCluster, runs: SideBySide, common_reference: Future[str]
 ) -> None:
-    """4 ranks' own shards of ~4 MiB fit the 18 MiB tmpfs (the nodes share it here), their copies
-    on the buddies do not, nor the next snapshots (keep_last 1)."""
-    with small_tmpfs(Path("/dev/shm") / f"hpclaunch-test-{work.name}-full", "18m") as base:
-        run, shm = _submit(
-            work, "full-tmpfs", data, "testing.step_sleep_s=0", "checkpoint.memory.keep_last=1", base=base
-        )
-        s = wait_run_done(run, work, timeout=600)
-        assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-        _one_job_no_requeue(slurm_cluster_3nodes, run)
-        assert final_params_sha(run) == reference
-        said = [e for e in events(run) if e["event"] == "snapshot_failed"]
-        assert sorted(e["rank"] for e in said) == [0, 1, 2, 3], said  # once per rank, in its words
-        assert all("no room for a snapshot shard" in e["error"] for e in said), said
-        assert not shm.exists() and not [*shm.parent.iterdir()]
+    run, left, s = runs.result("full-tmpfs")
+    assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
+    assert not left, left  # every node's memory freed
+    _one_job_no_requeue(slurm_cluster_3nodes, run)
+    assert final_params_sha(run) == common_reference.result()
+    said = [e for e in events(run) if e["event"] == "snapshot_failed"]
+    assert sorted(e["rank"] for e in said) == [0, 1, 2, 3], said  # once per rank, in its words
+    assert all("no room for a snapshot shard" in e["error"] for e in said), said
 
 
-def test_a_run_that_fails_leaves_no_snapshot_on_any_node(
-    slurm_cluster_3nodes: SlurmCluster, work: Path, data: Path
-) -> None:
-    """A rank SIGKILLed with no retry left: every node's agent frees what its node held (the ranks
-    died without freeing; before, the snapshots stayed in the nodes' memory)."""
-    run, shm = _submit(work, "fails", data, "scheduler.max_failure_retries=0")
-    wait_for(
-        lambda: any(e["event"] == SNAPSHOT_SAVED for e in events(run)),
-        timeout=300,
-        poll=0.1,
-        what="a snapshot",
-    )
-    assert [*shm.glob("n*/alloc-*/step-*/rank-*.bin")]
-    _rank_on(run, "n2").send_signal(signal.SIGKILL)
-    s = wait_run_done(run, work, timeout=600)
+def test_a_run_that_fails_leaves_no_snapshot_on_any_node(runs: SideBySide) -> None:
+    """Every node's agent frees what its node held (the ranks died without freeing; before, the
+    snapshots stayed in the nodes' memory)."""
+    _, shm, s = runs.result("fails")
     assert s["state"] == "failed", json.dumps(s, indent=1)[-3000:]
     assert not shm.exists(), [*shm.rglob("*")]

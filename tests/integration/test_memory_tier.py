@@ -192,11 +192,7 @@ def _start_nodes(
         port = s.getsockname()[1]
     procs = []
     for node, name in enumerate(names):
-        cmd = [
-            sys.executable, "-m", "torch.distributed.run", f"--nnodes={len(names)}", f"--node-rank={node}",
-            "--nproc-per-node=1", "--master-addr=127.0.0.1", f"--master-port={port}",
-            "-m", "hpclaunch.trainer", str(run),
-        ]  # fmt: skip
+        cmd = h.command(run, 1, node=(len(names), node, port))
         extra = {NODE_NAME_VAR: name, **({ENV_KILL: kill} if kill else {}), **(env or {}).get(name, {})}
         procs.append(subprocess.Popen(cmd, env=h.env_for(attempt, extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))  # fmt: skip
     return procs

@@ -1,7 +1,10 @@
-"""The trainer under real torchrun: 2 gloo ranks, the real mmdit model, synthetic data.
+"""The trainer under torch's elastic launcher: 2 gloo ranks, the real mmdit model, synthetic data.
 
 One reference run (60 steps, seed 0) is shared: its losses must fall, a rerun must match it
 bitwise, and a run stopped through the control file and restarted must end bitwise equal to it.
+The stop's first attempt and the failed run are started by a plain torchrun (every rank its own
+interpreter: the trainer as a user's torchrun starts it); the rest fork their ranks from a
+launcher that imported the trainer once (``helpers/preloaded_torchrun.py``), as the rank host does.
 """
 
 from __future__ import annotations
@@ -114,7 +117,7 @@ def test_too_many_consecutive_nonfinite_steps_fail_the_run(root: Path, data: Pat
         data,
         ["train.steps=10", "testing.inject_nonfinite_at=[2, 3]", "train.max_nonfinite_skips=2"],
     )
-    proc = h.train(run)
+    proc = h.train(run, plain_torchrun=True)
     assert proc.returncode != 0
     reason = "2 consecutive non-finite steps (the last at step 3); train.max_nonfinite_skips is 2"
     ours = [line for line in proc.stderr.splitlines() if FAILED_LINE in line]
@@ -148,7 +151,7 @@ def test_stop_file_stops_both_ranks_after_the_same_step_and_resume_is_exact(
     reference: Path, root: Path, data: Path
 ) -> None:
     run = h.make_run(root, "stopped", data, ["testing.step_sleep_s=0.1"])  # same math as the reference
-    proc = h.start(run, attempt="a1")
+    proc = h.start(run, attempt="a1", plain_torchrun=True)
     h.wait_for_step(run, 4, proc)
     write_user_stop(RunPaths(run), continue_=False, attempt=None, by="test")
     _, err = proc.communicate(timeout=120)

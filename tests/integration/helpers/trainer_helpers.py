@@ -69,14 +69,37 @@ def make_run(root: Path, name: str, data: Path, overrides: list[str] = ()) -> Pa
     return run
 
 
-def command(run: Path, nproc: int = 2) -> list[str]:
-    if nproc == 0:  # plain single process, no torchrun
+PRELOADED_TORCHRUN = Path(__file__).with_name("preloaded_torchrun.py")
+PLAIN_TORCHRUN_VAR = "HPCLAUNCH_TEST_PLAIN_TORCHRUN"  # "1": every launch a plain torchrun (to compare)
+
+
+def command(
+    run: Path, nproc: int = 2, *, plain_torchrun: bool = False, node: tuple[int, int, int] | None = None
+) -> list[str]:
+    """The trainer on ``nproc`` ranks of this machine: torch's elastic launcher with the ranks forked
+    from one interpreter that imported the trainer once (``preloaded_torchrun.py``, as the rank
+    host does), or ``plain_torchrun`` (every rank its own interpreter); ``nproc`` 0: one plain
+    process, no launcher. ``node``: (nodes, this node's rank, port): one node of a static
+    rendezvous on 127.0.0.1 instead of a standalone one."""
+    if nproc == 0:
         return [sys.executable, "-m", "hpclaunch.trainer", str(run)]
+    where = ["--standalone"]
+    if node is not None:
+        nnodes, node_rank, port = node
+        where = [
+            f"--nnodes={nnodes}",
+            f"--node-rank={node_rank}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+        ]
+    if not plain_torchrun and os.environ.get(PLAIN_TORCHRUN_VAR) != "1":
+        where = [w for w in where if w != "--standalone"]
+        return [sys.executable, str(PRELOADED_TORCHRUN), *where, f"--nproc-per-node={nproc}", str(run)]
     return [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        "--standalone",
+        *where,
         f"--nproc-per-node={nproc}",
         "-m",
         "hpclaunch.trainer",
@@ -93,10 +116,14 @@ def env_for(attempt: str, extra: dict[str, str] | None = None) -> dict[str, str]
 
 
 def train(
-    run: Path, *, nproc: int = 2, attempt: str = "a1", timeout: float = 180
+    run: Path, *, nproc: int = 2, attempt: str = "a1", timeout: float = 180, plain_torchrun: bool = False
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        command(run, nproc), env=env_for(attempt), capture_output=True, text=True, timeout=timeout
+        command(run, nproc, plain_torchrun=plain_torchrun),
+        env=env_for(attempt),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -112,10 +139,15 @@ def hpclaunch_cli(args: list[str], timeout: float = 300) -> subprocess.Completed
 
 
 def start(
-    run: Path, *, nproc: int = 2, attempt: str = "a1", env: dict[str, str] | None = None
+    run: Path,
+    *,
+    nproc: int = 2,
+    attempt: str = "a1",
+    env: dict[str, str] | None = None,
+    plain_torchrun: bool = False,
 ) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        command(run, nproc),
+        command(run, nproc, plain_torchrun=plain_torchrun),
         env=env_for(attempt, env),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
