@@ -34,8 +34,8 @@ SPARE = "scheduler.spare_nodes=1"
 
 @pytest.fixture(scope="module")
 def runs(pbs_server_3nodes: PbsServer) -> dict[str, Any]:
-    """The reference and the two faulted runs, submitted together: they run side by side (each
-    takes 2 or 3 nodes of 6 CPUs; the local nodes advertise 48)."""
+    """The reference and the two faulted runs, submitted together (each takes 2 or 3 nodes: the
+    scheduler runs them one after another)."""
     server = pbs_server_3nodes
     work = user_dir(server, "inplace")
     data = synth_data(server, work / "data")
