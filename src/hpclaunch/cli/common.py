@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -117,6 +118,17 @@ def load(
 def config_names(config: Path | list[Path]) -> str:
     """CONFIG as an error's ``where`` names it: ``base.yaml + exp.yaml``."""
     return " + ".join(str(c) for c in config) if isinstance(config, list) else str(config)
+
+
+def command_group(name: str, help: str) -> tuple[typer.Typer, Callable[[typer.Typer], None]]:
+    """A group of subcommands (``hpclaunch NAME ...``, its help with examples) and the ``register``
+    that adds it to the command line."""
+    group = typer.Typer(help=help, no_args_is_help=True)
+
+    def register(app: typer.Typer) -> None:
+        app.add_typer(group, name=name)
+
+    return group, register
 
 
 def print_json(obj: Any) -> None:

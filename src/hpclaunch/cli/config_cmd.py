@@ -11,20 +11,20 @@ import typer
 from ..config import iter_reference_rows, json_schema
 from ..errors import UserInputError
 from ..fsutil import atomic_write_text
-from .common import ConfigArg, JsonOpt, SetOpt, console, load, print_json
+from .common import ConfigArg, JsonOpt, SetOpt, command_group, console, load, print_json
 
-config_app = typer.Typer(
-    help="Show the resolved config or its JSON Schema.\n\nExamples:\n"
+config_app, _register_group = command_group(
+    "config",
+    "Show the resolved config or its JSON Schema.\n\nExamples:\n"
     "  hpclaunch config show examples/tiny.yaml --set train.lr=1e-4\n"
     "  hpclaunch config show base.yaml exp.yaml --json\n"
     "  hpclaunch config schema --markdown",
-    no_args_is_help=True,
 )
 
 
 def register(app: typer.Typer) -> None:
     app.command("init")(init)
-    app.add_typer(config_app, name="config")
+    _register_group(app)
 
 
 def init(

@@ -9,18 +9,14 @@ import typer
 
 from ..config import load_config
 from ..errors import UserInputError
-from .common import SetOpt, console
+from .common import SetOpt, command_group, console
 
-data_app = typer.Typer(
-    help="Datasets in the trainer's format.\n\nExamples:\n"
+data_app, register = command_group(
+    "data",
+    "Datasets in the trainer's format.\n\nExamples:\n"
     "  hpclaunch data synth data/tiny --samples 1024\n"
     "  hpclaunch data synth data/big --samples 100000 --config run.yaml",
-    no_args_is_help=True,
 )
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(data_app, name="data")
 
 
 @data_app.command("synth")

@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import typer
 from rich.markup import escape
 from rich.table import Table
 
-from .common import JsonOpt, console, print_json
+from .common import JsonOpt, command_group, console, print_json
 
-nccl_app = typer.Typer(
-    help="NCCL presets and their variables.\n\nExamples:\n"
-    "  hpclaunch nccl presets\n"
-    "  hpclaunch nccl presets --json",
-    no_args_is_help=True,
+nccl_app, register = command_group(
+    "nccl",
+    "NCCL presets and their variables.\n\nExamples:\n  hpclaunch nccl presets\n  hpclaunch nccl presets --json",
 )
-
-
-def register(app: typer.Typer) -> None:
-    app.add_typer(nccl_app, name="nccl")
 
 
 @nccl_app.command("presets")
