@@ -83,28 +83,20 @@ def command(
     rendezvous on 127.0.0.1 instead of a standalone one."""
     if nproc == 0:
         return [sys.executable, "-m", "hpclaunch.trainer", str(run)]
-    where = ["--standalone"]
+    nodes = []
     if node is not None:
         nnodes, node_rank, port = node
-        where = [
+        nodes = [
             f"--nnodes={nnodes}",
             f"--node-rank={node_rank}",
             "--master-addr=127.0.0.1",
             f"--master-port={port}",
         ]
+    ranks = f"--nproc-per-node={nproc}"
     if not plain_torchrun and os.environ.get(PLAIN_TORCHRUN_VAR) != "1":
-        where = [w for w in where if w != "--standalone"]
-        return [sys.executable, str(PRELOADED_TORCHRUN), *where, f"--nproc-per-node={nproc}", str(run)]
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        *where,
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "hpclaunch.trainer",
-        str(run),
-    ]
+        return [sys.executable, str(PRELOADED_TORCHRUN), *nodes, ranks, str(run)]
+    where = nodes or ["--standalone"]
+    return [sys.executable, "-m", "torch.distributed.run", *where, ranks, "-m", "hpclaunch.trainer", str(run)]
 
 
 def env_for(attempt: str, extra: dict[str, str] | None = None) -> dict[str, str]:
