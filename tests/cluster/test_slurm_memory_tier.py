@@ -97,7 +97,7 @@ def _submit(work: Path, name: str, data: Path, *extra: str, base: Path | None = 
     overrides = tiny_overrides(work, data, name, *COMMON, *MEMORY, *extra, f"checkpoint.memory.dir={base}")
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
     run = work / "runs" / name
-    return run, run_root(load_config(run / "config.yaml"), RunPaths(run))
+    return run, run_root(load_config(run / "config.yaml").checkpoint.memory, RunPaths(run))
 
 
 def _after_snapshot_35(run: Path) -> None:

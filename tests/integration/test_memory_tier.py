@@ -88,7 +88,7 @@ def base_of(run: Path) -> Path:
 
 def shm_of(run: Path) -> Path:
     """Where the run's snapshots live: one directory per node below it."""
-    return run_root(load_config(run / "config.yaml"), RunPaths(run))
+    return run_root(load_config(run / "config.yaml").checkpoint.memory, RunPaths(run))
 
 
 def killed_in_a_snapshot(root: Path, data: Path, name: str, kill: str) -> tuple[Path, int, int]:
@@ -375,7 +375,9 @@ def test_a_run_whose_tmpfs_is_full_finishes_as_one_without_the_tier_and_says_so_
             assert e["error"].endswith("training goes on, the disk tier serves"), e
         out = "".join(p.stdout for p in done)
         assert out.count("hpclaunch: rank 0 on na: ") == 1 and out.count("hpclaunch: rank 1 on nb: ") == 1
-        assert not [*run_root(load_config(run / "config.yaml"), RunPaths(run)).parent.glob("*/*")]  # freed
+        assert not [
+            *run_root(load_config(run / "config.yaml").checkpoint.memory, RunPaths(run)).parent.glob("*/*")
+        ]  # freed
 
 
 def test_a_stop_while_the_tmpfs_is_full_saves_at_once_and_loses_nothing(

@@ -75,7 +75,7 @@ def decider(run: Path, rank: int, scheduler: FakeScheduler) -> Decider:
     ctx = NodeContext("slurm", "7", rank, len(HOSTS), HOSTS[rank], HOSTS)
     relay = type("Relay", (), {"cancelled": False, "stop_cause": None, "interrupted": None, "lead": False})()
     relay.handle_signals = lambda: None  # type: ignore[attr-defined]
-    node = NodeRun.start(paths, build(RunConfig(), python=sys.executable), RunConfig(), ctx, scheduler)  # type: ignore[arg-type]
+    node = NodeRun.start(paths, build(RunConfig(), python=sys.executable), ctx, scheduler)  # type: ignore[arg-type]
     return Decider(DeciderRole(node, relay))  # type: ignore[arg-type]
 
 

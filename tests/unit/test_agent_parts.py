@@ -16,7 +16,7 @@ from hpclaunch.errors import HpclaunchError
 from hpclaunch.jobs.admission import admit
 from hpclaunch.jobs.agent_records import decision_fields, scheduler_note, started_fields
 from hpclaunch.jobs.allocation import Roster, node_ranks
-from hpclaunch.jobs.attempt_env import attempt_env, rank_request
+from hpclaunch.jobs.attempt_env import attempt_env, rank_host_environment, rank_request
 from hpclaunch.jobs.attempt_facts import in_place_ok, started_at
 from hpclaunch.jobs.carry_out import cancelled_meanwhile, carry_out
 from hpclaunch.jobs.decider import Decider
@@ -27,7 +27,7 @@ from hpclaunch.jobs.watching import AttemptWatch
 from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import Ledger, RunLock, RunPaths, read_events
 from hpclaunch.rundir.cause import Budget, Cause
-from hpclaunch.rundir.env import ATTEMPT_VAR, PROGRESS_DIR_VAR
+from hpclaunch.rundir.env import ATTEMPT_VAR, PRELOAD_COMPILE_VAR, PROGRESS_DIR_VAR
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.node_dir import NodeDir
 from hpclaunch.schedulers.protocol import Continuation, NodeContext
@@ -112,9 +112,7 @@ class Continuations:
 
 def _node(tmp_path: Path, scheduler: Any, rank: int = 0) -> NodeRun:
     """Node ``rank``'s run as its agent starts it (a fake scheduler)."""
-    return NodeRun.start(
-        RunPaths(tmp_path), build(RunConfig(), python="python3"), RunConfig(), ctx(rank=rank), scheduler
-    )
+    return NodeRun.start(RunPaths(tmp_path), build(RunConfig(), python="python3"), ctx(rank=rank), scheduler)
 
 
 def _carry(
@@ -192,9 +190,7 @@ class Withdrawals:
 def _admit(tmp_path: Path, job: str = "7") -> tuple[Any, list[tuple[Decision, dict[str, Any]]]]:
     paths = RunPaths(tmp_path)
     recorded: list[tuple[Decision, dict[str, Any]]] = []
-    node = NodeRun.start(
-        paths, build(RunConfig(), python="python3"), RunConfig(), ctx(job=job), Withdrawals()
-    )  # type: ignore[arg-type]
+    node = NodeRun.start(paths, build(RunConfig(), python="python3"), ctx(job=job), Withdrawals())  # type: ignore[arg-type]
     admission = admit(
         node,
         lock=RunLock(paths),
@@ -240,7 +236,7 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
 
     def request_of(rank: int) -> dict[str, Any]:
         roster = Roster(("n3", "n2"), ())
-        node = NodeRun.start(paths, plan, cfg, ctx(rank=rank), Nodes())  # type: ignore[arg-type]
+        node = NodeRun.start(paths, plan, ctx(rank=rank), Nodes())  # type: ignore[arg-type]
         return rank_request(node, roster)
 
     request = request_of(1)
@@ -252,15 +248,56 @@ def test_the_rank_request_names_the_rosters_first_node_as_the_rendezvous_host(tm
     node_tmp = tmp_path / "node-tmp"
     node_tmp.mkdir()
     node = NodeDir.prepare(tmp=node_tmp)
-    env = attempt_env("7.1", plan, cfg, ctx(), paths, node)  # no clock, gloo: its key, its heartbeats' folder
+    env = attempt_env("7.1", plan, ctx(), paths, node)  # no clock, gloo: its key, its heartbeats' folder
     assert env[ATTEMPT_VAR] == "7.1" and set(env) == {ATTEMPT_VAR, PROGRESS_DIR_VAR}
     assert Path(env[PROGRESS_DIR_VAR]).is_dir() and Path(env[PROGRESS_DIR_VAR]).is_relative_to(node.path)
     # in an image: the same folder below the node directory's place there (/tmp/<its name>)
     in_image = NodeDir.prepare(tmp=node_tmp, in_image=True)
-    seen = attempt_env("7.1", plan, cfg, ctx(), paths, in_image)[PROGRESS_DIR_VAR]
+    seen = attempt_env("7.1", plan, ctx(), paths, in_image)[PROGRESS_DIR_VAR]
     assert Path(seen) == Path("/tmp", node.path.name) / Path(env[PROGRESS_DIR_VAR]).relative_to(node.path)
     # no node directory shared with the ranks: they report in the run directory, as without an agent
-    assert set(attempt_env("7.1", plan, cfg, ctx(), paths)) == {ATTEMPT_VAR}
+    assert set(attempt_env("7.1", plan, ctx(), paths)) == {ATTEMPT_VAR}
+
+
+def test_the_agent_takes_its_settings_from_the_plan_alone(tmp_path: Path) -> None:
+    """Issue 47: the agent read the plan and the config and mixed them. Now the plan's agent part
+    (made from the config at submit) is its one source: no ``config.yaml`` here, and it runs."""
+    cfg = load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2", "launch.rdzv_port=29123"])
+    cfg = cfg.model_copy(update={"train": cfg.train.model_copy(update={"compile": True})})
+    plan = build(cfg, python="python3")
+    paths = RunPaths(tmp_path)
+    assert not paths.config.exists()
+    node = NodeRun.start(paths, plan, ctx(rank=1), Addresses())  # type: ignore[arg-type]
+    request = rank_request(node, Roster(("n1", "n2"), ()))
+    assert request["rdzv_endpoint"] == "10.0.0.1:29123" and request["program"] == "mmdit"
+    assert rank_host_environment(node)[PRELOAD_COMPILE_VAR] == "cpu"  # train.compile, on gloo
+
+
+def test_the_nccl_preset_sits_under_the_runs_own_values_on_the_node_as_at_submit(tmp_path: Path) -> None:
+    """A named preset's variables are in the plan's environment already, under ``nccl.env`` and
+    ``launch.env``; the node added the preset again on top, so the run's own value lost there."""
+    cfg = load_config(
+        None,
+        [
+            "scheduler.kind=slurm",
+            "scheduler.gpus_per_node=1",
+            "nccl.preset=ethernet",
+            "launch.env={NCCL_IB_DISABLE: '0'}",
+        ],
+    )
+    plan = build(cfg, python="python3", nccl_env={"NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "^lo"})
+    assert plan.backend == "nccl" and plan.env["NCCL_IB_DISABLE"] == "0"
+    node = NodeRun.start(RunPaths(tmp_path), plan, ctx(), Addresses())  # type: ignore[arg-type]
+    env = rank_host_environment(node)
+    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "^lo"
+    (record,) = [e.record for e in read_events(RunPaths(tmp_path)).named("nccl_preset")]
+    assert record["preset"] == "ethernet" and record["env"]["NCCL_IB_DISABLE"] == "0"
+    assert "overrides NCCL_IB_DISABLE" in record["reason"]
+
+
+class Addresses:
+    def node_address(self, host: str) -> str:
+        return {"n1": "10.0.0.1", "n2": "10.0.0.2", "n3": "10.0.0.3"}[host]
 
 
 # ---- the decider's role ---------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from hpclaunch import proc
 from hpclaunch.config import RunConfig
 from hpclaunch.errors import SchedulerError
 from hpclaunch.jobs import node_checks
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.preflight.check_context import run_command
 from hpclaunch.schedulers.protocol import NodeContext
 from hpclaunch.schedulers.protocol import run_command as scheduler_command
@@ -136,7 +137,7 @@ def test_node_checks_stuck_in_the_kernel_fail_the_node_at_their_deadline_fake_st
     cfg = RunConfig.model_validate({"name": "t", "scheduler": {"kind": "local"}})
     ctx = NodeContext("local", "1", 0, 1, "n1", ("n1",))
     try:
-        verdict, rows = node_checks.run_checks(cfg, ctx)
+        verdict, rows = node_checks.run_checks(build(cfg, python="python3"), cfg, ctx)
     finally:
         release.set()
     assert not verdict.ok and verdict.check == "deadline"

@@ -61,7 +61,7 @@ def _relay(tmp_path: Path, attempt: str, node: int = 0, cause: Cause = Cause.PRE
     ctx = NodeContext("slurm", job, node, 2, f"n{node}", ("n0", "n1"), restart_count=int(restart))
     paths = RunPaths(tmp_path)
     plan: Any = None
-    return StopRelay(NodeRun.start(paths, plan, None, ctx, _Scheduler(cause)))  # type: ignore[arg-type]
+    return StopRelay(NodeRun.start(paths, plan, ctx, _Scheduler(cause)))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -500,7 +500,7 @@ def test_the_rendezvous_port_is_chosen_per_job(tmp_path: Path) -> None:
         cfg = load_config(
             None, ["scheduler.kind=slurm", "scheduler.nodes=2", f"launch.rdzv_port={fixed or 'null'}"]
         )
-        run = NodeRun.start(RunPaths(tmp_path), build(cfg, python="python3"), cfg, ctx, Nodes())  # type: ignore[arg-type]
+        run = NodeRun.start(RunPaths(tmp_path), build(cfg, python="python3"), ctx, Nodes())  # type: ignore[arg-type]
         request = rank_request(run, Roster(ctx.hosts))
         assert request["rdzv_endpoint"] == f"10.0.0.1:{rdzv_port_for(ctx.attempt, fixed)}"
 

@@ -149,3 +149,26 @@ def test_a_plan_with_torchruns_entry_still_reads(tmp_path: Path) -> None:
     recorded = RunPaths(Path(__file__).resolve().parent / "recorded" / "requeued_run")
     assert "torchrun" in json.loads(recorded.plan.read_text())
     assert read_plan(recorded).nodes == 1
+
+
+def test_a_plan_written_before_the_agents_part_gets_it_from_its_config(tmp_path: Path) -> None:
+    """Issue 47: the agent reads the plan alone; what it needs of the config is the plan's ``agent``
+    part. A plan.json written before that part existed gets it from the run's config.yaml."""
+    from hpclaunch.config import load_config
+    from hpclaunch.orchestrator.plan_build import build
+    from hpclaunch.rundir import read_config, read_plan
+    from hpclaunch.rundir.plan import AgentPlan
+
+    cfg = load_config(None, ["watchdog.launch_s=77", "testing.pause_before_continue_s=1.5"])
+    plan = build(cfg, python="python3")
+    assert plan.agent.watchdog.launch_s == 77 and plan.agent.testing.pause_before_continue_s == 1.5
+    old = {k: v for k, v in plan.model_dump(mode="json").items() if k != "agent"}
+    paths = write(tmp_path, old)
+    assert read_plan(paths).agent == AgentPlan()  # no config beside it: the defaults
+    paths.config.write_text(cfg.to_yaml())
+    assert read_plan(paths) == plan
+    recorded = RunPaths(Path(__file__).resolve().parent / "recorded" / "requeued_run")
+    assert "agent" not in json.loads(recorded.plan.read_text())
+    assert (
+        read_plan(recorded).agent.watchdog == read_config(recorded).watchdog
+    )  # (its retired keys read past)

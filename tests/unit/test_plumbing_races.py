@@ -169,7 +169,7 @@ def test_a_sigterm_reaches_the_ranks_before_the_scheduler_is_asked_what_it_was(
     ctx = NodeContext("slurm", "7", 0, 2, "n0", ("n0", "n1"), restart_count=0)
     scheduler = _SlowScheduler(cause, signalled)
     plan: Any = None
-    relay = StopRelay(NodeRun.start(paths, plan, None, ctx, scheduler))  # type: ignore[arg-type]
+    relay = StopRelay(NodeRun.start(paths, plan, ctx, scheduler))  # type: ignore[arg-type]
     relay.ranks = lambda: [4242, 4243]
     relay.inbox.received.append((signal.SIGTERM, time.time()))
     relay.handle_signals()

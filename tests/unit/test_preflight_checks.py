@@ -449,7 +449,7 @@ def test_network_checks_the_rendezvous_port_the_ranks_of_this_attempt_use(tmp_pa
         def node_address(self, host: str) -> str:
             return host
 
-    run = NodeRun.start(RunPaths(tmp_path / "run"), build(cfg, python="python3"), cfg, node, Nodes())  # type: ignore[arg-type]
+    run = NodeRun.start(RunPaths(tmp_path / "run"), build(cfg, python="python3"), node, Nodes())  # type: ignore[arg-type]
     request = rank_request(run, Roster(node.hosts))
     port = int(request["rdzv_endpoint"].rsplit(":", 1)[1])
     assert port == rdzv_port_for(node.attempt, None) != rdzv_port_for(node.job_id, None)
@@ -629,6 +629,7 @@ def test_the_node_agents_checks_never_start_the_torch_probe(
 ) -> None:
     """Every restart runs them: a job-Python import of torch there cost 3-15 s per attempt."""
     from hpclaunch.jobs.node_checks import run_checks as agent_node_checks
+    from hpclaunch.orchestrator.plan_build import build
     from hpclaunch.preflight import probe
 
     def no_probe(*args: Any, **kwargs: Any) -> Any:
@@ -638,7 +639,7 @@ def test_the_node_agents_checks_never_start_the_torch_probe(
     host = socket.gethostname()
     node = NodeContext("local", "9", 0, 1, host, (host,))
     cfg = data_cfg(tmp_path, dataset, preflight={"min_free_disk_gb": 0.001})
-    verdict, rows = agent_node_checks(cfg, node)
+    verdict, rows = agent_node_checks(build(cfg, python="python3"), cfg, node)
     assert verdict.ok, rows
     disk = next(r for r in rows if r["name"] == "disk")
     assert "(estimated)" in disk["finding"]  # sized by formula, not by the probe's model

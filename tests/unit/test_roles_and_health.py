@@ -21,6 +21,7 @@ from hpclaunch.jobs.attribution import suspect
 from hpclaunch.jobs.decision_rules import Action, Budgets, Facts, History, decide
 from hpclaunch.jobs.node_checks import NodeVerdict, StartBarrier, run_checks
 from hpclaunch.jobs.watchdog import Watchdog, Watched, read_verdict
+from hpclaunch.orchestrator.plan_build import build
 from hpclaunch.rundir import AttemptOutcome, Ledger, RunPaths, read_events
 from hpclaunch.rundir.cause import Cause
 from hpclaunch.rundir.events import as_events
@@ -264,8 +265,9 @@ def test_a_named_hosts_check_fails_from_the_attempt_the_knob_says(tmp_path: Path
     first = NodeContext("slurm", "7", 1, 3, "n2", HOSTS)
     later = NodeContext("slurm", "7", 1, 3, "n2", HOSTS, in_place=1)
     other = NodeContext("slurm", "7", 0, 3, "n1", HOSTS, in_place=1)
-    assert run_checks(cfg, first)[0].ok and run_checks(cfg, other)[0].ok
-    verdict, rows = run_checks(cfg, later)
+    plan = build(cfg, python="python3")
+    assert run_checks(plan, cfg, first)[0].ok and run_checks(plan, cfg, other)[0].ok
+    verdict, rows = run_checks(plan, cfg, later)
     assert not verdict.ok and verdict.check == "gpu" and "ECC" in (verdict.finding or "")
     assert rows and rows[0]["status"] == "fail"
 

@@ -60,7 +60,7 @@ def agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> NodeAgent:
     cfg = load_config(None, ["scheduler.kind=slurm", "scheduler.nodes=2", f"run_dir={tmp_path / 'run'}"])
     paths = RunPaths(tmp_path / "run").ensure()
     ctx = NodeContext("slurm", "7", 1, 2, "n2", HOSTS)
-    a = NodeAgent(paths, build(cfg, python="python3"), cfg, ctx, Withdrawing(tmp_path))  # type: ignore[arg-type]
+    a = NodeAgent(paths, build(cfg, python="python3"), ctx, Withdrawing(tmp_path), cfg)  # type: ignore[arg-type]
     a.role.beat_every_s = 3600.0
     monkeypatch.setattr(a, "_node_checks", lambda: NodeVerdict(1, "n2", True))
     return a

@@ -76,14 +76,21 @@ HOST_READY_S = 600.0  # the rank host's own start (its torch import); the forkse
 
 class NodeAgent:
     def __init__(
-        self, paths: RunPaths, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler
+        self,
+        paths: RunPaths,
+        plan: JobPlan,
+        ctx: NodeContext,
+        scheduler: Scheduler,
+        checked: RunConfig | None,
     ):
-        self.node = NodeRun.start(paths, plan, cfg, ctx, scheduler)  # (a new one per attempt in place)
+        self.node = NodeRun.start(paths, plan, ctx, scheduler)  # (a new one per attempt in place)
         self.relay = StopRelay(self.node)
         self.role = DeciderRole(self.node, self.relay)  # whether this agent decides, and its lock
         self.decider = Decider(self.role)  # each attempt's decision, while it does
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
-        self.memory = NodeMemory(cfg, paths, ctx.hostname, ctx.allocation)  # the memory tier's snapshots
+        self.memory = NodeMemory(
+            plan.agent.memory, paths, ctx.hostname, ctx.allocation
+        )  # the memory tier's snapshots
         self.node_dir = node_directory(in_image=plan.container is not None)  # (None: none could be made)
         self.shared_dir: NodeDir | None = None  # the node directory, once the rank host proved it shares it
         self.sink = LogSink()
@@ -91,6 +98,7 @@ class NodeAgent:
         self.hang: Verdict | None = None  # the watchdog's verdict on this attempt
         self.stopped_by_agent = False  # this attempt's ranks were stopped here (another node ended it)
         self.attempt_watch: AttemptWatch | None = None  # this node's watch of its last attempt
+        self.checked = checked  # the config the node checks evaluate (None: the plan turns them off)
 
     @property
     def attempt(self) -> str:
@@ -233,7 +241,7 @@ class NodeAgent:
     # ---- node checks ---------------------------------------------------------------------------
 
     def _node_checks(self) -> NodeVerdict:
-        verdict, rows = run_checks(self.node.cfg, self.node.ctx)
+        verdict, rows = run_checks(self.node.plan, self.checked, self.node.ctx)
         if rows:
             self.node.ledger.append(NODE_PREFLIGHT, ok=verdict.ok, checks=rows)
         return verdict
@@ -359,8 +367,9 @@ def agent_main(run_dir: str) -> int:
         if plan.sweep:
             plan, paths = _sweep_point(plan, ctx)
         paths = plan.paths(str(paths.root))
-        cfg = read_config(paths)
-        agent = NodeAgent(paths, plan, cfg, ctx, scheduler)
+        # The plan is the agent's one source; the config is read once, for the node checks only.
+        checked = read_config(paths) if plan.agent.node_checks else None
+        agent = NodeAgent(paths, plan, ctx, scheduler, checked)
         code = agent.run()
         if agent.role.leads:  # a run that ended here releases or cancels the runs chained after it
             after_attempt(paths)

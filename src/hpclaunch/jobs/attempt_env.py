@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-from ..config import RunConfig
 from ..rundir import NCCL_PRESET, JobPlan, Ledger, RunPaths
 from ..rundir.attempt_records import RankRequest
 from ..rundir.env import (
@@ -35,14 +34,15 @@ def rank_host_environment(node: NodeRun, node_dir: NodeDir | None = None, token:
     """The rank host's environment, the same for every attempt of this allocation (the NCCL preset
     it resolves is recorded); ``node_dir``: this user's node-local directory, which the rank host
     proves it shares by writing ``token`` there (``rundir.node_dir``)."""
-    plan, cfg, ctx, paths = node.plan, node.cfg, node.ctx, node.paths
+    plan, ctx, paths = node.plan, node.ctx, node.paths
     env = dict(os.environ)
     env.pop(NODE_DIR_VAR, None)  # (an agent started inside another's job must not pass its own on)
     env.pop(NODE_DIR_TOKEN_VAR, None)
     # The batch script exports these too, but launchers such as pbsdsh start agents with a
-    # minimal environment: the plan is the source of truth.
+    # minimal environment: the plan is the source of truth. Under it, what only this node can say:
+    # the NCCL preset's variables for its fabric (the plan's own, user's values win).
+    env.update(_nccl_preset_env(plan, node.ledger))
     env.update(plan.env)
-    env.update(_nccl_env(plan, cfg, node.ledger))
     if ctx.num_nodes > 1 and "GLOO_SOCKET_IFNAME" not in env:
         # gloo advertises the address its hostname resolves to, which may be loopback or a
         # network the other nodes cannot reach; pin it to the interface of our own address.
@@ -53,9 +53,9 @@ def rank_host_environment(node: NodeRun, node_dir: NodeDir | None = None, token:
     env[JOIN_STDERR_VAR] = "1"
     env[NODE_NAME_VAR] = ctx.hostname  # ranks report their node as the scheduler names it
     env[ALLOCATION_VAR] = ctx.allocation  # (the memory tier's snapshots belong to one allocation)
-    if cfg.is_script:  # the script's own slow imports first, then torch's and the rank package's
-        env[PRELOAD_VAR] = ",".join([*cfg.script.preload, "hpclaunch.rank.script_preload"])
-    elif cfg.train.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
+    if plan.agent.program == "script":  # the script's slow imports first, then torch's and the rank package's
+        env[PRELOAD_VAR] = ",".join([*plan.agent.script_preload, "hpclaunch.rank.script_preload"])
+    elif plan.agent.compile:  # the compiler imported once per allocation too (trainer.preload_compile)
         env[PRELOAD_COMPILE_VAR] = "cuda" if plan.backend == "nccl" else "cpu"
     if node_dir is not None:
         env[NODE_DIR_VAR] = str(node_dir.ranks_path)
@@ -80,20 +80,26 @@ def rank_host_command(
     return argv, container.environment(env)
 
 
-def _nccl_env(plan: JobPlan, cfg: RunConfig, ledger: Ledger) -> dict[str, str]:
+def _nccl_preset_env(plan: JobPlan, ledger: Ledger) -> dict[str, str]:
+    """The NCCL preset's variables on this node (``auto``, ``debug``: from its fabric; a named
+    preset: its table, which the plan's environment states already), recorded with the values the
+    ranks get: the plan's (``nccl.env``, ``launch.env``) over the preset's, as on the login side."""
     if plan.backend != "nccl":
         return {}
-    from ..nccl import nccl_environment
+    from ..nccl import resolve_preset
 
-    resolved = nccl_environment(cfg.nccl)
-    ledger.append(NCCL_PRESET, preset=resolved.name, reason=resolved.reason, env=dict(resolved.env))
-    return dict(resolved.env)
+    preset = resolve_preset(plan.nccl_preset)
+    seen = {**preset.env, **plan.env}
+    names = sorted({*preset.env, *(k for k in plan.env if k.startswith("NCCL_"))})
+    overridden = [k for k in names if k in preset.env and preset.env[k] != seen[k]]
+    reason = preset.reason + (f"; the run's env overrides {', '.join(overridden)}" if overridden else "")
+    ledger.append(NCCL_PRESET, preset=preset.name, reason=reason, env={k: seen[k] for k in names})
+    return dict(preset.env)
 
 
 def attempt_env(
     attempt: str,
     plan: JobPlan,
-    cfg: RunConfig,
     ctx: NodeContext,
     paths: RunPaths,
     node_dir: NodeDir | None = None,
@@ -107,7 +113,7 @@ def attempt_env(
         env[PROGRESS_DIR_VAR] = str(node_dir.for_ranks(local))
     if ctx.clock is not None:
         env.update(ctx.clock.to_env())
-    if plan.backend == "nccl" and cfg.nccl.preset != "none":
+    if plan.backend == "nccl" and plan.nccl_preset != "none":
         env.update(flight_recorder_env(paths, attempt))
     return env
 
@@ -115,10 +121,9 @@ def attempt_env(
 def rank_request(node: NodeRun, roster: Roster, node_dir: NodeDir | None = None) -> RankRequest:
     """This node's part of its attempt, for its rank host (torch's elastic launcher): the roster's
     first training node hosts the rendezvous."""
-    attempt, plan, cfg, ctx, scheduler, paths = (
+    attempt, plan, ctx, scheduler, paths = (
         node.attempt,
         node.plan,
-        node.cfg,
         node.ctx,
         node.scheduler,
         node.paths,
@@ -130,12 +135,12 @@ def rank_request(node: NodeRun, roster: Roster, node_dir: NodeDir | None = None)
         "nproc": plan.procs_per_node,
         "run_dir": str(paths.root),
         "log_dir": str(paths.attempt_logs(attempt) / f"elastic-node{ctx.node_rank}"),
-        "env": attempt_env(attempt, plan, cfg, ctx, paths, node_dir),
-        "program": "script" if cfg.is_script else "mmdit",
+        "env": attempt_env(attempt, plan, ctx, paths, node_dir),
+        "program": plan.agent.program,
     }
     if nodes > 1:
         head = roster.training[0]
-        port = rdzv_port_for(attempt, cfg.launch.rdzv_port)
+        port = rdzv_port_for(attempt, plan.agent.rdzv_port)
         request["rdzv_endpoint"] = f"{rendezvous_address(ctx, scheduler, head)}:{port}"
         # Who hosts the c10d store is decided here, not by hostname matching, which fails when
         # nodes share a hostname or resolve it to loopback (reference/local-slurm.md §8).

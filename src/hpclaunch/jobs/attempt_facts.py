@@ -78,7 +78,7 @@ def after_attempt(
     )
     outcome, read_error = read_outcome(node)
     if hang is None:  # the smoke test may have named ranks that never reached it
-        hang = startup_hang(node.paths, attempt, outcome, window_s=node.cfg.preflight.smoke_timeout_s)
+        hang = startup_hang(node.paths, attempt, outcome, window_s=node.plan.agent.smoke_timeout_s)
         if hang is not None:
             ledger.append(HANG, **hang.ledger_fields())
     if hang is None and stuck:

@@ -327,8 +327,8 @@ class Decider:
             raise Deposed(f"{decision.action.value} through the scheduler")
         if decision.action not in (Action.CONTINUE, Action.EXCLUDE):
             return decision
-        if self.node.cfg.testing.pause_before_continue_s:
-            time.sleep(self.node.cfg.testing.pause_before_continue_s)
+        if self.node.plan.agent.testing.pause_before_continue_s:
+            time.sleep(self.node.plan.agent.testing.pause_before_continue_s)
         self.relay.handle_signals()
         events = self.ledger.events()
         return cancelled_meanwhile(

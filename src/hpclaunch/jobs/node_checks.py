@@ -31,9 +31,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..config import RunConfig
+from ..config import RunConfig, TestingConfig
 from ..fsutil import atomic_write_json, create_exclusive, poll_json, retry_patiently
-from ..rundir import RunPaths
+from ..rundir import JobPlan, RunPaths
 from ..rundir.attempt_records import RosterJSON
 from ..rundir.events import CheckRow
 from ..schedulers.protocol import NodeContext
@@ -64,18 +64,22 @@ class NodeVerdict:
         return cls(node_rank, host, False, "start", f"its agent reported nothing within {waited_s:.0f} s")
 
 
-def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[CheckRow]]:
-    """This node's verdict and every check's (name, status, finding) for the ledger."""
+def run_checks(
+    plan: JobPlan, checked: RunConfig | None, ctx: NodeContext
+) -> tuple[NodeVerdict, list[CheckRow]]:
+    """This node's verdict and every check's (name, status, finding) for the ledger: preflight's
+    node checks over ``checked``, the run's config (what it promises: its data, its disk, its GPUs),
+    as ``hpclaunch preflight`` runs them on the login side; None: the plan turns them off."""
     from ..preflight import NODE_CHECKS, run_node_checks
     from ..preflight.probe import StaticProbe
 
-    forced = _forced_failure(cfg, ctx)
+    forced = _forced_failure(plan.agent.testing, ctx)
     if forced is not None:
         print(
             f"hpclaunch: node {ctx.hostname} failed check {forced.check}: {forced.finding}", file=sys.stderr
         )
         return forced, [{"name": "gpu", "status": "fail", "finding": forced.finding or ""}]
-    if not cfg.preflight.node_checks:
+    if not plan.agent.node_checks or checked is None:
         return NodeVerdict(ctx.node_rank, ctx.hostname, True), []
     # The env probe (a job-Python import of torch) costs seconds per attempt and the rank host
     # would fail just as clearly; the other checks are cheap and find broken nodes before rendezvous.
@@ -83,7 +87,8 @@ def run_checks(cfg: RunConfig, ctx: NodeContext) -> tuple[NodeVerdict, list[Chec
     # with nvidia-smi, instead of a torch import that cost 3-15 s of every restart (bench/restart_cost.py).
     no_probe = StaticProbe(error="not run on nodes (it imports torch)")
     report = within_deadline(
-        lambda: run_node_checks(cfg, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe), CHECKS_DEADLINE_S
+        lambda: run_node_checks(checked, ctx, only=set(NODE_CHECKS) - {"env"}, probe=no_probe),
+        CHECKS_DEADLINE_S,
     )
     if report is None:
         finding = (
@@ -149,10 +154,10 @@ def within_deadline(work: Callable[[], T], deadline_s: float) -> T | None:
     return answer[0]
 
 
-def _forced_failure(cfg: RunConfig, ctx: NodeContext) -> NodeVerdict | None:
+def _forced_failure(testing: TestingConfig, ctx: NodeContext) -> NodeVerdict | None:
     """``testing.fail_node_check``: a named host fails its check from the in-place attempt given on
     (a bad GPU found between attempts on a machine that has none to break)."""
-    knob = cfg.testing.fail_node_check
+    knob = testing.fail_node_check
     if knob is None or knob.host != ctx.hostname or ctx.in_place < knob.from_in_place:
         return None
     finding = "testing.fail_node_check: GPU 0 reports an uncorrectable ECC error (injected)"

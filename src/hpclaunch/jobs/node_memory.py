@@ -16,7 +16,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import MemoryTierConfig
 from ..rundir import RunPaths
 from ..rundir.shm import Hold, TierPlaceError, allocation_dir, base_of, run_root, sweep
 
@@ -24,10 +24,10 @@ from ..rundir.shm import Hold, TierPlaceError, allocation_dir, base_of, run_root
 class NodeMemory:
     """This node's snapshots of one allocation of the run (nothing when the tier is off)."""
 
-    def __init__(self, cfg: RunConfig, paths: RunPaths, node: str, allocation: str) -> None:
-        self.on = cfg.checkpoint.memory.every_steps is not None
-        self.base = base_of(cfg)
-        self.directory: Path = allocation_dir(run_root(cfg, paths), node, allocation)
+    def __init__(self, memory: MemoryTierConfig, paths: RunPaths, node: str, allocation: str) -> None:
+        self.on = memory.every_steps is not None
+        self.base = base_of(memory)
+        self.directory: Path = allocation_dir(run_root(memory, paths), node, allocation)
         self._hold: Hold | None = None
 
     def start(self) -> list[Path]:

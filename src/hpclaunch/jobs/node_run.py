@@ -1,5 +1,5 @@
 """One node's run as its agent's parts read it (``decider_role``, ``decider``, ``stop_relay``,
-``watching``, ``carry_out``): the run directory, the plan and config, this node's context, the scheduler, the
+``watching``, ``carry_out``): the run directory, the plan (the agent's one source: ``AgentPlan``), this node's context, the scheduler, the
 attempt's ledger and the allocation, in one record built once by the node agent.
 
 The record is frozen: an attempt restarted in place is a new record (``next_in_place``: its own
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..config import RunConfig
 from ..rundir import JobPlan, Ledger, RunPaths
 from ..schedulers.protocol import NodeContext, Scheduler
 from .allocation import Allocation
@@ -21,21 +20,17 @@ from .allocation import Allocation
 class NodeRun:
     paths: RunPaths
     plan: JobPlan
-    cfg: RunConfig
     ctx: NodeContext
     scheduler: Scheduler
     ledger: Ledger  # this attempt's (``attempt``, ``node``), as the agent
     alloc: Allocation  # the allocation's agents (its hosts do not change between attempts)
 
     @classmethod
-    def start(
-        cls, paths: RunPaths, plan: JobPlan, cfg: RunConfig, ctx: NodeContext, scheduler: Scheduler
-    ) -> NodeRun:
+    def start(cls, paths: RunPaths, plan: JobPlan, ctx: NodeContext, scheduler: Scheduler) -> NodeRun:
         """The node's run as its agent starts: the first attempt's ledger, the allocation's agents."""
         return cls(
             paths,
             plan,
-            cfg,
             ctx,
             scheduler,
             ledger=_agent_ledger(paths, ctx),

@@ -30,13 +30,13 @@ def node_watchdog(node: NodeRun, *, lead: bool, roster: Roster, node_dir: Path |
     watched = Watched(
         world_size=plan.world_size,
         nccl=plan.backend == "nccl",
-        smoke_timeout_s=float(node.cfg.preflight.smoke_timeout_s),
+        smoke_timeout_s=float(node.plan.agent.smoke_timeout_s),
         local_dir=local,
         local_ranks=plan.procs_per_node if ctx.hostname in roster.training else 0,
         alone=roster.training == (ctx.hostname,),
         shared_files=node_dir is None,
     )
-    dog = Watchdog(node.cfg.watchdog, node.paths, ctx, node.ledger, watched, lead=lead)
+    dog = Watchdog(node.plan.agent.watchdog, node.paths, ctx, node.ledger, watched, lead=lead)
     dog.ack_nodes = list(node_ranks(ctx.hosts, roster.training))
     return dog
 
@@ -63,7 +63,7 @@ class AttemptWatch:
         self.roster = roster
         self.hang = hang
         self.watchdog: Watchdog | None = None
-        if watchdog and node.cfg.watchdog.enabled:
+        if watchdog and node.plan.agent.watchdog.enabled:
             self.watchdog = node_watchdog(node, lead=role.leads, roster=roster, node_dir=node_dir)
         self._next_end_look = 0.0  # when this agent next looks for the attempt's ``end`` file
         # The first evidence of a death (``links``): the decider holds a connection to every node

@@ -6,7 +6,7 @@ from .. import __version__
 from ..config import RunConfig
 from ..preflight.sizes import planned_save_s
 from ..rundir.container import ContainerPlan
-from ..rundir.plan import JobPlan, RescuePlan
+from ..rundir.plan import AgentPlan, JobPlan, RescuePlan
 
 # The scheduler settings (and the values it derives: time_limit_s, world_size) that the plan
 # carries unchanged under the same names; ``build`` names the rest (its lists are copies).
@@ -83,6 +83,7 @@ def build(cfg: RunConfig, *, python: str, nccl_env: dict[str, str] | None = None
         hpclaunch_version=__version__,
         container=ContainerPlan.from_config(cfg, env_names=list(env)),
         rescue=rescue_plan(cfg),
+        agent=AgentPlan.from_config(cfg),
     )
 
 

@@ -83,7 +83,7 @@ def refuse_missing_memory_dir(cfg: RunConfig) -> None:
     """UserInputError when the memory tier is on and its tmpfs is not a directory on this machine."""
     from ..rundir.shm import base_of
 
-    base = base_of(cfg)
+    base = base_of(cfg.checkpoint.memory)
     if cfg.checkpoint.memory.every_steps is None or base.is_dir():
         return
     raise UserInputError(

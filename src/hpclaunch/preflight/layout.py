@@ -210,7 +210,7 @@ def _check_snapshot_tmpfs(ctx: CheckContext, f: Findings, params: int, exact: bo
     if cfg.checkpoint.memory.every_steps is None:
         return
     need = cfg.scheduler.nprocs * snapshot_tmpfs_bytes_per_rank(cfg, params)
-    base = base_of(cfg)
+    base = base_of(cfg.checkpoint.memory)
     text = f"memory tier ~{human_bytes(need)} per node in {base}{'' if exact else ' [parameters estimated]'}"
     if not ctx.sees_compute_hardware:
         f.ok(f"{text}, not checked here (the nodes' tmpfs)")

@@ -61,7 +61,7 @@ DRAIN_WAITS = 4
 def snapshot_dir(cfg: RunConfig, paths: RunPaths) -> Path:
     """Where this run's snapshots live: the user's private root in the tmpfs, one directory per run
     directory, one below it per node (``rundir.shm``)."""
-    return run_root(cfg, paths)
+    return run_root(cfg.checkpoint.memory, paths)
 
 
 def node_name() -> str:
@@ -128,7 +128,7 @@ class MemoryTier:
         self.failures = 0  # snapshots of this rank that failed in this attempt (the first is said)
         self.off: str | None = None  # why the tier stepped aside for the rest of the attempt
         self.store: NodeStore | None = None
-        base = base_of(cfg)
+        base = base_of(cfg.checkpoint.memory)
         try:
             self.store = NodeStore(self.root, base, self.node, os.environ.get(ALLOCATION_VAR))
             if ctx.local_rank == 0:  # memory does not outlive an allocation: what ended ones of this

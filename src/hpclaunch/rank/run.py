@@ -115,20 +115,7 @@ class Run:
         self._current: int | None = None  # the step the script is in (None: between steps)
         self._trace: StepTrace | None = None  # testing.trace_steps (verify-resume's record)
         self._closed = False
-        disk = None
-        if checkpointer is not None:
-            saved = SavedState(
-                state=self._state, step=lambda: self.step, finite=self._finite, extra=self._manifest_extra
-            )
-            disk = DiskSaves(
-                checkpointer,
-                saved,
-                stop=self.stop,
-                progress=self.progress,
-                ledger=self.ledger,
-                say=self.say,
-            )
-        self.saves = StateSaves(checkpointer, memory, disk)
+        self.saves = StateSaves(checkpointer, memory, _disk_saves(self, checkpointer))
 
     @property
     def checkpointer(self) -> Checkpointer | None:
@@ -382,6 +369,17 @@ class Run:
 
     def _manifest_extra(self) -> dict[str, Any]:
         return {"objects": self.attached.names, "total_steps": self.total, **self.hooks.manifest_extra()}
+
+
+def _disk_saves(run: Run, checkpointer: Checkpointer | None) -> DiskSaves | None:
+    """``run``'s saves to disk (periodic and at a stop) of its attached state; None without a
+    checkpointer."""
+    if checkpointer is None:
+        return None
+    saved = SavedState(state=run._state, step=lambda: run.step, finite=run._finite, extra=run._manifest_extra)
+    return DiskSaves(
+        checkpointer, saved, stop=run.stop, progress=run.progress, ledger=run.ledger, say=run.say
+    )
 
 
 def _number(value: Any) -> float | int | None:

@@ -4,20 +4,27 @@ Every number that appears in a job script, the node agent's command line or the 
 comes from here, once. ``orchestrator.plan_build.build`` makes it on the login side; renderers only format it;
 the node agent reads it back and only fills in what can be known inside the allocation (head
 address, node rank, job id).
+
+On the node the plan is the agent's one source (``AgentPlan``: what it needs of the config, taken at
+submit); ``config.yaml`` is the ranks' (what they train) and what the node checks evaluate, as
+preflight does on the login side.
 """
 
 from __future__ import annotations
 
+import json
 import zlib
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from ..config import MemoryTierConfig, RunConfig, TestingConfig, WatchdogConfig
 from ..fsutil import atomic_write_json
 from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
 from .container import NODE, NODE_DIR, ContainerPlan
 from .paths import RunPaths
+from .readers import read_config
 
 AGENT_MODULE = "hpclaunch.jobs.agent"
 LAUNCHER_MODULE = "hpclaunch.rank.host"  # the rank host (started by the agent, by module name)
@@ -61,6 +68,39 @@ class RescuePlan(BaseModel):
     partition: str | None = None
     qos: str | None = None
     gpus: int = 0
+
+
+class AgentPlan(BaseModel):
+    """What the node agent needs of the run's config, taken from it once at submit: with it the agent
+    reads the plan alone. A plan written before it existed gets it from the run's ``config.yaml``
+    when read (``read_plan``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    program: Literal["mmdit", "script"] = "mmdit"  # what the ranks run (``script.path`` set: the user's)
+    script_preload: list[str] = []  # script.preload: the script's slow imports, made once per node
+    compile: bool = False  # train.compile: the rank host imports the compiler once too
+    rdzv_port: int | None = None  # launch.rdzv_port (None: derived per attempt, ``rdzv_port_for``)
+    node_checks: bool = True  # preflight.node_checks
+    smoke_timeout_s: int = 60  # preflight.smoke_timeout_s (also the window of a start-up hang)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)  # type: ignore[arg-type]
+    # checkpoint.memory, and the testing knobs the agent acts on (a failed node check, a pause)
+    memory: MemoryTierConfig = Field(default_factory=MemoryTierConfig)  # type: ignore[arg-type]
+    testing: TestingConfig = Field(default_factory=TestingConfig)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_config(cls, cfg: RunConfig) -> AgentPlan:
+        return cls(
+            program="script" if cfg.is_script else "mmdit",
+            script_preload=list(cfg.script.preload),
+            compile=cfg.train.compile,
+            rdzv_port=cfg.launch.rdzv_port,
+            node_checks=cfg.preflight.node_checks,
+            smoke_timeout_s=cfg.preflight.smoke_timeout_s,
+            watchdog=cfg.watchdog,
+            memory=cfg.checkpoint.memory,
+            testing=cfg.testing,
+        )
 
 
 class JobPlan(BaseModel):
@@ -119,6 +159,7 @@ class JobPlan(BaseModel):
     array_parallelism: int | None = None
     container: ContainerPlan | None = None  # the image the rank host and the ranks run in
     rescue: RescuePlan = RescuePlan()  # (plans written before it: the run's partition, no GPUs)
+    agent: AgentPlan = AgentPlan()  # (plans written before it: ``read_plan``)
 
     @model_validator(mode="before")
     @classmethod
@@ -189,8 +230,12 @@ class JobPlan(BaseModel):
 
 
 def read_plan(paths: RunPaths) -> JobPlan:
-    """The plan saved in ``RUN/plan.json``."""
-    return JobPlan.model_validate_json(paths.plan.read_text())
+    """The plan saved in ``RUN/plan.json``; one written before the plan held the agent's part gets it
+    from the run's ``config.yaml`` (the config it was made from; the defaults when there is none)."""
+    data = json.loads(paths.plan.read_text())
+    if isinstance(data, dict) and "agent" not in data and paths.config.is_file():
+        data["agent"] = AgentPlan.from_config(read_config(paths)).model_dump(mode="json")
+    return JobPlan.model_validate(data)
 
 
 def write_plan(paths: RunPaths, plan: JobPlan) -> None:

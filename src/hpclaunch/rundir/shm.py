@@ -31,7 +31,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..config import RunConfig
+from ..config import MemoryTierConfig
 from ..errors import UserInputError
 from .paths import RunPaths
 
@@ -48,9 +48,9 @@ class TierPlaceError(UserInputError):
     memory tier's, the ranks' progress heartbeats' (``jobs.node_progress``), the compile cache's."""
 
 
-def base_of(cfg: RunConfig) -> Path:
-    """The tmpfs the tier's per-user root is made in."""
-    return Path(cfg.checkpoint.memory.dir) if cfg.checkpoint.memory.dir else DEFAULT_BASE
+def base_of(memory: MemoryTierConfig) -> Path:
+    """The tmpfs the tier's per-user root is made in (``checkpoint.memory.dir``)."""
+    return Path(memory.dir) if memory.dir else DEFAULT_BASE
 
 
 def user_root(base: Path) -> Path:
@@ -61,9 +61,9 @@ def run_id(paths: RunPaths) -> str:
     return hashlib.sha256(str(paths.root.resolve()).encode()).hexdigest()[:16]
 
 
-def run_root(cfg: RunConfig, paths: RunPaths) -> Path:
+def run_root(memory: MemoryTierConfig, paths: RunPaths) -> Path:
     """Where this run's snapshots live on every node (one directory per node below it)."""
-    return user_root(base_of(cfg)) / run_id(paths)
+    return user_root(base_of(memory)) / run_id(paths)
 
 
 def safe_name(name: str) -> str:
