@@ -61,6 +61,9 @@ class Listener:
         # still waits in accept(), and a watcher's confirming connection would be accepted there.
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_RDWR)
+        # The accepting thread ends at its next accept(); a connection it accepted meanwhile is in
+        # ``_held`` by then, and closed below with the others (else it stayed open: a live link).
+        self._thread.join(timeout=5.0)
         with contextlib.suppress(OSError):
             self.sock.close()
         for conn in self._held:
