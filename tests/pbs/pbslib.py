@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tests.runlib import TINY, tiny_overrides, wait_ended, wait_for
+import psutil
+from tests.runlib import TINY, kill_together, tiny_overrides, wait_ended, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
@@ -97,3 +99,23 @@ def submitted_job(run: Path, events: Any) -> str:
 
 def elapsed(t0: float) -> str:
     return f"{time.monotonic() - t0:.0f}s"
+
+
+def kill_job_on(node: str, job_id: str, *, python_only: bool = False) -> list[str]:
+    """Every process of PBS job ``job_id`` on ``node`` but PBS's own (pbs_mom): the job script,
+    the launcher, the agent and everything under it (``python_only``: the agent and what it started;
+    the job script and the launcher live on)."""
+    ns = f"hpclpbs{node.removeprefix('pbsn')}"
+    pids = os.popen(f"ip netns pids {ns}").read().split()
+    mine = f"PBS_JOBID={job_id}".encode()
+    found = []
+    for pid in map(int, pids):
+        try:
+            cmd = " ".join(psutil.Process(pid).cmdline())
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (psutil.Error, OSError):
+            continue
+        if "pbs_mom" in cmd or mine not in env or (python_only and "python" not in cmd.split(" ")[0]):
+            continue
+        found.append((pid, cmd[:80]))
+    return kill_together(found)

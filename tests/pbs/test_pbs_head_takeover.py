@@ -10,15 +10,13 @@ Every run ends bitwise equal to one that was never interrupted."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 from tests.pbs.conftest import user_dir
-from tests.pbs.pbslib import status, submit, submitted_job, synth_data, wait_run_done
-from tests.runlib import events, final_params_sha, kill_together, wait_for
+from tests.pbs.pbslib import kill_job_on, status, submit, submitted_job, synth_data, wait_run_done
+from tests.runlib import events, final_params_sha, wait_for
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
@@ -60,26 +58,6 @@ def _last_step(run: Path) -> int:
     return int(lines[-1]["step"]) if lines else 0
 
 
-def _kill_job_on(node: str, job_id: str, *, python_only: bool = False) -> list[str]:
-    """Every process of PBS job ``job_id`` on ``node`` but PBS's own (pbs_mom): the job script,
-    the launcher, the agent and everything under it (``python_only``: the agent and what it started;
-    the job script and the launcher live on)."""
-    ns = f"hpclpbs{node.removeprefix('pbsn')}"
-    pids = os.popen(f"ip netns pids {ns}").read().split()
-    mine = f"PBS_JOBID={job_id}".encode()
-    found = []
-    for pid in map(int, pids):
-        try:
-            cmd = " ".join(psutil.Process(pid).cmdline())
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except (psutil.Error, OSError):
-            continue
-        if "pbs_mom" in cmd or mine not in env or (python_only and "python" not in cmd.split(" ")[0]):
-            continue
-        found.append((pid, cmd[:80]))
-    return kill_together(found)
-
-
 def test_head_takeover_by_the_rescue_when_every_job_process_on_the_mother_superior_dies(
     pbs_server_3nodes: PbsServer, runs: dict[str, Any]
 ) -> None:
@@ -89,7 +67,7 @@ def test_head_takeover_by_the_rescue_when_every_job_process_on_the_mother_superi
     (rescue,) = [e for e in events(run) if e["event"] == "rescue_submitted"]
     assert rescue["job_id"] == first_job
     wait_for(lambda: _last_step(run) >= 25, timeout=900, poll=0.2, what="step 25")
-    killed = _kill_job_on("pbsn1", first_job)
+    killed = kill_job_on("pbsn1", first_job)
     assert any("mom_priv/jobs" in k for k in killed), "\n".join(killed)  # the job script too
     wait_for(
         lambda: any(e["event"] == "requeued" for e in events(run)), timeout=300, poll=0.5, what="the rescue"
@@ -136,7 +114,7 @@ def test_head_agent_and_ranks_killed_restart_in_place_on_the_spare(
     )
     job = submitted_job(run, events)
     wait_for(lambda: _last_step(run) >= 25, timeout=900, poll=0.2, what="step 25")
-    killed = _kill_job_on("pbsn1", job, python_only=True)
+    killed = kill_job_on("pbsn1", job, python_only=True)
     assert killed and not any("mom_priv/jobs" in k for k in killed), "\n".join(killed)
     s = wait_run_done(server, run, timeout=900)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]

@@ -338,6 +338,22 @@ def test_status_says_why_a_job_that_was_continued_by_its_agents_failed() -> None
     ]
 
 
+def test_status_says_why_a_job_that_went_on_in_place_after_a_node_died_is_failed() -> None:
+    """The head node's agent died, a spare took its place in the same job and the run finished; SLURM
+    still records the job FAILED (its batch step lost a task). Status says why, beside the word."""
+    from hpclaunch.orchestrator.status import Attempt, SchedulerView, _failed_for_a_node_replaced_in_place
+
+    attempts = [
+        Attempt("21.0", job_id="21", end="restarted in place", cause="node_failure", replaced={"n1": "n3"}),
+        Attempt("21.1", job_id="21", end="finished", in_place=True),
+    ]
+    notes = _failed_for_a_node_replaced_in_place(attempts, "21", SchedulerView("failed", "FAILED", None))
+    assert notes == [
+        "job 21 FAILED: the scheduler counts the task that died with n1; the run went on in the same job on n3"
+    ]
+    assert _failed_for_a_node_replaced_in_place(attempts, "22", SchedulerView("failed", "FAILED", None)) == []
+
+
 # ---- issue 36: the rescue reads the scheduler's end, the outcome and any decision; release retried --
 
 

@@ -274,6 +274,20 @@ def rescue_view(events: Sequence[Event]) -> RescueView:
     return RescueView(waiting.get(job) if job else None, notes)
 
 
+def _failed_for_a_node_replaced_in_place(
+    attempts: Sequence[Attempt], job_id: str | None, sched: SchedulerView
+) -> list[str]:
+    """Why the scheduler calls a job failed that went on: a node of it died, a spare took its place
+    in the same job, and the scheduler still counts the task that died with that node."""
+    said = sched.raw or sched.state
+    return [
+        f"job {job_id} {said}: the scheduler counts the task that died with {', '.join(a.replaced)}; "
+        f"the run went on in the same job on {', '.join(a.replaced.values())}"
+        for a in attempts
+        if job_id and a.job_id == job_id and a.cause == "node_failure" and a.replaced
+    ]
+
+
 def _decided_before_the_rescue(events: Sequence[Event]) -> list[str]:
     """A job the scheduler ended in a failed state after an agent had decided its attempt and
     continued the run elsewhere (the agents left took over from the dead batch host in time)."""
@@ -482,6 +496,8 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     speed = last.step_time_s if last else None
     eta = round((total_steps - step) * float(speed), 1) if speed and total_steps else None
     rescue = rescue_view(events)
+    if sched is not None and sched.state in ("failed", "node_fail"):
+        rescue.notes.extend(_failed_for_a_node_replaced_in_place(attempts, current_job_id(events), sched))
     state = run_state(attempts, events, sched.state if sched else None, exiting=_held_by_a_process(paths))
     if state == "cancelled" and attempts and attempts[-1].end == "running":
         # `hpclaunch cancel` ended the run; the job is being killed and its agent has not said yet
