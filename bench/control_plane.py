@@ -55,7 +55,7 @@ def _agent(paths: Any, hosts: tuple[str, ...], i: int, cfg: Any, world: int, sch
     from hpclaunch.schedulers.protocol import NodeContext
 
     ctx = NodeContext("local", "9", i, len(hosts), hosts[i], hosts)
-    node = NodeRun.start(paths, None, None, ctx, scheduler)  # type: ignore[arg-type]
+    node = NodeRun.start(paths, None, ctx, scheduler)  # type: ignore[arg-type]
     relay = StopRelay(node)
     roster = Roster(hosts)
     role = DeciderRole(node, relay)

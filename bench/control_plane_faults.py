@@ -168,6 +168,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
     from hpclaunch.jobs import node_checks
     from hpclaunch.jobs.allocation import Roster, node_ranks
     from hpclaunch.jobs.node_checks import StartBarrier, run_checks
+    from hpclaunch.orchestrator.plan_build import build
     from hpclaunch.rundir import RunLock, RunPaths
     from hpclaunch.schedulers.protocol import NodeContext
 
@@ -175,6 +176,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
     hosts = tuple(f"n{i}" for i in range(n + 1))
     stuck = hosts[n // 2]
     cfg = load_config(None, [])
+    plan = build(cfg, python="python3")
     agents = [_agent(paths, hosts, i, cfg.watchdog, n, NoScheduler()) for i in range(len(hosts))]
     agents[0].role.hold(RunLock(paths).adopt(job_id="9", role="agent"))
     roster = Roster(hosts[:n], hosts[n:])
@@ -196,7 +198,7 @@ def _stuck_check(n: int, root: Path) -> dict[str, Any]:
         agent = agents[i]
         counter.tag(agent.ctx.hostname)
         barrier = StartBarrier(paths, agent.ctx.attempt)
-        verdict, _ = run_checks(cfg, agent.ctx)
+        verdict, _ = run_checks(plan, cfg, agent.ctx)
         barrier.report(verdict)
         if i == 0:
             verdicts = barrier.gather(
