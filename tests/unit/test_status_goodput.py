@@ -89,6 +89,24 @@ def test_resume_from_an_older_checkpoint_repeats_steps() -> None:
     assert gp.kept_ratio == round(100 / 113, 4)
 
 
+def test_a_crash_decided_at_a_step_no_line_logged_counts_that_step_computed_not_lost() -> None:
+    """A script logs when it likes (every 10 steps here); its crash at step 8 was decided with the
+    step its ranks reached, and the restart in place resumed from the memory tier's step 6: 2 steps
+    repeated, none lost (status said 6 lost, reading the attempt's end as step 0)."""
+    events = [
+        ev("started", "1.0", node=0),
+        ev("resumed", "1.0", step=0),
+        ev("requeued", "1.0", cause="crash", step=8, in_place=True, by="agent"),
+        ev("started", "1.0.1", node=0, in_place=True),
+        ev("resumed", "1.0.1", step=6, tier="memory"),
+        ev("finished", "1.0.1", step=70),
+    ]
+    attempts = attempts_from_events(as_events(events))
+    assert [(a.resumed_step, a.last_step) for a in attempts] == [(0, 8), (6, 70)]
+    gp = step_counts(attempts)
+    assert (gp.useful_steps, gp.repeated_steps, gp.lost_steps) == (70, 2, 0)
+
+
 def test_run_state_and_current_job() -> None:
     attempts = attempts_from_events(as_events(LEDGER))
     assert run_state(attempts, as_events(LEDGER), "completed") == "finished"

@@ -163,6 +163,8 @@ def _apply(a: Attempt, e: Event) -> None:
     elif isinstance(e, Requeued):
         cause = _cause(e.cause)
         a.end, a.cause, a.ended = "requeued", cause, e.ts
+        if e.step is not None:  # the step its ranks reached (a script logs when it likes)
+            a.last_step = max(a.last_step or 0, e.step)
         if e.in_place:  # the allocation's agents went on: no new job, no queue
             a.end, a.replaced = "restarted in place", dict(e.replaced)
         # A failure that was retried says what failed (the decision's reason; older ledgers
@@ -171,6 +173,8 @@ def _apply(a: Attempt, e: Event) -> None:
         a.error = (e.error or e.reason) if failed else None
     elif isinstance(e, Failed):
         a.end, a.cause, a.ended, a.error = "failed", _cause(e.cause), e.ts, e.error
+        if e.step is not None:
+            a.last_step = max(a.last_step or 0, e.step)
     elif isinstance(e, Ended):
         a.end, a.cause, a.ended = "stopped", _cause(e.cause), e.ts
     elif isinstance(e, Held):
