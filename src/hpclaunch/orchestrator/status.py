@@ -288,7 +288,7 @@ def _failed_for_a_node_replaced_in_place(
         f"job {job_id} {said}: the scheduler counts the task that died with {', '.join(a.replaced)}; "
         f"the run went on in the same job on {', '.join(a.replaced.values())}"
         for a in attempts
-        if job_id and a.job_id == job_id and a.cause == "node_failure" and a.replaced
+        if job_id and a.job_id == job_id and a.cause == Cause.NODE_FAILURE.value and a.replaced
     ]
 
 
