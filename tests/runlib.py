@@ -209,6 +209,30 @@ def rank_process(run: Path, rank: int, *, timeout: float = 180) -> Any:
     return wait_for(found, timeout=timeout, poll=0.1, what=f"rank {rank} of {run.name}")
 
 
+def rank_on_node(run: Path, node: str, *, timeout: float = 120) -> Any:
+    """A running rank of the run's current attempt on ``node`` (a psutil.Process: the pid its
+    progress heartbeat names)."""
+    import psutil
+
+    def found() -> Any:
+        from hpclaunch.rundir import RunPaths
+        from hpclaunch.rundir.progress_files import read_progress
+
+        attempts = attempt_ids(run)
+        for _, record in sorted(read_progress(RunPaths(run), attempts[-1]).items() if attempts else []):
+            if record.node == node and record.pid:
+                return psutil.Process(record.pid)
+        return None
+
+    return wait_for(found, timeout=timeout, poll=0.2, what=f"a rank of {run.name} on {node}")
+
+
+def training_node(run: Path) -> str:
+    """The first training node of the run's newest attempt, as its decider named the roster."""
+    started = [e for e in events(run) if e["event"] == "started" and e.get("node") == 0]
+    return str(started[-1]["roster"]["training"][0])
+
+
 def kill_together(found: list[tuple[int, str]]) -> list[str]:
     """SIGKILL every process of ``found`` (pid, command line) as one event, as a node's death is:
     all are stopped (SIGSTOP) before any is killed, so none sees another die and reacts meanwhile

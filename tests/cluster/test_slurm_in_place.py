@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
 import pytest
 from tests.cluster.side_by_side import COMMON, SPARE, SideBySide, kill_run_on
 from tests.runlib import (
@@ -28,6 +27,7 @@ from tests.runlib import (
     final_params_sha,
     hpclaunch,
     last_logged_step,
+    rank_on_node,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -59,22 +59,6 @@ def _submit(work: Path, data: Path, name: str, *extra: str) -> Path:
     return work / "runs" / name
 
 
-def _rank_on(run: Path, node: str) -> psutil.Process:
-    """A running rank of the current attempt on ``node`` (the pid its progress heartbeat names)."""
-
-    def found() -> psutil.Process | None:
-        from hpclaunch.rundir import RunPaths
-        from hpclaunch.rundir.progress_files import read_progress
-
-        attempt = attempt_ids(run)[-1]
-        for _, record in sorted(read_progress(RunPaths(run), attempt).items()):
-            if record.node == node and record.pid:
-                return psutil.Process(record.pid)
-        return None
-
-    return wait_for(found, timeout=120, poll=0.2, what=f"a rank on {node}")
-
-
 def _one_job_no_requeue(cluster: SlurmCluster, run: Path) -> str:
     jobs = {str(e["job_id"]) for e in events(run) if e["event"] == "started"}
     assert len(jobs) == 1, jobs
@@ -102,14 +86,14 @@ def _crashes(work: Path, data: Path) -> Ended:
     """(a): a rank SIGKILLed on the non-head training node, and later one on the head node."""
     run = _submit(work, data, "crashes", SPARE)
     _at_step_25(run)
-    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    rank_on_node(run, "n2").send_signal(signal.SIGKILL)
     wait_for(
         lambda: len(attempt_ids(run)) >= 2 and last_logged_step(run) >= 45,
         timeout=300,
         poll=0.2,
         what="step 45",
     )
-    _rank_on(run, "n1").send_signal(signal.SIGKILL)
+    rank_on_node(run, "n1").send_signal(signal.SIGKILL)
     return run, wait_run_done(run, work, timeout=600)
 
 
@@ -135,7 +119,7 @@ def _health(work: Path, data: Path) -> Ended:
     (``testing.fail_node_check``): n3 takes its place instead of n2 being restarted."""
     run = _submit(work, data, "health", SPARE, "testing.fail_node_check={host: n2, from_in_place: 1}")
     _at_step_25(run)
-    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    rank_on_node(run, "n2").send_signal(signal.SIGKILL)
     return run, wait_run_done(run, work, timeout=600)
 
 

@@ -16,7 +16,6 @@ from."""
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
+from tests import byo_faults
+from tests.byo_faults import DDP, FAULTY_STEPS, SMALL
 from tests.runlib import (
-    ROOT,
-    attempt_ids,
-    events,
     final_params_sha,
     hpclaunch,
     kill_together,
     last_logged_step,
+    rank_on_node,
     status,
     wait_for,
     wait_run_done,
@@ -42,10 +41,7 @@ if TYPE_CHECKING:
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-DDP = ROOT / "examples" / "byo" / "gpt_ddp.py"
-SMALL = ["--batch", "4", "--block", "16", "--layers", "1", "--d-model", "32", "--workers", "1"]
 LIMITED_STEPS = 165  # x 0.8 s of sleep: longer than its two-minute limit on any machine
-FAULTY_STEPS = 70
 
 
 def _submit(work: Path, name: str, steps: int, *sets: str) -> Path:
@@ -64,24 +60,6 @@ def _reference(work: Path, name: str, ranks: int, steps: int) -> str:
     return final_params_sha(work / "runs" / name)
 
 
-def _training_node(run: Path) -> str:
-    started = [e for e in events(run) if e["event"] == "started" and e.get("node") == 0]
-    return str(started[-1]["roster"]["training"][0])
-
-
-def _rank_on(run: Path, node: str) -> psutil.Process:
-    def found() -> psutil.Process | None:
-        from hpclaunch.rundir import RunPaths
-        from hpclaunch.rundir.progress_files import read_progress
-
-        for _, record in sorted(read_progress(RunPaths(run), attempt_ids(run)[-1]).items()):
-            if record.node == node and record.pid:
-                return psutil.Process(record.pid)
-        return None
-
-    return wait_for(found, timeout=120, poll=0.2, what=f"a rank of {run.name} on {node}")
-
-
 def _kill_runs_node(run: Path, node: str) -> list[str]:
     """Every process of ``run`` on ``node``: its node agent and all it started (rank host,
     forkserver, ranks, loader workers, writers); another run's processes there live on."""
@@ -89,7 +67,7 @@ def _kill_runs_node(run: Path, node: str) -> list[str]:
         p for p in psutil.process_iter(["cmdline"])
         if "hpclaunch.jobs.agent" in " ".join(p.info["cmdline"] or []) and str(run) in " ".join(p.info["cmdline"] or [])
     ]  # fmt: skip
-    rank = _rank_on(run, node)
+    rank = rank_on_node(run, node)
     ancestors = {p.pid for p in rank.parents()}
     found = []
     for agent in agents:
@@ -129,13 +107,7 @@ def runs(
         "launch.stop_margin_s=3", "testing.step_sleep_s=0.8", "checkpoint.every_steps=20",
         "testing.step_sleep_resumed=false",  # (its live status is caught in the first attempt)
     )  # fmt: skip
-    faulty = _submit(
-        work, "faulty", FAULTY_STEPS,
-        "scheduler.nodes=1", "scheduler.procs_per_node=2", "scheduler.spare_nodes=2",
-        "scheduler.time_limit=00:10:00", "testing.step_sleep_s=0.3", "checkpoint.every_steps=10",
-        "checkpoint.memory.every_steps=2", "watchdog.step_min_s=20", "watchdog.step_factor=1",
-        "watchdog.poll_s=1", "testing.hang=[{rank: 1, phase: data, step: 30}]", "scheduler.max_failure_retries=2",
-    )  # fmt: skip
+    faulty = _submit(work, "faulty", FAULTY_STEPS, "scheduler.procs_per_node=2", *byo_faults.FAULTY)
     seen: dict[str, Any] = {}
     stop = threading.Event()
     watcher = threading.Thread(target=_watch_running, args=(limited, work, seen, stop), daemon=True)
@@ -150,34 +122,11 @@ def test_a_script_crashed_hung_and_killed_on_slurm_restarts_in_place_and_on_the_
     runs: dict[str, Any],
 ) -> None:
     run, work = runs["faulty"], runs["work"]
-    wait_for(
-        lambda: any(e["event"] == "snapshot_saved" and e.get("step", 0) >= 6 for e in events(run)),
-        timeout=300,
-        poll=0.2,
-        what="a snapshot at step 6 or later",
-    )
-    _rank_on(run, "n1").send_signal(signal.SIGKILL)
-    wait_for(
-        lambda: len(attempt_ids(run)) >= 3 and last_logged_step(run) >= 45,
-        timeout=600,
-        poll=0.2,
-        what="step 45",
-    )
-    node = _training_node(run)
-    assert node != "n1" and _kill_runs_node(run, node)
+    spare = byo_faults.crash_then_hang(run, "n1")
+    assert _kill_runs_node(run, spare)
     s = wait_run_done(run, work, timeout=600)
     assert s["state"] == "finished", json.dumps(s, indent=1)[-3000:]
-    ends = [(a["end"], a["cause"]) for a in s["attempts"]]
-    assert ends == [
-        ("restarted in place", "crash"), ("restarted in place", "hang"),
-        ("restarted in place", "node_failure"), ("finished", None),
-    ], ends  # fmt: skip
-    assert s["attempts"][1]["resumed_from"] == "memory", s["attempts"][1]
-    hang = next(e for e in events(run) if e["event"] == "hang")
-    assert hang["ranks"] == [1] and hang["culprit_node"] == "n1", hang
-    replaced = [(e["nodes"], e["spare"]) for e in events(run) if e["event"] == "node_replaced"]
-    assert [r[0] for r in replaced] == [["n1"], [node]], replaced
-    assert (s["step"], s["steps"]) == (FAULTY_STEPS, FAULTY_STEPS)
+    byo_faults.assert_recovered(s, run, "n1", spare)
     assert final_params_sha(run) == _reference(work, "ref2", 2, FAULTY_STEPS)
 
 

@@ -19,17 +19,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from tests.byo_faults import DDP, SMALL
 from tests.pbs.conftest import user_dir
 from tests.pbs.pbslib import wait_run_done
-from tests.runlib import ROOT, events, final_params_sha, outlasting
+from tests.runlib import events, final_params_sha, outlasting
 
 if TYPE_CHECKING:
     from tests.pbs.conftest import PbsServer
 
 pytestmark = [pytest.mark.pbs, pytest.mark.slow]
 
-DDP = ROOT / "examples" / "byo" / "gpt_ddp.py"
-SMALL = ["--batch", "4", "--block", "16", "--layers", "1", "--d-model", "32", "--workers", "1"]
 STEPS = 110
 # Its sleep alone outlasts the walltime less the margin: continued at least once on any machine.
 WALLTIME = ("scheduler.time_limit=60s", *outlasting(STEPS, 0.6, time_limit_s=60, stop_margin_s=8)[1:])
