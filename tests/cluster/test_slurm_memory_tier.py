@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 from tests.cluster.side_by_side import STEPS, SideBySide, kill_run_on
-from tests.cluster.test_slurm_in_place import _one_job_no_requeue, _rank_on
+from tests.cluster.test_slurm_in_place import _one_job_no_requeue
 from tests.runlib import (
     TINY,
     events,
     final_params_sha,
     hpclaunch,
+    rank_on_node,
     synth_data,
     tiny_overrides,
     wait_for,
@@ -119,7 +120,7 @@ def _resumed(run: Path) -> dict[str, Any]:
 def _rank_killed(work: Path, data: Path) -> Ended:
     run, shm = _submit(work, "rank-killed", data)
     _after_snapshot_35(run)
-    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    rank_on_node(run, "n2").send_signal(signal.SIGKILL)
     return run, shm, wait_run_done(run, work, timeout=600)
 
 
@@ -153,7 +154,7 @@ def _fails(work: Path, data: Path) -> Ended:
         what="a snapshot",
     )
     assert [*shm.glob("n*/alloc-*/step-*/rank-*.bin")]
-    _rank_on(run, "n2").send_signal(signal.SIGKILL)
+    rank_on_node(run, "n2").send_signal(signal.SIGKILL)
     return run, shm, wait_run_done(run, work, timeout=600)
 
 
