@@ -88,9 +88,8 @@ class NodeAgent:
         self.role = DeciderRole(self.node, self.relay)  # whether this agent decides, and its lock
         self.decider = Decider(self.role)  # each attempt's decision, while it does
         self.roster = Roster(ctx.hosts[: plan.nodes], ctx.hosts[plan.nodes :])
-        self.memory = NodeMemory(
-            plan.agent.memory, paths, ctx.hostname, ctx.allocation
-        )  # the memory tier's snapshots
+        # the memory tier's snapshots on this node
+        self.memory = NodeMemory(plan.agent.memory, paths, ctx.hostname, ctx.allocation)
         self.node_dir = node_directory(in_image=plan.container is not None)  # (None: none could be made)
         self.shared_dir: NodeDir | None = None  # the node directory, once the rank host proved it shares it
         self.sink = LogSink()

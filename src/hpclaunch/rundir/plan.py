@@ -12,6 +12,7 @@ preflight does on the login side.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import zlib
 from collections.abc import Mapping
@@ -20,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..config import MemoryTierConfig, RunConfig, TestingConfig, WatchdogConfig
+from ..errors import HpclaunchError
 from ..fsutil import atomic_write_json
 from .clock import AttemptClock, applied_limit_s, stop_lead_s, whole_minutes
 from .container import NODE, NODE_DIR, ContainerPlan
@@ -231,10 +233,12 @@ class JobPlan(BaseModel):
 
 def read_plan(paths: RunPaths) -> JobPlan:
     """The plan saved in ``RUN/plan.json``; one written before the plan held the agent's part gets it
-    from the run's ``config.yaml`` (the config it was made from; the defaults when there is none)."""
+    from the run's ``config.yaml`` (the config it was made from; the defaults when there is none or
+    it cannot be read: the node agent reads it again for its checks, and says why it cannot)."""
     data = json.loads(paths.plan.read_text())
-    if isinstance(data, dict) and "agent" not in data and paths.config.is_file():
-        data["agent"] = AgentPlan.from_config(read_config(paths)).model_dump(mode="json")
+    if isinstance(data, dict) and "agent" not in data:
+        with contextlib.suppress(HpclaunchError, OSError):
+            data["agent"] = AgentPlan.from_config(read_config(paths)).model_dump(mode="json")
     return JobPlan.model_validate(data)
 
 
