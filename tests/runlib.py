@@ -221,7 +221,10 @@ def rank_on_node(run: Path, node: str, *, timeout: float = 120) -> Any:
         attempts = attempt_ids(run)
         for _, record in sorted(read_progress(RunPaths(run), attempts[-1]).items() if attempts else []):
             if record.node == node and record.pid:
-                return psutil.Process(record.pid)
+                try:  # (a heartbeat can outlive its rank for a moment: look again)
+                    return psutil.Process(record.pid)
+                except psutil.Error:
+                    return None
         return None
 
     return wait_for(found, timeout=timeout, poll=0.2, what=f"a rank of {run.name} on {node}")
