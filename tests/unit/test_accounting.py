@@ -7,6 +7,7 @@ import itertools
 import pytest
 
 from hpclaunch.orchestrator.accounting import PHASES, RunTime, account, fmt_seconds
+from hpclaunch.orchestrator.status import attempts_from_events, step_counts
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.metrics import MetricsLine
 from hpclaunch.rundir.progress_files import ProgressRecord
@@ -121,6 +122,21 @@ def test_a_crash_loses_the_steps_after_its_last_checkpoint_and_their_time(run: R
     assert a.end_save_s == 0.0
     assert a.idle_s == pytest.approx(190.0 - 182.2)
     assert any("61-62" in note for note in a.estimated)
+
+
+def test_a_step_the_decision_recorded_past_rank_0s_progress_is_lost_too_as_status_counts_it() -> None:
+    """Rank 0 killed inside step 63 (its record: computing 63), another rank completed 63 and
+    failed in 64: the decision records step 63. The time figures count 13 lost steps, the step
+    figures 13 repeated (they once disagreed by one: 12 against 13)."""
+    events = [dict(e) for e in EVENTS]
+    crash = next(i for i, e in enumerate(events) if e["event"] == "requeued" and e["attempt"] == "7.1")
+    events[crash] = {**events[crash], "step": 63}
+    t = account(as_events(events), as_lines(METRICS), time_limit_s=LIMIT, progress=PROGRESS, now=1000.0)
+    a = t.attempts[1]
+    assert (a.kept_step, a.last_step, a.lost_steps) == (50, 63, 13)
+    assert any("61-63" in note for note in a.estimated)
+    counts = step_counts(attempts_from_events(as_events(events)))
+    assert counts.repeated_steps == a.lost_steps
 
 
 def test_a_finished_attempts_final_save_is_its_end_save_not_a_stall(run: RunTime) -> None:

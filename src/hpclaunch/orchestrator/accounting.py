@@ -358,7 +358,7 @@ def _step_ends(
     for line in lines:
         if line.ts is not None and line.step is not None and (not points or line.step > points[-1][0]):
             points.append((line.step, line.ts))
-    unlogged = None if live else _completed_step(progress)
+    unlogged = None if live else _completed_step(progress, seen.events)
     if not points or unlogged is None or unlogged <= points[-1][0]:
         return points, None
     last_step, last_end = points[-1]
@@ -409,11 +409,17 @@ def _last_step_time(lines: list[MetricsLine], progress: ProgressRecord | None) -
     return None
 
 
-def _completed_step(progress: ProgressRecord | None) -> int | None:
-    """The last step rank 0 completed, from its progress record (a step in data/compute is not done)."""
-    if not progress:
-        return None
-    return progress.step - 1 if progress.phase in ("data", "compute") else progress.step
+def _completed_step(progress: ProgressRecord | None, events: list[Stamped]) -> int | None:
+    """The last step the attempt completed: rank 0's progress record (a step in data/compute is not
+    done), or the step its decision recorded (the ranks' own count; rank 0 killed inside a step
+    another rank completed has no record of that step), whichever is further (as ``status`` counts)."""
+    steps = (
+        [progress.step - 1 if progress.phase in ("data", "compute") else progress.step] if progress else []
+    )
+    steps += [
+        s.event.step for s in events if isinstance(s.event, (Requeued, Failed)) and s.event.step is not None
+    ]
+    return max(steps) if steps else None
 
 
 def _time_of(points: list[tuple[int, float]], step: int) -> float:
