@@ -14,11 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
-from ..config import RunConfig
-from ..rundir import Ledger, RunPaths, read_events
+from ..rundir import Ledger, read_events
 from ..rundir.kinds import CHECKPOINT_INTERVAL
 from .checkpoint.save_interval import SaveSchedule, ledger_failures, policy_from_config
 from .dist import DistContext, broadcast_json
+from .site import RankSite
 
 if TYPE_CHECKING:
     from .checkpoint import Checkpointer
@@ -26,22 +26,16 @@ if TYPE_CHECKING:
 
 class PeriodicSaves:
     def __init__(
-        self,
-        cfg: RunConfig,
-        ctx: DistContext,
-        paths: RunPaths,
-        ledger: Ledger | None,
-        attempt: str,
-        *,
-        start_step: int,
-        last_step: int,
+        self, site: RankSite, ctx: DistContext, ledger: Ledger | None, *, start_step: int, last_step: int
     ) -> None:
-        c = cfg.checkpoint
+        c = site.cfg.checkpoint
         failures, trained_s = 0, 0.0
         if ledger is not None and c.every_steps == "auto":  # rank 0: the failures this run has seen
-            failures, trained_s = ledger_failures(read_events(paths).events, current_attempt=attempt)
+            failures, trained_s = ledger_failures(
+                read_events(site.paths).events, current_attempt=site.attempt
+            )
         policy = policy_from_config(
-            c.every_steps, c.every_minutes, c.mtbf_hours, cfg.scheduler.nodes,
+            c.every_steps, c.every_minutes, c.mtbf_hours, site.cfg.scheduler.nodes,
             failures=failures, trained_s=trained_s, last_step=last_step,
         )  # fmt: skip
         self.schedule = SaveSchedule(policy, start_step=start_step)

@@ -215,9 +215,8 @@ class Run:
         periodic = None
         if self.checkpointer is not None:
             periodic = PeriodicSaves(
-                self.site.cfg, self.ctx, self.site.paths, self.ledger, self.site.attempt, start_step=self.step,
-                last_step=self.total or self.step,
-            )  # fmt: skip
+                self.site, self.ctx, self.ledger, start_step=self.step, last_step=self.total or self.step
+            )
         self.saves.begin(periodic, self.step)
         if self.site.cfg.testing.trace_steps:
             self._trace = StepTrace(

@@ -197,18 +197,6 @@ class Trainer:
 
     # ---- what the run's saves and records hold beside the state -------------------------------
 
-    @property
-    def checkpointer(self) -> Any:
-        return self.run_state.checkpointer
-
-    @property
-    def memory(self) -> Any:
-        return self.run_state.memory
-
-    @property
-    def ledger(self) -> Any:
-        return self.session.ledger
-
     def app_state(self) -> dict[str, Any]:
         """Everything a checkpoint holds (``rank.objects``' layout)."""
         return self.run_state._state()
@@ -248,7 +236,7 @@ class Trainer:
         ):
             from .model.init_from import init_weights
 
-            self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.ledger)
+            self.initialized = init_weights(self.cfg, self.ctx, self.model, self.ema, self.session.ledger)
 
     def save(self, *, blocking: bool, supersede: bool = False) -> None:
         """Checkpoint the state after step ``counters.step`` (collective; ``rank.saving``)."""
@@ -338,7 +326,9 @@ class Trainer:
         self.resume()
         c = self.counters
         # TensorBoard and/or W&B (``explog``) only for runs that keep checkpoints
-        self.reports.open(experiment_logs=self.checkpointer is not None, initialized=self.initialized)
+        self.reports.open(
+            experiment_logs=self.run_state.checkpointer is not None, initialized=self.initialized
+        )
         self._batches = iter(self.feed.loader(self.data))
         self.profiler = StepProfiler(
             t.profile, self.paths.root / "profile", self.ctx.rank, self.ctx.device.type
