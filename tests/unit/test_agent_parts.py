@@ -400,6 +400,22 @@ def test_a_cancel_since_the_attempt_started_and_a_stuck_node_are_the_decisions_f
     assert "n2" in json.dumps(hang)
 
 
+def test_a_decision_without_an_outcome_records_the_furthest_step_the_ranks_completed(tmp_path: Path) -> None:
+    """A hang leaves no outcome: the decision's step is what the ranks' heartbeats say (rank 1 hung
+    inside step 31, rank 0 waits in its reduction: 30 completed), so status counts steps 1-30 as
+    computed (it counted them lost when the step was missing and no line had logged them)."""
+    decider = _decider(tmp_path)
+    folder = decider.node.paths.attempt_dir(decider.node.attempt)
+    folder.mkdir(parents=True, exist_ok=True)
+    for rank, phase in ((0, "collective"), (1, "compute")):
+        beat = {"rank": rank, "node": "n1", "step": 31, "phase": phase, "phase_since": 1.0, "updated": 2.0}
+        (folder / f"rank{rank}.progress.json").write_text(json.dumps(beat))
+    decision = decider.after_attempt(1, Roster(("n1", "n2")), stuck=("n2",))
+    decider.record(decision, fence=False)
+    (decided,) = read_events(RunPaths(tmp_path)).named(decision.event)
+    assert decided.record["step"] == 30
+
+
 # ---- the watch over an attempt ----------------------------------------------------------------------
 
 

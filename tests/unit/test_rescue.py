@@ -231,6 +231,26 @@ def test_the_rescue_takes_the_run_over_and_continues_it_without_the_batch_host(
     ]
 
 
+def test_the_rescues_decision_records_the_step_the_ranks_completed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The batch host died mid-step: its agent aggregated the ranks' heartbeats (rank 0 computing
+    step 18), another node's rank wrote its own (step 17 saved): 17 completed, recorded with the
+    rescue's decision as an agent's records it."""
+    paths = a_run(tmp_path, running())
+    folder = paths.attempt_dir("21.0")
+    folder.mkdir(parents=True, exist_ok=True)
+    beat = {"node": "n1", "step": 18, "phase": "compute", "phase_since": 1.0, "updated": 2.0}
+    (folder / "node0.progress.json").write_text(json.dumps({"ranks": [{"rank": 0, **beat}]}))
+    (folder / "rank1.progress.json").write_text(
+        json.dumps({**beat, "rank": 1, "node": "n2", "step": 17, "phase": "save"})
+    )
+    monkeypatch.setattr(rescue_mod, "get_scheduler", lambda kind: FakeScheduler(paths))
+    assert Rescue(paths, "21").run() == 0
+    (decided,) = [e.record for e in Ledger(paths, role="t").events() if e.record["event"] == "requeued"]
+    assert decided["step"] == 17
+
+
 def test_the_rescue_does_nothing_and_says_so_when_the_attempt_was_decided(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

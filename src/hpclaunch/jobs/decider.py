@@ -27,7 +27,6 @@ from ..fsutil import create_exclusive, retry_patiently
 from ..rundir import NODE_REPLACED, Ledger
 from ..rundir.env import FOREGROUND_VAR
 from ..rundir.events import Event
-from ..rundir.outcome import AttemptOutcome
 from . import attempt_facts
 from .agent_records import decision_fields, scheduler_note
 from .allocation import DecisionRecord, Roster
@@ -61,8 +60,8 @@ class Decider:
 
     def __init__(self, role: DeciderRole) -> None:
         self.role = role
-        self.outcome: AttemptOutcome | None = None  # the trainer's, once the attempt is decided
         self.newest_checkpoint: int | None = None  # at the last decision (its `checkpoint` field)
+        self.reached_step: int | None = None  # the step the decided attempt reached (its `step`)
         self.followed: DecisionRecord | None = None  # the last in-place decision followed
         role.taken_over = self._taken_over
 
@@ -80,7 +79,7 @@ class Decider:
 
     def next_attempt(self) -> None:
         """The agent restarted in place (the role has the next attempt's node): nothing decided yet."""
-        self.outcome = None
+        self.reached_step = None
 
     def _taken_over(self) -> None:
         """This agent took the role over: the last decision it followed, perhaps recorded by nobody."""
@@ -107,7 +106,7 @@ class Decider:
         facts, events = attempt_facts.after_attempt(
             self.node, self.relay, returncode, roster, dead=dead, stuck=stuck, hang=hang
         )
-        self.outcome, self.newest_checkpoint = facts.outcome, facts.newest_checkpoint
+        self.newest_checkpoint, self.reached_step = facts.newest_checkpoint, facts.reached_step
         return self.decision(facts, events)
 
     def decision(self, facts: Facts, events: list[Event] | None = None) -> Decision:
@@ -299,7 +298,7 @@ class Decider:
         )
         fields = decision_fields(
             decision,
-            step=self.outcome.step if self.outcome is not None else None,
+            step=self.reached_step,
             newest_checkpoint=self.newest_checkpoint,
             job_id=job_id,
             by=by,

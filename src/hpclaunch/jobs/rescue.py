@@ -54,7 +54,7 @@ from ..rundir.cause import Cause
 from ..rundir.control import take_user_stop
 from ..rundir.events import AgentError, Cancelled, Event, Started, of_kind
 from ..rundir.lock import liveness
-from ..rundir.outcome import attempt_outcome
+from ..rundir.outcome import attempt_outcome, reached_step
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue, withdraw_rescues
 from .allocation import DecisionRecord, Roster
@@ -233,6 +233,7 @@ class Rescue:
         self.own = next((os.environ[v] for v in SELF_VARS if os.environ.get(v)), "")
         self.lock = RunLock(paths)
         self.word = ""  # how the scheduler says the watched job ended (FAILED, NODE_FAIL, ...)
+        self.step: int | None = None  # the step the undecided attempt reached (its decision's `step`)
 
     def run(self) -> int:
         events = read_events(self.paths).events
@@ -249,6 +250,8 @@ class Rescue:
             outcome=self._outcome(attempts[-1]) if undecided else None,
             published=self._published(attempts[-1]) if undecided else None,
         )
+        if undecided:
+            self.step = reached_step(self.paths, attempts[-1], seen.outcome)
         finding = find(events, self.job_id, budgets=Budgets.from_plan(self.plan), seen=seen)
         ledger = Ledger(self.paths, role="rescue", attempt=finding.attempt)
         if finding.decision is None:
@@ -319,7 +322,7 @@ class Rescue:
         decision = finding.decision
         assert decision is not None
         if decision.action not in (Action.EXCLUDE, Action.CONTINUE):  # an end: cancel, stop, budget spent
-            record(ledger, decision, job_id=self.job_id)
+            record(ledger, decision, job_id=self.job_id, step=self.step)
             self.lock.release(holder)
             return 0 if decision.action in (Action.END, Action.FINISH) else 1
         note = ""
@@ -338,7 +341,7 @@ class Rescue:
             failed = Decision(
                 Action.FAIL, decision.cause, f"{decision.reason}; continuing failed: {e.one_line()}"
             )
-            record(ledger, failed, job_id=self.job_id)
+            record(ledger, failed, job_id=self.job_id, step=self.step)
             self.lock.release(holder)
             return 1
         if plan.spare_nodes < self.plan.spare_nodes:
@@ -348,6 +351,7 @@ class Rescue:
             ledger,
             decision,
             job_id=new_job,
+            step=self.step,
             note=note,
             for_job=self.job_id,
             job_ended=self.word,
@@ -388,13 +392,18 @@ class Rescue:
         with contextlib.suppress(HpclaunchError, OSError):
             self.scheduler.cancel(self.paths, job)
         reason = f"{decision.reason}; the continuation (job {job}) was withdrawn: {why}; {RESUMABLE}"
-        record(ledger, Decision(Action.FAIL, decision.cause, reason), job_id=self.job_id)
+        record(ledger, Decision(Action.FAIL, decision.cause, reason), job_id=self.job_id, step=self.step)
         return 1
 
 
-def record(ledger: Ledger, decision: Decision, *, job_id: str, note: str = "", **extra: Any) -> None:
-    """The decision in the ledger (by: rescue), as an agent records its own; and on stdout."""
+def record(
+    ledger: Ledger, decision: Decision, *, job_id: str, step: int | None = None, note: str = "", **extra: Any
+) -> None:
+    """The decision in the ledger (by: rescue), as an agent records its own (``step``: the step the
+    attempt reached); and on stdout."""
     fields = decision.ledger_fields()
+    if step is not None:
+        fields["step"] = step
     if decision.action in (Action.CONTINUE, Action.EXCLUDE):
         fields.update(by="rescue", in_place=False, counts_as=decision.counts_as)
     if note:

@@ -410,12 +410,10 @@ def _last_step_time(lines: list[MetricsLine], progress: ProgressRecord | None) -
 
 
 def _completed_step(progress: ProgressRecord | None, events: list[Stamped]) -> int | None:
-    """The last step the attempt completed: rank 0's progress record (a step in data/compute is not
-    done), or the step its decision recorded (the ranks' own count; rank 0 killed inside a step
-    another rank completed has no record of that step), whichever is further (as ``status`` counts)."""
-    steps = (
-        [progress.step - 1 if progress.phase in ("data", "compute") else progress.step] if progress else []
-    )
+    """The last step the attempt completed: rank 0's progress record, or the step its decision
+    recorded (the ranks' own count; rank 0 killed inside a step another rank completed has no
+    record of that step), whichever is further (as ``status`` counts)."""
+    steps = [progress.completed_step] if progress else []
     steps += [
         s.event.step for s in events if isinstance(s.event, (Requeued, Failed)) and s.event.step is not None
     ]

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from ..fsutil import atomic_write_json
 from .cause import Cause, UnknownCause
 from .paths import RunPaths
+from .progress_files import furthest_completed_step, read_progress
 
 Status = Literal["finished", "stopped", "failed"]
 
@@ -113,3 +114,15 @@ def latest_outcome(paths: RunPaths) -> AttemptOutcome | None:
         except (OSError, json.JSONDecodeError, UnknownCause):
             continue
     return None
+
+
+def reached_step(paths: RunPaths, attempt: str, outcome: AttemptOutcome | None) -> int | None:
+    """The step ``attempt`` reached, recorded with its decision: its outcome's, else (a hang, every
+    rank killed, a node gone) the furthest step its ranks' heartbeats say they completed; None when
+    neither can be read."""
+    if outcome is not None and outcome.step is not None:
+        return outcome.step
+    try:
+        return furthest_completed_step(read_progress(paths, attempt))
+    except OSError:
+        return None

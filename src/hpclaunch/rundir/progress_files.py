@@ -26,6 +26,7 @@ import contextlib
 import hashlib
 import json
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypedDict
@@ -136,6 +137,17 @@ class ProgressRecord:
             recent_max_step_s=_float(data.get("recent_max_step_s")),
             waiting=str(data["waiting"]) if data.get("waiting") else None,
         )
+
+    @property
+    def completed_step(self) -> int:
+        """The last step this rank completed: one it is inside (data, compute, collective) is not."""
+        return self.step - 1 if self.phase in TRAINING_PHASES else self.step
+
+
+def furthest_completed_step(records: Mapping[int, ProgressRecord]) -> int | None:
+    """The furthest step a rank completed (None: no record): in a data-parallel step no rank gets
+    past the gradients' reduction alone, so every rank computed up to it."""
+    return max((r.completed_step for r in records.values()), default=None)
 
 
 def read_progress(paths: RunPaths, attempt: str) -> dict[int, ProgressRecord]:
