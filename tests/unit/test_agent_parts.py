@@ -30,6 +30,7 @@ from hpclaunch.rundir.cause import Budget, Cause
 from hpclaunch.rundir.env import ATTEMPT_VAR, PRELOAD_COMPILE_VAR, PROGRESS_DIR_VAR
 from hpclaunch.rundir.events import as_events
 from hpclaunch.rundir.node_dir import NodeDir
+from hpclaunch.rundir.outcome import AttemptOutcome, reached_step
 from hpclaunch.schedulers.protocol import Continuation, NodeContext
 
 pytestmark = pytest.mark.fast
@@ -414,6 +415,19 @@ def test_a_decision_without_an_outcome_records_the_furthest_step_the_ranks_compl
     decider.record(decision, fence=False)
     (decided,) = read_events(RunPaths(tmp_path)).named(decision.event)
     assert decided.record["step"] == 30
+
+
+def test_the_step_reached_is_the_furthest_of_the_outcome_and_the_heartbeats(tmp_path: Path) -> None:
+    paths = RunPaths(tmp_path)
+    folder = paths.attempt_dir("7.0")
+    assert reached_step(paths, "7.0", None) is None  # nothing known
+    assert reached_step(paths, "7.0", AttemptOutcome("failed", Cause.CRASH, 46)) == 46
+    folder.mkdir(parents=True)
+    beat = {"rank": 0, "node": "n1", "step": 48, "phase": "data", "phase_since": 1.0, "updated": 2.0}
+    (folder / "rank0.progress.json").write_text(json.dumps(beat))
+    # rank 0 began step 48 (47 done); the rank that reported was stopped by its launcher at 46
+    assert reached_step(paths, "7.0", AttemptOutcome("failed", Cause.CRASH, 46)) == 47
+    assert reached_step(paths, "7.0", AttemptOutcome("stopped", Cause.TIMEOUT, 50)) == 50
 
 
 # ---- the watch over an attempt ----------------------------------------------------------------------

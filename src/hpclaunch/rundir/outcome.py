@@ -117,12 +117,14 @@ def latest_outcome(paths: RunPaths) -> AttemptOutcome | None:
 
 
 def reached_step(paths: RunPaths, attempt: str, outcome: AttemptOutcome | None) -> int | None:
-    """The step ``attempt`` reached, recorded with its decision: its outcome's, else (a hang, every
-    rank killed, a node gone) the furthest step its ranks' heartbeats say they completed; None when
-    neither can be read."""
-    if outcome is not None and outcome.step is not None:
-        return outcome.step
+    """The step ``attempt`` reached, recorded with its decision: the furthest of its outcome's and
+    the step its ranks' heartbeats say one of them completed (a hang, every rank killed or a node
+    gone leaves no outcome; a rank stopped by its launcher may report less than another finished);
+    None when neither is known."""
+    steps = [outcome.step] if outcome is not None and outcome.step is not None else []
     try:
-        return furthest_completed_step(read_progress(paths, attempt))
+        furthest = furthest_completed_step(read_progress(paths, attempt))
     except OSError:
-        return None
+        furthest = None
+    steps += [furthest] if furthest is not None else []
+    return max(steps) if steps else None
