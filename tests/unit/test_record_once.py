@@ -38,9 +38,12 @@ def in_place_records(run: Path) -> list[dict[str, Any]]:
     ]
 
 
-def deposed_after_publishing(run: Path) -> tuple[Any, Any, dict[str, Any]]:
+def deposed_after_publishing(
+    run: Path, decision: Decision = IN_PLACE, *, reached: int | None = None
+) -> tuple[Any, Any, dict[str, Any]]:
     """n1 decides and publishes; n2 takes the role over right after the publication (n1 stalled)."""
     old, new = decider(run, 0, FakeScheduler(run)), decider(run, 1, FakeScheduler(run))
+    old.reached_step = reached  # (what n1's look at the attempt found)
     for d in (old, new):
         d.role.beat_every_s = 3600.0
     old.role.hold(RunLock(old.node.paths).adopt(job_id="7", role="agent"))
@@ -52,7 +55,7 @@ def deposed_after_publishing(run: Path) -> tuple[Any, Any, dict[str, Any]]:
         return done
 
     old.node.alloc.publish = publish_then_stall  # type: ignore[method-assign]
-    published = old.publish(IN_PLACE, ROSTER)
+    published = old.publish(decision, ROSTER)
     return old, new, dict(published)
 
 
@@ -70,6 +73,29 @@ def test_the_decider_that_deposed_the_publisher_records_its_in_place_decision_on
     assert len(in_place_records(tmp_path)) == 1
     events = read_events(RunPaths(tmp_path)).events
     assert unended_attempt(events, current="7.0.1") is None  # the next admission decides nothing again
+    old.role.close()
+    new.role.close()
+
+
+def test_the_record_made_for_a_deposed_decider_says_what_its_own_would_have(tmp_path: Path) -> None:
+    """A node replaced by a spare, the suspect and the step reached travel in the published decision:
+    the record n2 makes for n1 carries them (CI saw `status` show no replacement: the record n2
+    made had only the action, the cause and the reason)."""
+    replacing = Decision(
+        Action.CONTINUE,
+        Cause.NODE_FAILURE,
+        "n1: its agent and ranks are gone; restarting in place, n3 taking the place of n1",
+        in_place=True,
+        counts_as=Budget.NODE,
+        replace=(("n1", "n3"),),
+        suspect="n1",
+    )
+    old, new, published = deposed_after_publishing(tmp_path, replacing, reached=29)
+    new.role.leads = True
+    new.record_followed(published)
+    (record,) = in_place_records(tmp_path)
+    assert record["note"] == "decided by n1 (deposed)"
+    assert (record["replaced"], record["suspect"], record["step"]) == ({"n1": "n3"}, "n1", 29)
     old.role.close()
     new.role.close()
 

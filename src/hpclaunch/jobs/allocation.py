@@ -143,6 +143,9 @@ class DecisionRecord(_DecisionRequired, total=False):
     reason: str  # the decision in words, and what carrying it out needs (another decider may)
     exclude: list[str]
     counts_as: str
+    replace: list[list[str]]  # in place: [failed node, the spare taking its place]
+    suspect: str  # the node a crash was pinned on
+    step: int  # the step the attempt reached (its record's `step`, whoever makes it)
     exit_code: int  # never published: the decider's own exit code, once it carried the decision out
 
 

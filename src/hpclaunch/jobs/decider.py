@@ -134,6 +134,7 @@ class Decider:
             epoch=epoch,
             roster=roster,
             next_attempt=nxt,
+            step=self.reached_step,
         )
         if not self.role.fenced():
             self.role.step_down("publish its decision")
@@ -173,6 +174,7 @@ class Decider:
             next_attempt=published["next"],
             roster=published["roster"],
             ledger=ledger,
+            **_published_step(published),
             note=""
             if published.get("by") == self.node.ctx.hostname
             else f"decided by {published['by']} (deposed)",
@@ -219,6 +221,7 @@ class Decider:
         ledger records it carried out already, only the lock's hand-over is left (to the job that
         the record names)."""
         decision = as_decision(published)
+        self.reached_step = published.get("step", self.reached_step)  # (its publisher's, recorded here)
         done = recorded(self.ledger.events(), self.node.attempt)
         print(
             f"hpclaunch: node {self.node.ctx.hostname} completes the decision of {published['by']} "
@@ -336,3 +339,9 @@ class Decider:
             events=events,
             started_at=started_at(events, self.node.attempt),
         )
+
+
+def _published_step(published: DecisionRecord) -> dict[str, Any]:
+    """The step its publisher's record would have carried (this agent did not decide the attempt)."""
+    step = published.get("step")
+    return {"step": step} if step is not None else {}

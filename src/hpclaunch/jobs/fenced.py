@@ -42,10 +42,18 @@ class Deposed(Exception):
 
 
 def decision_record(
-    decision: Decision, *, attempt: str, by: str, epoch: int, roster: Roster, next_attempt: str
+    decision: Decision,
+    *,
+    attempt: str,
+    by: str,
+    epoch: int,
+    roster: Roster,
+    next_attempt: str,
+    step: int | None = None,
 ) -> DecisionRecord:
     """``decision.json``: the decision, whose it is (host, epoch, a nonce to know one's own after a
-    retried ``link()``), and what another decider needs to carry it out."""
+    retried ``link()``), and what another decider needs to carry it out or record it as its
+    publisher would have (the nodes replaced, the suspect, the step the attempt reached)."""
     record: DecisionRecord = {
         "attempt": attempt,
         "action": decision.action.value,
@@ -60,6 +68,12 @@ def decision_record(
         record["exclude"] = list(decision.exclude)
     if decision.counts_as is not None:
         record["counts_as"] = decision.counts_as.value
+    if decision.replace:
+        record["replace"] = [list(pair) for pair in decision.replace]
+    if decision.suspect:
+        record["suspect"] = decision.suspect
+    if step is not None:
+        record["step"] = step
     if decision.in_place:
         record["next"] = next_attempt
         record["roster"] = roster.replaced(decision.replace).to_json()
@@ -76,6 +90,8 @@ def as_decision(record: DecisionRecord) -> Decision:
         exclude=tuple(record.get("exclude") or ()),
         counts_as=Budget.parse_optional(record.get("counts_as")),
         in_place=bool(record.get("in_place")),
+        replace=tuple((str(bad), str(spare)) for bad, spare in record.get("replace") or ()),
+        suspect=record.get("suspect"),
     )
 
 

@@ -282,7 +282,13 @@ class Rescue:
         decision, attempt = finding.decision, finding.attempt
         assert decision is not None and attempt is not None
         record = decision_record(
-            decision, attempt=attempt, by="rescue", epoch=holder.epoch, roster=Roster(()), next_attempt=""
+            decision,
+            attempt=attempt,
+            by="rescue",
+            epoch=holder.epoch,
+            roster=Roster(()),
+            next_attempt="",
+            step=self.step,
         )
         folder = self.paths.attempt_dir(attempt)
         if create_exclusive(folder / "decision.json", json.dumps(record, indent=1) + "\n"):
