@@ -9,6 +9,7 @@ published decision are the real ones; the scheduler, which no in-place decision 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -81,15 +82,7 @@ def test_the_record_made_for_a_deposed_decider_says_what_its_own_would_have(tmp_
     """A node replaced by a spare, the suspect and the step reached travel in the published decision:
     the record n2 makes for n1 carries them (CI saw `status` show no replacement: the record n2
     made had only the action, the cause and the reason)."""
-    replacing = Decision(
-        Action.CONTINUE,
-        Cause.NODE_FAILURE,
-        "n1: its agent and ranks are gone; restarting in place, n3 taking the place of n1",
-        in_place=True,
-        counts_as=Budget.NODE,
-        replace=(("n1", "n3"),),
-        suspect="n1",
-    )
+    replacing = replace(IN_PLACE, cause=Cause.NODE_FAILURE, replace=(("n1", "n3"),), suspect="n1")
     old, new, published = deposed_after_publishing(tmp_path, replacing, reached=29)
     new.role.leads = True
     new.record_followed(published)
