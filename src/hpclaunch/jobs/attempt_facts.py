@@ -16,7 +16,7 @@ from ..fsutil import retry_transient
 from ..rundir import HANG, JobPlan
 from ..rundir.control import take_user_stop
 from ..rundir.events import Cancelled, Event, Started, of_kind
-from ..rundir.outcome import AttemptOutcome, attempt_outcome, reached_step
+from ..rundir.outcome import AttemptOutcome, attempt_outcome
 from ..rundir.paths import newest_checkpoint_step
 from .allocation import REPORT_GRACE_S, Roster, node_ranks
 from .attribution import Suspicion, suspect
@@ -103,7 +103,6 @@ def after_attempt(
         suspect_evidence=blamed.evidence if blamed is not None else "",
         suspect_certain=blamed is not None and blamed.certain,
         newest_checkpoint=newest,
-        reached_step=reached_step(node.paths, attempt, outcome),
         spares=tuple(h for h in roster.spares if node.alloc.alive(h)),
         in_place_ok=in_place_ok(
             node.plan,

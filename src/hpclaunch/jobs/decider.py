@@ -27,6 +27,7 @@ from ..fsutil import create_exclusive, retry_patiently
 from ..rundir import NODE_REPLACED, Ledger
 from ..rundir.env import FOREGROUND_VAR
 from ..rundir.events import Event
+from ..rundir.outcome import reached_step
 from . import attempt_facts
 from .agent_records import decision_fields, scheduler_note
 from .allocation import DecisionRecord, Roster
@@ -106,7 +107,8 @@ class Decider:
         facts, events = attempt_facts.after_attempt(
             self.node, self.relay, returncode, roster, dead=dead, stuck=stuck, hang=hang
         )
-        self.newest_checkpoint, self.reached_step = facts.newest_checkpoint, facts.reached_step
+        self.newest_checkpoint = facts.newest_checkpoint
+        self.reached_step = reached_step(self.node.paths, self.node.attempt, facts.outcome)
         return self.decision(facts, events)
 
     def decision(self, facts: Facts, events: list[Event] | None = None) -> Decision:

@@ -109,9 +109,6 @@ class Facts:
     # The newest checkpoint's step in the run directory now (None: none yet): what the next attempt
     # resumes from. Failures continued in a row from the same one are a restart loop.
     newest_checkpoint: int | None = None
-    # The step the attempt reached (recorded with the decision, for status's step counts): the
-    # trainer's outcome's, else the furthest step a rank's heartbeat says it completed.
-    reached_step: int | None = None
     spares: tuple[str, ...] = ()  # healthy hot spares waiting in this allocation, in order
     # The allocation can carry another attempt (no stop pending, time left): a continuation that
     # needs no new allocation happens in place.
