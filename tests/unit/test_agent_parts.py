@@ -427,7 +427,8 @@ def test_the_step_reached_is_the_furthest_of_the_outcome_and_the_heartbeats(tmp_
     (folder / "rank0.progress.json").write_text(json.dumps(beat))
     # rank 0 began step 48 (47 done); the rank that reported was stopped by its launcher at 46
     assert reached_step(paths, "7.0", AttemptOutcome("failed", Cause.CRASH, 46)) == 47
-    assert reached_step(paths, "7.0", AttemptOutcome("stopped", Cause.TIMEOUT, 50)) == 50
+    # a stop's step is the one every rank agreed on: no heartbeat is read
+    assert reached_step(paths, "7.0", AttemptOutcome("stopped", Cause.TIMEOUT, 44)) == 44
 
 
 # ---- the watch over an attempt ----------------------------------------------------------------------

@@ -117,10 +117,13 @@ def latest_outcome(paths: RunPaths) -> AttemptOutcome | None:
 
 
 def reached_step(paths: RunPaths, attempt: str, outcome: AttemptOutcome | None) -> int | None:
-    """The step ``attempt`` reached, recorded with its decision: the furthest of its outcome's and
-    the step its ranks' heartbeats say one of them completed (a hang, every rank killed or a node
-    gone leaves no outcome; a rank stopped by its launcher may report less than another finished);
-    None when neither is known."""
+    """The step ``attempt`` reached, recorded with its decision. A finish or a stop: the outcome's
+    (every rank agreed on it). A failure, or no outcome (a hang, every rank killed, a node gone): the
+    furthest of the outcome's and the step the ranks' heartbeats say one of them completed (a rank
+    stopped by its launcher may report less than another finished); one read of the nodes'
+    aggregates, only then. None when neither is known."""
+    if outcome is not None and outcome.status != "failed" and outcome.step is not None:
+        return outcome.step
     steps = [outcome.step] if outcome is not None and outcome.step is not None else []
     try:
         furthest = furthest_completed_step(read_progress(paths, attempt))
