@@ -309,7 +309,7 @@ def worker(run: Path, *, rounds: int, every: int, saves: int) -> None:
     cfg = read_config(paths)
     trainer = Trainer(cfg, paths, attempt="bench", echo=False)
     group = trainer.ctx.cpu_group
-    sync_ckpt = trainer.run_state.checkpointer
+    sync_ckpt = trainer.run_state.saves.checkpointer
     assert sync_ckpt is not None
     c = cfg.checkpoint
     writers = {

@@ -64,11 +64,11 @@ def test_a_skipped_step_waits_for_the_snapshots_copies_before_an_evaluation_swap
     tr = Trainer(cfg, RunPaths(tmp_path / "run").ensure(), echo=False)
     try:
         tr.resume()
-        assert tr.run_state.memory is not None
+        assert tr.run_state.saves.memory is not None
         for _ in range(2):
             tr.train_step()
-        tr.run_state.memory.after_step(2, tr.snapshot_state, disk_save_now=False)
-        job = tr.run_state.memory.job
+        tr.run_state.saves.memory.after_step(2, tr.snapshot_state, disk_save_now=False)
+        job = tr.run_state.saves.memory.job
         assert job is not None and job.staged is not None and not job.staged.copied.is_set()
         applied, *_ = tr.train_step()  # step 3
         assert not applied

@@ -117,14 +117,6 @@ class Run:
         self._closed = False
         self.saves = StateSaves(checkpointer, memory, _disk_saves(self, checkpointer))
 
-    @property
-    def checkpointer(self) -> Checkpointer | None:
-        return self.saves.checkpointer
-
-    @property
-    def memory(self) -> MemoryTier | None:
-        return self.saves.memory
-
     # ---- what the script reads ----------------------------------------------------------------
 
     @property
@@ -167,8 +159,8 @@ class Run:
             self.attached,
             ctx=self.ctx,
             paths=self.site.paths,
-            checkpointer=self.checkpointer,
-            memory=self.memory,
+            checkpointer=self.saves.checkpointer,
+            memory=self.saves.memory,
         )
         self.step = self.restored.step
         self.session.startup.mark("load")
@@ -213,7 +205,7 @@ class Run:
                 echo=self._echo,
             )
         periodic = None
-        if self.checkpointer is not None:
+        if self.saves.checkpointer is not None:
             periodic = PeriodicSaves(
                 self.site, self.ctx, self.ledger, start_step=self.step, last_step=self.total or self.step
             )
@@ -284,10 +276,10 @@ class Run:
         if self._trace is not None:
             params = self.outcome_record.extra.get("params_sha256") if self.outcome_record else None
             self._trace.end(self.step, cause, params)
-        if self.checkpointer is not None and self.hooks.records_outcome:
+        if self.saves.checkpointer is not None and self.hooks.records_outcome:
             # nothing more is saved: the writer and the checkpointer's group go while the script's
             # process group (which a script may destroy after its loop) still exists
-            self.checkpointer.close()
+            self.saves.checkpointer.close()
         self.progress.phase("done")
 
     # ---- what the script may call between steps ------------------------------------------------

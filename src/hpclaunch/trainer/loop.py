@@ -327,7 +327,7 @@ class Trainer:
         c = self.counters
         # TensorBoard and/or W&B (``explog``) only for runs that keep checkpoints
         self.reports.open(
-            experiment_logs=self.run_state.checkpointer is not None, initialized=self.initialized
+            experiment_logs=self.run_state.saves.checkpointer is not None, initialized=self.initialized
         )
         self._batches = iter(self.feed.loader(self.data))
         self.profiler = StepProfiler(
