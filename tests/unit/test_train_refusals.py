@@ -4,6 +4,8 @@ rank count cannot satisfy, a resume onto a checkpoint of another model shape."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,7 +15,10 @@ import torch
 
 from hpclaunch.cli import main
 from hpclaunch.config import load_config
+from hpclaunch.errors import UserInputError
+from hpclaunch.orchestrator.refusals import refuse_other_model_shape
 from hpclaunch.rank.checkpoint import Checkpointer, RunCheckpoints
+from hpclaunch.rank.checkpoint.directory import CheckpointDir
 from hpclaunch.rundir import RunPaths
 from hpclaunch.shards import synth_dataset
 
@@ -147,18 +152,24 @@ def test_resume_onto_a_checkpoint_of_another_model_shape_is_refused_naming_the_s
     assert os.listdir(run.checkpoints) == ["step_000040"]
 
 
-def test_a_refused_resume_names_a_model_setting_the_hash_covers_that_is_no_shape(
-    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize("written_by", ["this version", "a version that hashed flash_attn"])
+def test_a_resume_that_toggles_flash_attn_is_accepted_on_the_login_node_and_by_the_ranks(
+    tmp_path: Path, written_by: str
 ) -> None:
-    """flash_attn is in the model hash (so the resume is refused) though it is no shape: the refusal
-    still names it, not an empty list."""
-    cfg = load_config(None, ["name=refused", "run_dir=runs/refused"], base=tmp_path)
-    run = RunPaths(tmp_path / "runs" / "refused").ensure()
-    run.config.write_text(cfg.to_yaml())
-    checkpoints = RunCheckpoints(
-        run.checkpoints, 1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2
+    """flash_attn changes kernels, not shapes: a checkpoint written with it off resumes with it on,
+    whether its manifest holds this version's model hash or the older one that covered flash_attn."""
+    cfg = load_config(None, ["name=flip", "run_dir=runs/flip"], base=tmp_path)
+    flipped = load_config(None, ["name=flip", "run_dir=runs/flip", "model.flash_attn=true"], base=tmp_path)
+    assert not cfg.model.flash_attn and cfg.model_hash() == flipped.model_hash()
+    older = hashlib.sha256(
+        json.dumps(cfg.model.model_dump(mode="json"), sort_keys=True).encode()
+    ).hexdigest()[:16]
+    written = cfg.model_hash() if written_by == "this version" else older
+    assert written in flipped.model_hashes_accepted()
+    run = RunPaths(tmp_path / "runs" / "flip").ensure()
+    ck = Checkpointer(
+        RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash=written, keep_last=2), rank=0
     )
-    ck = Checkpointer(checkpoints, rank=0)
     ck.save(
         40,
         {"model": {"w": torch.zeros(3)}},
@@ -166,14 +177,28 @@ def test_a_refused_resume_names_a_model_setting_the_hash_covers_that_is_no_shape
         extra={"model": cfg.model.model_dump(mode="json")},
     )
     ck.close()
-    flipped = str(not cfg.model.flash_attn).lower()
-    code = main([*train(data, f"model.flash_attn={flipped}"), "--resume"])
-    first = capsys.readouterr().err.splitlines()[0]
-    assert code == 2, first
-    assert (
-        f"(model.flash_attn: {cfg.model.flash_attn!r} in the checkpoint, {not cfg.model.flash_attn!r} now)"
-        in first
+
+    refuse_other_model_shape(flipped, run.root)  # the login node's check: no refusal
+    ranks = RunCheckpoints(
+        run.checkpoints,
+        1,
+        config_hash="c",
+        model_hash=flipped.model_hash(),
+        keep_last=2,
+        model_hashes_before=flipped.model_hashes_accepted()[1:],
     )
+    choice = CheckpointDir(ranks, ledger=None).choose()  # rank 0's choice: no CheckpointError
+    assert choice.error is None and choice.info is not None and choice.info.step == 40, choice
+    before_fix = RunCheckpoints(
+        run.checkpoints, 1, config_hash="c", model_hash=flipped.model_hash(), keep_last=2
+    )
+    refused = CheckpointDir(before_fix, ledger=None).choose()  # without the older hashes accepted
+    assert (refused.error is not None) == (written_by != "this version"), refused
+    other_shape = load_config(None, ["model.depth=3", "model.flash_attn=true"], base=tmp_path)
+    with pytest.raises(
+        UserInputError, match=r"another model shape \(model.depth: 2 in the checkpoint, 3 now\)"
+    ):
+        refuse_other_model_shape(other_shape.model_copy(update={"run_dir": str(run.root)}), run.root)
 
 
 def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(

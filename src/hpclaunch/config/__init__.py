@@ -7,15 +7,16 @@ never imports torch: every CLI command loads configs.
 Callers import from here (``from hpclaunch.config import RunConfig, load_config``); the modules, each
 importing only those above it:
 
-- ``base``: the section base, value formats (durations, names, directive-safe values), ``KeyedValueError``
+- ``section_base``: the section base, value formats (durations, names, directive-safe values),
+  ``KeyedValueError``
 - ``keys``: keys renamed (``RENAMED_KEYS``) or retired (``RETIRED_KEYS``) since a release
-- ``scheduler``, ``training``, ``checkpoint``, ``runtime``: the sections, by concern
+- ``cluster``, ``training``, ``checkpoint``, ``runtime``: the sections, by concern
 - ``rules``: the rules across sections that ``RunConfig``'s validators apply
 - ``layers``: several files merged key by key, and which layer set each key
-- ``run``: ``RunConfig``, its derived values, its paths made absolute, its hashes
+- ``run_config``: ``RunConfig``, its derived values, its paths made absolute, its hashes
 - ``validation``: ``validate_config`` and the wording of its errors (did-you-mean)
 - ``overrides``: ``apply_override`` (``--set`` and a command's flags)
-- ``loading``: ``load_config`` and ``read_yaml_mapping``
+- ``layering``: ``load_config`` and ``read_yaml_mapping``
 - ``reference``: the reference table (docs/configuration.md) and the JSON schema
 """
 
@@ -51,7 +52,15 @@ from .section_base import (
     format_hms,
     parse_duration,
 )
-from .training import DataConfig, ModelConfig, ProfileKnob, TrainConfig, WandbConfig, extra_missing
+from .training import (
+    NOT_SHAPE,
+    DataConfig,
+    ModelConfig,
+    ProfileKnob,
+    TrainConfig,
+    WandbConfig,
+    extra_missing,
+)
 from .validation import validate_config
 
 __all__ = [
@@ -60,6 +69,7 @@ __all__ = [
     "ENV_NAME_RE",
     "INTERNAL_SECTIONS",
     "NAME_RE",
+    "NOT_SHAPE",
     "RENAMED_KEYS",
     "RETIRED_KEYS",
     "CheckpointConfig",

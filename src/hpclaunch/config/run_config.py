@@ -19,7 +19,7 @@ from .layers import source_of
 from .rules import check_builtin, check_common, mounted_paths, no_control_characters, script_or_builtin
 from .runtime import ContainerConfig, PreflightConfig, ScriptConfig, TestingConfig, WatchdogConfig
 from .section_base import BUILTIN_SECTIONS, NAME_RE, _Section
-from .training import DataConfig, ModelConfig, TrainConfig
+from .training import NOT_SHAPE, DataConfig, ModelConfig, TrainConfig
 
 
 class RunConfig(_Section):
@@ -168,8 +168,16 @@ class RunConfig(_Section):
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
 
     def model_hash(self) -> str:
-        """Hash of what fixes parameter shapes; a checkpoint is only loadable into an equal one."""
-        return _hash(self.model.model_dump(mode="json"))
+        """Hash of what fixes parameter shapes (every model setting but ``NOT_SHAPE``); a checkpoint
+        is only loadable into an equal one."""
+        model = self.model.model_dump(mode="json")
+        return _hash({k: v for k, v in model.items() if k not in NOT_SHAPE})
+
+    def model_hashes_accepted(self) -> tuple[str, ...]:
+        """Every ``model_hash`` a checkpoint this model loads may carry: its own, then the hash
+        written before 2026-11-30, which covered ``flash_attn`` too (either value loads)."""
+        model = self.model.model_dump(mode="json")
+        return (self.model_hash(), *(_hash({**model, "flash_attn": on}) for on in (False, True)))
 
     def config_hash(self) -> str:
         """Hash of everything that changes the math of the run (not where or how it is scheduled).

@@ -26,7 +26,13 @@ class ModelConfig(_Section):
     num_residual_streams: int = Field(
         1, ge=1, le=8, description="mmdit hyper-connection streams; 1 = plain residual."
     )
-    flash_attn: bool = Field(False, description="Use SDPA flash attention in the trunk.")
+    flash_attn: bool = Field(
+        False, description="Use SDPA flash attention in the trunk (kernels, not shapes: a resume may switch it)."
+    )
+
+
+# Model settings that change kernels, not any parameter's shape: a checkpoint loads across them.
+NOT_SHAPE: tuple[str, ...] = ("flash_attn",)
 
 
 class DataConfig(_Section):

@@ -106,7 +106,7 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
             manifest = read_manifest(path)
         except InvalidCheckpoint:
             continue  # the trainer reports and sets aside what it cannot use
-        if manifest.get("model_hash") in (None, cfg.model_hash()):
+        if manifest.get("model_hash") in (None, *cfg.model_hashes_accepted()):
             return
         raise UserInputError(
             f"checkpoint {path.name} was written for another model shape"
@@ -117,13 +117,12 @@ def refuse_other_model_shape(cfg: RunConfig, run_dir: Path) -> None:
 
 
 def _differences(saved: object, cfg: RunConfig) -> str:
-    """Every model setting that differs: all of them are in the model hash that refused the resume
-    (``flash_attn`` too, which is no shape)."""
-    from ..rundir.init_source import model_differences
+    """Every shape setting that differs (those the model hash that refused the resume covers)."""
+    from ..rundir.init_source import shape_differences
 
     if not isinstance(saved, dict):
         return ""
-    diffs = model_differences(saved, cfg, there="in the checkpoint", here="now")
+    diffs = shape_differences(saved, cfg, there="in the checkpoint", here="now")
     return f" ({'; '.join(diffs)})" if diffs else ""
 
 

@@ -35,6 +35,8 @@ def make_checkpointer(
         model_hash=hashes["model_hash"],
         keep_last=c.keep_last,
         keep_every=c.keep_every,
+        # the built-in trainer's checkpoints written before its model hash left flash_attn out
+        model_hashes_before=() if cfg.is_script else cfg.model_hashes_accepted()[1:],
     )
     writing = WriterSettings(
         async_save=c.async_save,

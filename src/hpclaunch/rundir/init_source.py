@@ -19,7 +19,7 @@ from typing import TypedDict
 
 import yaml
 
-from ..config import RunConfig
+from ..config import NOT_SHAPE, RunConfig
 from ..errors import UserInputError
 from ..fsutil import JSONObject
 from .checkpoint_manifest import (
@@ -32,8 +32,6 @@ from .checkpoint_manifest import (
 from .paths import RunPaths
 from .plan_reader import read_plan_view
 
-# Model settings that do not change any parameter's shape.
-NOT_SHAPE = ("flash_attn",)
 HINT = "point train.init_from at a run directory or one of its checkpoints/step_N directories"
 
 
@@ -122,21 +120,17 @@ def run_has_ema(run: Path) -> bool | None:
         return None
 
 
-def model_differences(
-    saved: JSONObject, cfg: RunConfig, *, there: str = "there", here: str = "here", skip: tuple[str, ...] = ()
+def shape_differences(
+    saved: JSONObject, cfg: RunConfig, *, there: str = "there", here: str = "here"
 ) -> list[str]:
-    """``model.<key>: <saved> there, <now> here`` for every model setting that differs, but ``skip``."""
+    """``model.<key>: <saved> there, <now> here`` for every shape setting that differs (not
+    ``NOT_SHAPE``'s: either loads the other's weights)."""
     now = cfg.model.model_dump(mode="json")
     return [
         f"model.{k}: {saved[k]!r} {there}, {now[k]!r} {here}"
         for k in now
-        if k not in skip and k in saved and saved[k] != now[k]
+        if k not in NOT_SHAPE and k in saved and saved[k] != now[k]
     ]
-
-
-def shape_differences(saved: JSONObject, cfg: RunConfig) -> list[str]:
-    """The shape settings that differ (``flash_attn`` is none: either loads the other's weights)."""
-    return model_differences(saved, cfg, skip=NOT_SHAPE)
 
 
 def check_fits(cfg: RunConfig, *, pending_ok: bool = False) -> InitSource | None:

@@ -111,6 +111,8 @@ class RunCheckpoints:
     model_hash: str
     keep_last: int
     keep_every: int | None = None
+    # Older model hashes of the same shapes that a resume accepts too (RunConfig.model_hashes_accepted)
+    model_hashes_before: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.keep_last < 1:
@@ -123,7 +125,8 @@ class RunCheckpoints:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RunCheckpoints:
-        return cls(**{**data, "directory": Path(data["directory"])})
+        before = tuple(data.get("model_hashes_before", ()))
+        return cls(**{**data, "directory": Path(data["directory"]), "model_hashes_before": before})
 
 
 class CheckpointDir:
@@ -251,7 +254,7 @@ class CheckpointDir:
 
     def check_compatible(self, info: CheckpointInfo) -> None:
         theirs = info.manifest.get("model_hash")
-        if theirs != self.run.model_hash:
+        if theirs != self.run.model_hash and theirs not in self.run.model_hashes_before:
             raise CheckpointError(
                 f"checkpoint {info.path.name} was written for a different model shape "
                 f"(model_hash {theirs} != {self.run.model_hash}: model.depth/dim_* or another shape "
