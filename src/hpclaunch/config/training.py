@@ -27,7 +27,8 @@ class ModelConfig(_Section):
         1, ge=1, le=8, description="mmdit hyper-connection streams; 1 = plain residual."
     )
     flash_attn: bool = Field(
-        False, description="Use SDPA flash attention in the trunk (kernels, not shapes: a resume may switch it)."
+        False,
+        description="Use SDPA flash attention in the trunk (kernels, not shapes: a resume may switch it).",
     )
 
 
