@@ -51,12 +51,15 @@ def lr_at(step: int, t: TrainConfig) -> float:
 
 def pinned_length(old: TrainConfig, new: TrainConfig, overrides: list[str]) -> str | None:
     """The ``--set`` a resume adds so that its schedule follows ``train.lr_schedule_on_resume``: the
-    old length pinned (keep) or the pin dropped (stretch), when ``train.steps`` changes; None when
-    nothing is to add (the length unchanged either way, or the user set it himself)."""
-    if new.steps == old.steps or any(o.partition("=")[0].strip() == LENGTH_KEY for o in overrides):
+    run's length kept (``train.steps`` unchanged, or ``keep``) or the pin dropped (``stretch`` to new
+    steps); None when nothing is to add (the length already right, or the user set it himself).
+    ``new`` may come from the user's CONFIG file (``train CONFIG --resume``), which lacks the pin an
+    earlier resume recorded: lengths are compared, not the keys."""
+    if any(o.partition("=")[0].strip() == LENGTH_KEY for o in overrides):
         return None
-    if new.lr_schedule_on_resume == "keep":
-        return f"{LENGTH_KEY}={schedule_length(old)}"
+    if new.steps == old.steps or new.lr_schedule_on_resume == "keep":
+        length = schedule_length(old)
+        return None if schedule_length(new) == length else f"{LENGTH_KEY}={length}"
     return f"{LENGTH_KEY}=null" if new.lr_schedule_steps is not None else None
 
 

@@ -12,6 +12,9 @@ import pytest
 from hpclaunch.config import RunConfig
 from hpclaunch.preflight import Status, run_login_checks
 from hpclaunch.preflight.probe import StaticProbe
+from hpclaunch.shards import synth_dataset
+
+ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture
@@ -54,3 +57,54 @@ def test_inodes_count_too(tiny_fs: Path) -> None:
     )
     disk = run_login_checks(cfg, only={"disk"}, probe=StaticProbe(None)).get("disk")
     assert disk.status is Status.FAIL and "inodes free, needs" in disk.finding
+
+
+def test_a_read_only_run_dir_fails_preflight_and_every_writing_command_in_one_line(tmp_path: Path) -> None:
+    """A read-only filesystem, for real: preflight's disk check says so (it passed: free space), and
+    a command that must write there says it in one line, exit 2, no traceback (it was an OSError's)."""
+    import sys
+
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True
+    )
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
+    model = RunConfig.model_validate({}).model
+    synth_dataset(tmp_path / "data", samples=32, seed=0, model_cfg=model)
+    sets = [
+        "--set",
+        f"data.token_dir={tmp_path / 'data' / 'tokens'}",
+        "--set",
+        f"data.latent_dir={tmp_path / 'data' / 'latents'}",
+    ]
+    try:
+        cfg = RunConfig.model_validate(
+            {"name": "t", "run_dir": str(ro / "runs" / "t"), "preflight": {"min_free_disk_gb": 0}}
+        )
+        disk = run_login_checks(cfg, only={"disk"}, probe=StaticProbe(None)).get("disk")
+        assert disk.status is Status.FAIL and "cannot be written (a read-only filesystem)" in disk.finding, (
+            disk
+        )
+        for argv in (
+            ["init", str(ro / "my.yaml")],
+            ["train", str(ROOT / "examples" / "tiny.yaml"), *sets, "--set", f"run_dir={ro / 'runs' / 't'}"],
+        ):
+            done = subprocess.run(
+                [sys.executable, "-m", "hpclaunch", *argv],
+                capture_output=True,
+                text=True,
+                cwd=tmp_path,
+                timeout=300,
+            )
+            lines = done.stderr.strip().splitlines()
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+            assert (
+                lines[0].startswith("hpclaunch: error: ")
+                and "cannot write here: Read-only file system" in lines[0]
+            ), lines
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)

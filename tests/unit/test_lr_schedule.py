@@ -89,6 +89,17 @@ def test_a_length_the_user_gives_and_an_unchanged_length_are_left_alone() -> Non
     assert resume_change(old, same, step=first) is None  # nothing changed: nothing said
 
 
+def test_a_resume_from_the_config_file_keeps_the_length_an_earlier_resume_pinned() -> None:
+    """``train CONFIG --resume``: the file lacks the pin that ``train RUN --resume`` recorded (20 of
+    60 steps); the length is compared, not the key, so the schedule does not jump to 60."""
+    recorded = load_config(None, ["train.steps=60", "train.lr_schedule_steps=20", "train.warmup_steps=2"])
+    from_file = load_config(None, ["train.steps=60", "train.warmup_steps=2"])
+    assert pinned_length(recorded.train, from_file.train, ["train.steps=60"]) == "train.lr_schedule_steps=20"
+    stretch = ["train.steps=60", "train.warmup_steps=2", "train.lr_schedule_on_resume=stretch"]
+    # steps unchanged: the run's length, whatever the rule (stretch fits only a new train.steps)
+    assert pinned_length(recorded.train, load_config(None, stretch).train, []) == "train.lr_schedule_steps=20"
+
+
 def test_a_changed_global_batch_is_said() -> None:
     old, first = _the_issues_run()
     new = load_config(None, ["train.steps=3017", "train.warmup_steps=10", "train.global_batch=32"])
@@ -163,3 +174,18 @@ def test_submit_resume_says_it_records_it_and_status_shows_it(
     assert len(shown) == 1 and shown[0].startswith(line)
     assert main(["status", str(run)]) == 0
     assert "resume: train.steps 120 -> 400 from step 121" in capsys.readouterr().out
+
+
+def test_a_run_moved_or_copied_is_resumed_where_it_is_now(tmp_path: Path) -> None:
+    """Its config.yaml names the directory it was started in (/tmp/w19/runs/c1 here): a resume of
+    the copy trains the copy, not the original (it did, from scratch where the original was gone)."""
+    from hpclaunch.errors import UserInputError
+    from hpclaunch.orchestrator.launch import load_existing_run
+
+    copy = tmp_path / "elsewhere" / "c1-copy"
+    shutil.copytree(RECORDED, copy)
+    assert "/tmp/w19/runs/c1" in (copy / "config.yaml").read_text()
+    cfg = load_existing_run(copy, ["train.steps=400"])
+    assert cfg.run_path() == copy.resolve() and read_config(RunPaths(copy)).run_path() == copy.resolve()
+    with pytest.raises(UserInputError, match="run_dir cannot be set with it"):
+        load_existing_run(copy, ["run_dir=/tmp/somewhere"])

@@ -103,7 +103,7 @@ def test_bad_input_is_one_line_exit_2_and_writes_nothing(tmp_path: Path, case: s
     assert result.returncode == 2, result.stderr
     first = result.stderr.splitlines()[0]
     assert first.startswith("hpclaunch: error:") and "Traceback" not in result.stderr
-    assert ("is not a hpclaunch run directory" if case == "not a run" else "has no metrics yet") in first
+    assert ("is not an hpclaunch run directory" if case == "not a run" else "has no metrics yet") in first
     assert not (tmp_path / "out").exists()
 
 

@@ -86,7 +86,7 @@ def test_what_is_at_tells_a_run_a_sweep_a_point_and_nothing_apart(tmp_path: Path
     assert what_is_at(stopped_run(tmp_path / "r")).kind is RunKind.RUN
     assert what_is_at(tmp_path / "nope").describe().endswith("does not exist")
     (tmp_path / "empty").mkdir()
-    assert "not a hpclaunch run directory" in what_is_at(tmp_path / "empty").describe()
+    assert "not an hpclaunch run directory" in what_is_at(tmp_path / "empty").describe()
 
 
 def test_resume_with_a_sweep_never_turns_a_run_into_a_sweep(

@@ -201,6 +201,44 @@ def test_a_resume_that_toggles_flash_attn_is_accepted_on_the_login_node_and_by_t
         refuse_other_model_shape(other_shape.model_copy(update={"run_dir": str(run.root)}), run.root)
 
 
+def test_train_resume_of_a_run_that_trained_all_its_steps_is_refused_as_submit_refuses_it(
+    data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No attempt is added to a finished run (it was: an empty attempt 200->200, exit 0), and the run
+    is the directory named, where it is now (moved, it resumed at its old place, from scratch)."""
+    cfg = load_config(
+        None, ["name=done", "run_dir=runs/done", "train.steps=40", "train.warmup_steps=2"], base=tmp_path
+    )
+    run = RunPaths(tmp_path / "runs" / "done").ensure()
+    run.config.write_text(cfg.to_yaml())
+    ck = Checkpointer(
+        RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2), rank=0
+    )
+    ck.save(
+        40,
+        {"model": {"w": torch.zeros(3)}},
+        blocking=True,
+        extra={"model": cfg.model.model_dump(mode="json")},
+    )
+    ck.close()
+    run = RunPaths(run.root.rename(tmp_path / "moved"))  # moved: its config.yaml still says runs/done
+    before = sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*"))
+    assert main(["train", str(run.root), "--resume"]) == 2
+    first = capsys.readouterr().err.splitlines()
+    assert (
+        first[0]
+        == f"hpclaunch: error: --resume: {run.root} has finished (step 40/40): there is nothing to resume"
+    )
+    assert (
+        first[1].strip()
+        == f"hint: to train it longer: hpclaunch train {run.root} --resume --set train.steps=N (N > 40)"
+    )
+    assert sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*")) == before
+    assert not (tmp_path / "runs" / "done").exists()
+    assert main(["train", str(run.root), "--resume", "--set", "run_dir=elsewhere"]) == 2
+    assert "run_dir cannot be set with it" in capsys.readouterr().err
+
+
 def test_sample_refuses_a_missing_step_and_an_unknown_mode_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import typer
 
-from ..errors import HpclaunchError, debug_enabled
+from ..errors import FilesystemError, HpclaunchError, UserInputError, debug_enabled
 
 app = typer.Typer(
     name="hpclaunch",
@@ -114,6 +114,27 @@ def _escape(text: str) -> str:
     return escape(text)
 
 
+def filesystem_refusal(err: OSError) -> HpclaunchError | None:
+    """A place the command must write that the filesystem refuses (read-only, no permission: bad
+    input, exit 2; full: exit 1) as one line; None for any other OSError (a bug: its traceback)."""
+    import errno
+
+    where = str(err.filename) if err.filename else None
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return UserInputError(
+            f"cannot write here: {err.strerror}",
+            where=where,
+            hint="run it where you can write (run_dir, or a copy of the run), or fix the permissions",
+        )
+    if err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return FilesystemError(
+            f"cannot write here: {err.strerror}",
+            where=where,
+            hint="free space there, or use another filesystem",
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     from .common import take_script_args
 
@@ -125,6 +146,11 @@ def main(argv: list[str] | None = None) -> int:
         if debug_enabled():
             raise
         return report_error(err)
+    except OSError as err:
+        unwritable = filesystem_refusal(err)
+        if unwritable is None or debug_enabled():
+            raise
+        return report_error(unwritable)
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     except KeyboardInterrupt:

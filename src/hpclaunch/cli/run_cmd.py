@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -233,16 +234,20 @@ def train(
     """
     import os
 
+    from ..orchestrator.launch import refuse_moving_a_resume
     from ..orchestrator.login_flow import foreground_run, plan_train, schedule_pin
     from ..rundir.env import FOREGROUND_VAR
     from .live_progress import live_progress
 
     config = list(config or [])
     own = resume and len(config) == 1 and not config[0].is_file()
+    here = [("scheduler.kind=local", "hpclaunch train")]  # this machine, always
     if own:
         # RUN, not a CONFIG file: named like every other command that takes a run (what is there)
-        config = [RunPaths(found(config[0]).path).config]  # the config it was started with
-    here = [("scheduler.kind=local", "hpclaunch train")]  # this machine, always
+        run = RunPaths(found(config[0]).path)
+        refuse_moving_a_resume(run.root, overrides or [])
+        config = [run.config]  # the config it was started with, continued where RUN is now
+        here.append((f"run_dir={json.dumps(str(run.root.resolve()))}", "RUN"))
     cfg = load_run_config(config, overrides, script, here, command="train", run_written=own)
     if resume and (pin := schedule_pin(cfg, overrides or [])) is not None:  # as for submit --resume
         cfg = load_run_config(

@@ -284,8 +284,22 @@ def load_existing_run(run: Path, overrides: list[str]) -> RunConfig:
     schedule's length as ``train.lr_schedule_on_resume`` says (``resumed_config``)."""
     paths = RunPaths(run)
     if not paths.config.exists():
-        raise UserInputError(f"{run} is not a hpclaunch run (no config.yaml)", where="--resume")
+        raise UserInputError(f"{run} is not an hpclaunch run (no config.yaml)", where="--resume")
+    refuse_moving_a_resume(run, overrides)
     return resumed_config(paths, overrides)
+
+
+def refuse_moving_a_resume(run: Path, overrides: list[str]) -> None:
+    """A resume continues RUN where it is (its run_dir, read from where it lies now): a ``--set
+    run_dir`` elsewhere would start the run's config afresh there."""
+    sets = [o.partition("=") for o in overrides]
+    there = [value.strip().strip("'\"") for key, _, value in sets if key.strip() == "run_dir"]
+    if any(Path(value).expanduser().resolve() != run.resolve() for value in there):
+        raise UserInputError(
+            f"--resume {run} continues the run in its own directory: run_dir cannot be set with it",
+            where="--set run_dir",
+            hint="leave out --set run_dir (move the run directory itself if it must live elsewhere)",
+        )
 
 
 def resumed_config(paths: RunPaths, overrides: list[str]) -> RunConfig:

@@ -47,6 +47,7 @@ from ..rundir.cause import Cause
 from ..rundir.chain import Verdict
 from ..rundir.control import drop_user_stop
 from ..rundir.readers import RunKind, what_is_at
+from ..templates.shell import quote
 from .launch import (
     Prepared,
     load_existing_run,
@@ -104,17 +105,24 @@ def resumed_config(run: RunPaths, overrides: list[str], look: Callable[[RunPaths
 def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: int | None) -> None:
     """A finished run has nothing to train; one still exiting is not free yet (status says so).
     ``steps`` None: a script's run, whose new length only the script knows (its arguments)."""
-    if state == "finished" and steps is not None and step >= steps:
-        raise RunStateError(
-            f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
-            where="--resume",
-            hint=f"to train it longer: hpclaunch submit --resume {paths.root} --set train.steps=N (N > {step})",
-        )
+    if state == "finished" and steps is not None:
+        refuse_nothing_to_train(paths, step, steps, again=f"submit --resume {quote(str(paths.root))}")
     if state in ENDING_STATES.values():
         raise RunStateError(
             f"{paths.root} is {state}: its job has not exited yet; nothing was written",
             where="--resume",
             hint=f"resume it once hpclaunch status {paths.root} says it has ended (seconds)",
+        )
+
+
+def refuse_nothing_to_train(paths: RunPaths, step: int, steps: int, *, again: str) -> None:
+    """A resume of a run that has trained its ``steps`` (``step``: how far it is) has nothing to do;
+    ``again``: the command that resumes it (``submit --resume RUN``), told with a longer length."""
+    if step >= steps:
+        raise RunStateError(
+            f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
+            where="--resume",
+            hint=f"to train it longer: hpclaunch {again} --set train.steps=N (N > {step})",
         )
 
 
@@ -188,7 +196,11 @@ def plan_train(cfg: RunConfig, *, resume: bool) -> Planned:
     recorded = RunPaths(cfg.run_path())
     change = None
     if resume and recorded.config.is_file() and not cfg.is_script:
-        change = resume_change(recorded, cfg, step=resume_step(cfg, recorded.root))
+        first = resume_step(cfg, recorded.root)
+        refuse_nothing_to_train(
+            recorded, first - 1, cfg.train.steps, again=f"train {quote(str(recorded.root))} --resume"
+        )
+        change = resume_change(recorded, cfg, step=first)
     planned = Planned(prepare(cfg), resume, change)
     root = planned.paths.root
     refuse_training_in_a_sweep_root(root)

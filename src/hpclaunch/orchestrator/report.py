@@ -50,7 +50,7 @@ def build_report(run: Path, out: Path | None = None, *, scheduler_status: Any = 
     paths = RunPaths(Path(run))
     if not paths.is_run():
         raise RunNotFoundError(
-            f"{run} is not a hpclaunch run directory", where="RUN", hint="see runs/ for your runs"
+            f"{run} is not an hpclaunch run directory", where="RUN", hint="see runs/ for your runs"
         )
     out = Path(out) if out is not None else paths.root / "report"
     points = sweep_roots(paths)

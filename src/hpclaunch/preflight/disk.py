@@ -100,6 +100,10 @@ def check_disk(ctx: CheckContext) -> Outcome:
             continue
         free = st.f_bavail * st.f_frsize
         label = f"{need.path}" + ("" if need.probe_at == need.path.absolute() else f" (at {need.probe_at})")
+        if st.f_flag & os.ST_RDONLY or not os.access(need.probe_at, os.W_OK):
+            why = "a read-only filesystem" if st.f_flag & os.ST_RDONLY else "no permission to write"
+            f.fail(f"{label}: cannot be written ({why})", "put run_dir / checkpoint.dir where you can write")
+            continue
         detail = " + ".join(need.what)
         if free < need.bytes:
             f.fail(

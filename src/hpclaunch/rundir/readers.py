@@ -20,8 +20,10 @@ from .paths import RunPaths
 
 
 def read_config(paths: RunPaths, overrides: list[str] | None = None) -> RunConfig:
-    """``RUN/config.yaml`` (plus ``overrides``), validated like any config."""
+    """``RUN/config.yaml`` (plus ``overrides``), validated like any config; its ``run_dir`` is where
+    the run is now (a run moved or copied is read, and resumed, there)."""
     raw = drop_retired(read_yaml_mapping(paths.config))  # (written by an older version: its keys)
+    raw["run_dir"] = str(paths.root.resolve())
     sources: dict[str, str] = {}
     for item in overrides or []:
         sources[apply_override(raw, item)] = "--set"
@@ -70,7 +72,7 @@ class Found:
             return f"{self.path} does not exist"
         if self.path.is_file():
             return f"{self.path} is a file, not a run directory"
-        return f"{self.path} is not a hpclaunch run directory (no plan.json or events/)"
+        return f"{self.path} is not an hpclaunch run directory (no plan.json or events/)"
 
 
 def what_is_at(path: Path) -> Found:
