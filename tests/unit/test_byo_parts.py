@@ -179,6 +179,39 @@ def test_a_resumed_loader_continues_at_the_batch_after_the_last_one_handed_over(
     assert [next(batches)[0].tolist() for _ in range(12)] == want
 
 
+def test_two_stops_in_one_epoch_resume_at_the_same_batches_as_no_stop() -> None:
+    """Saved again after a resume and before its epoch ended, the position must still be the
+    epoch's (the random state at its start): it was the new loader's, and the second resume drew
+    another order."""
+    torch.manual_seed(0)
+    followed = data_position(_loader())
+    batches = followed.batches()
+    for _ in range(3):
+        next(batches)
+    want = [next(batches)[0].tolist() for _ in range(9)]  # the rest of epoch 1, and 2 of epoch 2
+
+    torch.manual_seed(0)
+    first = data_position(_loader())
+    batches = first.batches()
+    for _ in range(2):
+        next(batches)
+    saved, rng = first.state_dict(), rng_state()  # the first stop, after batch 2
+    torch.manual_seed(1)
+    second = data_position(_loader())
+    second.load_state_dict(saved)
+    restore_rng_state(rng)
+    batches = second.batches()
+    got = [next(batches)[0].tolist()]  # batch 3
+    saved, rng = second.state_dict(), rng_state()  # the second stop, in the same epoch
+    torch.manual_seed(2)
+    third = data_position(_loader())
+    third.load_state_dict(saved)
+    restore_rng_state(rng)
+    batches = third.batches()
+    got += [next(batches)[0].tolist() for _ in range(9)]
+    assert got[1:] == want
+
+
 def test_a_sampler_passed_as_data_is_followed_through_the_loader_that_iterates_it() -> None:
     from torch.utils.data import DistributedSampler
 

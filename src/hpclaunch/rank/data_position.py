@@ -101,6 +101,8 @@ class FollowedLoader(DataPosition):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._resume = {k: state[k] for k in ("iters", "delivered", "epoch", "rng_at_iter")}
+        # (saved again before the replayed iteration is over, the state must be the saved one's)
+        self.rng_at_iter = state["rng_at_iter"].clone()
         self.iters = int(state["iters"])
         self.delivered = int(state["delivered"])
         epoch = int(state["epoch"])
