@@ -141,6 +141,32 @@ def test_attaching_what_cannot_be_saved_is_one_line() -> None:
                  device=torch.device("cpu"))  # fmt: skip
 
 
+def test_an_optimizer_of_another_model_is_refused_at_attach_and_one_model_of_both_saves() -> None:
+    """attach(model=G, disc=D, optimizer=[opt_g, opt_d]) trained its steps, then failed at the first
+    save inside torch's state-dict helper (KeyError: 0); now refused at attach, the fix named."""
+    gen, disc = torch.nn.Linear(2, 2), torch.nn.Linear(2, 1)
+    opt_g, opt_d = torch.optim.Adam(gen.parameters(), lr=0.1), torch.optim.Adam(disc.parameters(), lr=0.1)
+    cpu = torch.device("cpu")
+    with pytest.raises(
+        UserInputError, match="optimizer 1 of the list steps parameters that are not model="
+    ) as e:
+        Attached(model=gen, optimizers=[opt_g, opt_d], objects={"disc": disc}, data=None, rank=0, device=cpu)
+    assert e.value.hint and "nn.ModuleDict" in e.value.hint
+    both = Attached(
+        model=torch.nn.ModuleDict({"gen": gen, "disc": disc}),
+        optimizers=[opt_g, opt_d],
+        objects={},
+        data=None,
+        rank=0,
+        device=cpu,
+    )
+    for opt, module in ((opt_g, gen), (opt_d, disc)):
+        module(torch.ones(1, 2)).sum().backward()
+        opt.step()
+    state = both.state({"step": 1})
+    assert {"gen.weight", "disc.weight"} <= set(state["model"]) and state["optim"]["state"]
+
+
 def test_numpys_random_state_round_trips_with_its_position() -> None:
     np.random.seed(5)
     np.random.standard_normal()  # a cached Gaussian and a position inside the key

@@ -74,6 +74,8 @@ class Attached:
         for name in objects:
             if name in RESERVED or not name.isidentifier():
                 raise UserInputError(f"attach(): {name!r} cannot name an object", where="hpclaunch.attach()")
+        if model is not None:
+            refuse_optimizers_of_other_modules(model, optimizers)
         self.model = model
         if model is not None:
             fix_ddp_bucket_order(model)
@@ -273,6 +275,22 @@ class _Extra:
         self.value.update(json.loads(state["json"]))
 
 
+def refuse_optimizers_of_other_modules(model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """An optimizer's state is saved by the model's parameter names: one that steps parameters the
+    model does not hold (a second model attached under its own name) could not be saved at all
+    (torch's helper fails at the first save, after the steps were trained)."""
+    own = {id(p) for p in model.parameters()}
+    for i, opt in enumerate(optimizers):
+        if any(id(p) not in own for group in opt.param_groups for p in group["params"]):
+            which = "the optimizer" if len(optimizers) == 1 else f"optimizer {i} of the list"
+            raise UserInputError(
+                f"attach(optimizer=...): {which} steps parameters that are not model='s",
+                where="hpclaunch.attach()",
+                hint="several models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D}), "
+                "with optimizer=[opt_g, opt_d]",
+            )
+
+
 def _stateful(name: str, obj: Any) -> Any:
     if isinstance(obj, nn.Module):
         return _Module(obj)
@@ -280,6 +298,7 @@ def _stateful(name: str, obj: Any) -> Any:
         raise UserInputError(
             f"attach({name}=...) is an optimizer: pass it as optimizer= (a list for several)",
             where="hpclaunch.attach()",
+            hint="several models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D})",
         )
     if isinstance(obj, dict):
         return _Extra(name, obj)
