@@ -423,3 +423,20 @@ def test_testing_step_sleep_skips_a_resumed_attempt_only_when_asked(
 
     knobs = ["testing.step_sleep_s=0.25", f"testing.step_sleep_resumed={str(resumed_sleeps).lower()}"]
     assert step_sleep_s(load_config(None, knobs), resumed=restored) == slept
+
+
+def test_attach_on_one_of_several_ranks_that_joined_no_process_group_is_refused_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain script under procs_per_node=2: both ranks trained as rank 0 of one, writing the same
+    checkpoints and metrics twice (exit 0)."""
+    import hpclaunch
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(
+        UserInputError, match=r"2 ranks were started \(WORLD_SIZE=2\) but this one joined no"
+    ) as e:
+        hpclaunch.attach(model=torch.nn.Linear(1, 1), run_dir=str(tmp_path / "run"))
+    assert e.value.hint and "init_process_group" in e.value.hint
+    assert not (tmp_path / "run").exists()

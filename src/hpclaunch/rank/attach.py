@@ -72,6 +72,7 @@ def attach(
     global _attached
     if _attached is not None and not _attached._closed:
         raise UserInputError("hpclaunch.attach() is called once per process", where="hpclaunch.attach()")
+    refuse_ranks_without_a_group()
     options: dict[str, Any] = {}
     if every_steps is not None:
         options["checkpoint.every_steps"] = every_steps
@@ -104,6 +105,23 @@ def attach(
         atexit.register(_close_standalone, run)
     _attached = run
     return run
+
+
+def refuse_ranks_without_a_group() -> None:
+    """Several ranks started (WORLD_SIZE > 1) and no process group joined: each would be rank 0 of
+    one, all writing the same checkpoints and logs and training the same steps side by side."""
+    import torch.distributed as dist
+
+    world = os.environ.get("WORLD_SIZE", "1")
+    joined = dist.is_available() and dist.is_initialized()
+    if not joined and world.isdigit() and int(world) > 1:
+        raise UserInputError(
+            f"{world} ranks were started (WORLD_SIZE={world}) but this one joined no process group: "
+            "each would train and save as the only rank",
+            where="hpclaunch.attach()",
+            hint="call torch.distributed.init_process_group() before attach(), or start one rank "
+            "(scheduler.procs_per_node=1; verify-resume --ranks 1)",
+        )
 
 
 def open_run(
