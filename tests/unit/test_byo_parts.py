@@ -440,3 +440,33 @@ def test_attach_on_one_of_several_ranks_that_joined_no_process_group_is_refused_
         hpclaunch.attach(model=torch.nn.Linear(1, 1), run_dir=str(tmp_path / "run"))
     assert e.value.hint and "init_process_group" in e.value.hint
     assert not (tmp_path / "run").exists()
+
+
+DDP_BUFFERS = """
+import sys, torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from hpclaunch.rank.objects import Attached
+dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
+ddp = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)))
+def digest(rank):
+    return Attached(model=ddp, optimizers=[], objects={}, data=None, rank=rank,
+                    device=torch.device("cpu")).digests(whole=False)["objects"]["model"]
+before = {r: digest(r) for r in (0, 1)}
+ddp.module[1].running_mean += 1  # what a rank's own forward does to its buffers, DDP's next undoes
+after = {r: digest(r) for r in (0, 1)}
+print(before[0] != after[0], before[1] == after[1])
+"""
+
+
+@pytest.mark.spawns
+def test_another_ranks_ddp_buffers_are_not_its_state_rank_0s_are(tmp_path: Path) -> None:
+    """verify-resume failed DDP + BatchNorm scripts: rank 1's running statistics after a step are
+    its own batch's, overwritten with rank 0's at the next forward, and its checkpoint holds rank 0's."""
+    done = subprocess.run(
+        [sys.executable, "-c", DDP_BUFFERS, str(tmp_path / "store")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "True"], done.stdout

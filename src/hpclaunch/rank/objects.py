@@ -199,7 +199,9 @@ class Attached:
         if fresh:
             optim_sd = {str(i): opt.state_dict() for i, opt in enumerate(self.optimizers)}
         if model_sd is not None:
-            per["model"] = local_state_sha256(flat_items("model", model_sd))
+            per["model"] = local_state_sha256(
+                flat_items("model", _the_ranks_own(self.model, model_sd, self.rank))
+            )
         if optim_sd is not None:
             per["optim"] = local_state_sha256(flat_items("optim", optim_sd))
         for name, obj in self.objects.items():
@@ -212,6 +214,20 @@ class Attached:
             "state_sha256": together,
             "objects": per,
         }
+
+
+def _the_ranks_own(model: Any, state: dict[str, Any], rank: int) -> dict[str, Any]:
+    """The model state that is this rank's own. DDP (``broadcast_buffers``, its default) overwrites
+    every rank's buffers (BatchNorm's running statistics) with rank 0's at each forward, so another
+    rank's buffers after a step are no state of the run: its checkpoint holds rank 0's, and a
+    resumed rank 1 that compared them with its own before the stop saw a difference that the next
+    forward erases."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if rank == 0 or not isinstance(model, DistributedDataParallel) or not model.broadcast_buffers:
+        return state
+    buffers = {name for name, _ in model.module.named_buffers()}
+    return {k: v for k, v in state.items() if k not in buffers}
 
 
 def fix_ddp_bucket_order(model: nn.Module) -> None:
