@@ -18,6 +18,7 @@ from ..orchestrator.stragglers import describe as describe_stragglers
 from ..orchestrator.write_failures import describe_experiment_logs, describe_failed_saves
 from ..rundir import RunPaths
 from ..rundir.readers import sweep_roots
+from ..templates.shell import quote
 from .common import (
     ConfigOptArg,
     JsonOpt,
@@ -118,7 +119,7 @@ def submit(
             f"--resume continues {resume} with the config it was started with; "
             f"{', '.join(map(str, config))} would be ignored",
             where="submit",
-            hint=f"drop the CONFIG and change settings with --set (hpclaunch submit --resume {resume} "
+            hint=f"drop the CONFIG and change settings with --set (hpclaunch submit --resume {quote(resume)} "
             "--set train.steps=N), or submit the CONFIG as a new run without --resume",
         )
     refuse_sweep_with_resume(resume, sweep)
@@ -147,7 +148,7 @@ def submit(
         typer.echo(f"  {planned.change.line()}")
     if submitted.after is not None and (verdict := settle_chain(submitted)) is not None:
         typer.echo(f"  chained after {submitted.after.root}: {_chain_words(verdict.action, verdict.reason)}")
-    typer.echo(f"  follow it: hpclaunch status {paths.root} --watch")
+    typer.echo(f"  follow it: hpclaunch status {quote(paths.root)} --watch")
     if wait:
         code = _wait(paths)
         raise typer.Exit(code)
@@ -170,9 +171,9 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         views = _wait_until_ended(roots, poll_s)
     except KeyboardInterrupt:
         err_console.print(
-            f"hpclaunch: stopped waiting; the run goes on. Follow it: hpclaunch status {paths.root} "
-            f"--watch; stop it with a checkpoint: hpclaunch stop {paths.root}; end it now: "
-            f"hpclaunch cancel {paths.root}",
+            f"hpclaunch: stopped waiting; the run goes on. Follow it: hpclaunch status {quote(paths.root)} "
+            f"--watch; stop it with a checkpoint: hpclaunch stop {quote(paths.root)}; end it now: "
+            f"hpclaunch cancel {quote(paths.root)}",
             highlight=False,
         )
         return 130
@@ -182,7 +183,7 @@ def _wait(paths: RunPaths, poll_s: float = 2.0) -> int:
         _print_status(views[0])
     for view in views:
         if view.state != "finished":
-            console.print(ended_line(view), highlight=False, soft_wrap=True)
+            console.print(ended_line(view), highlight=False, markup=False, soft_wrap=True)
     return ended_code(views)
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..errors import RunNotFoundError, RunStateError
 from ..rundir import RunPaths
 from ..rundir.readers import Found, RunKind, what_is_at
+from ..templates.shell import quote
 
 
 def found(run: Path) -> Found:
@@ -35,7 +36,7 @@ def one_run(run: Path, command: str) -> RunPaths:
         raise RunStateError(
             f"{there.describe()}: {command} takes one run",
             where="RUN",
-            hint=f"name one of its points: hpclaunch {command} {there.points[0]}",
+            hint=f"name one of its points: hpclaunch {command} {quote(there.points[0])}",
         )
     return RunPaths(there.path)
 
@@ -48,7 +49,7 @@ def refuse_sweep_with_resume(resume: Path | None, sweeps: list[str] | None) -> N
         f"--sweep starts a new sweep and --resume continues what {resume} holds; "
         "a resume never turns a run into a sweep; nothing was written",
         where="--sweep",
-        hint=f"resume it without --sweep (hpclaunch submit --resume {resume}), or submit the sweep "
+        hint=f"resume it without --sweep (hpclaunch submit --resume {quote(resume)}), or submit the sweep "
         "as a new run: hpclaunch submit CONFIG --sweep KEY=V1,V2 --set name=NEW",
     )
 
@@ -62,7 +63,7 @@ def resumable(run: Path) -> RunPaths:
             "nothing was written",
             where="--resume",
             hint="resume each point from its own checkpoint: "
-            + "; ".join(f"hpclaunch submit --resume {p}" for p in there.points[:2])
+            + "; ".join(f"hpclaunch submit --resume {quote(p)}" for p in there.points[:2])
             + ("; ..." if len(there.points) > 2 else ""),
         )
     return RunPaths(there.path)

@@ -15,6 +15,7 @@ from ..errors import RunStateError, UserInputError
 from ..orchestrator.status import StatusView
 from ..rundir import CANCELLED, STOP_REQUESTED, Ledger, RunPaths, read_events
 from ..rundir.cause import Cause
+from ..templates.shell import quote
 from .common import console
 from .run_dirs import found
 from .views import plan_scheduler, status_view
@@ -57,7 +58,8 @@ def _in_flight(run: Path, command: str) -> tuple[Path, list[RunPaths], int]:
         raise RunStateError(
             f"nothing to {command}: {what} ended ({states}); nothing was written",
             where=str(there.path),
-            hint=f"see hpclaunch status {there.path}; continue a stopped run with hpclaunch submit --resume",
+            hint=f"see hpclaunch status {quote(there.path)}; continue a stopped run with "
+            "hpclaunch submit --resume",
         )
     return there.path, targets, len(there.points)
 
@@ -97,7 +99,7 @@ def stop(
         raise RunStateError(
             f"nothing to stop: the run ended ({states}) before the stop reached it; nothing was left behind",
             where=str(root),
-            hint=f"see hpclaunch status {root}",
+            hint=f"see hpclaunch status {quote(root)}",
         )
     for target in targets:
         Ledger(target, role="cli").append(

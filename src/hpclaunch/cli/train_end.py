@@ -13,6 +13,7 @@ from ..orchestrator.login_flow import foreground_outcome
 from ..rundir import RunPaths
 from ..rundir.cause import STOP_EXIT_CODES, Cause
 from ..rundir.outcome import AttemptOutcome
+from ..templates.shell import join
 from .common import console, err_console
 
 
@@ -24,18 +25,24 @@ def last_word(paths: RunPaths, config: list[Path], overrides: list[str] | None, 
         console.print(
             f"failed at step {outcome.step} ({outcome.cause}); the ranks' full report is in {paths.logs}/",
             highlight=False,
+            markup=False,
         )
         err_console.print(f"hpclaunch: training failed: {outcome.error}", highlight=False, markup=False)
     elif outcome is not None and outcome.status != "stopped":
         console.print(f"{outcome.status} at step {outcome.step}", highlight=False)
     elif outcome is not None:
-        # What continues a foreground run is this command, not `submit --resume`.
-        again = " ".join(str(c) for c in config) + "".join(f" --set {o}" for o in overrides or [])
+        # What continues a foreground run is this command, not `submit --resume`; a run named by its
+        # directory (its own config.yaml) or a script's (no CONFIG) by that directory, as the user
+        # can: every word quoted, to be copied as printed.
+        own = len(config) == 1 and config[0].resolve() == paths.config.resolve()
+        named = [paths.root] if own or not config else config
+        again = join([*map(str, named), *(w for o in overrides or [] for w in ("--set", o))])
         how = "cancelled" if outcome.cause is Cause.CANCELLED else "stopped"
         console.print(
             f"{how} at step {outcome.step} ({outcome.cause}); continue it: hpclaunch train {again} --resume",
             highlight=False,
-            soft_wrap=True,  # a command to copy: never broken across lines
+            markup=False,  # a command to copy: printed as it is, never broken across lines
+            soft_wrap=True,
         )
     return exit_code(outcome, agent_code)
 

@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import SchedulerError
 from ..orchestrator.status import StatusView
 from ..rundir import RunPaths, read_events, read_plan
+from ..templates.shell import quote
 
 
 def plan_scheduler(paths: RunPaths) -> str | None:
@@ -49,18 +50,20 @@ def ended_code(views: list[StatusView]) -> int:
 
 
 def ended_line(view: StatusView) -> str:
-    """How a run that did not finish ended, and what to do next, in one line (after a wait)."""
+    """How a run that did not finish ended, and what to do next, in one line (after a wait); the
+    commands in it quoted, to be copied as printed."""
     run = view.run
+    arg = quote(run)
     last = view.attempts[-1] if view.attempts else None
     at = f" at step {view.step}" if view.step else ""
     if view.state == "stopped":
         cause = f" ({last.cause})" if last is not None and last.cause else ""
-        return f"{run} stopped{at}{cause}, not finished; continue it: hpclaunch submit --resume {run}"
+        return f"{run} stopped{at}{cause}, not finished; continue it: hpclaunch submit --resume {arg}"
     if view.state == "failed":
         error = f": {last.error.strip().splitlines()[0]}" if last is not None and last.error else ""
-        return f"{run} failed{at}{error}; see hpclaunch logs {run}"
+        return f"{run} failed{at}{error}; see hpclaunch logs {arg}"
     if view.state == "cancelled":
         return (
-            f"{run} was cancelled{at}; continue it from its last checkpoint: hpclaunch submit --resume {run}"
+            f"{run} was cancelled{at}; continue it from its last checkpoint: hpclaunch submit --resume {arg}"
         )
     return f"{run} ended {view.state}{at}" + (f"; {view.hint}" if view.hint else "")

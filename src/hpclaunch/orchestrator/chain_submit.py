@@ -16,6 +16,7 @@ from ..rundir import CHAIN_WAITING, Ledger, RunPaths, read_events
 from ..rundir.chain import Follower, Verdict, register, verdict
 from ..rundir.readers import RunKind, what_is_at
 from ..schedulers.chain_release import settle_followers
+from ..templates.shell import quote
 
 
 def check_after(after: Path, run_root: Path, *, sweep: bool) -> RunPaths:
@@ -39,7 +40,7 @@ def check_after(after: Path, run_root: Path, *, sweep: bool) -> RunPaths:
         raise UserInputError(
             f"{v.reason}: a run after it would never start; nothing was submitted",
             where="--after",
-            hint=f"continue it first (hpclaunch submit --resume {paths.root}), then chain after it",
+            hint=f"continue it first (hpclaunch submit --resume {quote(paths.root)}), then chain after it",
         )
     return paths
 

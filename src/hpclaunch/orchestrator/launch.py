@@ -38,6 +38,7 @@ from ..rundir.plan import write_plan
 from ..schedulers.protocol import RenderedJob, Scheduler, write_script
 from ..schedulers.registry import get_scheduler
 from ..schedulers.rescue_job import leave_rescue
+from ..templates.shell import quote
 from . import plan_build as plan_mod
 from .refusals import refuse_existing_run
 
@@ -167,7 +168,7 @@ def refuse_if_locked(plan: JobPlan) -> None:
             raise RunLockedError(
                 f"this run is active: {holder.describe()} ({live.why})",
                 where=str(paths.root),
-                hint=f"stop it first (hpclaunch stop {paths.root}), or wait until it ends",
+                hint=f"stop it first (hpclaunch stop {quote(paths.root)}), or wait until it ends",
             )
 
 
@@ -190,7 +191,7 @@ def submit(
         for root in {Path(plan.run_dir), *roots}:
             refuse_existing_run(
                 root,
-                hint=f"continue it with 'hpclaunch submit --resume {root}', or choose another name/run_dir",
+                hint=f"continue it with 'hpclaunch submit --resume {quote(root)}', or choose another name/run_dir",
             )
     # The lock first, before anything is written: a second writer is refused with nothing changed.
     locks = [(RunLock(plan.paths(str(r))), r) for r in roots]

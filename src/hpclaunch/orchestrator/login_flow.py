@@ -111,7 +111,7 @@ def refuse_unless_resumable_now(paths: RunPaths, state: str, step: int, steps: i
         raise RunStateError(
             f"{paths.root} is {state}: its job has not exited yet; nothing was written",
             where="--resume",
-            hint=f"resume it once hpclaunch status {paths.root} says it has ended (seconds)",
+            hint=f"resume it once hpclaunch status {quote(paths.root)} says it has ended (seconds)",
         )
 
 
@@ -217,7 +217,7 @@ def refuse_training_in_a_sweep_root(root: Path) -> None:
         raise UserInputError(
             f"{there.describe()}; training here would make its root a run; nothing was written",
             where="run_dir",
-            hint=f"train one point (hpclaunch submit --resume {there.points[0]}) or choose another name/run_dir",
+            hint=f"train one point (hpclaunch submit --resume {quote(there.points[0])}) or choose another name/run_dir",
         )
 
 

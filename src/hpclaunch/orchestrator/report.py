@@ -22,6 +22,7 @@ from ..rundir import RunPaths
 from ..rundir.metrics import MetricsLine, read_metrics
 from ..rundir.readers import sweep_roots
 from ..schedulers.protocol import ACTIVE_STATES
+from ..templates.shell import quote
 from .accounting import PHASES, AttemptTime, RunTime, fmt_seconds
 from .memory_tier_view import describe_memory_tier
 from .status import StatusView, steps_text, summarize
@@ -85,7 +86,7 @@ def _files_of(root: Path, summary: StatusView, lines: list[MetricsLine]) -> _Fil
         raise UserInputError(
             f"{root} has no metrics yet: the run has not logged a step",
             where="report",
-            hint=f"wait for its first log step (train.log_every), or see: hpclaunch status {root}",
+            hint=f"wait for its first log step (train.log_every), or see: hpclaunch status {quote(root)}",
         )
     drawn = {
         "timeline.png": figures.timeline_figure(summary),
@@ -218,7 +219,7 @@ def _sweep_files(root: Path, points: list[Path]) -> _Files:
         raise UserInputError(
             f"{root} is a sweep whose points have no metrics yet",
             where="report",
-            hint=f"wait for their first log steps, or see: hpclaunch status {root}",
+            hint=f"wait for their first log steps, or see: hpclaunch status {quote(root)}",
         )
     items = {"sweep.png": sweep_png}
     links = "".join(

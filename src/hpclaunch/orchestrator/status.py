@@ -39,6 +39,7 @@ from ..rundir.events import (
 )
 from ..rundir.metrics import MetricsLine, read_metrics
 from ..schedulers.protocol import ACTIVE_STATES
+from ..templates.shell import quote
 from .accounting import RunTime, metrics_steps_by_attempt
 from .checkpoint_interval import IntervalSummary, checkpoint_interval_summary
 from .cost import run_cost
@@ -567,12 +568,12 @@ def _hint(state: str, run: Path, job_id: str | None, *, rescue: str | None = Non
     if state == "lost":
         return (
             f"the scheduler shows no pending or running job for this run (last job {job_id or '?'}); "
-            f"continue it with: hpclaunch submit --resume {run}"
+            f"continue it with: hpclaunch submit --resume {quote(run)}"
         )
     if state.startswith("lost (") and rescue is not None:
         return f"the job ended without its agent recording why; its rescue job {rescue} decides the attempt"
     if state.startswith("lost ("):
-        return f"the job ended without its agent recording why; see hpclaunch logs {run}"
+        return f"the job ended without its agent recording why; see hpclaunch logs {quote(run)}"
     return None
 
 

@@ -29,7 +29,7 @@ from ..rundir.env import NODE_RANK_VAR, START_TIME_VAR
 from ..rundir.events import Started
 from ..rundir.plan import write_plan
 from ..templates import jinja, lint
-from ..templates.shell import Raw, directive_value, join
+from ..templates.shell import Raw, directive_value, join, pbs_output_path
 from . import pbs_json
 from .batch import BatchCommands, BatchScheduler
 from .nodes import resolve_address
@@ -90,7 +90,9 @@ def render_pbs(plan: JobPlan, *, single_run_dir: str | None = None) -> RenderedJ
     array_spec = ""
     if n > 1:
         array_spec = f"0-{n - 1}" + (f"%{plan.array_parallelism}" if plan.array_parallelism else "")
-    log_dir = str(Path(plan.run_dir) / "logs") + "/"
+    log_dir = pbs_output_path(
+        str(Path(plan.run_dir) / "logs") + "/", what="run_dir", dialect=plan.pbs_dialect
+    )
     extra = lint.extra_directives(plan.extra_directives, "#PBS")
     text = jinja.render_job(
         "pbs.sh.j2",
@@ -152,7 +154,9 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
     """The rescue job's script (``schedulers.rescue_job``): one chunk of one CPU, a few minutes, the
     run's account, ``scheduler.rescue``'s queue and GPUs; its output in the run's scheduler folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
-    log = directive_value(str(Path(plan.run_dir) / "scheduler") + "/", what="run_dir")
+    log = pbs_output_path(
+        str(Path(plan.run_dir) / "scheduler") + "/", what="run_dir", dialect=plan.pbs_dialect
+    )
     r = plan.rescue
     if plan.pbs_dialect == "pro":
         size = "select=1:ncpus=1" + (f":ngpus={r.gpus}" if r.gpus else "")

@@ -32,7 +32,7 @@ from ..rundir.plan import write_plan
 from ..templates import lint
 from ..templates.container_lines import container_lines
 from ..templates.exports import job_exports, script_header
-from ..templates.shell import Raw, directive_value, join
+from ..templates.shell import Raw, directive_value, join, slurm_filename
 from . import submitit_adapter
 from .batch import BatchCommands, BatchScheduler
 from .nodes import resolve_address
@@ -179,7 +179,10 @@ def render_rescue(plan: JobPlan) -> RenderedJob:
     """The rescue job's script (``schedulers.rescue_job``): one task, a few minutes, the run's account,
     ``scheduler.rescue``'s partition, QOS and GPUs; its output beside the submitit folder."""
     name = directive_value(f"{plan.name}-rescue", what="name")
-    log = directive_value(str(Path(plan.run_dir) / "scheduler" / "rescue-%j.out"), what="run_dir")
+    # a file-name pattern: the run directory's own '%'s doubled, %j the rescue's job id
+    log = directive_value(
+        slurm_filename(str(Path(plan.run_dir) / "scheduler")) + "/rescue-%j.out", what="run_dir"
+    )
     submitted = f"sbatch --parsable {' '.join(rescue_sbatch_args('JOB'))} {RESCUE_SCRIPT_NAME} JOB"
     lines = [
         *rescue_header(plan, submitted),

@@ -17,19 +17,39 @@ range that test has passed on.
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..templates.shell import quote, slurm_filename
+
 TESTED = ">=1.5.1,<1.6"  # keep in step with pyproject.toml
 SUBMITIT_MARKER = "export SUBMITIT_EXECUTOR=slurm"
+# The log folder as submitit sees it: the real one goes in afterwards, escaped (``sbatch_text``).
+# No '%' (submitit rewrites %j and %t in the whole path); a space, so that submitit quotes each
+# path that holds it as one word, and no run directory (a directive value: no spaces) can hold it.
+FOLDER_STAND_IN = "/hpclaunch log folder"
+_STOOD_IN = re.compile("'" + re.escape(FOLDER_STAND_IN) + "/([^'/]*)'")
 
 
 def sbatch_text(*, command: str, folder: Path, **parameters: Any) -> str:
-    """submitit's sbatch file for ``command`` (a shell command line, already quoted)."""
+    """submitit's sbatch file for ``command`` (a shell command line, already quoted).
+
+    The log folder is a file-name pattern's literal part (``#SBATCH --output``, ``srun --output``;
+    ``--error`` too where stderr is apart): SLURM expands ``%`` patterns there, so each ``%`` of the
+    folder is doubled (``shell.slurm_filename``) while the patterns submitit adds (``%j``, ``%t``,
+    ``%A_%a``) stay. submitit formats with a stand-in folder, which the escaped one then replaces:
+    given the real one, it would rewrite a ``%j`` or ``%t`` of the folder itself."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    text = str(_make_sbatch_string(command=command, folder=folder, **parameters))
+    if FOLDER_STAND_IN in command or FOLDER_STAND_IN in repr(parameters):
+        raise ValueError(f"{FOLDER_STAND_IN!r} is reserved for the log folder")
+    text = str(_make_sbatch_string(command=command, folder=FOLDER_STAND_IN, **parameters))
+    real = slurm_filename(str(Path(folder).expanduser().absolute()))
+    text = _STOOD_IN.sub(lambda m: quote(f"{real}/{m.group(1)}"), text)
+    if FOLDER_STAND_IN in text:
+        raise ValueError(f"submitit wrote the log folder in a form this adapter does not know:\n{text}")
     # submitit's marker for its own JobEnvironment inside a job; the node agent never asks it, and
     # an admin reading the script should not wonder what it is for.
     return text.replace(f"\n{SUBMITIT_MARKER}\n", "\n", 1)

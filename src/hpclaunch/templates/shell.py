@@ -1,9 +1,13 @@
 """The one function that quotes values for a shell, and the checks for what cannot be quoted.
 
 Every value that reaches a job script goes through ``quote`` (Jinja templates apply it to every
-``{{ expression }}`` via ``finalize``). Values in ``#SBATCH``/``#PBS`` directive lines cannot be
-quoted reliably (each scheduler parses them its own way), so those are checked against a strict
-character set instead and refused with a clear message.
+``{{ expression }}`` via ``finalize``), and so does every path or value in a command line hpclaunch
+suggests to the user ("follow it: hpclaunch status RUN --watch"), so that it can be copied into a
+shell as printed (a plain path stays as it is). Values in ``#SBATCH``/``#PBS`` directive lines
+cannot be quoted reliably (each scheduler parses them its own way), so those are checked against a
+strict character set instead and refused with a clear message; a path the scheduler reads as a
+file-name pattern (``slurm_filename``) or as ``[host:]path`` (``pbs_output_path``) is escaped or
+refused as well.
 """
 
 from __future__ import annotations
@@ -49,5 +53,38 @@ def directive_value(value: str, *, what: str) -> str:
             f"{value!r} cannot be written into a #SBATCH/#PBS line",
             where=what,
             hint="use letters, digits and ._:@%+,=/- only (no spaces, quotes or shell syntax)",
+        )
+    return value
+
+
+def slurm_filename(path: str) -> str:
+    """``path`` as the literal part of a SLURM file-name pattern (``sbatch``/``srun`` ``--output``,
+    ``--error``, ``--input``): SLURM expands ``%j``, ``%t``, ``%A``... there, and ``%%`` is a literal
+    ``%``. The patterns hpclaunch adds after it (``/%j_%t_log.out``) stay patterns."""
+    return path.replace("%", "%%")
+
+
+def pbs_output_path(path: str, *, what: str, dialect: str) -> str:
+    """``path`` for a ``#PBS -o``/``-e`` line, or a clear refusal. qsub reads those as
+    ``[host:]path``: a path that begins with '/' has no host part (OpenPBS's and Torque's
+    ``prepare_path`` stop looking for one at the first '/'), so a ':' after it is the path's; a
+    relative one with a ':' could be taken for a host name's end (there is no escape for it). Under
+    Slurm's Torque emulation (``--pbs-dialect torque``'s tested target) sbatch reads them as SLURM
+    file-name patterns, where a ``%`` is expanded, while a real Torque takes it as it is: no spelling
+    means the same to both."""
+    value = directive_value(path, what=what)
+    if ":" in value and not value.startswith("/"):
+        raise UserInputError(
+            f"the job's log path {value!r} holds a ':': qsub reads #PBS -o/-e as [host:]path, so "
+            "the text before the ':' would be taken for a host name",
+            where=what,
+            hint="choose a run_dir without ':'",
+        )
+    if dialect == "torque" and "%" in value:
+        raise UserInputError(
+            f"the job's log path {value!r} holds a '%': Slurm's Torque emulation reads #PBS -o/-e as a "
+            "file-name pattern (%j: the job id), a real Torque as it is",
+            where=what,
+            hint="choose a run_dir without '%'",
         )
     return value
