@@ -64,6 +64,11 @@ def test_resume_of_a_finished_run_is_refused_and_submits_nothing(
     assert "--resume: " in line and "has finished (step 120/120): there is nothing to resume" in line, line
     assert "--set train.steps=N" in line
     assert snapshot(finished) == before
+    # a shorter length than the run reached: said as such, not "finished (step 120/50)"
+    assert main(["submit", "--resume", str(finished), "--no-preflight", "--set", "train.steps=50"]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "is at step 120, past train.steps=50: there is nothing to resume" in line, line
+    assert snapshot(finished) == before
 
 
 def test_submit_with_a_config_and_resume_is_refused_not_silently_ignoring_the_config(

@@ -119,8 +119,13 @@ def refuse_nothing_to_train(paths: RunPaths, step: int, steps: int, *, again: st
     """A resume of a run that has trained its ``steps`` (``step``: how far it is) has nothing to do;
     ``again``: the command that resumes it (``submit --resume RUN``), told with a longer length."""
     if step >= steps:
+        where = (
+            f"has finished (step {step}/{steps})"
+            if step == steps
+            else f"is at step {step}, past train.steps={steps}"
+        )
         raise RunStateError(
-            f"{paths.root} has finished (step {step}/{steps}): there is nothing to resume",
+            f"{paths.root} {where}: there is nothing to resume",
             where="--resume",
             hint=f"to train it longer: hpclaunch {again} --set train.steps=N (N > {step})",
         )
