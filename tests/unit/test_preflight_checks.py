@@ -561,6 +561,18 @@ def test_config_warnings(tmp_path: Path) -> None:
     assert "every_steps 50 > train.steps 20" in out.finding
 
 
+def test_a_scripts_run_is_warned_of_a_time_limit_that_leaves_no_training_too(tmp_path: Path) -> None:
+    """A script under a 12 s limit trained one step per attempt until its 20 requeues ran out, with
+    no word from preflight (the built-in trainer's runs had the warning)."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    raw = {"name": "t", "scheduler": {"time_limit": "12s"}, "script": {"path": str(tmp_path / "train.py")}}
+    cfg = RunConfig.model_validate(raw).resolved(tmp_path)
+    out = check_config(context(cfg))
+    assert out.status is Status.WARN and "scheduler.time_limit 12s leaves ~0 s of training" in out.finding, (
+        out
+    )
+
+
 def test_config_step_sleep_gives_a_lower_bound(tmp_path: Path) -> None:
     cfg = config(
         tmp_path,

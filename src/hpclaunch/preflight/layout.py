@@ -93,13 +93,7 @@ def check_config(ctx: CheckContext) -> Outcome:
                 "raise launch.stop_lead_s, or leave it null to use the measured save time",
             )
 
-    train_s = s.time_limit_s - lead - ASSUMED_STARTUP_S
-    if train_s < MIN_TRAIN_S:
-        f.warn(
-            f"scheduler.time_limit {s.time_limit} leaves ~{max(train_s, 0)} s of training per attempt "
-            f"after startup (~{ASSUMED_STARTUP_S} s, assumed) and the stop lead ({lead} s)",
-            "raise scheduler.time_limit: most of each attempt would be spent starting and saving",
-        )
+    train_s = _warn_if_attempts_barely_train(cfg, f, lead)
     every = c.every_steps if isinstance(c.every_steps, int) and c.every_minutes is None else None
     if every is not None and every > t.steps:
         f.warn(
@@ -128,6 +122,21 @@ def check_config(ctx: CheckContext) -> Outcome:
     return f.outcome()
 
 
+def _warn_if_attempts_barely_train(cfg: RunConfig, f: Findings, lead: int) -> int:
+    """Warn where the time limit leaves an attempt little time to train after its start and its
+    stop lead (each attempt would train a step or two and be requeued, until the requeues run out);
+    return the seconds it leaves."""
+    s = cfg.scheduler
+    train_s = s.time_limit_s - lead - ASSUMED_STARTUP_S
+    if train_s < MIN_TRAIN_S:
+        f.warn(
+            f"scheduler.time_limit {s.time_limit} leaves ~{max(train_s, 0)} s of training per attempt "
+            f"after startup (~{ASSUMED_STARTUP_S} s, assumed) and the stop lead ({lead} s)",
+            "raise scheduler.time_limit: most of each attempt would be spent starting and saving",
+        )
+    return train_s
+
+
 def _check_script_layout(ctx: CheckContext) -> Outcome:
     """A script's run: the layout, the stop lead and the save interval (the model, its batch and
     its memory are the script's; the ``script`` check's probe measures what a checkpoint holds)."""
@@ -144,6 +153,7 @@ def _check_script_layout(ctx: CheckContext) -> Outcome:
         if cfg.launch.stop_lead_s is None
         else f"stop lead {lead} s"
     )
+    _warn_if_attempts_barely_train(cfg, f, lead)
     for issue in validate_nccl_env(cfg.nccl.env):
         hint = f"use {issue.replacement}" if issue.replacement else "see 'hpclaunch nccl presets'"
         (f.fail if issue.severity == "error" else f.warn)(f"nccl.env.{issue}", hint)
