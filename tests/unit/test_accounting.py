@@ -172,6 +172,21 @@ def test_a_resume_from_an_older_checkpoint_loses_the_newer_one_too() -> None:
     assert (a.kept_step, a.lost_steps) == (40, 22)
 
 
+def test_a_checkpoint_saved_but_never_recorded_counts_as_kept_where_the_next_attempt_resumed_from_it() -> (
+    None
+):
+    """7.1's ranks died before they recorded their step-50 save's end (a background save, then the
+    crash): 7.2 resumed from it, so 7.1 kept 50 and lost 51..62 (status said "lost 20 steps after its
+    last checkpoint (step 30)" beside "resumed from step 50")."""
+    events = [e for e in EVENTS if not (e.get("attempt") == "7.1" and e["event"] == "checkpoint_saved")]
+    a = account(
+        as_events(events), as_lines(METRICS), time_limit_s=LIMIT, progress=PROGRESS, now=1000.0
+    ).attempts[1]
+    assert (a.kept_step, a.last_step, a.lost_steps) == (50, 62, 12)
+    rows = attempts_from_events(as_events(events))
+    assert rows[1].checkpoint_step == 50 and rows[0].checkpoint_step == 30
+
+
 def test_a_live_attempt_has_no_lost_steps_yet_and_ends_now() -> None:
     events = [e for e in EVENTS if float(e["ts"]) <= 175.0]
     metrics = [m for m in METRICS if float(m["ts"]) <= 175.0]

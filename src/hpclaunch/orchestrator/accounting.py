@@ -304,6 +304,10 @@ def _attempt_time(
     kept = max([_step(s) for s in saves] + [a.first_step or 0])
     if next_resume is not None and (a.first_step or 0) <= next_resume < kept:
         kept = next_resume  # the next attempt did not resume from this attempt's newest checkpoint
+    elif next_resume is not None and kept < next_resume <= (last_step or 0):
+        # the next attempt resumed from a state this one saved but never recorded (its ranks died
+        # before they heard the background save end): those steps were kept
+        kept = next_resume
     if last_step is not None:
         kept = last_step if live else min(kept, last_step)
     a.kept_step = kept if resumed is not None else None

@@ -127,7 +127,13 @@ def attempts_from_events(events: Sequence[Event]) -> list[Attempt]:
             by_key[key] = Attempt(attempt=key)
             order.append(key)
         _apply(by_key[key], e)
-    return [by_key[k] for k in order]
+    attempts = [by_key[k] for k in order]
+    for a, b in zip(attempts, attempts[1:]):
+        # b resumed from a checkpoint on disk newer than a's start: a saved it, even where its ranks
+        # died before they recorded the background save's end
+        if b.resumed_from != "memory" and b.resumed_step and b.resumed_step > (a.resumed_step or 0):
+            a.checkpoint_step = max(a.checkpoint_step or 0, b.resumed_step)
+    return attempts
 
 
 def _apply(a: Attempt, e: Event) -> None:
