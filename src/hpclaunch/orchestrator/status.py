@@ -6,6 +6,7 @@ own view of the current job. Never imports torch.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -128,7 +129,7 @@ def attempts_from_events(events: Sequence[Event]) -> list[Attempt]:
             order.append(key)
         _apply(by_key[key], e)
     attempts = [by_key[k] for k in order]
-    for a, b in zip(attempts, attempts[1:]):
+    for a, b in itertools.pairwise(attempts):
         # b resumed from a checkpoint on disk newer than a's start: a saved it, even where its ranks
         # died before they recorded the background save's end
         if b.resumed_from != "memory" and b.resumed_step and b.resumed_step > (a.resumed_step or 0):
