@@ -75,8 +75,9 @@ def test_a_bad_value_is_named_with_the_layer_that_set_it(tmp_path: Path) -> None
     exp = write(tmp_path, "exp.yaml", "train: {steps: 50}\n")  # now warmup_steps (from base) is too long
     with pytest.raises(ConfigError, match=r"warmup_steps: 100 must be smaller than train\.steps=50") as err:
         load_config([base, exp])
-    # exp.yaml made it wrong (issue 26: base.yaml was blamed); base.yaml's part is said too.
-    assert err.value.where == str(exp) and f"(train.warmup_steps from {base})" in err.value.message
+    # exp.yaml made it wrong (issue 26: base.yaml was blamed alone); both are named, each with its key.
+    assert err.value.where == f"{base} + {exp}"
+    assert f"(train.warmup_steps from {base}, train.steps from {exp})" in err.value.message
     with pytest.raises(ConfigError) as err:
         load_config([base, exp], ["train.lr=-1"])
     assert err.value.where == "--set" and "train.lr" in err.value.message
@@ -100,13 +101,14 @@ def test_a_cross_field_error_names_the_layer_that_changed_it_and_where_the_other
     with pytest.raises(ConfigError) as e:
         load_config(run, ["train.steps=5"])
     assert e.value.one_line() == (
-        f"--set: train.warmup_steps: 10 must be smaller than train.steps=5 (train.warmup_steps from {run})"
+        f"{run} + --set: train.warmup_steps: 10 must be smaller than train.steps=5 "
+        f"(train.warmup_steps from {run}, train.steps from --set)"
     )
-    # Two files: the later one that shortened the run is named.
+    # Two files: both named, in the order they were layered.
     short = write(tmp_path, "short.yaml", "train: {steps: 8}\n")
     with pytest.raises(ConfigError) as e:
         load_config([run, short])
-    assert e.value.where == str(short) and f"(train.warmup_steps from {run})" in e.value.message
+    assert e.value.where == f"{run} + {short}" and f"(train.warmup_steps from {run}," in e.value.message
 
 
 def test_the_default_warmup_scales_so_a_short_run_needs_one_override() -> None:
@@ -160,12 +162,20 @@ def test_resume_with_set_blames_set_not_the_runs_config(tmp_path: Path) -> None:
     assert e.value.where == "--set" and f"(train.warmup_steps from {paths.config})" not in e.value.message
 
 
-def test_every_cross_field_error_blames_the_later_layer(tmp_path: Path) -> None:
-    """The class: a value valid in its file, made wrong by a later layer, names that layer."""
+def test_every_cross_field_error_names_the_later_layer_and_the_earlier_one(tmp_path: Path) -> None:
+    """The class: a value valid in its file, made wrong by a later layer, names both layers (the
+    later one last), and which key each set; a key left at its default is not blamed on anyone."""
     run = write(tmp_path, "run.yaml", "train: {global_batch: 16}\nscheduler: {procs_per_node: 2}\n")
     with pytest.raises(ConfigError) as e:
         load_config(run, ["scheduler.procs_per_node=3"])
-    assert e.value.where == "--set" and "train.global_batch" in e.value.message
+    assert e.value.where == f"{run} + --set" and "train.global_batch" in e.value.message
+    assert f"train.global_batch from {run}, scheduler.procs_per_node from --set" in e.value.message
+    lead = write(tmp_path, "lead.yaml", "launch: {stop_lead_s: 60}\n")
     with pytest.raises(ConfigError) as e:
-        load_config(write(tmp_path, "lead.yaml", "launch: {stop_lead_s: 60}\n"), ["scheduler.time_limit=30s"])
-    assert e.value.where == "--set" and "launch.stop_lead_s" in e.value.message
+        load_config(lead, ["scheduler.time_limit=30s"])
+    assert e.value.where == f"{lead} + --set" and "launch.stop_lead_s" in e.value.message
+    # The file holds a train section, but not train.steps: only --set set a key of the rule.
+    other = write(tmp_path, "other.yaml", "train: {lr: 1.0e-3}\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(other, ["train.warmup_steps=500"])
+    assert e.value.where == "--set" and " from " not in e.value.message

@@ -98,8 +98,15 @@ def _optional_sections() -> list[str]:
     return [key for key, type_name, _, _ in iter_reference_rows() if type_name.startswith("section")]
 
 
+# Keys whose default a rule computes from other keys (train.warmup_steps: 10, less for a short run).
+# The template leaves them out: a value written there would be pinned, and `--set train.steps=5` on
+# the config `init` wrote was refused (warmup 10 not below 5).
+_DEFAULT_FOLLOWS_OTHER_KEYS = ("train.warmup_steps",)
+
+
 def commented_example() -> str:
-    """Every key with its default, each preceded by its description as a comment."""
+    """Every key with its default, each preceded by its description as a comment (a key whose
+    default follows other keys commented out)."""
     out = ["# hpclaunch run config. Every key is shown with its default; delete what you do not change.", ""]
     section, subsection = None, None
     optional = set(_optional_sections())
@@ -126,5 +133,8 @@ def commented_example() -> str:
         out.append(f"  # {description}")
         if default == "null" and key.endswith(tuple(_optional_sections())):
             out.append(f"  # {parts[1]}:   (a mapping with these keys turns it on)")
+        if key in _DEFAULT_FOLLOWS_OTHER_KEYS:  # commented out: written, it would stop following them
+            out.append(f"  # {parts[1]}: {default}")
+            continue
         out.append(f"  {parts[1]}: {default}")
     return "\n".join(out) + "\n"

@@ -7,8 +7,10 @@ never imports torch: every CLI command loads configs.
 Callers import from here (``from hpclaunch.config import RunConfig, load_config``); the modules, each
 importing only those above it:
 
-- ``section_base``: the section base, value formats (durations, names, directive-safe values),
-  ``KeyedValueError``
+- ``yaml_text``: how a config's YAML is read (``true``/``false`` the only booleans, ``2:00:00``
+  and ``0022`` text, a key given twice refused)
+- ``section_base``: the section base (no boolean for a number, no inf/nan), value formats
+  (durations, names, directive-safe values), ``KeyedValueError``
 - ``keys``: keys renamed (``RENAMED_KEYS``) or retired (``RETIRED_KEYS``) since a release
 - ``cluster``, ``training``, ``checkpoint``, ``runtime``: the sections, by concern
 - ``rules``: the rules across sections that ``RunConfig``'s validators apply

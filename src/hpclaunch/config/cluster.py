@@ -90,7 +90,9 @@ class SchedulerConfig(_Section):
         "whole nodes (SLURM --exclusive, PBS place=excl). OMP_NUM_THREADS: a rank's share less its workers "
         "and writer. Formerly cpus_per_task.",
     )
-    mem_gb: float | None = Field(None, gt=0, description="Memory per node in GB; null = site default.")
+    mem_gb: float | None = Field(
+        None, gt=0, description="Memory per node in GB (at least 0.001: 1 MB); null = site default."
+    )
     time_limit: str = Field(
         "01:00:00", description="Wall time per attempt: HH:MM:SS, D-HH:MM:SS, or 90s / 30m / 2h."
     )
@@ -176,6 +178,18 @@ class SchedulerConfig(_Section):
                 f"{v!r} is not a CPU count from 1 to 4096, all (whole nodes) or null (the ranks' need)"
             )
         return int(text)
+
+    @field_validator("mem_gb")
+    @classmethod
+    def _at_least_a_megabyte(cls, v: float | None) -> float | None:
+        """The script asks for whole MB (``mem_directive``): below 1 MB it would ask for 0, which
+        SLURM reads as all of the node's memory."""
+        if v is not None and int(v * 1024) < 1:
+            raise ValueError(
+                f"{v} GB is less than 1 MB, the least a job script can ask for (0 MB is all of the node's "
+                "memory to SLURM); give at least 0.001, or null for the site's default"
+            )
+        return v
 
     @field_validator("time_limit", mode="before")
     @classmethod

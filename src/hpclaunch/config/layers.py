@@ -1,5 +1,6 @@
 """Layered configs: several files merged key by key (``merge_layers``), and which layer (a file,
-``--set``, a command's flag) set each dotted key (``source_of``), so that an error names it."""
+``--set``, a command's flag) set each dotted key (``source_of``, ``layer_that_set``), so that an
+error names it."""
 
 from __future__ import annotations
 
@@ -59,6 +60,27 @@ def _plain_copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain_copy(v) for v in value]
     return value
+
+
+def record_layer(sources: dict[str, str], dotted: str, name: str, value: Any) -> None:
+    """``name`` (``--set``, a flag) set ``dotted`` to ``value`` as a whole: what earlier layers set
+    under it is gone (``--set train={steps: 5}`` replaces the file's train section), and each key
+    in ``value`` is ``name``'s, as ``merge_layers`` records a file's."""
+    for known in [k for k in sources if k.startswith(dotted + ".")]:
+        del sources[known]
+    sources[dotted] = name
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            record_layer(sources, f"{dotted}.{key}", name, item)
+
+
+def layer_that_set(dotted: str, sources: Mapping[str, str]) -> str | None:
+    """The layer that set ``dotted`` (for a key inside a list: the layer that gave the list); None
+    when no layer did: it has its default (unlike ``source_of``, a section that holds it is not
+    taken for it)."""
+    parts = dotted.split(".")
+    index = next((i for i, part in enumerate(parts) if part.isdigit()), len(parts))
+    return sources.get(".".join(parts[:index]))
 
 
 def source_of(dotted: str, sources: Mapping[str, str], default: str) -> str:

@@ -1,5 +1,6 @@
 """``--set dotted.key=value`` (and a command's flags that set a key): ``apply_override`` parses the
-value as YAML and puts it into the raw mapping, refusing a key the tree does not have."""
+value as a file's YAML is read (``yaml_text``) and puts it into the raw mapping, refusing a key the
+tree does not have."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from .keys import RENAMED_KEYS
 from .run_config import RunConfig
 from .section_base import _section_model
 from .validation import _unknown_key
+from .yaml_text import RepeatedKeyError, load_yaml
 
 
 def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> str:
-    """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map) in place;
-    ``where``: the flag it came from (``--set``, ``--sweep``, ...), named by its errors. Returns the
-    dotted key it set (a renamed key's new name)."""
+    """Apply one ``dotted.key=value`` (value parsed as a YAML scalar or flow list/map, as a file's
+    YAML is read: ``yaml_text``) in place; ``where``: the flag it came from (``--set``, ``--sweep``,
+    ...), named by its errors. Returns the dotted key it set (a renamed key's new name)."""
     key, sep, text = item.partition("=")
     key = RENAMED_KEYS.get(key.strip(), key.strip())
     if not sep or not key:
@@ -29,7 +31,13 @@ def apply_override(raw: dict[str, Any], item: str, *, where: str = "--set") -> s
             hint=f"e.g. {where} train.lr=1e-4",
         )
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = load_yaml(text) if text.strip() else ""
+    except RepeatedKeyError as e:  # (a flow map: train={steps: 5, steps: 7})
+        raise ConfigError(
+            f"{key}.{e.key} is given twice in {text!r}",
+            where=f"{where} {key}",
+            hint=f"keep one {key}.{e.key}",
+        ) from None
     except yaml.YAMLError:
         value = text
     parts = key.split(".")

@@ -4,9 +4,10 @@ go into directive lines) and the error a cross-field rule raises (``KeyedValueEr
 from __future__ import annotations
 
 import re
-from typing import Any, get_args
+from types import UnionType
+from typing import Any, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Values that end up in #SBATCH/#PBS directive lines: no whitespace, quotes or shell syntax.
@@ -36,18 +37,62 @@ def format_hms(seconds: int) -> str:
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True)
+    # allow_inf_nan: no float key means "infinite" (mem_gb: .inf crashed the render; nan passes ge=0).
+    model_config = ConfigDict(extra="forbid", validate_default=True, frozen=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_for_a_number(cls, value: Any, info: ValidationInfo) -> Any:
+        """pydantic reads true as 1 where a number is wanted (``--set train.steps=true`` ran 1
+        step): every section's number keys, and the numbers in its lists, refuse a boolean."""
+        field = cls.model_fields.get(info.field_name or "")
+        if field is None:
+            return value
+        if isinstance(value, bool) and _takes_number(field.annotation):
+            raise ValueError(f"{str(value).lower()} is a boolean, not {_a_number(field.annotation)}")
+        item = _list_item(field.annotation)
+        if isinstance(value, list) and item is not None and _takes_number(item):
+            for i, entry in enumerate(value):
+                if isinstance(entry, bool):
+                    raise ValueError(f"entry {i}: {str(entry).lower()} is a boolean, not {_a_number(item)}")
+        return value
+
+
+def _scalar_types(annotation: Any) -> set[Any]:
+    """The plain types ``annotation`` admits at its top (``int | Literal["all"] | None``: int, None)."""
+    if get_origin(annotation) in (Union, UnionType):
+        return set().union(*(_scalar_types(arg) for arg in get_args(annotation)))
+    return {annotation}
+
+
+def _takes_number(annotation: Any) -> bool:
+    types = _scalar_types(annotation)
+    return bool(types & {int, float}) and bool not in types
+
+
+def _a_number(annotation: Any) -> str:
+    return "a number" if float in _scalar_types(annotation) else "a whole number"
+
+
+def _list_item(annotation: Any) -> Any:
+    """The entry type of a ``list[X]`` (or ``list[X] | None``) annotation; None for anything else."""
+    for candidate in _scalar_types(annotation):
+        if get_origin(candidate) is list:
+            return get_args(candidate)[0]
+    return None
 
 
 class KeyedValueError(ValueError):
     """A cross-field error that names the dotted key (relative to the model raising it) and the
-    other keys it depends on (``related``, same base): the error then names the layer that set any
-    of them last (a ``--set train.steps=5`` against a file's warmup blames ``--set``)."""
+    other keys it depends on (``related``, same base): the error then names every layer that set
+    one of them (a ``--set train.steps=5`` against a file's warmup: ``run.yaml + --set``), and
+    ``hint`` (what to set) or else the key's description."""
 
-    def __init__(self, key: str, message: str, *, related: tuple[str, ...] = ()):
+    def __init__(self, key: str, message: str, *, related: tuple[str, ...] = (), hint: str | None = None):
         super().__init__(message)
         self.key = key
         self.related = related
+        self.hint = hint  # what to set; None: the key's description
 
 
 def _check_directive_value(value: str | None, key: str) -> str | None:

@@ -112,6 +112,19 @@ class ProfileKnob(_Section):
     trace: bool = Field(False, description="Also write a Chrome trace (rank0.trace.json.gz; large).")
 
 
+def default_warmup(run: int) -> int:
+    """``train.warmup_steps`` left out, for a run (its schedule) of ``run`` steps: 10, or a tenth of
+    a run of 10 steps or fewer, so that it is always shorter than the run."""
+    return 10 if run > 10 else run // 10
+
+
+def _whole(value: Any) -> int | None:
+    """A whole number as the config may give it (5, "5"), else None (validation then says why)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else None
+
+
 class TrainConfig(_Section):
     seed: int = Field(0, ge=0, description="Seed of every random draw (init, order, masks, t, noise).")
     steps: int = Field(200, ge=1, description="Optimizer steps in the whole run.")
@@ -126,7 +139,8 @@ class TrainConfig(_Section):
     warmup_steps: int = Field(
         10,
         ge=0,
-        description="Linear warmup steps; left out: 10, or a tenth of train.steps for a run of 10 steps or fewer.",
+        description="Linear warmup steps; left out (or null): 10, or a tenth of a run of 10 steps or fewer "
+        "(train.steps, or train.lr_schedule_steps when shorter).",
     )
     lr_schedule_steps: int | None = Field(
         None,
@@ -222,28 +236,28 @@ class TrainConfig(_Section):
     @model_validator(mode="before")
     @classmethod
     def _default_warmup_fits(cls, data: Any) -> Any:
-        """A short run (`--set train.steps=5`) needs no second override: the default warmup scales."""
-        if isinstance(data, dict) and "warmup_steps" not in data:
-            steps = data.get("steps", 200)
-            if isinstance(steps, int) and not isinstance(steps, bool) and 1 <= steps <= 10:
-                return {**data, "warmup_steps": steps // 10}
+        """A short run (`--set train.steps=5`) needs no second override: the default warmup scales.
+        null is the default too, so that a later layer or --set can go back to it."""
+        if isinstance(data, dict) and data.get("warmup_steps") is None:
+            lengths = [_whole(data.get("steps", 200)), _whole(data.get("lr_schedule_steps"))]
+            run = min((n for n in lengths if n), default=200)  # (a bad steps is refused after this)
+            return {**data, "warmup_steps": default_warmup(run)}
         return data
 
     @model_validator(mode="after")
     def _cross_fields(self) -> TrainConfig:
-        if self.warmup_steps >= self.steps and self.steps > 1:
-            raise KeyedValueError(
-                "warmup_steps",
-                f"{self.warmup_steps} must be smaller than train.steps={self.steps}",
-                related=("steps",),
-            )
-        length = self.lr_schedule_steps
-        if length is not None and self.warmup_steps >= length and length > 1:
-            raise KeyedValueError(
-                "warmup_steps",
-                f"{self.warmup_steps} must be smaller than train.lr_schedule_steps={length}",
-                related=("lr_schedule_steps",),
-            )
+        # Checked for every run, one step long too: an explicit warmup is never longer than the run
+        # (steps=1 with warmup 10 trained its one step at a tenth of lr). The default always fits.
+        for key, length in (("steps", self.steps), ("lr_schedule_steps", self.lr_schedule_steps)):
+            if length is not None and self.warmup_steps >= length:
+                run = min(self.steps, self.lr_schedule_steps or self.steps)
+                raise KeyedValueError(
+                    "warmup_steps",
+                    f"{self.warmup_steps} must be smaller than train.{key}={length}",
+                    related=(key,),
+                    hint=f"set train.warmup_steps below {length}, or leave it out (its default for "
+                    f"this run: {default_warmup(run)})",
+                )
         if self.text_weight == 0 and self.latent_weight == 0:
             raise KeyedValueError(
                 "latent_weight", "text_weight and latent_weight are both 0: nothing to train"

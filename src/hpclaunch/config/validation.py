@@ -11,7 +11,7 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import ConfigError, did_you_mean
 from .keys import RETIRED_KEYS
-from .layers import source_of
+from .layers import layer_that_set, source_of
 from .run_config import RunConfig
 from .section_base import KeyedValueError, _section_model
 
@@ -47,16 +47,10 @@ def _unknown_key(parts: Sequence[str], allowed: Iterable[str], *, where: str) ->
 def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> ConfigError:
     err = e.errors(include_url=False)[0]
     loc = [str(p) for p in err["loc"]]
-    where = source_of(".".join(p for p in loc if not p.isdigit()), sources, where)
     keyed = (err.get("ctx") or {}).get("error")
     if isinstance(keyed, KeyedValueError):
-        dotted = ".".join([*loc, keyed.key])
-        own = source_of(dotted, sources, where)
-        layers = [source_of(".".join([*loc, k]), sources, where) for k in keyed.related]
-        files = where.split(" + ")  # load_config's where: the files in the order they were merged
-        latest = max([own, *layers], key=lambda name: _layer_rank(name, files))
-        said_where = f" ({dotted} from {own})" if latest != own and own in sources.values() else ""
-        return ConfigError(f"{dotted}: {keyed}{said_where}", where=latest, hint=_hint_for(dotted))
+        return _cross_field_error(keyed, loc, where, sources)
+    where = source_of(".".join(p for p in loc if not p.isdigit()), sources, where)
     if err["type"] == "extra_forbidden":
         model: type[BaseModel] = RunConfig
         for part in loc[:-1]:
@@ -88,6 +82,26 @@ def _first_error(e: ValidationError, where: str, sources: Mapping[str, str]) -> 
     if err["type"] == "missing":
         bad = ""
     return ConfigError(f"{dotted}: {msg}{bad}", where=where, hint=_hint_for(dotted))
+
+
+def _cross_field_error(
+    keyed: KeyedValueError, loc: list[str], where: str, sources: Mapping[str, str]
+) -> ConfigError:
+    """A rule across keys names every layer that set one of them, in the order they were applied
+    (``my-run.yaml + --set``: a --set that made the file's value wrong is not blamed alone), and,
+    with more than one, which key each set; a key no layer set has its default, and is not said.
+    ``where``: the config's name (load_config's: its files in the order they were merged)."""
+    dotted = ".".join([*loc, keyed.key])
+    keys = [dotted, *(".".join([*loc, k]) for k in keyed.related)]
+    set_by = {key: layer for key in keys if (layer := layer_that_set(key, sources)) is not None}
+    layers = sorted(dict.fromkeys(set_by.values()), key=lambda name: _layer_rank(name, where.split(" + ")))
+    said = (
+        f" ({', '.join(f'{key} from {layer}' for key, layer in set_by.items())})" if len(layers) > 1 else ""
+    )
+    section = source_of(".".join(p for p in loc if not p.isdigit()), sources, where)
+    return ConfigError(
+        f"{dotted}: {keyed}{said}", where=" + ".join(layers) or section, hint=keyed.hint or _hint_for(dotted)
+    )
 
 
 def _layer_rank(name: str, files: list[str]) -> int:
