@@ -1,10 +1,13 @@
-"""Not enough disk, for real: the run directory on a 1 MiB tmpfs (needs root to mount)."""
+"""Not enough disk, and none writable, for real: the run directory on a 1 MiB or a read-only tmpfs
+(needs root to mount)."""
 
 from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -17,14 +20,14 @@ from hpclaunch.shards import synth_dataset
 ROOT = Path(__file__).parents[2]
 
 
-@pytest.fixture
-def tiny_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "small"
+@contextmanager
+def tmpfs(mnt: Path, options: str) -> Iterator[Path]:
+    """A tmpfs mounted at ``mnt`` with ``options`` for the block (skipped where it cannot be)."""
     mnt.mkdir()
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
     res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True, text=True
+        ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mnt)], capture_output=True, text=True
     )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
@@ -32,6 +35,12 @@ def tiny_fs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.fixture
+def tiny_fs(tmp_path: Path) -> Iterator[Path]:
+    with tmpfs(tmp_path / "small", "size=1m") as mnt:
+        yield mnt
 
 
 def test_run_dir_on_a_full_filesystem(tiny_fs: Path) -> None:
@@ -62,17 +71,6 @@ def test_inodes_count_too(tiny_fs: Path) -> None:
 def test_a_read_only_run_dir_fails_preflight_and_every_writing_command_in_one_line(tmp_path: Path) -> None:
     """A read-only filesystem, for real: preflight's disk check says so (it passed: free space), and
     a command that must write there says it in one line, exit 2, no traceback (it was an OSError's)."""
-    import sys
-
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    res = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], capture_output=True, text=True
-    )
-    if res.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     model = RunConfig.model_validate({}).model
     synth_dataset(tmp_path / "data", samples=32, seed=0, model_cfg=model)
     sets = [
@@ -81,7 +79,7 @@ def test_a_read_only_run_dir_fails_preflight_and_every_writing_command_in_one_li
         "--set",
         f"data.latent_dir={tmp_path / 'data' / 'latents'}",
     ]
-    try:
+    with tmpfs(tmp_path / "ro", "ro,size=1m") as ro:
         cfg = RunConfig.model_validate(
             {"name": "t", "run_dir": str(ro / "runs" / "t"), "preflight": {"min_free_disk_gb": 0}}
         )
@@ -106,5 +104,3 @@ def test_a_read_only_run_dir_fails_preflight_and_every_writing_command_in_one_li
                 lines[0].startswith("hpclaunch: error: ")
                 and "cannot write here: Read-only file system" in lines[0]
             ), lines
-    finally:
-        subprocess.run(["umount", str(ro)], check=False)

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from hpclaunch.cli import main
-from hpclaunch.config import load_config
+from hpclaunch.config import RunConfig, load_config
 from hpclaunch.errors import UserInputError
 from hpclaunch.orchestrator.refusals import refuse_other_model_shape
 from hpclaunch.rank.checkpoint import Checkpointer, RunCheckpoints
@@ -54,6 +54,19 @@ def train(data: Path, *sets: str) -> list[str]:
     for item in sets:
         args += ["--set", item]
     return args
+
+
+def save_step_40(run: RunPaths, cfg: RunConfig, *, model_hash: str) -> None:
+    """A checkpoint of step 40 in ``run``, its manifest naming ``cfg``'s model and ``model_hash``."""
+    checkpoints = RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash=model_hash, keep_last=2)
+    ck = Checkpointer(checkpoints, rank=0)
+    ck.save(
+        40,
+        {"model": {"w": torch.zeros(3)}},
+        blocking=True,
+        extra={"model": cfg.model.model_dump(mode="json")},
+    )
+    ck.close()
 
 
 CASES = [
@@ -167,16 +180,7 @@ def test_a_resume_that_toggles_flash_attn_is_accepted_on_the_login_node_and_by_t
     written = cfg.model_hash() if written_by == "this version" else older
     assert written in flipped.model_hashes_accepted()
     run = RunPaths(tmp_path / "runs" / "flip").ensure()
-    ck = Checkpointer(
-        RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash=written, keep_last=2), rank=0
-    )
-    ck.save(
-        40,
-        {"model": {"w": torch.zeros(3)}},
-        blocking=True,
-        extra={"model": cfg.model.model_dump(mode="json")},
-    )
-    ck.close()
+    save_step_40(run, cfg, model_hash=written)
 
     refuse_other_model_shape(flipped, run.root)  # the login node's check: no refusal
     ranks = RunCheckpoints(
@@ -211,16 +215,7 @@ def test_train_resume_of_a_run_that_trained_all_its_steps_is_refused_as_submit_r
     )
     run = RunPaths(tmp_path / "runs" / "done").ensure()
     run.config.write_text(cfg.to_yaml())
-    ck = Checkpointer(
-        RunCheckpoints(run.checkpoints, 1, config_hash="c", model_hash=cfg.model_hash(), keep_last=2), rank=0
-    )
-    ck.save(
-        40,
-        {"model": {"w": torch.zeros(3)}},
-        blocking=True,
-        extra={"model": cfg.model.model_dump(mode="json")},
-    )
-    ck.close()
+    save_step_40(run, cfg, model_hash=cfg.model_hash())
     run = RunPaths(run.root.rename(tmp_path / "moved"))  # moved: its config.yaml still says runs/done
     before = sorted(str(p.relative_to(run.root)) for p in run.root.rglob("*"))
     assert main(["train", str(run.root), "--resume"]) == 2
