@@ -75,7 +75,9 @@ class RunConfig(_Section):
     @classmethod
     def _name_safe(cls, v: str) -> str:
         if not NAME_RE.fullmatch(v):
-            raise ValueError(f"{v!r} is not a run name: use letters, digits and ._- (at most 64)")
+            raise ValueError(
+                f"{v!r} is not a run name: ASCII letters, digits and ._- (at most 64), beginning with a letter or a digit"
+            )
         return v
 
     @model_validator(mode="after")
