@@ -176,3 +176,25 @@ def test_the_json_names_every_field_of_the_estimate_with_floats_rounded() -> Non
     data = e.to_json()
     assert set(data) == {f.name for f in fields(Estimate)}
     assert data["seconds_per_step"] == 0.3333 and data["steps_left"] == 8
+
+
+def test_status_shows_a_scripts_own_scalars_where_it_logs_no_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A GAN's run.log(loss_d=..., loss_g=...): status showed "step 20/50" and nothing of them."""
+    from hpclaunch.cli import main
+
+    run = tmp_path / "run"
+    shutil.copytree(RECORDED, run)
+    lines = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    kept = ("step", "ts", "attempt", "step_time_s")  # what hpclaunch writes beside a script's values
+    lines = [
+        {**{k: ln[k] for k in kept}, "loss_d": ln["loss"], "loss_g": 2 * ln["loss"], "on": True}
+        for ln in lines
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    view = summarize(run, scheduler_status=None)
+    last = lines[-1]["loss_d"]
+    assert view.loss is None and view.logged == {"loss_d": last, "loss_g": 2 * last}
+    assert main(["status", str(run)]) == 0
+    assert f"loss_d {last:.4g}  loss_g {2 * last:.4g}" in capsys.readouterr().out

@@ -351,6 +351,7 @@ def _status_table(data: StatusView) -> Any:
     progress = Text(
         f"step {data.step}/{data.steps or '?'}"
         + (f"  loss {loss:.4f}" if isinstance(loss, (int, float)) else "")
+        + "".join(f"  {name} {value:.4g}" for name, value in data.logged.items())
         + (f"  {data.samples_per_s:.1f} samples/s" if data.samples_per_s else "")
         + (
             f"  {data.tflops_per_gpu:.0f} TFLOP/s per GPU (MFU {data.mfu:.1%})"

@@ -431,6 +431,9 @@ class StatusView:
     failed_saves: FailedSaves | None
     experiment_logs: list[ExperimentLogFailure]
     memory_tier: MemoryTierView | None = None
+    # A script's own scalars of its last logged step where it logs no ``loss`` (``run.log(loss_d=...,
+    # loss_g=...)``), for the line status shows: at most three, in the order logged.
+    logged: dict[str, float] = field(default_factory=dict)
     # What each resume changed of the LR schedule or the global batch, one line each, oldest first
     # (the ledger's schedule_changed, written at submit).
     schedule_changes: list[str] = field(default_factory=list)
@@ -466,6 +469,7 @@ class StatusView:
             "step": self.step,
             "steps": self.steps,
             "loss": self.loss,
+            "logged": self.logged,
             "text_loss": self.text_loss,
             "latent_loss": self.latent_loss,
             "samples_per_s": self.samples_per_s,
@@ -531,6 +535,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         step=step,
         steps=total_steps,
         loss=last.loss if last else None,
+        logged=_own_scalars(last) if last is not None and last.loss is None else {},
         text_loss=last.text_loss if last else None,
         latent_loss=last.latent_loss if last else None,
         samples_per_s=last.samples_per_s if last else None,
@@ -561,6 +566,21 @@ def _held_by_a_process(paths: RunPaths) -> bool:
 
     holder = RunLock(paths).read()
     return holder is not None and holder.role in PROCESS_ROLES and liveness(holder, is_active=None).alive
+
+
+# What every metrics line holds beside what a run logs itself.
+_BOOKKEEPING = frozenset(
+    {"step", "total", "ts", "attempt", "step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"}
+)
+
+
+def _own_scalars(line: MetricsLine, most: int = 3) -> dict[str, float]:
+    numbers = {
+        k: float(v)
+        for k, v in line.record.items()
+        if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+    return dict(list(numbers.items())[:most])
 
 
 def _add_unsaved_steps(attempts: list[Attempt], metrics: list[MetricsLine]) -> None:
