@@ -67,3 +67,22 @@ def test_train_help_lists_its_exit_codes_and_schema_names_where_its_table_lives(
     assert main(["config", "schema", "--help"]) == 0
     text = " ".join(capsys.readouterr().out.replace("│", " ").split())
     assert "docs/configuration.md" in text and "README" not in text
+
+
+@pytest.mark.parametrize(
+    ("argv", "first"),
+    [
+        (["status"], "hpclaunch: error: status: Missing argument 'RUN'"),
+        (["status", "--bogus", "x"], "hpclaunch: error: status: No such option: --bogus"),
+        (["bogus"], "hpclaunch: error: No such command 'bogus'"),
+    ],
+)
+def test_a_command_line_error_is_one_line_and_a_hint_exit_2(
+    argv: list[str], first: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As every other error: it was click's boxed usage text, three to five lines."""
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert (
+        lines[0].startswith(first) and len(lines) == 2 and lines[1].strip().startswith("hint: hpclaunch")
+    ), lines

@@ -8,6 +8,8 @@ Commands that do not train never import torch (checked by a test with ``python -
 
 from __future__ import annotations
 
+import errno
+import os
 import sys
 from typing import Any
 
@@ -141,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         # (everything after a literal `--` is the script's: its own options must not reach ours)
         args = take_script_args(list(sys.argv[1:] if argv is None else argv))
-        command()(args=args, prog_name="hpclaunch", standalone_mode=True)
+        # (not standalone: a usage error comes here, to be said in one line like every other)
+        code = command()(args=args, prog_name="hpclaunch", standalone_mode=False)
+        return code if isinstance(code, int) else 0
     except HpclaunchError as err:
         if debug_enabled():
             raise
         return report_error(err)
     except OSError as err:
+        if err.errno == errno.EPIPE:  # (`hpclaunch status | head`: the reader left)
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (flushed at exit, into nothing)
+            return 1
         unwritable = filesystem_refusal(err)
         if unwritable is None or debug_enabled():
             raise
@@ -155,7 +162,31 @@ def main(argv: list[str] | None = None) -> int:
         return int(e.code or 0) if not isinstance(e.code, str) else 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    except Exception as err:
+        said = usage_error(err)
+        if said is None:
+            raise
+        return said
+
+
+def usage_error(err: Exception) -> int | None:
+    """The command line's own errors (click's, as typer carries them: a missing argument, an
+    unknown option) in one line and a hint, as every other error is said; None for anything else."""
+    kinds = {c.__name__ for c in type(err).__mro__}
+    if "Abort" in kinds:
+        print("Aborted!", file=sys.stderr)
+        return 1
+    if "ClickException" not in kinds:
+        return None
+    ctx = getattr(err, "ctx", None)
+    if "NoArgsIsHelpError" in kinds and ctx is not None:  # `hpclaunch data`: its help, as before
+        print(ctx.get_help())
+        return 2
+    path = str(getattr(ctx, "command_path", "") or "hpclaunch")
+    where = path.removeprefix("hpclaunch").strip() or None
+    said = UserInputError(str(err.format_message()).rstrip("."), where=where, hint=f"{path} -h")  # type: ignore[attr-defined]
+    said.exit_code = int(getattr(err, "exit_code", 2))
+    return report_error(said)
 
 
 def entrypoint() -> None:
