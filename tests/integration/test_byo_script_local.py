@@ -78,6 +78,10 @@ def test_a_script_under_plain_torchrun_stopped_by_sigterm_resumes_bitwise(tmp_pa
     a = torch.load(ref / "gpt_ddp.pt", weights_only=True)
     b = torch.load(cut / "gpt_ddp.pt", weights_only=True)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # once more: nothing left to train, and it says so (it restored and exited 0 without a word)
+    done = _torchrun(ref, ref / "run", "--steps", "40")
+    out, _ = done.communicate(timeout=600)
+    assert done.returncode == 0 and "nothing to train: the run is at step 40 of 40" in out, out[-2000:]
 
 
 @pytest.fixture(scope="module")

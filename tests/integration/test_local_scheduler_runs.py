@@ -223,7 +223,7 @@ def test_status_json_and_logs_of_a_run(work: Path) -> None:
 
 def test_submit_refuses_a_config_whose_preflight_fails(work: Path, data: Path) -> None:
     # A check that fails: 1, with the table. (Missing data is bad input: 2, one line, before it.)
-    overrides = tiny_overrides(work, data, "refused", "scheduler.mem_gb=0.0001")
+    overrides = tiny_overrides(work, data, "refused", "scheduler.mem_gb=0.001")  # 1 MB
     result = hpclaunch("submit", str(TINY), *overrides, cwd=work, check=False)
     assert result.returncode == 1, result.stderr
     assert "preflight check 'config' failed" in result.stderr and "nothing was submitted" in result.stderr

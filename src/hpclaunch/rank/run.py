@@ -178,6 +178,11 @@ class Run:
             raise UserInputError("run.steps() is called once per attach()", where="run.steps()")
         self.total = total
         self._begin()
+        if self.step >= total and self.restored.source is not None:
+            self.say(
+                f"nothing to train: the run is at step {self.step} of {total} (restored from "
+                f"{self.site.paths.root}); to train it longer, raise the total; for a new run, another run_dir"
+            )
         while self.step < total:
             step = self.step + 1
             self._enter(step)
