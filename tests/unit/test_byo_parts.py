@@ -151,7 +151,7 @@ def test_an_optimizer_of_another_model_is_refused_at_attach_and_one_model_of_bot
         UserInputError, match="optimizer 1 of the list steps parameters that are not model="
     ) as e:
         Attached(model=gen, optimizers=[opt_g, opt_d], objects={"disc": disc}, data=None, rank=0, device=cpu)
-    assert e.value.hint and "nn.ModuleDict" in e.value.hint
+    assert "nn.ModuleDict" in str(e.value)  # (in the message: a traceback in a script shows no hint)
     both = Attached(
         model=torch.nn.ModuleDict({"gen": gen, "disc": disc}),
         optimizers=[opt_g, opt_d],
@@ -438,7 +438,7 @@ def test_attach_on_one_of_several_ranks_that_joined_no_process_group_is_refused_
         UserInputError, match=r"2 ranks were started \(WORLD_SIZE=2\) but this one joined no"
     ) as e:
         hpclaunch.attach(model=torch.nn.Linear(1, 1), run_dir=str(tmp_path / "run"))
-    assert e.value.hint and "init_process_group" in e.value.hint
+    assert "init_process_group" in str(e.value)
     assert not (tmp_path / "run").exists()
 
 

@@ -117,10 +117,9 @@ def refuse_ranks_without_a_group() -> None:
     if not joined and world.isdigit() and int(world) > 1:
         raise UserInputError(
             f"{world} ranks were started (WORLD_SIZE={world}) but this one joined no process group: "
-            "each would train and save as the only rank",
+            "each would train and save as the only rank; call torch.distributed.init_process_group() "
+            "before attach(), or start one rank (scheduler.procs_per_node=1; verify-resume --ranks 1)",
             where="hpclaunch.attach()",
-            hint="call torch.distributed.init_process_group() before attach(), or start one rank "
-            "(scheduler.procs_per_node=1; verify-resume --ranks 1)",
         )
 
 

@@ -299,11 +299,12 @@ def refuse_optimizers_of_other_modules(model: nn.Module, optimizers: list[torch.
     for i, opt in enumerate(optimizers):
         if any(id(p) not in own for group in opt.param_groups for p in group["params"]):
             which = "the optimizer" if len(optimizers) == 1 else f"optimizer {i} of the list"
+            # (the fix in the message: raised in the user's script, a traceback shows no hint)
             raise UserInputError(
-                f"attach(optimizer=...): {which} steps parameters that are not model='s",
+                f"attach(optimizer=...): {which} steps parameters that are not model='s; several "
+                "models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D}), with "
+                "optimizer=[opt_g, opt_d]",
                 where="hpclaunch.attach()",
-                hint="several models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D}), "
-                "with optimizer=[opt_g, opt_d]",
             )
 
 
@@ -312,9 +313,9 @@ def _stateful(name: str, obj: Any) -> Any:
         return _Module(obj)
     if isinstance(obj, torch.optim.Optimizer):
         raise UserInputError(
-            f"attach({name}=...) is an optimizer: pass it as optimizer= (a list for several)",
+            f"attach({name}=...) is an optimizer: pass it as optimizer= (a list for several; several "
+            "models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D}))",
             where="hpclaunch.attach()",
-            hint="several models: attach them as one, model=nn.ModuleDict({'gen': G, 'disc': D})",
         )
     if isinstance(obj, dict):
         return _Extra(name, obj)
