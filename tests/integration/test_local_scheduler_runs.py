@@ -268,7 +268,8 @@ def test_a_local_sweep_runs_every_point_to_the_end(work: Path, data: Path) -> No
 def test_a_second_writer_is_refused_while_the_run_is_active(work: Path, data: Path) -> None:
     """`train --resume` and `submit --resume` on a run whose local job still runs: refused, one line."""
     run = work / "runs" / "locked"
-    overrides = tiny_overrides(work, data, "locked", *SLOW, "train.steps=60")
+    # (long enough never to end by itself before the stop below: 60 steps ended under load first)
+    overrides = tiny_overrides(work, data, "locked", *SLOW, "train.steps=3000")
     hpclaunch("submit", str(TINY), *overrides, "--no-preflight", cwd=work)
     wait_for(lambda: any(e["event"] == "resumed" for e in events(run)), timeout=120, what="training to start")
     for argv in (

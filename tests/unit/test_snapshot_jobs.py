@@ -49,9 +49,11 @@ def _rank(rank: int, port: int, root: str, out: str) -> None:
         errors.append(job.error)
     jobs.close()
     Path(out).write_text(repr(errors))
-    dist.barrier()  # (as the trainer ends: a lazily connected group torn down while its peer still
-    # talks on it aborts the process)
-    dist.destroy_process_group()
+    dist.barrier()
+    # Not torn down: gloo's teardown right after a barrier races the peer's side of it (a rank
+    # aborted, "terminate called without an active exception", 1 run in ~50, after its work was
+    # done and written); what this test checks is the exchange above, not the group's end.
+    os._exit(0)
 
 
 def test_a_rank_whose_staging_failed_still_trades_and_publishes_nothing_of_its_own(tmp_path: Path) -> None:
