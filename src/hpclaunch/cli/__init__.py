@@ -118,10 +118,11 @@ def _escape(text: str) -> str:
 
 def filesystem_refusal(err: OSError) -> HpclaunchError | None:
     """A place the command must write that the filesystem refuses (read-only, no permission: bad
-    input, exit 2; full: exit 1) as one line; None for any other OSError (a bug: its traceback)."""
-    import errno
-
-    where = str(err.filename) if err.filename else None
+    input, exit 2; full: exit 1) as one line; None for any other OSError, or one that names no file
+    (a signal to another user's process: not a place to write), which keeps its traceback."""
+    if not err.filename:
+        return None
+    where = str(err.filename)
     if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return UserInputError(
             f"cannot write here: {err.strerror}",
