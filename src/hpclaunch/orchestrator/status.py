@@ -39,6 +39,7 @@ from ..rundir.events import (
     Submitting,
 )
 from ..rundir.metrics import MetricsLine, read_metrics
+from ..rundir.readers import read_total_steps
 from ..schedulers.protocol import ACTIVE_STATES
 from ..templates.shell import quote
 from .accounting import RunTime, metrics_steps_by_attempt
@@ -504,7 +505,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
     attempts = attempts_from_events(events)
     _add_unsaved_steps(attempts, metrics)
     last = metrics[-1] if metrics else None
-    total_steps = _total_steps(paths, events)
+    total_steps = read_total_steps(paths, events)
     step = max([a.last_step or 0 for a in attempts] + [last.step or 0 if last else 0])
     sched = None
     if scheduler_status is not None:
@@ -535,7 +536,7 @@ def summarize(run: Path, *, scheduler_status: Any = None) -> StatusView:
         step=step,
         steps=total_steps,
         loss=last.loss if last else None,
-        logged=_own_scalars(last) if last is not None and last.loss is None else {},
+        logged=last.own_scalars() if last is not None and last.loss is None else {},
         text_loss=last.text_loss if last else None,
         latent_loss=last.latent_loss if last else None,
         samples_per_s=last.samples_per_s if last else None,
@@ -568,21 +569,6 @@ def _held_by_a_process(paths: RunPaths) -> bool:
     return holder is not None and holder.role in PROCESS_ROLES and liveness(holder, is_active=None).alive
 
 
-# What every metrics line holds beside what a run logs itself.
-_BOOKKEEPING = frozenset(
-    {"step", "total", "ts", "attempt", "step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"}
-)
-
-
-def _own_scalars(line: MetricsLine, most: int = 3) -> dict[str, float]:
-    numbers = {
-        k: float(v)
-        for k, v in line.record.items()
-        if k not in _BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-    return dict(list(numbers.items())[:most])
-
-
 def _add_unsaved_steps(attempts: list[Attempt], metrics: list[MetricsLine]) -> None:
     """A crash's steps after its last checkpoint are in metrics.jsonl only: count them as computed."""
     logged = metrics_steps_by_attempt(metrics)
@@ -602,18 +588,3 @@ def _hint(state: str, run: Path, job_id: str | None, *, rescue: str | None = Non
     if state.startswith("lost ("):
         return f"the job ended without its agent recording why; see hpclaunch logs {quote(run)}"
     return None
-
-
-def _total_steps(paths: RunPaths, events: Sequence[Event] = ()) -> int | None:
-    """The steps the run trains to: what its newest attempt said (a script's ``run.steps(total)``),
-    else the config's ``train.steps``."""
-    said = [e.total_steps for e in of_kind(events, Resumed) if e.total_steps is not None]
-    if said:
-        return said[-1]
-    import yaml
-
-    try:
-        data = yaml.safe_load(paths.config.read_text()) or {}
-        return int(data.get("train", {}).get("steps"))
-    except (FileNotFoundError, TypeError, ValueError):
-        return None

@@ -46,6 +46,22 @@ class MetricsLine:
         """The line's ``name`` (None when it has none): for keys without a field of their own."""
         return self.record.get(name)
 
+    def own_scalars(self, most: int = 3) -> dict[str, float]:
+        """The numbers a script logged itself (``run.log(loss_d=..., loss_g=...)``), in the order
+        logged, at most ``most``: the line less what hpclaunch writes beside them."""
+        numbers = {
+            k: float(v)
+            for k, v in self.record.items()
+            if k not in BOOKKEEPING and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        return dict(list(numbers.items())[:most])
+
+
+# What every metrics line holds beside what a run logs itself (``rank.step_log``, the trainer's window).
+BOOKKEEPING = frozenset(
+    {"step", "total", "ts", "attempt", "step_time_s", "samples_per_s", "tflops_per_gpu", "mfu"}
+)
+
 
 def read_metrics(path: Path) -> list[MetricsLine]:
     """Every complete line of ``metrics.jsonl`` (a torn last line is left out)."""

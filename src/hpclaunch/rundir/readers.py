@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config import RunConfig, apply_override, drop_retired, read_yaml_mapping, validate_config
+from .events import Event, Resumed, of_kind
 from .paths import RunPaths
 
 
@@ -87,3 +91,16 @@ def what_is_at(path: Path) -> Found:
     if any(Path(p).resolve() == root for p in sweep_roots(parent)):
         return Found(root, RunKind.POINT, sweep=parent.root)
     return Found(root, RunKind.RUN)
+
+
+def read_total_steps(paths: RunPaths, events: Sequence[Event] = ()) -> int | None:
+    """The steps the run trains to: what its newest attempt said (a script's ``run.steps(total)``),
+    else the config's ``train.steps``."""
+    said = [e.total_steps for e in of_kind(events, Resumed) if e.total_steps is not None]
+    if said:
+        return said[-1]
+    try:
+        data = yaml.safe_load(paths.config.read_text()) or {}
+        return int(data.get("train", {}).get("steps"))
+    except (FileNotFoundError, TypeError, ValueError, AttributeError, yaml.YAMLError):
+        return None
