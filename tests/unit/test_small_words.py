@@ -86,3 +86,22 @@ def test_a_command_line_error_is_one_line_and_a_hint_exit_2(
     assert (
         lines[0].startswith(first) and len(lines) == 2 and lines[1].strip().startswith("hint: hpclaunch")
     ), lines
+
+
+def test_a_filesystem_refusal_is_one_line_only_where_it_names_a_file() -> None:
+    """A read-only or full place to write: bad input (2) or a fault (1), said in one line; an error
+    that names no file (a signal to another user's process) is no place to write: its traceback."""
+    import errno
+
+    from hpclaunch.cli import filesystem_refusal
+
+    ro = filesystem_refusal(OSError(errno.EROFS, "Read-only file system", "/mnt/ro/run"))
+    full = filesystem_refusal(OSError(errno.ENOSPC, "No space left on device", "/scratch/run"))
+    assert (
+        ro is not None
+        and ro.exit_code == 2
+        and ro.one_line() == "/mnt/ro/run: cannot write here: Read-only file system"
+    )
+    assert full is not None and full.exit_code == 1
+    assert filesystem_refusal(PermissionError(errno.EPERM, "Operation not permitted")) is None
+    assert filesystem_refusal(OSError(errno.EIO, "Input/output error", "/x")) is None
